@@ -1,0 +1,38 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL ?= rnnlm
+GPUS ?= 2
+STEPS ?= 20
+
+.PHONY: install test demo bench bench-quick train clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[tf,dev,notebooks]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -n 2 -q
+
+demo: install
+	$(BIN)/python -m pesto.demo --gpus $(GPUS)
+
+train: install
+	$(BIN)/python -m pesto.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS)
+
+bench: install
+	$(BIN)/python -m benchmarks.run_all
+
+bench-quick: install
+	$(BIN)/python -m benchmarks.run_all --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,31 @@
+"""Pesto: joint op placement and scheduling of a training step over several devices.
+
+Public API::
+
+    import pesto
+    plan = pesto.solve(graph, gpus=2)          # graph: OpGraph, networkx DiGraph or JSON path
+    sched = pesto.simulate(graph, cluster, plan)
+    pesto.check_plan(graph, cluster, plan).raise_if_invalid()
+"""
+from .errors import (PestoError, InvalidGraphError, CycleError, InvalidClusterError,
+                     SchemaError, InvalidPlanError, InfeasibleError)
+from .graph import Op, Tensor, Edge, OpGraph
+from .cluster import (Device, Route, Cluster, gpus, v100x2_nvlink, v100x4_pcie,
+                      heterogeneous, two_hosts, logical_cpus, preset)
+from .plan import Plan, Transfer, Report, check_plan, memory_profile
+from .simulate import Schedule, simulate
+
+__version__ = "0.1.0"
+
+
+def solve(*args, **kwargs):
+    """Place and schedule a graph; see :func:`pesto.api.solve`."""
+    from .api import solve as _solve
+    return _solve(*args, **kwargs)
+
+
+__all__ = ["PestoError", "InvalidGraphError", "CycleError", "InvalidClusterError", "SchemaError",
+           "InvalidPlanError", "InfeasibleError", "Op", "Tensor", "Edge", "OpGraph", "Device",
+           "Route", "Cluster", "gpus", "v100x2_nvlink", "v100x4_pcie", "heterogeneous",
+           "two_hosts", "logical_cpus", "preset", "Plan", "Transfer", "Report", "check_plan",
+           "memory_profile", "Schedule", "simulate", "solve"]

@@ -1,0 +1,349 @@
+"""Devices, links and the linear communication model.
+
+A :class:`Cluster` has devices (TF name, kind, memory, relative speed) and, for
+every ordered pair of distinct devices, a :class:`Route`: the link resources a
+transfer occupies and the fit ``beta0 + beta1 * bytes`` (µs). A link resource
+carries one transfer at a time (FCFS), and several routes may share one (a PCIe
+switch, a host NIC). With ``contention_free=True`` transfers never queue: the
+classic DAG-scheduling model.
+
+JSON schema (``format = "pesto.cluster"``, ``version = 1``)::
+
+    {"format": "pesto.cluster", "version": 1, "name": "v100x2_nvlink",
+     "contention_free": false,
+     "devices": [{"name": "/GPU:0", "kind": "GPU", "memory": 17179869184, "speed": 1.0}],
+     "routes": [{"src": "/GPU:0", "dst": "/GPU:1", "links": ["nvlink:0>1"],
+                 "beta0": 40.77, "beta1": 2.0757e-05}]}
+
+Examples
+--------
+>>> c = v100x2_nvlink()
+>>> [d.name for d in c.devices]
+['/GPU:0', '/GPU:1', '/CPU:0']
+>>> round(c.transfer_time("/GPU:0", "/GPU:1", 1_000_000), 2)
+61.53
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from .errors import InvalidClusterError
+from .graph import _check_header, _field, _load_json
+
+FORMAT = "pesto.cluster"
+VERSION = 1
+GiB = 1 << 30
+
+__all__ = ["Device", "Route", "Cluster", "v100x2_nvlink", "v100x4_pcie", "gpus",
+           "logical_cpus", "heterogeneous", "two_hosts", "PRESETS", "preset", "GiB"]
+
+# Published fits (Pesto paper section 5.1; Celeritas for PCIe), µs and µs/byte.
+NVLINK_GG = (40.77, 2.0757e-5)
+NVLINK_CG = (7.0, 7.7778e-5)
+PCIE_GG = (5.581, 1.00244e-4)
+# Inter-host 10 GbE-class link: 1.25 GB/s and ~30 µs latency.
+NIC = (30.0, 8.0e-4)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device as TensorFlow names it (``"/GPU:0"``), of a ``kind``."""
+
+    name: str
+    kind: str = "GPU"
+    memory: int = 16 * GiB
+    speed: float = 1.0
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a transfer goes from ``src`` to ``dst``: the links it holds and its cost."""
+
+    src: str
+    dst: str
+    links: tuple
+    beta0: float
+    beta1: float
+
+    def time(self, nbytes: int) -> float:
+        return self.beta0 + self.beta1 * nbytes if nbytes > 0 else 0.0
+
+
+class Cluster:
+    """Immutable set of devices with routes between every ordered pair.
+
+    Parameters
+    ----------
+    devices : iterable of Device
+    routes : iterable of Route
+        One per ordered pair of distinct devices.
+    contention_free : bool
+        If true, transfers never queue on links.
+
+    Raises
+    ------
+    InvalidClusterError
+        Duplicate device, bad memory or speed, missing or unknown route endpoint.
+    """
+
+    def __init__(self, devices: Iterable[Device], routes: Iterable[Route] = (), *,
+                 contention_free: bool = False, name: str = "cluster"):
+        self.name = name
+        self.contention_free = bool(contention_free)
+        self.devices: tuple[Device, ...] = tuple(devices)
+        if not self.devices:
+            raise InvalidClusterError("a cluster needs at least one device")
+        self.index: dict[str, int] = {}
+        for i, d in enumerate(self.devices):
+            if d.name in self.index:
+                raise InvalidClusterError(f"duplicate device {d.name!r}")
+            if not (isinstance(d.memory, int) and d.memory > 0):
+                raise InvalidClusterError(f"device {d.name!r} has invalid memory {d.memory!r}")
+            if not d.speed > 0:
+                raise InvalidClusterError(f"device {d.name!r} has invalid speed {d.speed!r}")
+            self.index[d.name] = i
+        self._routes: dict[tuple[str, str], Route] = {}
+        for r in routes:
+            for end in (r.src, r.dst):
+                if end not in self.index:
+                    raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r} names unknown device {end!r}")
+            if r.beta0 < 0 or r.beta1 < 0:
+                raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r} has a negative cost")
+            self._routes[(r.src, r.dst)] = Route(r.src, r.dst, tuple(r.links), float(r.beta0), float(r.beta1))
+        for a in self.devices:
+            for b in self.devices:
+                if a is not b and (a.name, b.name) not in self._routes:
+                    raise InvalidClusterError(f"no route from {a.name!r} to {b.name!r}")
+        self.links: tuple[str, ...] = tuple(sorted({l for r in self._routes.values() for l in r.links}))
+
+    def __repr__(self):
+        return f"Cluster({self.name!r}, devices={[d.name for d in self.devices]})"
+
+    def __len__(self):
+        return len(self.devices)
+
+    def device(self, name: str) -> Device:
+        try:
+            return self.devices[self.index[name]]
+        except KeyError:
+            raise InvalidClusterError(
+                f"unknown device {name!r}; cluster has {[d.name for d in self.devices]}") from None
+
+    @property
+    def names(self) -> list[str]:
+        return [d.name for d in self.devices]
+
+    def devices_of_kind(self, kind: str) -> list[Device]:
+        return [d for d in self.devices if d.kind == kind]
+
+    @property
+    def gpus(self) -> list[Device]:
+        return self.devices_of_kind("GPU")
+
+    def route(self, src: str, dst: str) -> Route:
+        try:
+            return self._routes[(src, dst)]
+        except KeyError:
+            raise InvalidClusterError(f"no route from {src!r} to {dst!r}") from None
+
+    @property
+    def routes(self) -> tuple[Route, ...]:
+        return tuple(self._routes.values())
+
+    def transfer_time(self, src: str, dst: str, nbytes: int) -> float:
+        """µs to move ``nbytes`` from ``src`` to ``dst`` (0 on the same device)."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        return self.route(src, dst).time(nbytes)
+
+    def identical_groups(self) -> list[list[str]]:
+        """Devices interchangeable for symmetry breaking: same kind, memory,
+        speed, and the same route costs to every other device."""
+        def sig(d):
+            return (d.kind, d.memory, d.speed)
+        groups: dict = {}
+        for d in self.devices:
+            groups.setdefault(sig(d), []).append(d.name)
+        out = []
+        for names in groups.values():
+            # keep only devices whose routes to outsiders cost the same
+            def rsig(n):
+                return tuple(sorted((sig(self.device(o)), self._routes[(n, o)].beta0, self._routes[(n, o)].beta1)
+                                    for o in self.names if o != n and o not in names))
+            sub: dict = {}
+            for n in names:
+                sub.setdefault(rsig(n), []).append(n)
+            out.extend(sub.values())
+        return out
+
+    def with_memory(self, memory: int | Mapping[str, int]) -> "Cluster":
+        """A copy with new memory capacities (one value for all, or per device)."""
+        devs = [Device(d.name, d.kind, memory if isinstance(memory, int) else memory.get(d.name, d.memory), d.speed)
+                for d in self.devices]
+        return Cluster(devs, self.routes, contention_free=self.contention_free, name=self.name)
+
+    def with_contention_free(self, flag: bool = True) -> "Cluster":
+        return Cluster(self.devices, self.routes, contention_free=flag, name=self.name)
+
+    # -- JSON ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "name": self.name,
+                "contention_free": self.contention_free,
+                "devices": [{"name": d.name, "kind": d.kind, "memory": d.memory, "speed": d.speed}
+                            for d in self.devices],
+                "routes": [{"src": r.src, "dst": r.dst, "links": list(r.links),
+                            "beta0": r.beta0, "beta1": r.beta1} for r in self._routes.values()]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Cluster":
+        from .errors import SchemaError
+        _check_header(d, FORMAT, VERSION)
+        try:
+            devs = [Device(x["name"], x.get("kind", "GPU"), int(x["memory"]), float(x.get("speed", 1.0)))
+                    for x in _field(d, "devices")]
+            routes = [Route(r["src"], r["dst"], tuple(r["links"]), r["beta0"], r["beta1"])
+                      for r in _field(d, "routes")]
+        except KeyError as exc:
+            raise SchemaError(f"{FORMAT}: an entry lacks required field {exc.args[0]!r}") from None
+        return cls(devs, routes, contention_free=d.get("contention_free", False), name=d.get("name", "cluster"))
+
+    def to_json(self, path=None, indent=2):
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is None:
+            return text
+        with open(path, "w") as f:
+            f.write(text)
+
+    @classmethod
+    def from_json(cls, source) -> "Cluster":
+        return cls.from_dict(_load_json(source))
+
+    def __eq__(self, other):
+        return isinstance(other, Cluster) and self.to_dict() == other.to_dict()
+
+    __hash__ = None
+
+
+# -- presets -------------------------------------------------------------------
+def _p2p(names, beta, prefix):
+    """A dedicated link per ordered pair (full-duplex point-to-point)."""
+    return [Route(a, b, (f"{prefix}:{a}>{b}",), *beta) for a in names for b in names if a != b]
+
+
+def _host_routes(cpu, gpu_names, beta):
+    """CPU <-> each GPU over that GPU's own PCIe lanes, one link per direction."""
+    out = []
+    for g in gpu_names:
+        out.append(Route(cpu, g, (f"pcie:{cpu}>{g}",), *beta))
+        out.append(Route(g, cpu, (f"pcie:{g}>{cpu}",), *beta))
+    return out
+
+
+def gpus(n: int = 2, *, memory: int = 16 * GiB, beta: tuple = NVLINK_GG, with_cpu: bool = False,
+         cpu_beta: tuple = NVLINK_CG, cpu_memory: int = 64 * GiB, contention_free: bool = False,
+         speeds: Iterable[float] | None = None, name: str | None = None) -> Cluster:
+    """``n`` GPUs ``/GPU:0..n-1`` with a point-to-point link per ordered pair.
+
+    Examples
+    --------
+    >>> gpus(3, contention_free=True).names
+    ['/GPU:0', '/GPU:1', '/GPU:2']
+    """
+    if n < 1:
+        raise InvalidClusterError(f"need at least one GPU, got {n}")
+    speeds = list(speeds) if speeds is not None else [1.0] * n
+    names = [f"/GPU:{i}" for i in range(n)]
+    devs = [Device(nm, "GPU", memory, s) for nm, s in zip(names, speeds)]
+    routes = _p2p(names, beta, "link")
+    if with_cpu:
+        devs.append(Device("/CPU:0", "CPU", cpu_memory, 1.0))
+        routes += _host_routes("/CPU:0", names, cpu_beta)
+    return Cluster(devs, routes, contention_free=contention_free, name=name or f"gpus{n}")
+
+
+def v100x2_nvlink(*, with_cpu: bool = True) -> Cluster:
+    """Pesto's testbed: 2x V100 16 GB over NVLink (paper section 5.1 fit)."""
+    return gpus(2, memory=16 * GiB, beta=NVLINK_GG, with_cpu=with_cpu, cpu_beta=NVLINK_CG,
+                name="v100x2_nvlink")
+
+
+def v100x4_pcie(*, with_cpu: bool = True) -> Cluster:
+    """Celeritas's testbed: 4x V100 32 GB behind one PCIe switch.
+
+    Each GPU has an up and a down lane to the switch; a GPU-GPU transfer holds
+    the sender's up lane and the receiver's down lane, so two transfers into one
+    GPU queue.
+    """
+    names = [f"/GPU:{i}" for i in range(4)]
+    devs = [Device(n, "GPU", 32 * GiB) for n in names]
+    routes = [Route(a, b, (f"up:{a}", f"down:{b}"), *PCIE_GG) for a in names for b in names if a != b]
+    if with_cpu:
+        devs.append(Device("/CPU:0", "CPU", 64 * GiB))
+        routes += [Route("/CPU:0", g, ("up:/CPU:0", f"down:{g}"), *PCIE_GG) for g in names]
+        routes += [Route(g, "/CPU:0", (f"up:{g}", "down:/CPU:0"), *PCIE_GG) for g in names]
+    return Cluster(devs, routes, name="v100x4_pcie")
+
+
+def heterogeneous(*, with_cpu: bool = True) -> Cluster:
+    """A V100 32 GB (speed 1.0) and a slower, smaller GPU (speed 0.6, 12 GB) over PCIe."""
+    names = ["/GPU:0", "/GPU:1"]
+    devs = [Device("/GPU:0", "GPU", 32 * GiB, 1.0), Device("/GPU:1", "GPU", 12 * GiB, 0.6)]
+    routes = _p2p(names, PCIE_GG, "pcie")
+    if with_cpu:
+        devs.append(Device("/CPU:0", "CPU", 64 * GiB))
+        routes += _host_routes("/CPU:0", names, NVLINK_CG)
+    return Cluster(devs, routes, name="heterogeneous")
+
+
+def two_hosts(*, with_cpu: bool = False) -> Cluster:
+    """Two hosts of 2 V100 each: NVLink inside a host; between hosts every
+    transfer shares the sender host's NIC out and the receiver host's NIC in."""
+    hosts = [[f"/job:worker/task:{h}/device:GPU:{i}" for i in range(2)] for h in range(2)]
+    devs = [Device(n, "GPU", 16 * GiB) for hs in hosts for n in hs]
+    routes = []
+    for h, hs in enumerate(hosts):
+        routes += _p2p(hs, NVLINK_GG, "nvlink")
+        for o, os_ in enumerate(hosts):
+            if o != h:
+                routes += [Route(a, b, (f"nic_out:{h}", f"nic_in:{o}"), *NIC) for a in hs for b in os_]
+    if with_cpu:
+        for h, hs in enumerate(hosts):
+            cpu = f"/job:worker/task:{h}/device:CPU:0"
+            devs.append(Device(cpu, "CPU", 64 * GiB))
+            routes += _host_routes(cpu, hs, NVLINK_CG)
+        cpus = [d.name for d in devs if d.kind == "CPU"]
+        gpu_names = [d.name for d in devs if d.kind == "GPU"]
+        have = {(r.src, r.dst) for r in routes}
+        for a in cpus + gpu_names:
+            for b in cpus + gpu_names:
+                if a != b and (a, b) not in have:
+                    ha, hb = int(a.split("task:")[1][0]), int(b.split("task:")[1][0])
+                    routes.append(Route(a, b, (f"nic_out:{ha}", f"nic_in:{hb}"), *NIC))
+    return Cluster(devs, routes, name="two_hosts")
+
+
+def logical_cpus(n: int = 2, *, memory: int = 4 * GiB, beta: tuple = (20.0, 1.0e-4),
+                 kind: str = "CPU") -> Cluster:
+    """``n`` TensorFlow virtual CPU devices ``/CPU:0..n-1`` (of ``kind``).
+
+    The default comm fit is a placeholder; measure it with
+    ``tf_patch.commfit`` for real runs.
+    """
+    names = [f"/CPU:{i}" for i in range(n)]
+    devs = [Device(nm, kind, memory) for nm in names]
+    return Cluster(devs, _p2p(names, beta, "mem"), name=f"logical_cpus{n}")
+
+
+PRESETS = {"v100x2_nvlink": v100x2_nvlink, "v100x4_pcie": v100x4_pcie,
+           "heterogeneous": heterogeneous, "two_hosts": two_hosts}
+
+
+def preset(name: str) -> Cluster:
+    """A preset by name, or a cluster JSON path."""
+    if name in PRESETS:
+        return PRESETS[name]()
+    if name.endswith(".json"):
+        return Cluster.from_json(name)
+    raise InvalidClusterError(f"unknown cluster preset {name!r}; known: {sorted(PRESETS)} or a .json file")

@@ -1,0 +1,69 @@
+"""Every exception Pesto raises on purpose.
+
+``PestoError`` is the root, so ``except pesto.PestoError`` catches all of them.
+Each error names its culprit (an op, a device, a group, a cycle) in the message
+and keeps it on an attribute for programs.
+"""
+from __future__ import annotations
+
+
+class PestoError(Exception):
+    """Root of Pesto's exceptions."""
+
+
+class InvalidGraphError(PestoError, ValueError):
+    """The op graph is malformed: bad field, unknown endpoint, negative cost..."""
+
+
+class CycleError(InvalidGraphError):
+    """The op graph (or a graph made from it) has a cycle.
+
+    Attributes
+    ----------
+    cycle : list of str
+        The ops of one cycle, in order; the last one feeds the first.
+    """
+
+    def __init__(self, cycle, what="op graph"):
+        self.cycle = list(cycle)
+        shown = " -> ".join(map(str, self.cycle[:20]))
+        if len(self.cycle) > 20:
+            shown += f" -> ... ({len(self.cycle)} ops)"
+        super().__init__(f"{what} has a cycle: {shown} -> {self.cycle[0]}")
+
+
+class InvalidClusterError(PestoError, ValueError):
+    """The cluster is malformed: duplicate device, missing route, bad link..."""
+
+
+class SchemaError(PestoError, ValueError):
+    """A JSON document does not follow Pesto's schema (field or version)."""
+
+
+class InvalidPlanError(PestoError):
+    """A plan violates the problem: raised by ``Report.raise_if_invalid``.
+
+    Attributes
+    ----------
+    violations : list of str
+    """
+
+    def __init__(self, violations):
+        self.violations = list(violations)
+        head = "\n  ".join(self.violations[:20])
+        more = f"\n  ... and {len(self.violations) - 20} more" if len(self.violations) > 20 else ""
+        super().__init__(f"plan is invalid ({len(self.violations)} violations):\n  {head}{more}")
+
+
+class InfeasibleError(PestoError):
+    """No plan can exist: memory too small, an op fits no device...
+
+    Attributes
+    ----------
+    culprit : str or None
+        The op, colocation group or device to blame, where there is one.
+    """
+
+    def __init__(self, message, culprit=None):
+        self.culprit = culprit
+        super().__init__(message)

@@ -1,0 +1,531 @@
+"""The op graph: one training step as an immutable DAG of ops and tensors.
+
+An :class:`OpGraph` holds
+
+* **ops** (:class:`Op`): compute time per device kind in microseconds, memory
+  (persistent bytes such as weights and optimizer slots, output bytes, temporary
+  bytes), the device kinds it may run on, an optional colocation group (TensorFlow
+  refuses to split one) and an optional name scope;
+* **tensors** (:class:`Tensor`): a named value produced by one op, with its size.
+  A tensor is sent *once* to each remote device that consumes it, however many
+  consumers sit there (TensorFlow's semantics);
+* **edges** (:class:`Edge`): producer -> consumer, carrying zero or more tensors.
+  An edge with no tensor is a control edge.
+
+The graph is validated when built; problems raise :class:`InvalidGraphError`
+(or :class:`CycleError`) naming the culprit. Integer indices (``graph.index``)
+are fixed at construction so solvers and the simulator can use arrays.
+
+JSON schema (``format = "pesto.opgraph"``, ``version = 1``)::
+
+    {"format": "pesto.opgraph", "version": 1, "name": "rnnlm",
+     "ops": [{"name": "a", "compute": {"GPU": 12.5, "CPU": 40.0},
+              "kinds": ["GPU", "CPU"],          # optional, default: keys of compute
+              "persistent_bytes": 0, "output_bytes": 4096, "temporary_bytes": 0,
+              "colocation_group": null, "scope": "", "type": ""}],
+     "tensors": [{"name": "a:0", "src": "a", "bytes": 4096}],
+     "edges": [{"src": "a", "dst": "b", "tensors": ["a:0"]},
+               {"src": "a", "dst": "c", "tensors": []}]}   # control edge
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+from .errors import CycleError, InvalidGraphError, SchemaError
+
+FORMAT = "pesto.opgraph"
+VERSION = 1
+
+__all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation.
+
+    Parameters
+    ----------
+    name : str
+    compute : mapping of device kind -> microseconds
+        Time on a device of that kind with speed 1.0.
+    kinds : frozenset of str, optional
+        Device kinds allowed; default all keys of ``compute``. Every allowed kind
+        needs a compute time.
+    persistent_bytes, output_bytes, temporary_bytes : int
+        Held all step / produced by the op / used while it runs.
+    colocation_group : str or None
+        Ops sharing a group must share a device.
+    scope : str
+        Name scope (e.g. ``"rnn/layer_2"``), used by the Expert placer.
+    type : str
+        Op type (``"MatMul"``), informative.
+    """
+
+    name: str
+    compute: Mapping[str, float]
+    kinds: frozenset = None
+    persistent_bytes: int = 0
+    output_bytes: int = 0
+    temporary_bytes: int = 0
+    colocation_group: str | None = None
+    scope: str = ""
+    type: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "compute", MappingProxyType(dict(self.compute)))
+        kinds = frozenset(self.compute) if self.kinds is None else frozenset(self.kinds)
+        object.__setattr__(self, "kinds", kinds)
+
+    def time_on(self, kind: str, speed: float = 1.0) -> float:
+        """Compute time on a device of ``kind`` running at ``speed``."""
+        return self.compute[kind] / speed
+
+    @property
+    def memory_bytes(self) -> int:
+        """Conservative footprint: persistent + outputs + temporary."""
+        return self.persistent_bytes + self.output_bytes + self.temporary_bytes
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "compute": dict(self.compute)}
+        if self.kinds != frozenset(self.compute):
+            d["kinds"] = sorted(self.kinds)
+        for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
+            d[key] = getattr(self, key)
+        d["colocation_group"] = self.colocation_group
+        d["scope"] = self.scope
+        d["type"] = self.type
+        return d
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A value produced by ``src`` of ``bytes`` bytes."""
+
+    name: str
+    src: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Producer -> consumer; ``tensors`` empty means a control edge."""
+
+    src: str
+    dst: str
+    tensors: tuple = ()
+
+    @property
+    def is_control(self) -> bool:
+        return not self.tensors
+
+
+class OpGraph:
+    """Immutable, validated DAG of ops.
+
+    Parameters
+    ----------
+    ops : iterable of Op
+    edges : iterable of Edge
+    tensors : iterable of Tensor, optional
+        Every tensor named by an edge must be here.
+    name : str
+
+    Raises
+    ------
+    InvalidGraphError
+        Duplicate op, unknown edge endpoint or tensor, self loop, negative or
+        missing cost, op allowed on no device kind.
+    CycleError
+        The edges close a cycle; the message prints one.
+
+    Examples
+    --------
+    >>> g = OpGraph.from_edges({"a": 2, "b": 3}, [("a", "b", 100)])
+    >>> g.num_ops, g.total_work("GPU"), g.topological_order()
+    (2, 5.0, ['a', 'b'])
+    """
+
+    def __init__(self, ops: Iterable[Op], edges: Iterable[Edge] = (),
+                 tensors: Iterable[Tensor] = (), name: str = "graph"):
+        self.name = name
+        self._ops: dict[str, Op] = {}
+        for op in ops:
+            if not isinstance(op, Op):
+                raise InvalidGraphError(f"expected Op, got {type(op).__name__}: {op!r}")
+            if op.name in self._ops:
+                raise InvalidGraphError(f"duplicate op name {op.name!r}")
+            _validate_op(op)
+            self._ops[op.name] = op
+        self._tensors: dict[str, Tensor] = {}
+        for t in tensors:
+            if t.name in self._tensors:
+                raise InvalidGraphError(f"duplicate tensor name {t.name!r}")
+            if t.src not in self._ops:
+                raise InvalidGraphError(f"tensor {t.name!r} is produced by unknown op {t.src!r}")
+            if not isinstance(t.bytes, (int,)) or t.bytes < 0:
+                raise InvalidGraphError(f"tensor {t.name!r} has invalid size {t.bytes!r}")
+            self._tensors[t.name] = t
+        self._edges: dict[tuple[str, str], Edge] = {}
+        for e in edges:
+            self._add_edge(e)
+        self.names: tuple[str, ...] = tuple(self._ops)
+        self.index: dict[str, int] = {n: i for i, n in enumerate(self.names)}
+        self._succ: list[list[int]] = [[] for _ in self.names]
+        self._pred: list[list[int]] = [[] for _ in self.names]
+        for (u, v) in self._edges:
+            self._succ[self.index[u]].append(self.index[v])
+            self._pred[self.index[v]].append(self.index[u])
+        self._topo = self._toposort()
+        self._consumers = None
+
+    # -- construction helpers ------------------------------------------------
+    def _add_edge(self, e: Edge):
+        for end in (e.src, e.dst):
+            if end not in self._ops:
+                raise InvalidGraphError(f"edge {e.src!r} -> {e.dst!r} names unknown op {end!r}")
+        if e.src == e.dst:
+            raise CycleError([e.src])
+        if (e.src, e.dst) in self._edges:
+            raise InvalidGraphError(f"duplicate edge {e.src!r} -> {e.dst!r}")
+        for t in e.tensors:
+            tensor = self._tensors.get(t)
+            if tensor is None:
+                raise InvalidGraphError(f"edge {e.src!r} -> {e.dst!r} carries unknown tensor {t!r}")
+            if tensor.src != e.src:
+                raise InvalidGraphError(
+                    f"edge {e.src!r} -> {e.dst!r} carries tensor {t!r} produced by {tensor.src!r}")
+        self._edges[(e.src, e.dst)] = Edge(e.src, e.dst, tuple(e.tensors))
+
+    def _toposort(self) -> list[int]:
+        indeg = [len(p) for p in self._pred]
+        stack = [i for i, d in enumerate(indeg) if d == 0]
+        stack.reverse()
+        order = []
+        while stack:
+            i = stack.pop()
+            order.append(i)
+            for j in reversed(self._succ[i]):
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    stack.append(j)
+        if len(order) < len(self.names):
+            raise CycleError(self._find_cycle({i for i, d in enumerate(indeg) if d > 0}))
+        return order
+
+    def _find_cycle(self, left: set[int]) -> list[str]:
+        # Every op left after Kahn's pass has a predecessor that is also left:
+        # walk backwards until an op repeats.
+        i = next(iter(left))
+        seen: dict[int, int] = {}
+        path = []
+        while i not in seen:
+            seen[i] = len(path)
+            path.append(i)
+            i = next(p for p in self._pred[i] if p in left)
+        cycle = path[seen[i]:]
+        cycle.reverse()
+        return [self.names[k] for k in cycle]
+
+    # -- basic queries -------------------------------------------------------
+    @property
+    def num_ops(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self._edges)
+
+    def __len__(self):
+        return len(self.names)
+
+    def __contains__(self, name):
+        return name in self._ops
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __repr__(self):
+        return f"OpGraph({self.name!r}, ops={self.num_ops}, edges={self.num_edges})"
+
+    def op(self, name: str) -> Op:
+        try:
+            return self._ops[name]
+        except KeyError:
+            raise InvalidGraphError(f"unknown op {name!r}") from None
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        """Ops in insertion order (``ops[i]`` has index ``i``)."""
+        return tuple(self._ops.values())
+
+    @property
+    def edges(self) -> tuple[Edge, ...]:
+        return tuple(self._edges.values())
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        return tuple(self._tensors.values())
+
+    def tensor(self, name: str) -> Tensor:
+        return self._tensors[name]
+
+    def edge(self, src: str, dst: str) -> Edge:
+        return self._edges[(src, dst)]
+
+    def has_edge(self, src: str, dst: str) -> bool:
+        return (src, dst) in self._edges
+
+    def edge_bytes(self, src: str, dst: str) -> int:
+        """Bytes an edge carries (0 for a control edge)."""
+        return sum(self._tensors[t].bytes for t in self._edges[(src, dst)].tensors)
+
+    def successors(self, name: str) -> list[str]:
+        return [self.names[j] for j in self._succ[self.index[name]]]
+
+    def predecessors(self, name: str) -> list[str]:
+        return [self.names[j] for j in self._pred[self.index[name]]]
+
+    def succ_idx(self) -> list[list[int]]:
+        """Successor lists by index (shared; do not modify)."""
+        return self._succ
+
+    def pred_idx(self) -> list[list[int]]:
+        """Predecessor lists by index (shared; do not modify)."""
+        return self._pred
+
+    def topological_order(self) -> list[str]:
+        """One topological order (deterministic)."""
+        return [self.names[i] for i in self._topo]
+
+    def topo_idx(self) -> list[int]:
+        return list(self._topo)
+
+    def consumers(self) -> dict[str, list[str]]:
+        """Tensor name -> ops that consume it (cached)."""
+        if self._consumers is None:
+            cons: dict[str, list[str]] = {t: [] for t in self._tensors}
+            for e in self._edges.values():
+                for t in e.tensors:
+                    cons[t].append(e.dst)
+            self._consumers = cons
+        return self._consumers
+
+    def kinds(self) -> set[str]:
+        """All device kinds some op can run on."""
+        out: set[str] = set()
+        for op in self._ops.values():
+            out |= op.kinds
+        return out
+
+    def colocation_groups(self) -> dict[str, list[str]]:
+        """Group name -> member ops (groups of one op included)."""
+        groups: dict[str, list[str]] = {}
+        for op in self._ops.values():
+            if op.colocation_group is not None:
+                groups.setdefault(op.colocation_group, []).append(op.name)
+        return groups
+
+    def total_work(self, kind: str = "GPU") -> float:
+        """Sum of compute times on ``kind`` (ops not allowed there use their fastest kind)."""
+        return float(sum(_time_for(op, kind) for op in self._ops.values()))
+
+    def critical_path(self, kind: str = "GPU") -> float:
+        """Longest compute-only path (no communication), a makespan lower bound
+        for any placement on devices of ``kind`` with speed 1."""
+        best = [0.0] * len(self.names)
+        ops = self.ops
+        for i in self._topo:
+            start = max((best[p] for p in self._pred[i]), default=0.0)
+            best[i] = start + _time_for(ops[i], kind)
+        return max(best, default=0.0)
+
+    # -- conversions ---------------------------------------------------------
+    @classmethod
+    def from_edges(cls, compute: Mapping[str, float], edges: Iterable[tuple], *,
+                   kind: str = "GPU", name: str = "graph") -> "OpGraph":
+        """Small graphs for tests and examples.
+
+        ``compute`` maps op -> time on ``kind``; each edge is ``(u, v)`` or
+        ``(u, v, bytes)``; every edge carries its own tensor ``"u->v"`` (no dedup).
+        """
+        ops = [Op(n, {kind: float(t)}) for n, t in compute.items()]
+        tensors, es = [], []
+        for e in edges:
+            u, v = e[0], e[1]
+            b = int(e[2]) if len(e) > 2 else 0
+            t = f"{u}->{v}"
+            tensors.append(Tensor(t, u, b))
+            es.append(Edge(u, v, (t,)))
+        return cls(ops, es, tensors, name=name)
+
+    @classmethod
+    def from_networkx(cls, g, *, name: str | None = None) -> "OpGraph":
+        """Build from a ``networkx.DiGraph``.
+
+        Node attributes: ``compute`` (dict kind -> µs; or ``time`` = µs on GPU),
+        optional ``kinds``, ``persistent_bytes``, ``output_bytes``,
+        ``temporary_bytes``, ``colocation_group``, ``scope``, ``type``.
+        Edge attributes: ``bytes`` (default 0) and optional ``tensor`` (a name;
+        edges from one op with the same tensor name share one transfer per
+        device); ``control=True`` for a control edge. Without ``tensor`` each
+        edge carries its own tensor ``"u->v"``.
+
+        Raises
+        ------
+        InvalidGraphError
+            A node without ``compute``/``time``.
+        """
+        ops = []
+        for n, a in g.nodes(data=True):
+            if "compute" in a:
+                compute = a["compute"]
+            elif "time" in a:
+                compute = {"GPU": a["time"]}
+            else:
+                raise InvalidGraphError(f"op {n!r} has no compute time (node attribute 'compute' or 'time')")
+            ops.append(Op(str(n), compute, kinds=a.get("kinds"),
+                          persistent_bytes=int(a.get("persistent_bytes", 0)),
+                          output_bytes=int(a.get("output_bytes", 0)),
+                          temporary_bytes=int(a.get("temporary_bytes", 0)),
+                          colocation_group=a.get("colocation_group"),
+                          scope=a.get("scope", ""), type=a.get("type", "")))
+        tensors: dict[str, Tensor] = {}
+        edges = []
+        for u, v, a in g.edges(data=True):
+            u, v = str(u), str(v)
+            if a.get("control"):
+                edges.append(Edge(u, v, ()))
+                continue
+            t = a.get("tensor", f"{u}->{v}")
+            b = int(a.get("bytes", 0))
+            old = tensors.get(t)
+            if old is not None and (old.src != u or old.bytes != b):
+                raise InvalidGraphError(
+                    f"tensor {t!r} declared twice with different producer or size ({old.src}, {old.bytes}) vs ({u}, {b})")
+            tensors[t] = Tensor(t, u, b)
+            edges.append(Edge(u, v, (t,)))
+        return cls(ops, edges, tensors.values(), name=name or g.graph.get("name", "graph"))
+
+    def to_networkx(self):
+        """``networkx.DiGraph`` with the attributes :meth:`from_networkx` reads.
+
+        An edge carrying several tensors gets ``bytes`` = their sum and
+        ``tensors`` = the list of names.
+        """
+        import networkx as nx
+
+        g = nx.DiGraph(name=self.name)
+        for op in self._ops.values():
+            d = op.to_dict()
+            d.pop("name")
+            d["kinds"] = sorted(op.kinds)
+            g.add_node(op.name, **d)
+        for e in self._edges.values():
+            if e.is_control:
+                g.add_edge(e.src, e.dst, control=True, bytes=0)
+            elif len(e.tensors) == 1:
+                g.add_edge(e.src, e.dst, tensor=e.tensors[0], bytes=self.edge_bytes(e.src, e.dst))
+            else:
+                g.add_edge(e.src, e.dst, tensors=list(e.tensors), bytes=self.edge_bytes(e.src, e.dst))
+        return g
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "name": self.name,
+            "ops": [op.to_dict() for op in self._ops.values()],
+            "tensors": [{"name": t.name, "src": t.src, "bytes": t.bytes} for t in self._tensors.values()],
+            "edges": [{"src": e.src, "dst": e.dst, "tensors": list(e.tensors)} for e in self._edges.values()],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "OpGraph":
+        """Inverse of :meth:`to_dict`; raises :class:`SchemaError` on a bad document."""
+        _check_header(d, FORMAT, VERSION)
+        try:
+            ops = [Op(o["name"], o["compute"], kinds=o.get("kinds"),
+                      persistent_bytes=o.get("persistent_bytes", 0),
+                      output_bytes=o.get("output_bytes", 0),
+                      temporary_bytes=o.get("temporary_bytes", 0),
+                      colocation_group=o.get("colocation_group"),
+                      scope=o.get("scope", ""), type=o.get("type", ""))
+                   for o in _field(d, "ops")]
+            tensors = [Tensor(t["name"], t["src"], t["bytes"]) for t in d.get("tensors", [])]
+            edges = [Edge(e["src"], e["dst"], tuple(e.get("tensors", ()))) for e in _field(d, "edges")]
+        except KeyError as exc:
+            raise SchemaError(f"{FORMAT}: an entry lacks required field {exc.args[0]!r}") from None
+        except TypeError as exc:
+            raise SchemaError(f"{FORMAT}: malformed entry ({exc})") from None
+        return cls(ops, edges, tensors, name=d.get("name", "graph"))
+
+    def to_json(self, path=None, indent=None) -> str | None:
+        """JSON text, or write it to ``path``."""
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is None:
+            return text
+        with open(path, "w") as f:
+            f.write(text)
+        return None
+
+    @classmethod
+    def from_json(cls, source) -> "OpGraph":
+        """From a path or a JSON string."""
+        return cls.from_dict(_load_json(source))
+
+    def __eq__(self, other):
+        return isinstance(other, OpGraph) and self.to_dict() == other.to_dict()
+
+    __hash__ = None
+
+
+def _time_for(op: Op, kind: str) -> float:
+    if kind in op.kinds:
+        return op.compute[kind]
+    return min(op.compute[k] for k in op.kinds)
+
+
+def _validate_op(op: Op) -> None:
+    if not isinstance(op.name, str) or not op.name:
+        raise InvalidGraphError(f"op name must be a non-empty string, got {op.name!r}")
+    if not op.kinds:
+        raise InvalidGraphError(f"op {op.name!r} is allowed on no device kind")
+    for kind in op.kinds:
+        if kind not in op.compute:
+            raise InvalidGraphError(f"op {op.name!r} has no compute time for allowed kind {kind!r}")
+    for kind, t in op.compute.items():
+        if t is None or not isinstance(t, (int, float)) or t != t or t < 0:
+            raise InvalidGraphError(f"op {op.name!r} has invalid compute time {t!r} on {kind!r}")
+    for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
+        v = getattr(op, key)
+        if not isinstance(v, int) or v < 0:
+            raise InvalidGraphError(f"op {op.name!r} has invalid {key} {v!r}")
+
+
+def _check_header(d, fmt, version):
+    if not isinstance(d, Mapping):
+        raise SchemaError(f"expected a JSON object for {fmt}, got {type(d).__name__}")
+    if d.get("format") != fmt:
+        raise SchemaError(f"expected format {fmt!r}, got {d.get('format')!r}")
+    if d.get("version") != version:
+        raise SchemaError(f"{fmt}: unsupported version {d.get('version')!r} (this Pesto reads version {version})")
+
+
+def _field(d, key):
+    if key not in d:
+        raise SchemaError(f"{d.get('format')}: missing required field {key!r}")
+    return d[key]
+
+
+def _load_json(source):
+    if isinstance(source, Mapping):
+        return source
+    text = str(source)
+    if not text.lstrip().startswith("{"):
+        with open(text) as f:
+            text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(f"not valid JSON: {exc}") from None

@@ -1,0 +1,464 @@
+"""The one result type every placer returns, and the independent checker.
+
+A :class:`Plan` says where every op runs and in which order on each device; it
+may also carry the times of a schedule (op start/finish and transfers), the
+predicted step time (makespan), a lower bound, and how it was found.
+
+:func:`check_plan` verifies any plan against the problem without trusting the
+placer: every op placed on a device that exists and allows its kind,
+colocation groups whole, per-device order consistent with the DAG, and, when
+times are given, precedence with transfer times, no overlap on a device or a
+link, and memory at most capacity. It reports every violation by name.
+
+JSON schema (``format = "pesto.plan"``, ``version = 1``)::
+
+    {"format": "pesto.plan", "version": 1, "placer": "cpsat", "status": "optimal",
+     "placement": {"op": "/GPU:0"}, "order": {"/GPU:0": ["op"]},
+     "start": {"op": 0.0} | null, "finish": {"op": 3.0} | null,
+     "transfers": [{"tensor": "a:0", "src": "/GPU:0", "dst": "/GPU:1",
+                    "start": 3.0, "finish": 9.0}] | null,
+     "makespan": 9.0, "lower_bound": 7.5, "wall_time": 0.2,
+     "peak_memory": {"/GPU:0": 1024} | null, "stats": {}}
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .errors import InvalidPlanError
+from .graph import OpGraph, _check_header, _field, _load_json
+from .cluster import Cluster
+
+FORMAT = "pesto.plan"
+VERSION = 1
+STATUSES = ("optimal", "feasible", "heuristic", "infeasible", "unknown")
+EPS = 1e-6  # µs; tolerance for float schedules
+
+__all__ = ["Transfer", "Plan", "Report", "check_plan", "memory_profile", "STATUSES"]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor sent from device ``src`` to device ``dst`` during [start, finish]."""
+
+    tensor: str
+    src: str
+    dst: str
+    start: float
+    finish: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Placement + per-device order (+ optional schedule times) of one step.
+
+    Parameters
+    ----------
+    placement : mapping op -> device name
+    order : mapping device name -> tuple of ops, the order they run in
+    start, finish : mapping op -> µs, optional
+    transfers : tuple of Transfer, optional
+    makespan : float, optional
+        Predicted step time (µs).
+    lower_bound : float, optional
+        Proven lower bound on the optimal makespan (exact solvers).
+    status : str
+        One of ``optimal``, ``feasible`` (exact solver stopped early),
+        ``heuristic``, ``infeasible`` (plan exists but breaks memory, or no plan),
+        ``unknown``.
+    placer : str
+    wall_time : float
+        Seconds the placer took.
+    peak_memory : mapping device -> bytes, optional
+    stats : mapping
+        Anything else the placer reports (solver log figures, notes).
+    """
+
+    placement: Mapping[str, str]
+    order: Mapping[str, tuple]
+    start: Mapping[str, float] | None = None
+    finish: Mapping[str, float] | None = None
+    transfers: tuple | None = None
+    makespan: float | None = None
+    lower_bound: float | None = None
+    status: str = "heuristic"
+    placer: str = ""
+    wall_time: float = 0.0
+    peak_memory: Mapping[str, int] | None = None
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        object.__setattr__(self, "placement", MappingProxyType(dict(self.placement)))
+        object.__setattr__(self, "order", MappingProxyType({d: tuple(o) for d, o in self.order.items()}))
+        for key in ("start", "finish", "peak_memory"):
+            v = getattr(self, key)
+            if v is not None:
+                object.__setattr__(self, key, MappingProxyType(dict(v)))
+        if self.transfers is not None:
+            object.__setattr__(self, "transfers", tuple(self.transfers))
+        object.__setattr__(self, "stats", MappingProxyType(dict(self.stats)))
+
+    @property
+    def gap(self) -> float | None:
+        """(makespan - lower_bound) / makespan, or None if either is unknown."""
+        if self.makespan is None or self.lower_bound is None or self.makespan <= 0:
+            return None
+        return max(0.0, (self.makespan - self.lower_bound) / self.makespan)
+
+    @property
+    def has_times(self) -> bool:
+        return self.start is not None and self.finish is not None
+
+    def devices_used(self) -> list[str]:
+        return sorted({d for d in self.placement.values()})
+
+    def replace(self, **changes) -> "Plan":
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_placement(cls, graph: OpGraph, placement: Mapping[str, str], order=None, **kw) -> "Plan":
+        """A plan whose per-device order is ``order`` (a global op sequence) or,
+        by default, the graph's topological order restricted to each device."""
+        seq = list(order) if order is not None else graph.topological_order()
+        per: dict[str, list[str]] = {}
+        for op in seq:
+            per.setdefault(placement[op], []).append(op)
+        return cls(placement, per, **kw)
+
+    def summary(self) -> str:
+        ms = "?" if self.makespan is None else f"{self.makespan / 1000:.3f} ms"
+        lb = "" if self.lower_bound is None else f", bound {self.lower_bound / 1000:.3f} ms, gap {100 * (self.gap or 0):.1f}%"
+        counts = {d: len(o) for d, o in self.order.items()}
+        return f"{self.placer or 'plan'} [{self.status}]: step {ms}{lb}, ops per device {counts}, {self.wall_time:.2f} s"
+
+    def __str__(self):
+        return self.summary()
+
+    # -- JSON ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "placer": self.placer, "status": self.status,
+            "placement": dict(self.placement), "order": {d: list(o) for d, o in self.order.items()},
+            "start": None if self.start is None else dict(self.start),
+            "finish": None if self.finish is None else dict(self.finish),
+            "transfers": None if self.transfers is None else [t.__dict__ for t in self.transfers],
+            "makespan": self.makespan, "lower_bound": self.lower_bound, "wall_time": self.wall_time,
+            "peak_memory": None if self.peak_memory is None else dict(self.peak_memory),
+            "stats": _jsonable(self.stats),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Plan":
+        from .errors import SchemaError
+        _check_header(d, FORMAT, VERSION)
+        try:
+            transfers = d.get("transfers")
+            return cls(placement=_field(d, "placement"), order=_field(d, "order"),
+                       start=d.get("start"), finish=d.get("finish"),
+                       transfers=None if transfers is None else tuple(Transfer(**t) for t in transfers),
+                       makespan=d.get("makespan"), lower_bound=d.get("lower_bound"),
+                       status=d.get("status", "unknown"), placer=d.get("placer", ""),
+                       wall_time=d.get("wall_time", 0.0), peak_memory=d.get("peak_memory"),
+                       stats=d.get("stats") or {})
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"{FORMAT}: malformed plan ({exc})") from None
+
+    def to_json(self, path=None, indent=None):
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is None:
+            return text
+        with open(path, "w") as f:
+            f.write(text)
+
+    @classmethod
+    def from_json(cls, source) -> "Plan":
+        return cls.from_dict(_load_json(source))
+
+
+def _jsonable(x):
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+# -- memory ----------------------------------------------------------------------
+def memory_profile(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str],
+                   start: Mapping[str, float] | None = None, finish: Mapping[str, float] | None = None,
+                   transfers=None) -> dict[str, int]:
+    """Peak bytes per device.
+
+    With times: persistent bytes all step; an op's outputs from its start until
+    its last local consumer finishes or its last outgoing transfer ends;
+    a received tensor from its transfer start until its last consumer on that
+    device finishes; temporary bytes while the op runs. Without times: the
+    conservative static sum persistent + outputs + the largest temporary.
+    """
+    peak = {d.name: 0 for d in cluster.devices}
+    ops = graph.ops
+    if start is None or finish is None:
+        held = dict.fromkeys(peak, 0)
+        temp = dict.fromkeys(peak, 0)
+        for op in ops:
+            d = placement[op.name]
+            held[d] += op.persistent_bytes + op.output_bytes
+            temp[d] = max(temp[d], op.temporary_bytes)
+        return {d: held[d] + temp[d] for d in peak}
+    events: dict[str, list] = {d: [] for d in peak}
+    base = dict.fromkeys(peak, 0)
+    last_use: dict[str, float] = {}
+    for op in ops:
+        f = finish[op.name]
+        end = f
+        for s in graph.successors(op.name):
+            if placement[s] == placement[op.name]:
+                end = max(end, finish[s])
+        last_use[op.name] = end
+    recv_end: dict[tuple, float] = {}
+    tensor_src = {t.name: t.src for t in graph.tensors}
+    for t in transfers or ():
+        last_use[tensor_src[t.tensor]] = max(last_use[tensor_src[t.tensor]], t.finish)
+        consumers = [c for c in graph.consumers()[t.tensor] if placement[c] == t.dst]
+        endt = max([finish[c] for c in consumers] + [t.finish])
+        events[t.dst].append((t.start, 1, graph.tensor(t.tensor).bytes))
+        events[t.dst].append((endt, 0, -graph.tensor(t.tensor).bytes))
+    for op in ops:
+        d = placement[op.name]
+        base[d] += op.persistent_bytes
+        s, f = start[op.name], finish[op.name]
+        if op.output_bytes:
+            events[d].append((s, 1, op.output_bytes))
+            events[d].append((last_use[op.name], 0, -op.output_bytes))
+        if op.temporary_bytes:
+            events[d].append((s, 1, op.temporary_bytes))
+            events[d].append((f, 0, -op.temporary_bytes))
+    for d, ev in events.items():
+        ev.sort()  # at equal times, frees (0) before allocations (1)
+        cur = best = base[d]
+        for _, _, b in ev:
+            cur += b
+            best = max(best, cur)
+        peak[d] = best
+    return peak
+
+
+# -- checker -----------------------------------------------------------------------
+@dataclass
+class Report:
+    """What :func:`check_plan` found. ``ok`` is true when nothing is violated."""
+
+    violations: list
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def __bool__(self):
+        return self.ok
+
+    def __str__(self):
+        if self.ok:
+            return "plan is valid"
+        return "\n".join(self.violations)
+
+    def raise_if_invalid(self):
+        if self.violations:
+            raise InvalidPlanError(self.violations)
+
+
+def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bool = True,
+               tol: float = EPS) -> Report:
+    """Verify ``plan`` for ``graph`` on ``cluster``; list every violation.
+
+    Checks placement (every op on an existing device that allows its kind, no
+    unknown op), colocation groups not split, per-device order (each device's
+    list is exactly its ops, and together with the DAG's edges it closes no
+    cycle). With times: each op lasts its compute time on its device, starts
+    after its inputs arrive (remote inputs through a transfer of the right
+    tensor that starts after the producer ends and lasts the route's time),
+    ops on one device do not overlap and follow the order, transfers on one
+    link do not overlap (unless the cluster is contention free), and peak
+    memory (:func:`memory_profile`) stays within capacity.
+
+    Examples
+    --------
+    >>> from pesto.graph import OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 8)])
+    >>> p = Plan({"a": "/GPU:0", "b": "/GPU:0"}, {"/GPU:0": ["b", "a"]})
+    >>> print(check_plan(g, gpus(2), p))
+    order on /GPU:0 contradicts the graph: cycle a -> b -> a
+    """
+    v: list[str] = []
+    pl = plan.placement
+    ops = graph.ops
+    for name in pl:
+        if name not in graph:
+            v.append(f"plan places unknown op {name!r}")
+    for op in ops:
+        d = pl.get(op.name)
+        if d is None:
+            v.append(f"op {op.name!r} is not placed")
+        elif d not in cluster.index:
+            v.append(f"op {op.name!r} is placed on unknown device {d!r}")
+        elif cluster.device(d).kind not in op.kinds:
+            v.append(f"op {op.name!r} is placed on {d} of kind {cluster.device(d).kind}, allowed {sorted(op.kinds)}")
+    if v:
+        return Report(v)
+    for group, members in graph.colocation_groups().items():
+        devs = sorted({pl[m] for m in members})
+        if len(devs) > 1:
+            v.append(f"colocation group {group!r} is split over {devs}: "
+                     + ", ".join(f"{m}@{pl[m]}" for m in members[:6]))
+    # order: exactly the ops of each device, and acyclic together with the DAG
+    seen: dict[str, str] = {}
+    for d, seq in plan.order.items():
+        for name in seq:
+            if name in seen:
+                v.append(f"op {name!r} appears twice in the order ({seen[name]} and {d})")
+            seen[name] = d
+            if name not in graph:
+                v.append(f"order on {d} names unknown op {name!r}")
+            elif pl[name] != d:
+                v.append(f"op {name!r} is ordered on {d} but placed on {pl[name]}")
+    for op in ops:
+        if op.name not in seen:
+            v.append(f"op {op.name!r} is missing from the order of {pl[op.name]}")
+    if v:
+        return Report(v)
+    cyc = _order_cycle(graph, plan.order)
+    if cyc:
+        v.append(f"order on {pl[cyc[0]]} contradicts the graph: cycle {' -> '.join(cyc)} -> {cyc[0]}")
+    if plan.has_times:
+        v.extend(_check_times(graph, cluster, plan, tol))
+        if check_memory:
+            peak = memory_profile(graph, cluster, pl, plan.start, plan.finish, plan.transfers)
+    elif check_memory:
+        peak = memory_profile(graph, cluster, pl)
+    if check_memory:
+        for d in cluster.devices:
+            if peak[d.name] > d.memory:
+                v.append(f"memory on {d.name}: peak {peak[d.name]} bytes > capacity {d.memory}")
+    if plan.makespan is not None and plan.has_times:
+        end = max(plan.finish.values(), default=0.0)
+        if abs(end - plan.makespan) > tol * max(1.0, end) + tol:
+            v.append(f"makespan {plan.makespan} differs from the last finish time {end}")
+    return Report(v)
+
+
+def _order_cycle(graph: OpGraph, order: Mapping[str, tuple]) -> list[str] | None:
+    """A cycle in DAG edges + consecutive-order edges, or None."""
+    n = graph.num_ops
+    idx = graph.index
+    succ = [list(s) for s in graph.succ_idx()]
+    indeg = [len(p) for p in graph.pred_idx()]
+    for seq in order.values():
+        for a, b in zip(seq, seq[1:]):
+            succ[idx[a]].append(idx[b])
+            indeg[idx[b]] += 1
+    stack = [i for i in range(n) if indeg[i] == 0]
+    done = 0
+    while stack:
+        i = stack.pop()
+        done += 1
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                stack.append(j)
+    if done == n:
+        return None
+    left = {i for i in range(n) if indeg[i] > 0}
+    pred: list[list[int]] = [[] for _ in range(n)]
+    for i in left:
+        for j in succ[i]:
+            if j in left:
+                pred[j].append(i)
+    i = next(iter(left))
+    pos: dict[int, int] = {}
+    path = []
+    while i not in pos:
+        pos[i] = len(path)
+        path.append(i)
+        i = pred[i][0]
+    cyc = path[pos[i]:]
+    cyc.reverse()
+    return [graph.names[k] for k in cyc]
+
+
+def _check_times(graph: OpGraph, cluster: Cluster, plan: Plan, tol: float) -> list[str]:
+    v = []
+    pl, st, fi = plan.placement, plan.start, plan.finish
+    for op in graph.ops:
+        if op.name not in st or op.name not in fi:
+            v.append(f"op {op.name!r} has no start/finish time")
+    if v:
+        return v
+    for op in graph.ops:
+        dev = cluster.device(pl[op.name])
+        need = op.time_on(dev.kind, dev.speed)
+        got = fi[op.name] - st[op.name]
+        if st[op.name] < -tol or abs(got - need) > tol * max(1.0, need) + tol:
+            v.append(f"op {op.name!r} runs {got:g} µs from {st[op.name]:g}, needs {need:g} µs on {dev.name}")
+    # transfers by (tensor, dst)
+    xfer: dict[tuple, Transfer] = {}
+    for t in plan.transfers or ():
+        if (t.tensor, t.dst) in xfer:
+            v.append(f"tensor {t.tensor!r} is sent to {t.dst} twice")
+        xfer[(t.tensor, t.dst)] = t
+        try:
+            tensor = graph.tensor(t.tensor)
+        except KeyError:
+            v.append(f"transfer of unknown tensor {t.tensor!r}")
+            continue
+        if pl[tensor.src] != t.src:
+            v.append(f"tensor {t.tensor!r} is sent from {t.src} but produced on {pl[tensor.src]}")
+        if t.src == t.dst:
+            v.append(f"tensor {t.tensor!r} is sent from {t.src} to itself")
+            continue
+        if t.start < fi[tensor.src] - tol:
+            v.append(f"tensor {t.tensor!r} leaves {t.src} at {t.start:g} before {tensor.src!r} ends at {fi[tensor.src]:g}")
+        need = cluster.transfer_time(t.src, t.dst, tensor.bytes)
+        if t.finish - t.start < need - tol * max(1.0, need) - tol:
+            v.append(f"transfer of {t.tensor!r} {t.src}->{t.dst} takes {t.finish - t.start:g} µs, needs {need:g}")
+    for e in graph.edges:
+        a, b = pl[e.src], pl[e.dst]
+        ready = fi[e.src]
+        if a != b:
+            for tname in e.tensors:
+                if graph.tensor(tname).bytes == 0:
+                    continue
+                t = xfer.get((tname, b))
+                if t is None:
+                    v.append(f"tensor {tname!r} needed by {e.dst!r} on {b} is never sent there")
+                else:
+                    ready = max(ready, t.finish)
+        if st[e.dst] < ready - tol:
+            v.append(f"op {e.dst!r} starts at {st[e.dst]:g} before its input from {e.src!r} is ready at {ready:g}")
+    for d, seq in plan.order.items():
+        for a, b in zip(seq, seq[1:]):
+            if st[b] < fi[a] - tol:
+                v.append(f"ops {a!r} and {b!r} overlap on {d} (or break its order)")
+    if not cluster.contention_free and plan.transfers:
+        per_link: dict[str, list] = {}
+        for t in plan.transfers:
+            if t.src == t.dst:
+                continue
+            for link in cluster.route(t.src, t.dst).links:
+                per_link.setdefault(link, []).append(t)
+        for link, ts in per_link.items():
+            ts.sort(key=lambda t: (t.start, t.finish))
+            for x, y in zip(ts, ts[1:]):
+                if y.start < x.finish - tol:
+                    v.append(f"transfers of {x.tensor!r} and {y.tensor!r} overlap on link {link}")
+    return v
