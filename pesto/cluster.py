@@ -26,6 +26,8 @@ Examples
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -99,9 +101,12 @@ class Cluster:
         for i, d in enumerate(self.devices):
             if d.name in self.index:
                 raise InvalidClusterError(f"duplicate device {d.name!r}")
-            if not (isinstance(d.memory, int) and d.memory > 0):
+            if not isinstance(d, Device):
+                raise InvalidClusterError(f"expected Device, got {type(d).__name__}: {d!r}")
+            if not (isinstance(d.memory, numbers.Integral) and not isinstance(d.memory, bool)
+                    and d.memory > 0):
                 raise InvalidClusterError(f"device {d.name!r} has invalid memory {d.memory!r}")
-            if not d.speed > 0:
+            if not (isinstance(d.speed, numbers.Real) and math.isfinite(d.speed) and d.speed > 0):
                 raise InvalidClusterError(f"device {d.name!r} has invalid speed {d.speed!r}")
             self.index[d.name] = i
         self._routes: dict[tuple[str, str], Route] = {}
@@ -109,8 +114,15 @@ class Cluster:
             for end in (r.src, r.dst):
                 if end not in self.index:
                     raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r} names unknown device {end!r}")
-            if r.beta0 < 0 or r.beta1 < 0:
-                raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r} has a negative cost")
+            if r.src == r.dst:
+                raise InvalidClusterError(f"route from {r.src!r} to itself (same-device transfers are free)")
+            if (r.src, r.dst) in self._routes:
+                raise InvalidClusterError(f"two routes from {r.src!r} to {r.dst!r}")
+            for b in (r.beta0, r.beta1):
+                if not (isinstance(b, numbers.Real) and math.isfinite(b) and b >= 0):
+                    raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r} has an invalid cost {b!r}")
+            if isinstance(r.links, str):
+                raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r}: links must be a list of names, got {r.links!r}")
             self._routes[(r.src, r.dst)] = Route(r.src, r.dst, tuple(r.links), float(r.beta0), float(r.beta1))
         for a in self.devices:
             for b in self.devices:
@@ -159,29 +171,63 @@ class Cluster:
         return self.route(src, dst).time(nbytes)
 
     def identical_groups(self) -> list[list[str]]:
-        """Devices interchangeable for symmetry breaking: same kind, memory,
-        speed, and the same route costs to every other device."""
-        def sig(d):
-            return (d.kind, d.memory, d.speed)
-        groups: dict = {}
-        for d in self.devices:
-            groups.setdefault(sig(d), []).append(d.name)
-        out = []
-        for names in groups.values():
-            # keep only devices whose routes to outsiders cost the same
-            def rsig(n):
-                return tuple(sorted((sig(self.device(o)), self._routes[(n, o)].beta0, self._routes[(n, o)].beta1)
-                                    for o in self.names if o != n and o not in names))
-            sub: dict = {}
-            for n in names:
-                sub.setdefault(rsig(n), []).append(n)
-            out.extend(sub.values())
-        return out
+        """Interchangeable devices, for symmetry breaking.
+
+        Two devices are interchangeable when swapping them maps the cluster
+        onto itself: same kind, memory and speed, every route keeps its cost,
+        and links stay shared by the same routes. Swaps compose, so every
+        permutation inside a returned group is a symmetry. Groups (of one
+        device too) come in the order of their first device.
+
+        Examples
+        --------
+        >>> two_hosts().identical_groups()[0]
+        ['/job:worker/task:0/device:GPU:0', '/job:worker/task:0/device:GPU:1']
+        >>> v100x2_nvlink().identical_groups()
+        [['/GPU:0', '/GPU:1'], ['/CPU:0']]
+        """
+        names = self.names
+        # a link is known by the set of routes it carries; two links carrying
+        # the same routes are indistinguishable, so compare these sets
+        use: dict[str, set] = {}
+        for r in self._routes.values():
+            for link in r.links:
+                use.setdefault(link, set()).add((r.src, r.dst))
+        sharing = {frozenset(v) for v in use.values()}
+
+        def swaps(a, b):
+            da, db = self.device(a), self.device(b)
+            if (da.kind, da.memory, da.speed) != (db.kind, db.memory, db.speed):
+                return False
+            sw = {a: b, b: a}
+            for (x, y), r in self._routes.items():
+                o = self._routes[(sw.get(x, x), sw.get(y, y))]
+                if (o.beta0, o.beta1) != (r.beta0, r.beta1):
+                    return False
+            if self.contention_free:
+                return True
+            mapped = {frozenset((sw.get(x, x), sw.get(y, y)) for x, y in rs) for rs in sharing}
+            return mapped == sharing
+
+        groups: list[list[str]] = []
+        for n in names:
+            for g in groups:
+                if swaps(g[0], n):
+                    g.append(n)
+                    break
+            else:
+                groups.append([n])
+        return groups
 
     def with_memory(self, memory: int | Mapping[str, int]) -> "Cluster":
         """A copy with new memory capacities (one value for all, or per device)."""
-        devs = [Device(d.name, d.kind, memory if isinstance(memory, int) else memory.get(d.name, d.memory), d.speed)
-                for d in self.devices]
+        if isinstance(memory, Mapping):
+            for name in memory:
+                if name not in self.index:
+                    raise InvalidClusterError(f"with_memory: unknown device {name!r}; cluster has {self.names}")
+            devs = [Device(d.name, d.kind, memory.get(d.name, d.memory), d.speed) for d in self.devices]
+        else:
+            devs = [Device(d.name, d.kind, memory, d.speed) for d in self.devices]
         return Cluster(devs, self.routes, contention_free=self.contention_free, name=self.name)
 
     def with_contention_free(self, flag: bool = True) -> "Cluster":
@@ -207,6 +253,8 @@ class Cluster:
                       for r in _field(d, "routes")]
         except KeyError as exc:
             raise SchemaError(f"{FORMAT}: an entry lacks required field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"{FORMAT}: malformed entry ({exc})") from None
         return cls(devs, routes, contention_free=d.get("contention_free", False), name=d.get("name", "cluster"))
 
     def to_json(self, path=None, indent=2):
@@ -254,6 +302,8 @@ def gpus(n: int = 2, *, memory: int = 16 * GiB, beta: tuple = NVLINK_GG, with_cp
     if n < 1:
         raise InvalidClusterError(f"need at least one GPU, got {n}")
     speeds = list(speeds) if speeds is not None else [1.0] * n
+    if len(speeds) != n:
+        raise InvalidClusterError(f"gpus({n}): got {len(speeds)} speeds")
     names = [f"/GPU:{i}" for i in range(n)]
     devs = [Device(nm, "GPU", memory, s) for nm, s in zip(names, speeds)]
     routes = _p2p(names, beta, "link")

@@ -29,8 +29,11 @@ JSON schema (``format = "pesto.opgraph"``, ``version = 1``)::
 """
 from __future__ import annotations
 
+import gc
 import json
-from dataclasses import dataclass, field
+import math
+import numbers
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
@@ -75,9 +78,28 @@ class Op:
     type: str = ""
 
     def __post_init__(self):
-        object.__setattr__(self, "compute", MappingProxyType(dict(self.compute)))
-        kinds = frozenset(self.compute) if self.kinds is None else frozenset(self.kinds)
+        try:
+            compute = dict(self.compute)
+        except (TypeError, ValueError):
+            raise InvalidGraphError(f"op {self.name!r}: compute must map device kind -> µs, "
+                                    f"got {self.compute!r}") from None
+        # numpy scalars are fine as inputs but must not leak into JSON
+        compute = {k: float(t) if _is_real(t) else t for k, t in compute.items()}
+        object.__setattr__(self, "compute", MappingProxyType(compute))
+        if isinstance(self.kinds, str):
+            kinds = frozenset([self.kinds])
+        else:
+            kinds = frozenset(compute) if self.kinds is None else frozenset(self.kinds)
         object.__setattr__(self, "kinds", kinds)
+        for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
+            v = getattr(self, key)
+            if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+                object.__setattr__(self, key, int(v))
+
+    def __hash__(self):
+        return hash((self.name, tuple(sorted(self.compute.items())), self.kinds,
+                     self.persistent_bytes, self.output_bytes, self.temporary_bytes,
+                     self.colocation_group, self.scope, self.type))
 
     def time_on(self, kind: str, speed: float = 1.0) -> float:
         """Compute time on a device of ``kind`` running at ``speed``."""
@@ -108,6 +130,10 @@ class Tensor:
     src: str
     bytes: int
 
+    def __post_init__(self):
+        if isinstance(self.bytes, numbers.Integral) and not isinstance(self.bytes, bool):
+            object.__setattr__(self, "bytes", int(self.bytes))
+
 
 @dataclass(frozen=True)
 class Edge:
@@ -116,6 +142,12 @@ class Edge:
     src: str
     dst: str
     tensors: tuple = ()
+
+    def __post_init__(self):
+        if isinstance(self.tensors, str):  # Edge("a", "b", "a:0") means one tensor
+            object.__setattr__(self, "tensors", (self.tensors,))
+        else:
+            object.__setattr__(self, "tensors", tuple(self.tensors))
 
     @property
     def is_control(self) -> bool:
@@ -150,6 +182,17 @@ class OpGraph:
 
     def __init__(self, ops: Iterable[Op], edges: Iterable[Edge] = (),
                  tensors: Iterable[Tensor] = (), name: str = "graph"):
+        # many small objects, no cycles: pausing the cyclic GC makes big graphs
+        # build about twice as fast
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._build(ops, edges, tensors, name)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _build(self, ops, edges, tensors, name):
         self.name = name
         self._ops: dict[str, Op] = {}
         for op in ops:
@@ -161,16 +204,23 @@ class OpGraph:
             self._ops[op.name] = op
         self._tensors: dict[str, Tensor] = {}
         for t in tensors:
+            if not isinstance(t, Tensor):
+                raise InvalidGraphError(f"expected Tensor, got {type(t).__name__}: {t!r}")
+            if not isinstance(t.name, str) or not t.name:
+                raise InvalidGraphError(f"tensor name must be a non-empty string, got {t.name!r}")
             if t.name in self._tensors:
                 raise InvalidGraphError(f"duplicate tensor name {t.name!r}")
             if t.src not in self._ops:
                 raise InvalidGraphError(f"tensor {t.name!r} is produced by unknown op {t.src!r}")
-            if not isinstance(t.bytes, (int,)) or t.bytes < 0:
+            if not isinstance(t.bytes, int) or isinstance(t.bytes, bool) or t.bytes < 0:
                 raise InvalidGraphError(f"tensor {t.name!r} has invalid size {t.bytes!r}")
             self._tensors[t.name] = t
         self._edges: dict[tuple[str, str], Edge] = {}
         for e in edges:
+            if not isinstance(e, Edge):
+                raise InvalidGraphError(f"expected Edge, got {type(e).__name__}: {e!r}")
             self._add_edge(e)
+        _check_groups(self._ops.values())
         self.names: tuple[str, ...] = tuple(self._ops)
         self.index: dict[str, int] = {n: i for i, n in enumerate(self.names)}
         self._succ: list[list[int]] = [[] for _ in self.names]
@@ -180,6 +230,9 @@ class OpGraph:
             self._pred[self.index[v]].append(self.index[u])
         self._topo = self._toposort()
         self._consumers = None
+        self._tensor_table = None
+        self._data_succ = None
+        self._arrays = None
 
     # -- construction helpers ------------------------------------------------
     def _add_edge(self, e: Edge):
@@ -190,6 +243,8 @@ class OpGraph:
             raise CycleError([e.src])
         if (e.src, e.dst) in self._edges:
             raise InvalidGraphError(f"duplicate edge {e.src!r} -> {e.dst!r}")
+        if len(set(e.tensors)) != len(e.tensors):
+            raise InvalidGraphError(f"edge {e.src!r} -> {e.dst!r} lists a tensor twice: {list(e.tensors)}")
         for t in e.tensors:
             tensor = self._tensors.get(t)
             if tensor is None:
@@ -270,7 +325,11 @@ class OpGraph:
         return tuple(self._tensors.values())
 
     def tensor(self, name: str) -> Tensor:
+        """The tensor called ``name`` (``KeyError`` if there is none)."""
         return self._tensors[name]
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._tensors
 
     def edge(self, src: str, dst: str) -> Edge:
         return self._edges[(src, dst)]
@@ -313,6 +372,58 @@ class OpGraph:
             self._consumers = cons
         return self._consumers
 
+    def tensor_table(self) -> list[tuple[str, int, int, list[int]]]:
+        """Per tensor ``(name, producer index, bytes, consumer indices)`` (cached;
+        do not modify). Consumers are distinct: one entry per consuming op."""
+        if self._tensor_table is None:
+            self._build_tables()
+        return self._tensor_table
+
+    def data_succ_idx(self) -> list[list[int]]:
+        """Successors through edges that carry a tensor (control edges left out;
+        cached, do not modify)."""
+        if self._data_succ is None:
+            self._build_tables()
+        return self._data_succ
+
+    def _build_tables(self):
+        # one pass over the edges for the simulator's and memory model's tables
+        idx = self.index
+        tpos = {t: k for k, t in enumerate(self._tensors)}
+        cons: list[list[int]] = [[] for _ in tpos]
+        succ: list[list[int]] = [[] for _ in self.names]
+        src, dst = [], []
+        for (u, v), e in self._edges.items():
+            if e.tensors:
+                i, j = idx[u], idx[v]
+                succ[i].append(j)
+                src.append(i)
+                dst.append(j)
+                for t in e.tensors:
+                    cons[tpos[t]].append(j)
+        self._tensor_table = [(t.name, idx[t.src], t.bytes, cons[k])
+                              for k, t in enumerate(self._tensors.values())]
+        self._data_succ = succ
+        self._data_edges = (src, dst)
+
+    def _np(self):
+        """Cached numpy views for fast loops: data-edge endpoints, output,
+        temporary and persistent bytes (private)."""
+        if self._arrays is None:
+            import numpy as np
+            if self._data_succ is None:
+                self._build_tables()
+            src, dst = self._data_edges
+            ops = self._ops.values()
+            self._arrays = {
+                "data_src": np.asarray(src, dtype=np.int64),
+                "data_dst": np.asarray(dst, dtype=np.int64),
+                "output": np.fromiter((o.output_bytes for o in ops), dtype=np.int64, count=len(ops)),
+                "temporary": np.fromiter((o.temporary_bytes for o in ops), dtype=np.int64, count=len(ops)),
+                "persistent": np.fromiter((o.persistent_bytes for o in ops), dtype=np.int64, count=len(ops)),
+            }
+        return self._arrays
+
     def kinds(self) -> set[str]:
         """All device kinds some op can run on."""
         out: set[str] = set()
@@ -349,16 +460,25 @@ class OpGraph:
         """Small graphs for tests and examples.
 
         ``compute`` maps op -> time on ``kind``; each edge is ``(u, v)`` or
-        ``(u, v, bytes)``; every edge carries its own tensor ``"u->v"`` (no dedup).
+        ``(u, v, bytes)``; every edge carries its own tensor ``"u->v"`` (no
+        dedup). An op's ``output_bytes`` is the sum of the tensors it produces.
+
+        Examples
+        --------
+        >>> g = OpGraph.from_edges({"a": 1, "b": 2, "c": 3}, [("a", "b", 8), ("a", "c", 4)])
+        >>> g.op("a").output_bytes, g.edge_bytes("a", "c"), g.successors("a")
+        (12, 4, ['b', 'c'])
         """
-        ops = [Op(n, {kind: float(t)}) for n, t in compute.items()]
         tensors, es = [], []
+        out: dict[str, int] = {}
         for e in edges:
             u, v = e[0], e[1]
             b = int(e[2]) if len(e) > 2 else 0
             t = f"{u}->{v}"
             tensors.append(Tensor(t, u, b))
             es.append(Edge(u, v, (t,)))
+            out[u] = out.get(u, 0) + b
+        ops = [Op(n, {kind: t}, output_bytes=out.get(n, 0)) for n, t in compute.items()]
         return cls(ops, es, tensors, name=name)
 
     @classmethod
@@ -366,18 +486,66 @@ class OpGraph:
         """Build from a ``networkx.DiGraph``.
 
         Node attributes: ``compute`` (dict kind -> µs; or ``time`` = µs on GPU),
-        optional ``kinds``, ``persistent_bytes``, ``output_bytes``,
-        ``temporary_bytes``, ``colocation_group``, ``scope``, ``type``.
+        optional ``kinds``, ``persistent_bytes``, ``output_bytes`` (default:
+        the sum of the distinct tensors the op produces), ``temporary_bytes``,
+        ``colocation_group``, ``scope``, ``type``.
         Edge attributes: ``bytes`` (default 0) and optional ``tensor`` (a name;
-        edges from one op with the same tensor name share one transfer per
-        device); ``control=True`` for a control edge. Without ``tensor`` each
-        edge carries its own tensor ``"u->v"``.
+        edges from one op with the same tensor name carry one tensor, sent
+        once per device); ``tensors`` (list of names) with ``tensor_bytes``
+        (list of sizes) for an edge carrying several; ``control=True`` for a
+        control edge. Without any of these each edge carries its own tensor
+        ``"u->v"``. :meth:`to_networkx` writes the same attributes.
 
         Raises
         ------
         InvalidGraphError
-            A node without ``compute``/``time``.
+            A node without ``compute``/``time``; one tensor name declared with
+            two producers or two sizes.
+
+        Examples
+        --------
+        >>> import networkx as nx
+        >>> d = nx.DiGraph()
+        >>> d.add_node("a", time=2.0); d.add_node("b", time=1.0); d.add_node("c", time=1.0)
+        >>> d.add_edge("a", "b", tensor="a:0", bytes=64); d.add_edge("a", "c", tensor="a:0", bytes=64)
+        >>> g = OpGraph.from_networkx(d)
+        >>> len(g.tensors), g.op("a").output_bytes
+        (1, 64)
         """
+        tensors: dict[str, Tensor] = {}
+        edges = []
+
+        def declare(t, u, b):
+            old = tensors.get(t)
+            if old is not None and (old.src != u or old.bytes != b):
+                raise InvalidGraphError(
+                    f"tensor {t!r} declared twice with different producer or size: "
+                    f"({old.src!r}, {old.bytes}) vs ({u!r}, {b})")
+            tensors[t] = Tensor(t, u, b)
+
+        for u, v, a in g.edges(data=True):
+            u, v = str(u), str(v)
+            if a.get("control"):
+                edges.append(Edge(u, v, ()))
+            elif "tensors" in a:
+                names = [str(t) for t in a["tensors"]]
+                sizes = a.get("tensor_bytes")
+                if sizes is None or len(sizes) != len(names):
+                    raise InvalidGraphError(
+                        f"edge {u!r} -> {v!r}: 'tensors' needs 'tensor_bytes' of the same length")
+                for t, b in zip(names, sizes):
+                    declare(t, u, _as_bytes(b, f"tensor {t!r}"))
+                edges.append(Edge(u, v, tuple(names)))
+            else:
+                t = str(a.get("tensor", f"{u}->{v}"))
+                declare(t, u, _as_bytes(a.get("bytes", 0), f"edge {u!r} -> {v!r}"))
+                edges.append(Edge(u, v, (t,)))
+        for n, a in g.nodes(data=True):
+            for t, b in (a.get("extra_tensors") or {}).items():
+                declare(str(t), str(n), _as_bytes(b, f"tensor {t!r}"))
+        produced: dict[str, int] = {}
+        for t in tensors.values():
+            produced[t.src] = produced.get(t.src, 0) + t.bytes
         ops = []
         for n, a in g.nodes(data=True):
             if "compute" in a:
@@ -386,34 +554,23 @@ class OpGraph:
                 compute = {"GPU": a["time"]}
             else:
                 raise InvalidGraphError(f"op {n!r} has no compute time (node attribute 'compute' or 'time')")
+            kw = {}
+            for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
+                if key in a:
+                    kw[key] = _as_bytes(a[key], f"op {n!r} {key}")
+            kw.setdefault("output_bytes", produced.get(str(n), 0))
             ops.append(Op(str(n), compute, kinds=a.get("kinds"),
-                          persistent_bytes=int(a.get("persistent_bytes", 0)),
-                          output_bytes=int(a.get("output_bytes", 0)),
-                          temporary_bytes=int(a.get("temporary_bytes", 0)),
                           colocation_group=a.get("colocation_group"),
-                          scope=a.get("scope", ""), type=a.get("type", "")))
-        tensors: dict[str, Tensor] = {}
-        edges = []
-        for u, v, a in g.edges(data=True):
-            u, v = str(u), str(v)
-            if a.get("control"):
-                edges.append(Edge(u, v, ()))
-                continue
-            t = a.get("tensor", f"{u}->{v}")
-            b = int(a.get("bytes", 0))
-            old = tensors.get(t)
-            if old is not None and (old.src != u or old.bytes != b):
-                raise InvalidGraphError(
-                    f"tensor {t!r} declared twice with different producer or size ({old.src}, {old.bytes}) vs ({u}, {b})")
-            tensors[t] = Tensor(t, u, b)
-            edges.append(Edge(u, v, (t,)))
+                          scope=a.get("scope", ""), type=a.get("type", ""), **kw))
         return cls(ops, edges, tensors.values(), name=name or g.graph.get("name", "graph"))
 
     def to_networkx(self):
         """``networkx.DiGraph`` with the attributes :meth:`from_networkx` reads.
 
-        An edge carrying several tensors gets ``bytes`` = their sum and
-        ``tensors`` = the list of names.
+        Every edge gets ``bytes`` (its total); a one-tensor edge gets ``tensor``,
+        a several-tensor edge ``tensors`` and ``tensor_bytes``. Tensors no edge
+        carries go to their producer's ``extra_tensors`` ({name: bytes}), so
+        ``from_networkx(g.to_networkx()) == g``.
         """
         import networkx as nx
 
@@ -423,13 +580,19 @@ class OpGraph:
             d.pop("name")
             d["kinds"] = sorted(op.kinds)
             g.add_node(op.name, **d)
+        carried = {t for e in self._edges.values() for t in e.tensors}
+        for t in self._tensors.values():
+            if t.name not in carried:
+                g.nodes[t.src].setdefault("extra_tensors", {})[t.name] = t.bytes
         for e in self._edges.values():
             if e.is_control:
                 g.add_edge(e.src, e.dst, control=True, bytes=0)
             elif len(e.tensors) == 1:
                 g.add_edge(e.src, e.dst, tensor=e.tensors[0], bytes=self.edge_bytes(e.src, e.dst))
             else:
-                g.add_edge(e.src, e.dst, tensors=list(e.tensors), bytes=self.edge_bytes(e.src, e.dst))
+                g.add_edge(e.src, e.dst, tensors=list(e.tensors),
+                           tensor_bytes=[self._tensors[t].bytes for t in e.tensors],
+                           bytes=self.edge_bytes(e.src, e.dst))
         return g
 
     def to_dict(self) -> dict:
@@ -475,7 +638,11 @@ class OpGraph:
         return cls.from_dict(_load_json(source))
 
     def __eq__(self, other):
-        return isinstance(other, OpGraph) and self.to_dict() == other.to_dict()
+        """Same name, ops (in index order), tensors and edges (as sets)."""
+        if not isinstance(other, OpGraph):
+            return NotImplemented
+        return (self.name == other.name and self.ops == other.ops
+                and set(self.tensors) == set(other.tensors) and set(self.edges) == set(other.edges))
 
     __hash__ = None
 
@@ -484,6 +651,38 @@ def _time_for(op: Op, kind: str) -> float:
     if kind in op.kinds:
         return op.compute[kind]
     return min(op.compute[k] for k in op.kinds)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _as_bytes(v, what) -> int:
+    """An integral byte count (``4096.0`` is accepted, ``4096.5`` is not)."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return int(v)
+    if isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer():
+        return int(v)
+    raise InvalidGraphError(f"{what}: invalid byte count {v!r}")
+
+
+def _check_groups(ops) -> None:
+    """Every colocation group must fit one device kind."""
+    kinds: dict[str, frozenset] = {}
+    first: dict[str, str] = {}
+    for op in ops:
+        g = op.colocation_group
+        if g is None:
+            continue
+        if g in kinds:
+            kinds[g] = kinds[g] & op.kinds
+            if not kinds[g]:
+                raise InvalidGraphError(
+                    f"colocation group {g!r} has no common device kind: op {op.name!r} allows "
+                    f"{sorted(op.kinds)}, op {first[g]!r} and the rest of the group do not")
+        else:
+            kinds[g] = op.kinds
+            first[g] = op.name
 
 
 def _validate_op(op: Op) -> None:
@@ -495,12 +694,16 @@ def _validate_op(op: Op) -> None:
         if kind not in op.compute:
             raise InvalidGraphError(f"op {op.name!r} has no compute time for allowed kind {kind!r}")
     for kind, t in op.compute.items():
-        if t is None or not isinstance(t, (int, float)) or t != t or t < 0:
+        if not isinstance(kind, str) or not kind:
+            raise InvalidGraphError(f"op {op.name!r} has a device kind that is not a non-empty string: {kind!r}")
+        if not _is_real(t) or not math.isfinite(t) or t < 0:
             raise InvalidGraphError(f"op {op.name!r} has invalid compute time {t!r} on {kind!r}")
     for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
         v = getattr(op, key)
-        if not isinstance(v, int) or v < 0:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise InvalidGraphError(f"op {op.name!r} has invalid {key} {v!r}")
+    if op.colocation_group is not None and not isinstance(op.colocation_group, str):
+        raise InvalidGraphError(f"op {op.name!r} has a non-string colocation group {op.colocation_group!r}")
 
 
 def _check_header(d, fmt, version):

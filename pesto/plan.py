@@ -23,6 +23,7 @@ JSON schema (``format = "pesto.plan"``, ``version = 1``)::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -123,11 +124,24 @@ class Plan:
     @classmethod
     def from_placement(cls, graph: OpGraph, placement: Mapping[str, str], order=None, **kw) -> "Plan":
         """A plan whose per-device order is ``order`` (a global op sequence) or,
-        by default, the graph's topological order restricted to each device."""
+        by default, the graph's topological order restricted to each device.
+
+        Examples
+        --------
+        >>> from pesto.graph import OpGraph
+        >>> g = OpGraph.from_edges({"a": 1, "b": 1, "c": 1}, [("a", "b"), ("a", "c")])
+        >>> p = Plan.from_placement(g, {"a": "/GPU:0", "b": "/GPU:1", "c": "/GPU:0"})
+        >>> dict(p.order)
+        {'/GPU:0': ('a', 'c'), '/GPU:1': ('b',)}
+        """
         seq = list(order) if order is not None else graph.topological_order()
         per: dict[str, list[str]] = {}
         for op in seq:
-            per.setdefault(placement[op], []).append(op)
+            try:
+                d = placement[op]
+            except KeyError:
+                raise InvalidPlanError([f"op {op!r} is not placed"]) from None
+            per.setdefault(d, []).append(op)
         return cls(placement, per, **kw)
 
     def summary(self) -> str:
@@ -199,64 +213,144 @@ def memory_profile(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str
                    transfers=None) -> dict[str, int]:
     """Peak bytes per device.
 
-    With times: persistent bytes all step; an op's outputs from its start until
-    its last local consumer finishes or its last outgoing transfer ends;
-    a received tensor from its transfer start until its last consumer on that
-    device finishes; temporary bytes while the op runs. Without times: the
-    conservative static sum persistent + outputs + the largest temporary.
+    With times (``start``, ``finish`` and the ``transfers``):
+
+    * an op's ``persistent_bytes`` are held all step;
+    * its ``output_bytes`` from its start until its last consumer *on the same
+      device* through a data edge finishes, or its last outgoing transfer
+      ends, whichever is later (at least until it finishes);
+    * its ``temporary_bytes`` while it runs;
+    * a received tensor's bytes on the receiving device from the start of its
+      transfer until the transfer ends or its last consumer there finishes.
+
+    An interval ``[s, e)`` is live at ``s`` but not at ``e``, so back-to-back
+    ops do not add up; a zero-length interval counts at its instant only
+    (ops starting together are taken shortest first).
+
+    Without times: the conservative static sum persistent + outputs + each
+    tensor received (once per device) + the largest temporary, an upper bound
+    of the timed peak for any schedule of that placement.
+
+    Examples
+    --------
+    >>> from pesto.graph import Op, Tensor, Edge, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op("a", {"GPU": 2}, persistent_bytes=10, output_bytes=100),
+    ...              Op("b", {"GPU": 3}, temporary_bytes=50)],
+    ...             [Edge("a", "b", ("a:0",))], [Tensor("a:0", "a", 100)])
+    >>> pl = {"a": "/GPU:0", "b": "/GPU:0"}
+    >>> memory_profile(g, gpus(1), pl, {"a": 0, "b": 2}, {"a": 2, "b": 5}, [])
+    {'/GPU:0': 160}
+    >>> memory_profile(g, gpus(1), pl)
+    {'/GPU:0': 160}
     """
-    peak = {d.name: 0 for d in cluster.devices}
-    ops = graph.ops
-    if start is None or finish is None:
-        held = dict.fromkeys(peak, 0)
-        temp = dict.fromkeys(peak, 0)
-        for op in ops:
-            d = placement[op.name]
-            held[d] += op.persistent_bytes + op.output_bytes
-            temp[d] = max(temp[d], op.temporary_bytes)
-        return {d: held[d] + temp[d] for d in peak}
-    events: dict[str, list] = {d: [] for d in peak}
-    base = dict.fromkeys(peak, 0)
-    last_use: dict[str, float] = {}
-    for op in ops:
-        f = finish[op.name]
-        end = f
-        for s in graph.successors(op.name):
-            if placement[s] == placement[op.name]:
-                end = max(end, finish[s])
-        last_use[op.name] = end
-    recv_end: dict[tuple, float] = {}
-    tensor_src = {t.name: t.src for t in graph.tensors}
+    cidx = cluster.index
+    try:
+        dev = [cidx[placement[nm]] for nm in graph.names]
+    except KeyError as exc:
+        raise InvalidPlanError([f"memory_profile: op or device {exc.args[0]!r} is not placed or unknown"]) from None
+    table = {t[0]: t for t in graph.tensor_table()}
+    xfers = []
     for t in transfers or ():
-        last_use[tensor_src[t.tensor]] = max(last_use[tensor_src[t.tensor]], t.finish)
-        consumers = [c for c in graph.consumers()[t.tensor] if placement[c] == t.dst]
-        endt = max([finish[c] for c in consumers] + [t.finish])
-        events[t.dst].append((t.start, 1, graph.tensor(t.tensor).bytes))
-        events[t.dst].append((endt, 0, -graph.tensor(t.tensor).bytes))
-    for op in ops:
-        d = placement[op.name]
-        base[d] += op.persistent_bytes
-        s, f = start[op.name], finish[op.name]
-        if op.output_bytes:
-            events[d].append((s, 1, op.output_bytes))
-            events[d].append((last_use[op.name], 0, -op.output_bytes))
-        if op.temporary_bytes:
-            events[d].append((s, 1, op.temporary_bytes))
-            events[d].append((f, 0, -op.temporary_bytes))
-    for d, ev in events.items():
-        ev.sort()  # at equal times, frees (0) before allocations (1)
-        cur = best = base[d]
-        for _, _, b in ev:
-            cur += b
-            best = max(best, cur)
-        peak[d] = best
+        info = table.get(t.tensor)
+        dd = cidx.get(t.dst)
+        if info is None or dd is None or t.src == t.dst:
+            continue  # check_plan reports these
+        _, src, nbytes, cons = info
+        xfers.append((src, nbytes, dd, t.start, t.finish, [j for j in cons if dev[j] == dd]))
+    if start is None or finish is None:
+        return _static_peak(graph, cluster, dev)
+    names = graph.names
+    st = [start[nm] for nm in names]
+    fi = [finish[nm] for nm in names]
+    return _timed_peak(graph, cluster, dev, st, fi, xfers)
+
+
+def _static_peak(graph: OpGraph, cluster: Cluster, dev: list[int]) -> dict[str, int]:
+    nd = len(cluster.devices)
+    held = [0] * nd
+    temp = [0] * nd
+    for op, d in zip(graph.ops, dev):
+        held[d] += op.persistent_bytes + op.output_bytes
+        if op.temporary_bytes > temp[d]:
+            temp[d] = op.temporary_bytes
+    for _, src, nbytes, cons in graph.tensor_table():
+        for d in {dev[j] for j in cons if dev[j] != dev[src]}:
+            held[d] += nbytes
+    return {dv.name: held[k] + temp[k] for k, dv in enumerate(cluster.devices)}
+
+
+def _timed_peak(graph: OpGraph, cluster: Cluster, dev, start, finish, xfers) -> dict[str, int]:
+    """Liveness peak from index arrays. ``xfers``: (producer idx, bytes,
+    destination device idx, start, finish, consumer idx on that device)."""
+    import numpy as np
+
+    arr = graph._np()
+    nd = len(cluster.devices)
+    dev = np.asarray(dev, dtype=np.int64)
+    st = np.asarray(start, dtype=float)
+    fi = np.asarray(finish, dtype=float)
+    last = fi.copy()
+    es, ed = arr["data_src"], arr["data_dst"]
+    if len(es):
+        same = dev[es] == dev[ed]
+        np.maximum.at(last, es[same], fi[ed[same]])
+    t_s, t_e, t_b, t_d = [], [], [], []
+    for src, nbytes, dd, s, f, js in xfers:
+        if f > last[src]:
+            last[src] = f
+        if nbytes > 0:
+            end = f
+            for j in js:
+                if fi[j] > end:
+                    end = fi[j]
+            t_s.append(s)
+            t_e.append(end)
+            t_b.append(nbytes)
+            t_d.append(dd)
+    out, tmp = arr["output"], arr["temporary"]
+    o = np.nonzero(out)[0]
+    m = np.nonzero(tmp)[0]
+    # rank of each op among ops starting at the same time (ties: shorter first),
+    # so that a zero-length op is over before the next op on its device starts
+    rank = np.empty(len(st), dtype=np.int64)
+    rank[np.lexsort((fi, st))] = np.arange(len(st))
+    nt = len(t_s)
+    a_t = np.concatenate([st[o], st[m], np.asarray(t_s, dtype=float)])
+    f_t = np.concatenate([last[o], fi[m], np.asarray(t_e, dtype=float)])
+    r = np.concatenate([rank[o], rank[m], np.full(nt, -1, dtype=np.int64)])
+    b = np.concatenate([out[o], tmp[m], np.asarray(t_b, dtype=np.int64)])
+    d = np.concatenate([dev[o], dev[m], np.asarray(t_d, dtype=np.int64)])
+    times = np.concatenate([a_t, f_t])
+    # at one instant: frees of intervals that end then (flag 0) come first; then,
+    # by rank, each allocation (flag 1), and right after it the free of a
+    # zero-length interval (it counts at its instant only)
+    zero = f_t <= a_t
+    flag = np.concatenate([np.ones(len(a_t), dtype=np.int8), np.where(zero, 1, 0).astype(np.int8)])
+    sub = np.concatenate([2 * r, np.where(zero, 2 * r + 1, 0)])
+    delta = np.concatenate([b, -b])
+    devs = np.concatenate([d, d])
+    pers = arr["persistent"]
+    base = [int(pers[dev == k].sum()) for k in range(nd)]
+    peak = {}
+    for k, dv in enumerate(cluster.devices):
+        sel = devs == k
+        best = 0
+        if sel.any():
+            order = np.lexsort((sub[sel], flag[sel], times[sel]))
+            best = max(0, int(np.cumsum(delta[sel][order]).max()))
+        peak[dv.name] = base[k] + best
     return peak
 
 
 # -- checker -----------------------------------------------------------------------
 @dataclass
 class Report:
-    """What :func:`check_plan` found. ``ok`` is true when nothing is violated."""
+    """What :func:`check_plan` found. ``ok`` is true when nothing is violated.
+
+    ``str(report)`` lists the violations one a line; ``to_json`` /
+    ``from_json`` make it parseable.
+    """
 
     violations: list
 
@@ -276,6 +370,18 @@ class Report:
         if self.violations:
             raise InvalidPlanError(self.violations)
 
+    def to_dict(self) -> dict:
+        return {"format": "pesto.report", "version": 1, "ok": self.ok, "violations": list(self.violations)}
+
+    def to_json(self, indent=None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, source) -> "Report":
+        d = _load_json(source)
+        _check_header(d, "pesto.report", 1)
+        return cls(list(_field(d, "violations")))
+
 
 def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bool = True,
                tol: float = EPS) -> Report:
@@ -286,10 +392,12 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
     list is exactly its ops, and together with the DAG's edges it closes no
     cycle). With times: each op lasts its compute time on its device, starts
     after its inputs arrive (remote inputs through a transfer of the right
-    tensor that starts after the producer ends and lasts the route's time),
-    ops on one device do not overlap and follow the order, transfers on one
-    link do not overlap (unless the cluster is contention free), and peak
-    memory (:func:`memory_profile`) stays within capacity.
+    tensor that starts after the producer ends and lasts at least the route's
+    time; zero-byte tensors and control edges need no transfer), ops on one
+    device do not overlap and follow the order, transfers on one link do not
+    overlap (unless the cluster is contention free), the makespan is the last
+    op or transfer end, and peak memory (:func:`memory_profile`) stays within
+    capacity. Without times, memory is checked with the static bound.
 
     Examples
     --------
@@ -298,7 +406,9 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
     >>> g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 8)])
     >>> p = Plan({"a": "/GPU:0", "b": "/GPU:0"}, {"/GPU:0": ["b", "a"]})
     >>> print(check_plan(g, gpus(2), p))
-    order on /GPU:0 contradicts the graph: cycle a -> b -> a
+    order on /GPU:0 contradicts the graph: cycle b -> a -> b
+    >>> check_plan(g, gpus(2), Plan.from_placement(g, {"a": "/GPU:0", "b": "/GPU:1"})).ok
+    True
     """
     v: list[str] = []
     pl = plan.placement
@@ -311,7 +421,7 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
         if d is None:
             v.append(f"op {op.name!r} is not placed")
         elif d not in cluster.index:
-            v.append(f"op {op.name!r} is placed on unknown device {d!r}")
+            v.append(f"op {op.name!r} is placed on unknown device {d!r} (cluster has {cluster.names})")
         elif cluster.device(d).kind not in op.kinds:
             v.append(f"op {op.name!r} is placed on {d} of kind {cluster.device(d).kind}, allowed {sorted(op.kinds)}")
     if v:
@@ -324,6 +434,8 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
     # order: exactly the ops of each device, and acyclic together with the DAG
     seen: dict[str, str] = {}
     for d, seq in plan.order.items():
+        if d not in cluster.index:
+            v.append(f"order names unknown device {d!r}")
         for name in seq:
             if name in seen:
                 v.append(f"op {name!r} appears twice in the order ({seen[name]} and {d})")
@@ -340,20 +452,24 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
     cyc = _order_cycle(graph, plan.order)
     if cyc:
         v.append(f"order on {pl[cyc[0]]} contradicts the graph: cycle {' -> '.join(cyc)} -> {cyc[0]}")
+    peak = None
     if plan.has_times:
-        v.extend(_check_times(graph, cluster, plan, tol))
-        if check_memory:
+        tv = _check_times(graph, cluster, plan, tol)
+        v.extend(tv)
+        complete = all(op.name in plan.start and op.name in plan.finish for op in ops)
+        if check_memory and complete:
             peak = memory_profile(graph, cluster, pl, plan.start, plan.finish, plan.transfers)
+        if plan.makespan is not None and complete:
+            end = max(plan.finish.values(), default=0.0)
+            end = max([end] + [t.finish for t in plan.transfers or ()])
+            if not abs(end - plan.makespan) <= tol * max(1.0, end) + tol:
+                v.append(f"makespan {plan.makespan} differs from the last finish time {end}")
     elif check_memory:
         peak = memory_profile(graph, cluster, pl)
-    if check_memory:
+    if peak is not None:
         for d in cluster.devices:
             if peak[d.name] > d.memory:
                 v.append(f"memory on {d.name}: peak {peak[d.name]} bytes > capacity {d.memory}")
-    if plan.makespan is not None and plan.has_times:
-        end = max(plan.finish.values(), default=0.0)
-        if abs(end - plan.makespan) > tol * max(1.0, end) + tol:
-            v.append(f"makespan {plan.makespan} differs from the last finish time {end}")
     return Report(v)
 
 
@@ -380,11 +496,11 @@ def _order_cycle(graph: OpGraph, order: Mapping[str, tuple]) -> list[str] | None
         return None
     left = {i for i in range(n) if indeg[i] > 0}
     pred: list[list[int]] = [[] for _ in range(n)]
-    for i in left:
+    for i in sorted(left):
         for j in succ[i]:
             if j in left:
                 pred[j].append(i)
-    i = next(iter(left))
+    i = min(left)
     pos: dict[int, int] = {}
     path = []
     while i not in pos:
@@ -396,12 +512,18 @@ def _order_cycle(graph: OpGraph, order: Mapping[str, tuple]) -> list[str] | None
     return [graph.names[k] for k in cyc]
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _check_times(graph: OpGraph, cluster: Cluster, plan: Plan, tol: float) -> list[str]:
     v = []
     pl, st, fi = plan.placement, plan.start, plan.finish
     for op in graph.ops:
         if op.name not in st or op.name not in fi:
             v.append(f"op {op.name!r} has no start/finish time")
+        elif not (_finite(st[op.name]) and _finite(fi[op.name])):
+            v.append(f"op {op.name!r} has a non-finite time [{st[op.name]!r}, {fi[op.name]!r}]")
     if v:
         return v
     for op in graph.ops:
@@ -412,20 +534,27 @@ def _check_times(graph: OpGraph, cluster: Cluster, plan: Plan, tol: float) -> li
             v.append(f"op {op.name!r} runs {got:g} µs from {st[op.name]:g}, needs {need:g} µs on {dev.name}")
     # transfers by (tensor, dst)
     xfer: dict[tuple, Transfer] = {}
+    good: list[Transfer] = []
     for t in plan.transfers or ():
+        if t.src not in cluster.index or t.dst not in cluster.index:
+            v.append(f"transfer of {t.tensor!r} names unknown device ({t.src} -> {t.dst})")
+            continue
+        if not (_finite(t.start) and _finite(t.finish)) or t.finish < t.start:
+            v.append(f"transfer of {t.tensor!r} {t.src}->{t.dst} has bad times [{t.start!r}, {t.finish!r}]")
+            continue
         if (t.tensor, t.dst) in xfer:
             v.append(f"tensor {t.tensor!r} is sent to {t.dst} twice")
         xfer[(t.tensor, t.dst)] = t
-        try:
-            tensor = graph.tensor(t.tensor)
-        except KeyError:
+        if not graph.has_tensor(t.tensor):
             v.append(f"transfer of unknown tensor {t.tensor!r}")
             continue
+        tensor = graph.tensor(t.tensor)
         if pl[tensor.src] != t.src:
             v.append(f"tensor {t.tensor!r} is sent from {t.src} but produced on {pl[tensor.src]}")
         if t.src == t.dst:
             v.append(f"tensor {t.tensor!r} is sent from {t.src} to itself")
             continue
+        good.append(t)
         if t.start < fi[tensor.src] - tol:
             v.append(f"tensor {t.tensor!r} leaves {t.src} at {t.start:g} before {tensor.src!r} ends at {fi[tensor.src]:g}")
         need = cluster.transfer_time(t.src, t.dst, tensor.bytes)
@@ -437,7 +566,7 @@ def _check_times(graph: OpGraph, cluster: Cluster, plan: Plan, tol: float) -> li
         if a != b:
             for tname in e.tensors:
                 if graph.tensor(tname).bytes == 0:
-                    continue
+                    continue  # nothing to move: available when the producer ends
                 t = xfer.get((tname, b))
                 if t is None:
                     v.append(f"tensor {tname!r} needed by {e.dst!r} on {b} is never sent there")
@@ -449,16 +578,18 @@ def _check_times(graph: OpGraph, cluster: Cluster, plan: Plan, tol: float) -> li
         for a, b in zip(seq, seq[1:]):
             if st[b] < fi[a] - tol:
                 v.append(f"ops {a!r} and {b!r} overlap on {d} (or break its order)")
-    if not cluster.contention_free and plan.transfers:
+    if not cluster.contention_free and good:
         per_link: dict[str, list] = {}
-        for t in plan.transfers:
-            if t.src == t.dst:
-                continue
+        for t in good:
             for link in cluster.route(t.src, t.dst).links:
                 per_link.setdefault(link, []).append(t)
         for link, ts in per_link.items():
             ts.sort(key=lambda t: (t.start, t.finish))
-            for x, y in zip(ts, ts[1:]):
-                if y.start < x.finish - tol:
-                    v.append(f"transfers of {x.tensor!r} and {y.tensor!r} overlap on link {link}")
+            busy = ts[0]  # the transfer holding the link longest so far
+            for y in ts[1:]:
+                if y.start < busy.finish - tol and y.finish > y.start + tol:
+                    v.append(f"transfers of {busy.tensor!r} ({busy.src}->{busy.dst}) and {y.tensor!r} "
+                             f"({y.src}->{y.dst}) overlap on link {link}")
+                if y.finish > busy.finish:
+                    busy = y
     return v

@@ -13,7 +13,9 @@ from .graph import Edge, Op, OpGraph, Tensor
 
 
 def _mk(ops, edge_list, name):
-    tensors, edges = [], []
+    """One tensor ``u:0`` per producer (size: its largest edge), shared by all
+    its consumers; duplicate edges and self loops dropped."""
+    edges = []
     seen = set()
     for u, v, b in edge_list:
         if (u, v) in seen or u == v:
@@ -36,7 +38,14 @@ def layered_dag(n: int, *, width: int = 8, seed: int = 0, skip_prob: float = 0.1
                 max_time: float = 100.0, max_bytes: int = 1 << 20) -> OpGraph:
     """``n`` ops in layers of about ``width``; each op feeds 1-2 ops in the
     next layer and, with ``skip_prob``, one op further ahead. Each tensor
-    ``u:0`` is shared by all consumers of ``u``."""
+    ``u:0`` is shared by all consumers of ``u``.
+
+    Examples
+    --------
+    >>> g = layered_dag(200, width=8, seed=0, cpu_only_prob=0.1, coloc_prob=0.1)
+    >>> g.num_ops, g == layered_dag(200, width=8, seed=0, cpu_only_prob=0.1, coloc_prob=0.1)
+    (200, True)
+    """
     rng = random.Random(seed)
     layers = []
     k = 0

@@ -31,6 +31,20 @@ def finalize(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str], *,
         Becomes ``"infeasible"`` if the simulated peak memory exceeds a
         device's capacity (the plan is still returned, honestly flagged).
     fields : further Plan fields (lower_bound, stats...).
+
+    Examples
+    --------
+    >>> import time
+    >>> from pesto.graph import OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph.from_edges({"a": 2, "b": 3}, [("a", "b", 100)])
+    >>> c = gpus(2, beta=(1.0, 0.01))   # 100 bytes: 2 µs
+    >>> p = finalize(g, c, {"a": "/GPU:0", "b": "/GPU:1"}, placer="demo", t0=time.perf_counter())
+    >>> p.makespan, p.status, p.placer
+    (7.0, 'heuristic', 'demo')
+    >>> finalize(g, c.with_memory(50), {"a": "/GPU:0", "b": "/GPU:1"}, placer="demo",
+    ...          t0=time.perf_counter()).status
+    'infeasible'
     """
     if order is None:
         sched = simulate(graph, cluster, dict(placement), mode="fifo")
