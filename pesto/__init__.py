@@ -7,6 +7,11 @@ Public API::
     sched = pesto.simulate(graph, cluster, plan)
     pesto.check_plan(graph, cluster, plan).raise_if_invalid()
 """
+# OR-Tools must be loaded before TensorFlow: the other order makes CP-SAT
+# segfault (their bundled native libraries clash). Importing pesto first is
+# enough, whatever the user imports next.
+import ortools.sat.python.cp_model  # noqa: F401  (import order matters)
+
 from .errors import (PestoError, InvalidGraphError, CycleError, InvalidClusterError,
                      SchemaError, InvalidPlanError, InfeasibleError)
 from .graph import Op, Tensor, Edge, OpGraph

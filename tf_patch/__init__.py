@@ -1,0 +1,100 @@
+"""Everything that touches TensorFlow: extract, profile, fit comms, apply.
+
+>>> import tf_patch                                          # doctest: +SKIP
+>>> g = tf_patch.opgraph_for("rnnlm", "small", costs="v100")  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+# OR-Tools' CP-SAT segfaults when TensorFlow (and its protobuf/absl) was
+# loaded first; loading OR-Tools first makes both work in one process.
+try:  # noqa: E402
+    import ortools.sat.python.cp_model  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
+import time
+
+__all__ = ["opgraph_for", "model_opgraph", "measure", "estimate", "apply_plan", "verify",
+           "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "run_placed"]
+
+
+_SUBMODULES = ("extract", "profile", "apply", "commfit", "devices", "pipeline")
+_FUNCTIONS = {
+    "measure": "profile", "estimate": "profile", "Profile": "profile",
+    "apply_plan": "apply", "verify": "apply", "check_colocation": "apply",
+    "fit_transfers": "commfit", "CommFit": "commfit",
+    "session_config": "devices", "tf_device": "devices", "plan_device": "devices",
+    "detect": "devices", "describe": "devices",
+    "profile_model": "pipeline", "run_placed": "pipeline",
+}
+
+
+def __getattr__(name):  # lazy: importing tf_patch must not import TensorFlow
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _FUNCTIONS:
+        return getattr(importlib.import_module(f"{__name__}.{_FUNCTIONS[name]}"), name)
+    raise AttributeError(f"module 'tf_patch' has no attribute {name!r}")
+
+
+def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int = 5,
+                  warmup: int = 2, progress: bool = True, overhead: float = 0.0):
+    """``(OpGraph, Profile)`` of a built :class:`pesto.zoo.ZooModel`.
+
+    ``costs``: a GPU name ("v100", "a100", "h100") for grappler's analytical
+    estimate (kind "GPU"; ops without a GPU kernel get kind "CPU"), or
+    "measured" to trace ``steps`` steps on this machine (kind "CPU"; kernels
+    are timed on one device and one thread, so ``n_devices`` is not used).
+    """
+    from .devices import session_config
+    from .extract import allowed_kinds, extract, step_ops
+    from .profile import estimate, measure
+
+    if costs == "measured":
+        # one device, one thread: each kernel timed alone (see tf_patch.pipeline)
+        prof = measure(model, n_devices=1, steps=steps, warmup=warmup, progress=progress,
+                       config=session_config(1, inter_op=1))
+        g = extract(model.graph, model.fetches, costs=prof.costs, kind="CPU", memory=prof.memory,
+                    name=f"{model.name}")
+        return g, prof
+    cpu_ops = [op.name for op in step_ops(model.graph, model.fetches)
+               if "GPU" not in allowed_kinds(op.type, "GPU")]
+    prof = estimate(model.graph, model.fetches, costs, cpu_ops=cpu_ops, overhead=overhead,
+                    progress=progress)
+    g = extract(model.graph, model.fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU",
+                memory={k: {"output_bytes": v["output_bytes"]} for k, v in prof.memory.items()
+                        if v.get("output_bytes")},
+                name=f"{model.name}")
+    return g, prof
+
+
+def opgraph_for(model_name: str, preset: str = "small", costs: str = "v100", **options):
+    """Build a zoo model and return its OpGraph with costs.
+
+    Parameters
+    ----------
+    model_name : "rnnlm", "nmt", "transformer" or "nasnet"
+    preset : a preset of that model ("small", "2x2048", ...)
+    costs : "v100" / "a100" / "h100" (grappler analytical, no GPU needed) or
+        "measured" (FULL_TRACE on this machine's CPU)
+    options : model overrides (layers=..., batch=...) plus ``steps``,
+        ``warmup``, ``progress``, ``overhead`` for profiling
+
+    Examples
+    --------
+    >>> g = opgraph_for("rnnlm", "small")   # doctest: +SKIP
+    >>> g.num_ops > 500                     # doctest: +SKIP
+    True
+    """
+    from pesto.zoo import build_model
+
+    prof_keys = {"steps_profiled": "steps", "warmup": "warmup", "progress": "progress",
+                 "overhead": "overhead", "n_devices": "n_devices"}
+    prof_opts = {prof_keys[k]: options.pop(k) for k in list(options) if k in prof_keys}
+    t0 = time.perf_counter()
+    model = build_model(model_name, preset, **options)
+    g, _ = model_opgraph(model, costs, **prof_opts)
+    g.build_seconds = time.perf_counter() - t0  # informative; OpGraph is otherwise immutable
+    return g

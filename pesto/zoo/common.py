@@ -1,0 +1,91 @@
+"""What every zoo builder shares: the result type, LSTM cell, optimizer step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["ZooModel", "tf1", "lstm_cell", "train_step", "merge_preset"]
+
+
+def tf1():
+    """``tf.compat.v1`` (imported lazily: TensorFlow is slow to import)."""
+    import tensorflow as tf
+    return tf.compat.v1
+
+
+@dataclass
+class ZooModel:
+    """A complete training step in its own ``tf.Graph``.
+
+    Attributes
+    ----------
+    graph : tf.Graph
+    train_op : tf.Operation
+        Runs forward, backward and the optimizer update.
+    loss : tf.Tensor
+        Scalar mean loss of the step.
+    feed_fn : callable(step) -> dict
+        Placeholder -> numpy batch for training step ``step`` (offline data).
+    name : str
+    config : dict
+        The resolved preset (layers, units, batch, ...).
+    init_op : tf.Operation
+        Initialises every variable (seeded).
+    """
+
+    graph: Any
+    train_op: Any
+    loss: Any
+    feed_fn: Callable[[int], dict]
+    name: str
+    config: dict = field(default_factory=dict)
+    init_op: Any = None
+
+    @property
+    def fetches(self):
+        return [self.train_op, self.loss]
+
+
+def merge_preset(presets: dict, model: str, preset: str, overrides: dict) -> dict:
+    if preset not in presets:
+        raise ValueError(f"unknown preset {preset!r} for {model}; known: {sorted(presets)}")
+    cfg = dict(presets[preset])
+    unknown = set(overrides) - set(cfg)
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for {model}; known: {sorted(cfg)}")
+    cfg.update(overrides)
+    return cfg
+
+
+def lstm_cell(x, h, c, kernel, bias):
+    """One hand-written LSTM step (so the graph has per-step ops, as in the
+    paper's static unroll): ``z = [x, h] W + b``; gates i, j, f, o."""
+    t = tf1()
+    z = t.matmul(t.concat([x, h], 1), kernel) + bias
+    i, j, f, o = t.split(z, 4, axis=1)
+    c2 = t.sigmoid(f + 1.0) * c + t.sigmoid(i) * t.tanh(j)
+    h2 = t.sigmoid(o) * t.tanh(c2)
+    return h2, c2
+
+
+def lstm_vars(scope: str, n_in: int, units: int, init):
+    t = tf1()
+    with t.variable_scope(scope):
+        kernel = t.get_variable("kernel", [n_in + units, 4 * units], initializer=init)
+        bias = t.get_variable("bias", [4 * units], initializer=t.zeros_initializer())
+    return kernel, bias
+
+
+def train_step(loss, optimizer: str = "adam", lr: float = 0.01):
+    """Gradients (``gradients/`` + forward op name, so scopes carry over) and
+    the optimizer update, returned as one op."""
+    t = tf1()
+    params = t.trainable_variables()
+    grads = t.gradients(loss, params)
+    if optimizer == "adam":
+        opt = t.train.AdamOptimizer(lr)
+    elif optimizer == "sgd":
+        opt = t.train.GradientDescentOptimizer(lr)
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use 'adam' or 'sgd'")
+    return opt.apply_gradients(list(zip(grads, params)), name="train")

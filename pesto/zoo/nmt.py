@@ -1,0 +1,94 @@
+"""NMT: encoder-decoder stacked LSTM with Luong attention (as tensorflow/nmt),
+statically unrolled.
+
+Scopes: ``embed_src``/``embed_tgt`` (contain "embed"), ``encoder/layer_<k>/t<s>``,
+``decoder/layer_<k>/t<s>``, ``attention/t<s>``, ``output_projection``, ``loss``.
+Data: a synthetic translation task over the seeded Zipf corpus of
+:mod:`pesto.zoo.data` (target = source reversed through a fixed token map).
+"""
+from __future__ import annotations
+
+from .common import ZooModel, lstm_cell, lstm_vars, merge_preset, tf1, train_step
+from .data import corpus, translation_pair
+
+PRESETS = {
+    "small": dict(layers=2, units=64, batch=16, src_steps=8, tgt_steps=8, vocab=500),
+    "2x1024": dict(layers=2, units=1024, batch=128, src_steps=20, tgt_steps=20, vocab=17000),
+    "4x1024": dict(layers=4, units=1024, batch=128, src_steps=20, tgt_steps=20, vocab=17000),
+}
+_DEFAULTS = dict(optimizer="adam", lr=0.01, seed=0, corpus="zipf")
+
+
+def build_nmt(preset: str = "small", **overrides) -> ZooModel:
+    """Build the NMT training step (see module docstring)."""
+    cfg = merge_preset({k: {**v, **_DEFAULTS} for k, v in PRESETS.items()}, "nmt", preset, overrides)
+    t = tf1()
+    import tensorflow as tf
+
+    L, H, B, S, T, V = (cfg[k] for k in ("layers", "units", "batch", "src_steps", "tgt_steps", "vocab"))
+    graph = tf.Graph()
+    with graph.as_default():
+        t.set_random_seed(cfg["seed"])
+        init = t.random_uniform_initializer(-0.1, 0.1, seed=cfg["seed"])
+        src_ph = t.placeholder(tf.int32, [B, S], name="source")
+        tin_ph = t.placeholder(tf.int32, [B, T], name="target_in")
+        tout_ph = t.placeholder(tf.int32, [B, T], name="target_out")
+        with t.variable_scope("embed_src"):
+            e_src = t.get_variable("embedding", [V, H], initializer=init)
+            xs = t.unstack(t.nn.embedding_lookup(e_src, src_ph), axis=1)
+        with t.variable_scope("embed_tgt"):
+            e_tgt = t.get_variable("embedding", [V, H], initializer=init)
+            ys = t.unstack(t.nn.embedding_lookup(e_tgt, tin_ph), axis=1)
+        enc = [lstm_vars(f"encoder/layer_{k}", H, H, init) for k in range(L)]
+        # decoder layer 0 also reads the previous attentional vector (input feeding)
+        dec = [lstm_vars(f"decoder/layer_{k}", 2 * H if k == 0 else H, H, init) for k in range(L)]
+        with t.variable_scope("attention"):
+            w_att = t.get_variable("w_score", [H, H], initializer=init)
+            w_c = t.get_variable("w_combine", [2 * H, H], initializer=init)
+        h = [t.zeros([B, H]) for _ in range(L)]
+        c = [t.zeros([B, H]) for _ in range(L)]
+        mem = []
+        for s in range(S):
+            inp = xs[s]
+            for k in range(L):
+                with t.name_scope(f"encoder/layer_{k}/t{s}/"):
+                    h[k], c[k] = lstm_cell(inp, h[k], c[k], *enc[k])
+                inp = h[k]
+            mem.append(inp)
+        with t.name_scope("attention/keys/"):
+            memory = t.stack(mem, axis=1)                                    # [B, S, H]
+            keys = t.reshape(t.matmul(t.reshape(memory, [B * S, H]), w_att), [B, S, H])
+        att = t.zeros([B, H])
+        outs = []
+        for s in range(T):
+            inp = t.concat([ys[s], att], 1, name=f"decoder/layer_0/t{s}/input_feed")
+            for k in range(L):
+                with t.name_scope(f"decoder/layer_{k}/t{s}/"):
+                    h[k], c[k] = lstm_cell(inp, h[k], c[k], *dec[k])
+                inp = h[k]
+            with t.name_scope(f"attention/t{s}/"):
+                score = t.squeeze(t.matmul(keys, t.expand_dims(inp, 2)), 2)      # [B, S]
+                align = t.nn.softmax(score)
+                ctx = t.reduce_sum(t.expand_dims(align, 2) * memory, 1)         # [B, H]
+                att = t.tanh(t.matmul(t.concat([ctx, inp], 1), w_c))
+            outs.append(att)
+        with t.variable_scope("output_projection"):
+            w = t.get_variable("w", [H, V], initializer=init)
+            b = t.get_variable("b", [V], initializer=t.zeros_initializer())
+            logits = t.matmul(t.reshape(t.stack(outs, axis=1), [B * T, H]), w) + b
+        with t.name_scope("loss"):
+            loss = t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=t.reshape(tout_ph, [B * T]), logits=logits))
+        train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
+        init_op = t.global_variables_initializer()
+
+    ids = None
+
+    def feed_fn(step: int) -> dict:
+        nonlocal ids
+        if ids is None:
+            ids = corpus(V, max(B * S * 50, 20000), source=cfg["corpus"], seed=cfg["seed"])
+        src, tin, tout = translation_pair(ids, B, S, T, V, step)
+        return {src_ph: src, tin_ph: tin, tout_ph: tout}
+
+    return ZooModel(graph, train_op, loss, feed_fn, "nmt", cfg, init_op)

@@ -1,0 +1,75 @@
+"""RNNLM: a stacked-LSTM language model, statically unrolled (as in the paper).
+
+Scopes: ``embed``, ``rnn/layer_<k>/t<step>``, ``softmax``, ``loss``; gradients
+get TF's ``gradients/`` prefix and optimizer updates ``train/update_<var>``.
+Data: the seeded synthetic Zipf corpus of :mod:`pesto.zoo.data` (or
+``corpus="stdlib"`` for the words of Python's standard library).
+
+Examples
+--------
+>>> m = build_rnnlm("small", layers=1, steps=2)        # doctest: +SKIP
+>>> sorted(m.feed_fn(0))                               # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from .common import ZooModel, lstm_cell, lstm_vars, merge_preset, tf1, train_step
+from .data import corpus, lm_batches
+
+PRESETS = {
+    "small": dict(layers=2, units=64, batch=16, steps=10, vocab=500),
+    "2x2048": dict(layers=2, units=2048, batch=128, steps=20, vocab=10000),
+    "4x2048": dict(layers=4, units=2048, batch=128, steps=20, vocab=10000),
+    "16x1024": dict(layers=16, units=1024, batch=128, steps=20, vocab=10000),
+}
+_DEFAULTS = dict(optimizer="adam", lr=0.01, seed=0, corpus="zipf")
+
+
+def build_rnnlm(preset: str = "small", **overrides) -> ZooModel:
+    """Build the RNNLM training step; ``overrides`` change preset fields
+    (layers, units, batch, steps, vocab) or optimizer, lr, seed, corpus."""
+    cfg = merge_preset({k: {**v, **_DEFAULTS} for k, v in PRESETS.items()}, "rnnlm", preset, overrides)
+    t = tf1()
+    import tensorflow as tf
+
+    L, H, B, T, V = cfg["layers"], cfg["units"], cfg["batch"], cfg["steps"], cfg["vocab"]
+    graph = tf.Graph()
+    with graph.as_default():
+        t.set_random_seed(cfg["seed"])
+        init = t.random_uniform_initializer(-0.1, 0.1, seed=cfg["seed"])
+        x_ph = t.placeholder(tf.int32, [B, T], name="inputs")
+        y_ph = t.placeholder(tf.int32, [B, T], name="targets")
+        with t.variable_scope("embed"):
+            emb = t.get_variable("embedding", [V, H], initializer=init)
+            x = t.nn.embedding_lookup(emb, x_ph)
+            xs = t.unstack(x, axis=1)
+        cells = [lstm_vars(f"rnn/layer_{k}", H, H, init) for k in range(L)]
+        h = [t.zeros([B, H]) for _ in range(L)]
+        c = [t.zeros([B, H]) for _ in range(L)]
+        outs = []
+        for s in range(T):
+            inp = xs[s]
+            for k in range(L):
+                with t.name_scope(f"rnn/layer_{k}/t{s}/"):
+                    h[k], c[k] = lstm_cell(inp, h[k], c[k], *cells[k])
+                inp = h[k]
+            outs.append(inp)
+        with t.variable_scope("softmax"):
+            w = t.get_variable("w", [H, V], initializer=init)
+            b = t.get_variable("b", [V], initializer=t.zeros_initializer())
+            logits = t.matmul(t.reshape(t.stack(outs, axis=1), [B * T, H]), w) + b
+        with t.name_scope("loss"):
+            loss = t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=t.reshape(y_ph, [B * T]), logits=logits))
+        train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
+        init_op = t.global_variables_initializer()
+
+    ids = None
+
+    def feed_fn(step: int) -> dict:
+        nonlocal ids
+        if ids is None:
+            ids = corpus(V, max(B * (T + 1) * 50, 20000), source=cfg["corpus"], seed=cfg["seed"])
+        xb, yb = lm_batches(ids, B, T, step)
+        return {x_ph: xb, y_ph: yb}
+
+    return ZooModel(graph, train_op, loss, feed_fn, "rnnlm", cfg, init_op)

@@ -1,0 +1,84 @@
+"""Transformer encoder language model written with raw TF ops.
+
+Scopes: ``embed``, ``layer_<k>/attention`` (multi-head self-attention),
+``layer_<k>/ffn``, ``layer_<k>/ln_<i>``, ``output_projection``, ``loss``.
+Data: next-token prediction over the seeded Zipf corpus of :mod:`pesto.zoo.data`.
+"""
+from __future__ import annotations
+
+from .common import ZooModel, merge_preset, tf1, train_step
+from .data import corpus, lm_batches
+
+PRESETS = {
+    "small": dict(layers=2, d_model=64, heads=4, d_ff=128, batch=8, seq=16, vocab=500),
+    "6": dict(layers=6, d_model=512, heads=8, d_ff=2048, batch=64, seq=128, vocab=32000),
+    "12": dict(layers=12, d_model=512, heads=8, d_ff=2048, batch=64, seq=128, vocab=32000),
+}
+_DEFAULTS = dict(optimizer="adam", lr=0.003, seed=0, corpus="zipf")
+
+
+def _layer_norm(x, scope, d):
+    t = tf1()
+    with t.variable_scope(scope):
+        g = t.get_variable("gamma", [d], initializer=t.ones_initializer())
+        b = t.get_variable("beta", [d], initializer=t.zeros_initializer())
+        mean, var = t.nn.moments(x, [-1], keep_dims=True)
+        return (x - mean) * t.rsqrt(var + 1e-6) * g + b
+
+
+def build_transformer(preset: str = "small", **overrides) -> ZooModel:
+    """Build the Transformer training step (see module docstring)."""
+    cfg = merge_preset({k: {**v, **_DEFAULTS} for k, v in PRESETS.items()}, "transformer", preset, overrides)
+    t = tf1()
+    import numpy as np
+    import tensorflow as tf
+
+    L, D, Hh, F, B, S, V = (cfg[k] for k in ("layers", "d_model", "heads", "d_ff", "batch", "seq", "vocab"))
+    dk = D // Hh
+    graph = tf.Graph()
+    with graph.as_default():
+        t.set_random_seed(cfg["seed"])
+        init = t.glorot_uniform_initializer(seed=cfg["seed"])
+        x_ph = t.placeholder(tf.int32, [B, S], name="inputs")
+        y_ph = t.placeholder(tf.int32, [B, S], name="targets")
+        with t.variable_scope("embed"):
+            emb = t.get_variable("embedding", [V, D], initializer=init)
+            pos = t.get_variable("position", [S, D], initializer=init)
+            x = t.nn.embedding_lookup(emb, x_ph) * float(np.sqrt(D)) + pos
+        mask = t.constant(np.triu(np.full((S, S), -1e9, np.float32), 1), name="causal_mask")
+        for k in range(L):
+            with t.variable_scope(f"layer_{k}"):
+                with t.variable_scope("attention"):
+                    wq, wk, wv, wo = (t.get_variable(n, [D, D], initializer=init) for n in ("wq", "wk", "wv", "wo"))
+                    flat = t.reshape(x, [B * S, D])
+
+                    def heads(w):
+                        return t.transpose(t.reshape(t.matmul(flat, w), [B, S, Hh, dk]), [0, 2, 1, 3])
+                    q, kk, v = heads(wq), heads(wk), heads(wv)
+                    att = t.nn.softmax(t.matmul(q, kk, transpose_b=True) / float(np.sqrt(dk)) + mask)
+                    o = t.reshape(t.transpose(t.matmul(att, v), [0, 2, 1, 3]), [B * S, D])
+                    x = _layer_norm(x + t.reshape(t.matmul(o, wo), [B, S, D]), "ln_0", D)
+                with t.variable_scope("ffn"):
+                    w1 = t.get_variable("w1", [D, F], initializer=init)
+                    w2 = t.get_variable("w2", [F, D], initializer=init)
+                    hdn = t.nn.relu(t.matmul(t.reshape(x, [B * S, D]), w1))
+                    x = _layer_norm(x + t.reshape(t.matmul(hdn, w2), [B, S, D]), "ln_1", D)
+        with t.variable_scope("output_projection"):
+            w = t.get_variable("w", [D, V], initializer=init)
+            logits = t.matmul(t.reshape(x, [B * S, D]), w)
+        with t.name_scope("loss"):
+            loss = t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=t.reshape(y_ph, [B * S]), logits=logits))
+        train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
+        init_op = t.global_variables_initializer()
+
+    ids = None
+
+    def feed_fn(step: int) -> dict:
+        nonlocal ids
+        if ids is None:
+            ids = corpus(V, max(B * (S + 1) * 50, 20000), source=cfg["corpus"], seed=cfg["seed"])
+        xb, yb = lm_batches(ids, B, S, step)
+        return {x_ph: xb, y_ph: yb}
+
+    return ZooModel(graph, train_op, loss, feed_fn, "transformer", cfg, init_op)

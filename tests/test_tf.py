@@ -1,0 +1,235 @@
+"""tf_patch: extraction, grappler estimates, comm fit, plan enforcement.
+
+TensorFlow is slow to import and to build graphs, so models and graphs are
+module-scoped fixtures shared by the tests.
+"""
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
+
+tf = pytest.importorskip("tensorflow")
+
+from pesto import Plan, logical_cpus  # noqa: E402
+from pesto.errors import CycleError, InvalidPlanError  # noqa: E402
+from pesto.zoo import build_model  # noqa: E402
+from tf_patch.apply import apply_plan, check_colocation  # noqa: E402
+from tf_patch.commfit import fit_line, fit_transfers  # noqa: E402
+from tf_patch.devices import plan_device, tf_device  # noqa: E402
+from tf_patch.extract import extract  # noqa: E402
+from tf_patch.pipeline import run_placed  # noqa: E402
+
+pytestmark = pytest.mark.tf
+t1 = tf.compat.v1
+
+
+# -- a small graph checked by hand ---------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    g = tf.Graph()
+    with g.as_default():
+        x = t1.placeholder(tf.float32, [2, 4], name="x")
+        with t1.variable_scope("layer"):
+            w = t1.get_variable("w", [4, 3], initializer=t1.ones_initializer())
+            y = tf.matmul(x, w, name="MatMul")
+        with tf.control_dependencies([y]):
+            z = tf.identity(y, name="after")
+        loss = tf.reduce_sum(tf.square(z), name="loss")
+        shown = t1.Print(loss, [loss], name="shown")  # host-only op type
+        train = t1.train.GradientDescentOptimizer(0.1).minimize(shown, name="train")
+        unused = tf.square(x, name="unused")  # not an ancestor of the fetch
+        init = t1.global_variables_initializer()
+    return g, [train, shown], unused, init
+
+
+def test_extract_by_hand(tiny):
+    g, fetches, unused, init = tiny
+    og = extract(g, fetches, costs={"layer/MatMul": 5.0}, kind="GPU", default_cost=1.0)
+    assert "unused" not in og and init.name not in og
+    assert "layer/w/Initializer/ones" not in og  # initialisers do not run in a step
+    mm = og.op("layer/MatMul")
+    assert mm.compute == {"GPU": 5.0} and mm.scope == "layer" and mm.type == "MatMul"
+    assert mm.output_bytes == 2 * 3 * 4
+    assert og.op("x").output_bytes == 2 * 4 * 4
+    assert og.op("layer/w").persistent_bytes == 4 * 3 * 4
+    assert og.op("shown").kinds == frozenset({"CPU"})   # Print has no GPU kernel
+    assert og.op("layer/MatMul").kinds == frozenset({"GPU"})
+    # the variable, its reads and its update form one group named after it
+    groups = og.colocation_groups()
+    members = set(groups["coloc:layer/w"])
+    update = [n for n in og.names if og.op(n).type == "ResourceApplyGradientDescent"]
+    assert len(update) == 1 and update[0] in members
+    assert "layer/w" in members and "layer/MatMul/ReadVariableOp" in members
+    assert "layer/MatMul" not in members
+    # control edge y -> after, data edges carry named tensors with bytes
+    assert og.edge("layer/MatMul", "after").tensors == ("layer/MatMul:0",)
+    assert og.edge_bytes("layer/MatMul", "after") == 24
+    ctrl = [e for e in og.edges if e.is_control]
+    assert ctrl, "control inputs must become control edges"
+
+
+def test_device_names():
+    assert tf_device("/CPU:1") == "/job:localhost/replica:0/task:0/device:CPU:1"
+    assert plan_device("/job:localhost/replica:0/task:0/device:GPU:3") == "/GPU:3"
+    with pytest.raises(ValueError):
+        tf_device("/TPU:0")
+
+
+# -- grappler's analytical estimate --------------------------------------------
+@pytest.fixture(scope="module")
+def rnnlm_v100():
+    return tf_patch.model_opgraph(build_model("rnnlm", "small"), "v100", progress=False)
+
+
+def test_grappler_v100_costs(rnnlm_v100):
+    g, prof = rnnlm_v100
+    mm = [o for o in g.ops if o.type == "MatMul"]
+    assert mm and all(o.compute["GPU"] > 0 for o in mm)
+    assert g.total_work("GPU") > 0 and g.critical_path("GPU") <= g.total_work("GPU")
+    scopes = " ".join(o.scope for o in g.ops)
+    for key in ("rnn/layer_0", "rnn/layer_1", "embed", "softmax", "loss", "gradients/rnn/layer_1"):
+        assert key in scopes
+    # every trainable variable is grouped with its optimizer update
+    upd = [o for o in g.ops if o.type.startswith("Resource") and "Apply" in o.type]
+    assert upd and all(o.colocation_group for o in upd)
+
+
+def test_grappler_faster_gpu_is_faster():
+    from tf_patch.profile import estimate
+    m = build_model("rnnlm", "small", units=256, batch=64, steps=2, layers=1)
+    v = estimate(m.graph, m.fetches, "v100", progress=False)
+    h = estimate(m.graph, m.fetches, "h100", progress=False)
+    name = "rnn/layer_0/t0/MatMul"
+    assert v.costs[name] > h.costs[name] > 0
+    with pytest.raises(ValueError, match="unknown GPU"):
+        estimate(m.graph, m.fetches, "k80", progress=False)
+
+
+# -- comm fit ----------------------------------------------------------------------
+def test_fit_line_recovers_parameters():
+    sizes = [1e3, 1e4, 1e5, 1e6]
+    b0, b1, r2 = fit_line(sizes, [10 + 2e-3 * s for s in sizes])
+    assert b0 == pytest.approx(10) and b1 == pytest.approx(2e-3) and r2 == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        fit_line([1], [2])
+
+
+def test_measure_transfers_gives_cluster():
+    fit = fit_transfers(2, sizes=[1 << 10, 1 << 20], repeats=2)
+    assert len(fit.times) == 2 and all(t >= 0 for t in fit.times)
+    c = fit.cluster()
+    assert c.names == ["/CPU:0", "/CPU:1"]
+    assert c.route("/CPU:0", "/CPU:1").beta0 == max(fit.beta0, 0.0)
+
+
+# -- enforcing plans ---------------------------------------------------------------
+def split_plan(graph):
+    """First half of the topological order on /CPU:0, the rest on /CPU:1,
+    every colocation group on its first member's device."""
+    order = graph.topological_order()
+    place = {n: ("/CPU:0" if i < len(order) // 2 else "/CPU:1") for i, n in enumerate(order)}
+    first = {}
+    for n in order:
+        grp = graph.op(n).colocation_group
+        if grp is not None:
+            place[n] = first.setdefault(grp, place[n])
+    return Plan.from_placement(graph, place)
+
+
+def cpu_graph(name):
+    m = build_model(name, "small")
+    return m, extract(m.graph, m.fetches, kind="CPU", default_cost=1.0)
+
+
+@pytest.fixture(scope="module", params=["rnnlm", "nmt"])
+def placed_run(request):
+    name = request.param
+    _, g = cpu_graph(name)
+    plan = split_plan(g)
+    base = run_placed(lambda: build_model(name, "small"), None, steps=5, timed=0)
+    placed = run_placed(lambda: build_model(name, "small"), plan, steps=5, timed=0, trace=True)
+    return name, g, plan, base, placed
+
+
+def test_placed_graph_computes_same_losses(placed_run):
+    name, g, plan, base, placed = placed_run
+    assert len(base.losses) == 5
+    np.testing.assert_allclose(placed.losses, base.losses, rtol=1e-5, err_msg=name)
+    assert base.losses[-1] != base.losses[0]  # training happened
+
+
+def test_every_op_runs_where_planned(placed_run):
+    name, g, plan, base, placed = placed_run
+    tr = placed.trace
+    assert tr["misplaced"] == []
+    ran = [n for n in plan.placement if n in tr["devices"]]
+    assert len(ran) > 0.5 * g.num_ops  # most ops are seen in the trace (fed placeholders are not)
+    assert {tr["devices"][n] for n in ran} == {"/CPU:0", "/CPU:1"}
+
+
+def test_added_control_edges_respected(placed_run):
+    name, g, plan, base, placed = placed_run
+    tr = placed.trace
+    assert placed.applied.control_edges, "a split plan needs ordering edges"
+    assert tr["checked_edges"] > 0.5 * len(placed.applied.control_edges)
+    assert tr["order_violations"] == []
+
+
+def test_solver_plan_runs():
+    from solver import get_placer
+    m, g = cpu_graph("rnnlm")
+    plan = get_placer("m-etf")(g, logical_cpus(2, beta=(5.0, 1e-5)))
+    res = run_placed(lambda: build_model("rnnlm", "small"), plan, steps=2, timed=0, trace=True)
+    assert res.trace["misplaced"] == [] and res.trace["order_violations"] == []
+
+
+def test_colocation_split_rejected_before_tf():
+    m, g = cpu_graph("rnnlm")
+    plan = split_plan(g)
+    upd = next(o.name for o in g.ops if o.type == "ResourceApplyAdam")
+    group = g.op(upd).colocation_group
+    place = dict(plan.placement)
+    place[upd] = "/CPU:1" if place[upd] == "/CPU:0" else "/CPU:0"
+    bad = Plan.from_placement(g, place)
+    with pytest.raises(InvalidPlanError, match=group.replace("/", ".")):
+        apply_plan(m.graph, bad)
+    with pytest.raises(InvalidPlanError, match="split"):
+        check_colocation(m.graph, place)
+    # nothing was changed on the graph
+    assert all(op.device == "" for op in m.graph.get_operations())
+
+
+def test_cycle_refused_and_graph_untouched():
+    m, g = cpu_graph("rnnlm")
+    plan = split_plan(g)
+    # reverse the order of a device: its ops now wait for their own successors
+    order = {d: tuple(reversed(o)) for d, o in plan.order.items()}
+    bad = Plan(plan.placement, order)
+    before = sum(len(op.control_inputs) for op in m.graph.get_operations())
+    with pytest.raises(CycleError) as err:
+        apply_plan(m.graph, bad)
+    assert len(err.value.cycle) >= 2
+    assert sum(len(op.control_inputs) for op in m.graph.get_operations()) == before
+    assert all(op.device == "" for op in m.graph.get_operations())
+
+
+def test_unknown_op_in_plan_rejected():
+    m, g = cpu_graph("rnnlm")
+    plan = split_plan(g)
+    place = dict(plan.placement)
+    place["no/such/op"] = "/CPU:0"
+    with pytest.raises(InvalidPlanError, match="no/such/op"):
+        apply_plan(m.graph, plan.replace(placement=place))
+
+
+def test_extract_from_graphdef_matches_graph(tiny):
+    g, fetches, _, _ = tiny
+    a = extract(g, fetches, kind="CPU", default_cost=1.0)
+    b = extract(g.as_graph_def(), [f.name for f in fetches[:1]] + [fetches[1].op.name],
+                kind="CPU", default_cost=1.0)
+    assert set(a.names) == set(b.names)
+    assert a.colocation_groups().keys() == b.colocation_groups().keys()
+    assert sum(t.bytes for t in a.tensors) == sum(t.bytes for t in b.tensors) > 0

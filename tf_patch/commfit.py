@@ -1,0 +1,131 @@
+"""Fit the transfer model ``time = beta0 + beta1 * bytes`` between two devices.
+
+For each size a float32 vector made on device A travels a ping-pong chain
+of ``tf.identity`` ops alternating between A and B (TF inserts a Send/Recv
+pair per hop); the same chain on A alone is the baseline. The transfer time
+is the difference of the medians over ``repeats`` interleaved runs, divided
+by the number of hops. A least-squares line through (bytes, µs) gives beta0,
+beta1 and R^2.
+
+Examples
+--------
+>>> fit = fit_transfers(2, sizes=[1 << 12, 1 << 20], repeats=3)   # doctest: +SKIP
+>>> cluster = fit.cluster()                                       # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["CommFit", "fit_line", "measure_transfers", "fit_transfers"]
+
+DEFAULT_SIZES = tuple(1 << k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
+
+
+@dataclass
+class CommFit:
+    """``beta0`` (µs), ``beta1`` (µs/byte), ``r2`` and the points measured."""
+
+    beta0: float
+    beta1: float
+    r2: float
+    sizes: list
+    times: list
+    n_devices: int = 2
+    kind: str = "CPU"
+
+    def cluster(self, memory: int | None = None):
+        """``pesto.cluster.logical_cpus(n)`` with this fit on every route
+        (``gpus(n)`` with it when the devices are GPUs)."""
+        from pesto.cluster import GiB, gpus, logical_cpus
+
+        beta = (max(self.beta0, 0.0), max(self.beta1, 0.0))
+        if self.kind == "GPU":
+            return gpus(self.n_devices, beta=beta, memory=memory or 16 * GiB)
+        return logical_cpus(self.n_devices, beta=beta, memory=memory or 4 * GiB)
+
+    def __str__(self):
+        return (f"transfer fit: {self.beta0:.2f} us + {self.beta1 * 1e6:.4f} us/MB "
+                f"(R^2 = {self.r2:.3f}, {len(self.sizes)} sizes)")
+
+
+def fit_line(sizes, times) -> tuple[float, float, float]:
+    """Least squares ``times ~ beta0 + beta1 * sizes``; returns (beta0, beta1, R^2)."""
+    x = np.asarray(sizes, dtype=float)
+    y = np.asarray(times, dtype=float)
+    if len(x) < 2:
+        raise ValueError("need at least two sizes to fit a line")
+    A = np.vstack([np.ones_like(x), x]).T
+    (b0, b1), *_ = np.linalg.lstsq(A, y, rcond=None)
+    ss_res = float(np.sum((y - (b0 + b1 * x)) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return float(b0), float(b1), r2
+
+
+def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
+                      src: int = 0, dst: int = 1, hops: int = 16, progress: bool = False) -> list[float]:
+    """Median µs to move ``sizes`` bytes from device ``src`` to ``dst``.
+
+    A ping-pong chain of ``hops`` ``tf.identity`` ops alternating between the
+    two devices is timed against the same chain on one device; the
+    difference over ``hops`` is the cost of one transfer (a chain makes the
+    difference large enough to stand above timer and scheduling noise).
+    """
+    import tensorflow as tf
+    from .devices import detect, session_config, tf_device
+
+    kind, _ = detect(max(n_devices, src + 1, dst + 1))
+    a, b = tf_device(f"/{kind}:{src}"), tf_device(f"/{kind}:{dst}")
+    graph = tf.Graph()
+    pairs = []
+    with graph.as_default():
+        for nbytes in sizes:
+            n = max(1, nbytes // 4)
+            fetch = []
+            for far in (b, a):  # ping-pong, then the local baseline
+                with tf.device(a):
+                    x = tf.compat.v1.random_uniform([n], seed=1)
+                for h in range(hops):
+                    with tf.device(far if h % 2 == 0 else a):
+                        x = tf.identity(x) if h < hops - 1 else tf.reduce_sum(x)
+                fetch.append(x)
+            pairs.append(fetch)
+    out = []
+    sess = tf.compat.v1.Session(graph=graph, config=session_config(max(n_devices, src + 1, dst + 1), kind=kind))
+    try:
+        it = list(zip(sizes, pairs))
+        if progress:
+            from tqdm.auto import tqdm
+            it = tqdm(it, desc="commfit", leave=False)
+        for nbytes, (remote, local) in it:
+            for _ in range(3):  # warm-up (first runs allocate and build executors)
+                sess.run([remote, local])
+            rem, loc = [], []
+            for _ in range(repeats):  # interleaved, so load changes hit both alike
+                t0 = time.perf_counter()
+                sess.run(remote)
+                t1 = time.perf_counter()
+                sess.run(local)
+                t2 = time.perf_counter()
+                rem.append(t1 - t0)
+                loc.append(t2 - t1)
+            diff = (statistics.median(rem) - statistics.median(loc)) * 1e6
+            out.append(max(0.0, diff / hops))
+    finally:
+        sess.close()
+    return out
+
+
+def fit_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
+                  progress: bool = False) -> CommFit:
+    """Measure device 0 -> 1 over ``sizes`` and fit the line."""
+    from .devices import detect
+
+    sizes = list(sizes)
+    times = measure_transfers(n_devices, sizes, repeats, progress=progress)
+    b0, b1, r2 = fit_line(sizes, times)
+    return CommFit(b0, b1, r2, sizes, times, n_devices, detect(n_devices)[0])

@@ -1,0 +1,91 @@
+"""Logical devices and the session configuration every tf_patch run uses.
+
+With real GPUs present the devices are ``/GPU:0..N-1``; without, TensorFlow
+is asked for ``N`` virtual CPU devices (``ConfigProto.device_count``) and the
+devices are ``/CPU:0..N-1`` of one physical CPU.
+
+Examples
+--------
+>>> tf_device("/CPU:1")
+'/job:localhost/replica:0/task:0/device:CPU:1'
+>>> plan_device("/job:localhost/replica:0/task:0/device:GPU:0")
+'/GPU:0'
+"""
+from __future__ import annotations
+
+import re
+
+__all__ = ["PREFIX", "tf_device", "plan_device", "detect", "session_config", "describe"]
+
+PREFIX = "/job:localhost/replica:0/task:0/device:"
+_SHORT = re.compile(r"^/?(?:device:)?(CPU|GPU):(\d+)$", re.I)
+_LONG = re.compile(r"device:(CPU|GPU):(\d+)$", re.I)
+
+
+def tf_device(name: str) -> str:
+    """Plan device name (``/CPU:1``, ``/GPU:0``) -> full TF device string."""
+    m = _SHORT.match(name)
+    if m:
+        return f"{PREFIX}{m.group(1).upper()}:{m.group(2)}"
+    if _LONG.search(name):
+        return name
+    raise ValueError(f"cannot map device {name!r} to a TensorFlow device (expected '/GPU:k' or '/CPU:k')")
+
+
+def plan_device(name: str) -> str:
+    """Full TF device string -> short plan name ``/CPU:k`` / ``/GPU:k``."""
+    m = _LONG.search(name) or _SHORT.match(name)
+    if not m:
+        raise ValueError(f"not a TensorFlow device name: {name!r}")
+    return f"/{m.group(1).upper()}:{m.group(2)}"
+
+
+def detect(n: int) -> tuple[str, list[str]]:
+    """``("GPU", [...])`` if ``n`` physical GPUs exist, else ``("CPU", [...])``
+    with ``n`` logical CPU devices; names in plan form."""
+    import tensorflow as tf
+
+    kind = "GPU" if len(tf.config.list_physical_devices("GPU")) >= n else "CPU"
+    return kind, [f"/{kind}:{i}" for i in range(n)]
+
+
+def session_config(n: int = 2, *, kind: str = "CPU", inter_op: int | None = None, intra_op: int = 1,
+                   keep_order: bool = True, soft_placement: bool = False):
+    """A ``ConfigProto`` with ``n`` CPU devices and grappler kept from
+    reordering, fusing or folding ops (so the plan's op names and order hold).
+
+    ``inter_op`` defaults to ``n`` threads: one op at a time per logical
+    device once the plan's per-device chain is in place.
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import rewriter_config_pb2 as rw
+
+    cfg = tf.compat.v1.ConfigProto(device_count={"CPU": n} if kind == "CPU" else {"GPU": n},
+                                   inter_op_parallelism_threads=inter_op or n,
+                                   intra_op_parallelism_threads=intra_op,
+                                   allow_soft_placement=soft_placement)
+    if keep_order:
+        r = cfg.graph_options.rewrite_options
+        off = rw.RewriterConfig.OFF
+        for field in ("layout_optimizer", "constant_folding", "shape_optimization", "remapping",
+                      "arithmetic_optimization", "dependency_optimization", "loop_optimization",
+                      "function_optimization", "debug_stripper", "scoped_allocator_optimization",
+                      "pin_to_host_optimization", "implementation_selector", "auto_mixed_precision",
+                      "common_subgraph_elimination"):
+            if hasattr(r, field):
+                setattr(r, field, off)
+        r.disable_meta_optimizer = True
+        r.min_graph_nodes = -1
+        cfg.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+        cfg.graph_options.optimizer_options.do_constant_folding = False
+        cfg.graph_options.optimizer_options.do_common_subexpression_elimination = False
+        cfg.graph_options.optimizer_options.do_function_inlining = False
+    return cfg
+
+
+def describe(n: int) -> str:
+    """One line saying which devices a run uses and whether they are logical."""
+    kind, names = detect(n)
+    if kind == "GPU":
+        return f"using {n} physical GPU(s): {', '.join(names)}"
+    return f"no GPU found: using {n} logical CPU devices of one physical CPU: {', '.join(names)}"

@@ -1,0 +1,267 @@
+"""tf.Graph / GraphDef + fetches -> :class:`pesto.OpGraph`.
+
+Only ops that actually run in a step are kept: the ancestors of the fetches
+(data and control inputs); initialisers, savers and summaries are left out.
+
+* tensor bytes come from static shapes (an unknown leading dimension is the
+  ``batch`` given); resource handles weigh nothing;
+* colocation groups join (a) the ``_class = ["loc:@x"]`` attributes TF writes
+  for ``colocate_with`` and (b) resource / reference edges: an op reading or
+  updating a variable through its handle must sit with it (TF's placer
+  refuses otherwise). A group is named after its variable;
+* device kinds: ``kind`` for every op, except ops without a GPU kernel, which
+  get ``"CPU"`` only (TF's kernel registry when it knows GPU kernels, else a
+  list of well-known host-only ops);
+* ``persistent_bytes`` for variables (weights and optimizer slots), from the
+  variable's shape and dtype;
+* scope = op name without its last component.
+
+Examples
+--------
+>>> import tensorflow as tf                           # doctest: +SKIP
+>>> g = extract(model.graph, [model.train_op])        # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping
+
+from pesto.graph import Edge, Op, OpGraph, Tensor
+
+__all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY"]
+
+# Ops with no GPU kernel in stock TensorFlow (strings, I/O, Python calls, host
+# queues). Used when the installed TF has no GPU kernels to ask.
+HOST_ONLY = frozenset({
+    "SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename", "StringJoin",
+    "AsString", "StringFormat", "PrintV2", "Print", "PyFunc", "EagerPyFunc", "PyFuncStateless",
+    "DecodeRaw", "DecodeCSV", "ParseExample", "ParseExampleV2", "ParseSingleExample",
+    "IteratorGetNext", "IteratorV2", "MakeIterator", "OneShotIterator", "QueueDequeueV2",
+    "QueueDequeueManyV2", "QueueEnqueueV2", "FIFOQueueV2", "ReaderReadV2", "WriteFile", "ReadFile",
+    "StringToHashBucketFast", "StringSplit", "StringSplitV2", "Substr", "RegexReplace",
+    "ScalarSummary", "HistogramSummary", "MergeSummary", "WriteScalarSummary", "Assert",
+    "HashTableV2", "LookupTableFindV2", "InitializeTableV2",
+})
+_VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable", "VarHandleOpV2"})
+
+
+def step_ops(graph, fetches) -> list:
+    """The ops run by ``session.run(fetches)``: ancestors of the fetch ops."""
+    seen, stack, out = set(), [_as_op(graph, f) for f in _flatten(fetches)], []
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        out.append(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return out
+
+
+def tensor_bytes(tensor, batch: int | None = None) -> int:
+    """Bytes of ``tensor`` from its static shape (0 if unknown or a handle)."""
+    import tensorflow as tf
+
+    dt = tensor.dtype.base_dtype
+    if dt in (tf.resource, tf.variant, tf.string):
+        return 0
+    shape = tensor.shape
+    if shape.rank is None:
+        return 0
+    n = 1
+    for i, d in enumerate(shape.as_list()):
+        if d is None:
+            if i == 0 and batch:
+                d = batch
+            else:
+                return 0
+        n *= d
+    return int(n * dt.size)
+
+
+def colocation_groups(ops) -> dict[str, str]:
+    """Op name -> group name, for ops that must share a device (groups of 2+)."""
+    import tensorflow as tf
+
+    parent: dict[str, str] = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    names = {op.name for op in ops}
+    for op in ops:
+        find(op.name)
+        try:
+            for loc in op.get_attr("_class"):
+                loc = loc.decode() if isinstance(loc, bytes) else loc
+                if loc.startswith("loc:@") and loc[5:] in names:
+                    union(op.name, loc[5:])
+        except ValueError:
+            pass
+        for t in op.inputs:
+            if t.op.name in names and (t.dtype.base_dtype == tf.resource or t.dtype._is_ref_dtype):
+                union(op.name, t.op.name)
+    members: dict[str, list[str]] = {}
+    for n in names:
+        members.setdefault(find(n), []).append(n)
+    types = {op.name: op.type for op in ops}
+    out = {}
+    for root, ms in members.items():
+        if len(ms) < 2:
+            continue
+        var = sorted(m for m in ms if types[m] in _VARIABLE_OPS)
+        label = f"coloc:{var[0] if var else min(ms)}"
+        for m in ms:
+            out[m] = label
+    return out
+
+
+def allowed_kinds(op_type: str, kind: str = "GPU") -> frozenset:
+    """``{kind}``, or ``{"CPU"}`` for an op with no GPU kernel."""
+    if kind != "GPU":
+        return frozenset({kind})
+    return frozenset({"CPU"}) if not _has_gpu_kernel(op_type) else frozenset({"GPU"})
+
+
+_KERNEL_CACHE: dict[str, bool] = {}
+
+
+def _has_gpu_kernel(op_type: str) -> bool:
+    if op_type in _KERNEL_CACHE:
+        return _KERNEL_CACHE[op_type]
+    ans = op_type not in HOST_ONLY
+    try:
+        import tensorflow as tf
+        from tensorflow.python.framework import kernels
+
+        if tf.config.list_physical_devices("GPU"):  # only a GPU build registers GPU kernels
+            ks = kernels.get_registered_kernels_for_op(op_type).kernel
+            ans = any(k.device_type == "GPU" for k in ks) or not ks
+    except Exception:  # registry unavailable: keep the list's answer
+        pass
+    _KERNEL_CACHE[op_type] = ans
+    return ans
+
+
+def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
+            cpu_costs: Mapping[str, float] | None = None, kind: str = "GPU",
+            batch: int | None = None, name: str = "graph", default_cost: float = 0.0,
+            memory: Mapping[str, Mapping[str, int]] | None = None,
+            kinds_fn: Callable[[str, str], frozenset] | None = None) -> OpGraph:
+    """Build the OpGraph of one step of ``graph`` running ``fetches``.
+
+    Parameters
+    ----------
+    graph : tf.Graph or GraphDef
+    fetches : op / tensor / name or a list of them (e.g. ``[train_op, loss]``)
+    costs : op name -> µs on ``kind`` (missing ops get ``default_cost``)
+    cpu_costs : op name -> µs on CPU for ops allowed only there (default: ``costs``)
+    kind : device kind of the target devices ("GPU", or "CPU" for logical CPUs)
+    batch : value for unknown leading dimensions
+    memory : op name -> {"output_bytes", "temporary_bytes", "persistent_bytes"}
+        overrides from profiling
+    kinds_fn : (op_type, kind) -> allowed kinds; default :func:`allowed_kinds`
+
+    Returns
+    -------
+    OpGraph
+    """
+    graph = _as_graph(graph)
+    costs = costs or {}
+    cpu_costs = cpu_costs if cpu_costs is not None else costs
+    memory = memory or {}
+    kinds_fn = kinds_fn or allowed_kinds
+    ops = step_ops(graph, fetches)
+    ops.sort(key=lambda o: o._id)  # creation order: deterministic and topological
+    names = {op.name for op in ops}
+    groups = colocation_groups(ops)
+
+    allowed_of = {op.name: kinds_fn(op.type, kind) for op in ops}
+    # TF puts a whole colocation group on the host if one member has no GPU
+    # kernel: mirror that so every group keeps a common kind
+    host_groups = {groups[n] for n, k in allowed_of.items() if n in groups and kind not in k}
+    for n, g in groups.items():
+        if g in host_groups:
+            allowed_of[n] = frozenset({"CPU"})
+    tensors, edges, op_objs = [], {}, []
+    for op in ops:
+        out_bytes = 0
+        for t in op.outputs:
+            b = tensor_bytes(t, batch)
+            out_bytes += b
+            consumers = [c for c in t.consumers() if c.name in names]
+            if not consumers:
+                continue
+            tensors.append(Tensor(t.name, op.name, b))
+            for c in consumers:
+                edges.setdefault((op.name, c.name), []).append(t.name)
+        for c in op.control_inputs:
+            edges.setdefault((c.name, op.name), [])
+        allowed = allowed_of[op.name]
+        compute = {}
+        for k in allowed:
+            src = cpu_costs if (k == "CPU" and kind != "CPU") else costs
+            compute[k] = float(src.get(op.name, costs.get(op.name, default_cost)))
+        persistent = _variable_bytes(op) if op.type in _VARIABLE_OPS else 0
+        mem = memory.get(op.name, {})
+        op_objs.append(Op(op.name, compute, kinds=allowed,
+                          persistent_bytes=int(mem.get("persistent_bytes", persistent)),
+                          output_bytes=int(mem.get("output_bytes", out_bytes)),
+                          temporary_bytes=int(mem.get("temporary_bytes", 0)),
+                          colocation_group=groups.get(op.name),
+                          scope=op.name.rsplit("/", 1)[0] if "/" in op.name else "",
+                          type=op.type))
+    # a pair with data edges and a control edge: the data edge already orders them
+    edge_objs = [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in edges.items()]
+    return OpGraph(op_objs, edge_objs, tensors, name=name)
+
+
+def _variable_bytes(op) -> int:
+    import tensorflow as tf
+
+    try:
+        shape = tf.TensorShape(op.get_attr("shape"))
+        dtype = tf.as_dtype(op.get_attr("dtype"))
+    except ValueError:
+        return 0
+    if not shape.is_fully_defined():
+        return 0
+    return int(shape.num_elements() * dtype.size)
+
+
+def _as_graph(graph):
+    import tensorflow as tf
+
+    if isinstance(graph, tf.Graph):
+        return graph
+    gd = graph
+    if not isinstance(gd, tf.compat.v1.GraphDef):
+        raise TypeError(f"expected tf.Graph or GraphDef, got {type(graph).__name__}")
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    return g
+
+
+def _flatten(fetches) -> Iterable:
+    if isinstance(fetches, (list, tuple, set)):
+        for f in fetches:
+            yield from _flatten(f)
+    else:
+        yield fetches
+
+
+def _as_op(graph, f):
+    if isinstance(f, str):
+        obj = graph.as_graph_element(f)
+    else:
+        obj = f
+    return obj if hasattr(obj, "control_inputs") else obj.op

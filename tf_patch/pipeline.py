@@ -1,0 +1,176 @@
+"""The whole loop on one model: profile -> fit comms -> solve -> apply -> train.
+
+Used by ``python -m pesto.demo``, the TF tests and ``benchmarks.bench_tf``.
+
+* :func:`profile_model`: measured op costs, calibrated against an untraced
+  serial step (one device, one thread): the time TF's executor spends
+  between kernels (absent from step stats) is added to every op as a
+  *dispatch overhead*, or, when tracing made kernels look slower than the
+  untraced step, kernel times are scaled down to match it.
+* :func:`run_placed`: build a fresh copy of the model, enforce a plan (or
+  none: TF's default placement), train ``steps`` steps, return losses and
+  median step wall time, and optionally a trace check.
+
+Examples
+--------
+>>> g, prof = profile_model(lambda: build_model("rnnlm"), n_devices=2)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+__all__ = ["profile_model", "run_placed", "RunResult", "trace_check", "calibrate_overhead"]
+
+
+@dataclass
+class RunResult:
+    """Losses of each step, median step wall time (µs), what apply did."""
+
+    losses: list
+    step_us: float
+    step_times: list = field(default_factory=list)
+    applied: object = None
+    trace: dict | None = None
+    cores_used: float = float("nan")  # process CPU time / wall time over the timed steps
+
+
+def _time_runs(sess, op, feed_fn, steps, offset=0):
+    ts = []
+    for s in range(steps):
+        feed = feed_fn(offset + s)
+        t0 = time.perf_counter()
+        sess.run(op, feed)
+        ts.append((time.perf_counter() - t0) * 1e6)
+    return ts
+
+
+def calibrate_overhead(build, costs: dict, *, steps: int = 10) -> tuple[float, float]:
+    """Match the profile to an untraced serial step (one device, one thread).
+
+    Returns ``(overhead, scale)``: if the serial step takes longer than the
+    sum of traced kernel times, the difference spread over the ops is the
+    executor's dispatch overhead per op (scale 1); if it is shorter (tracing
+    slowed the kernels), the kernel times are scaled down by ``scale`` and
+    the overhead is 0.
+    """
+    import tensorflow as tf
+    from .devices import session_config
+    from .extract import step_ops
+
+    model = build()
+    ops = step_ops(model.graph, model.fetches)
+    cfg = session_config(1, inter_op=1)
+    with tf.compat.v1.Session(graph=model.graph, config=cfg) as sess:
+        sess.run(model.init_op)
+        _time_runs(sess, model.train_op, model.feed_fn, 3)
+        wall = statistics.median(_time_runs(sess, model.fetches, model.feed_fn, steps, 3))
+    work = sum(costs.get(op.name, 0.0) for op in ops)
+    if wall >= work or work <= 0:
+        return (wall - work) / max(len(ops), 1), 1.0
+    return 0.0, wall / work
+
+
+def profile_model(build, *, n_devices: int = 2, steps: int = 5, warmup: int = 2,
+                  overhead: bool = True, progress: bool = False):
+    """``(OpGraph, Profile)`` with measured CPU costs (+ dispatch overhead).
+
+    ``build`` is a zero-argument callable returning a fresh ZooModel (every
+    run gets its own graph, so profiling never touches the graph to place).
+    """
+    from pesto.graph import Op, OpGraph
+    from .extract import extract
+    from .profile import measure
+
+    from .devices import detect, session_config
+
+    kind, _ = detect(n_devices)
+    model = build()
+    # kernels timed one at a time (one device, one thread): clean per-op
+    # costs, not slowed by each other on a shared CPU
+    prof = measure(model, n_devices=1, steps=steps, warmup=warmup, progress=progress,
+                   config=session_config(1, inter_op=1, kind=kind))
+    g = extract(model.graph, model.fetches, costs=prof.costs, kind=kind, memory=prof.memory,
+                name=model.name, kinds_fn=lambda op_type, k: frozenset({k}))
+    prof.overhead, prof.scale = calibrate_overhead(build, prof.costs) if overhead else (0.0, 1.0)
+    if prof.overhead > 0 or prof.scale != 1.0:
+        ops = [Op(o.name, {k: v * prof.scale + prof.overhead for k, v in o.compute.items()}, kinds=o.kinds,
+                  persistent_bytes=o.persistent_bytes, output_bytes=o.output_bytes,
+                  temporary_bytes=o.temporary_bytes, colocation_group=o.colocation_group,
+                  scope=o.scope, type=o.type) for o in g.ops]
+        g = OpGraph(ops, g.edges, g.tensors, name=g.name)
+    return g, prof
+
+
+def run_placed(build, plan=None, *, n_devices: int = 2, steps: int = 5, timed: int = 10,
+               trace: bool = False, order: bool = True) -> RunResult:
+    """Train a fresh model under ``plan`` (None: TF's default placement).
+
+    Returns losses of the first ``steps`` steps, then the median wall time
+    of ``timed`` further steps; with ``trace`` one FULL_TRACE step is checked
+    by :func:`trace_check`.
+    """
+    import tensorflow as tf
+    from .apply import apply_plan, verify
+    from .devices import detect
+
+    model = build()
+    applied = apply_plan(model.graph, plan, order=order) if plan is not None else None
+    sess = verify(model.graph, n_devices, kind=detect(n_devices)[0], init_op=model.init_op)
+    try:
+        losses = [float(sess.run(model.fetches, model.feed_fn(s))[1]) for s in range(steps)]
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        times = _time_runs(sess, model.train_op, model.feed_fn, timed, steps) if timed else []
+        cores = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+        checked = None
+        if trace:
+            md = tf.compat.v1.RunMetadata()
+            opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+            sess.run(model.train_op, model.feed_fn(steps + timed), options=opts, run_metadata=md)
+            checked = trace_check(md, plan, applied)
+    finally:
+        sess.close()
+    return RunResult(losses, statistics.median(times) if times else float("nan"), times, applied, checked,
+                     cores if timed else float("nan"))
+
+
+def trace_check(run_metadata, plan=None, applied=None) -> dict:
+    """Compare a traced step with the plan.
+
+    Returns ``{"devices": {op: device seen}, "misplaced": [(op, planned,
+    seen)], "order_violations": [(a, b, end_a, start_b)], "checked_edges": n,
+    "busy_us": {device: kernel µs}, "wall_us": traced step µs}``.
+    An added control edge (a, b) is respected when b starts no earlier than a
+    ends (1 µs tolerance for the trace's rounding).
+    """
+    from .devices import plan_device
+    from .profile import node_stats
+
+    seen, start, end, busy = {}, {}, {}, {}
+    for dev, ns in node_stats(run_metadata):
+        name = ns.node_name.split(":")[0]
+        try:
+            seen[name] = plan_device(dev)
+        except ValueError:
+            continue
+        start[name] = ns.all_start_micros
+        end[name] = ns.all_start_micros + max(ns.op_end_rel_micros, ns.all_end_rel_micros)
+        busy[seen[name]] = busy.get(seen[name], 0) + ns.op_end_rel_micros
+    misplaced = []
+    if plan is not None:
+        for op, d in plan.placement.items():
+            if op in seen and seen[op] != d:
+                misplaced.append((op, d, seen[op]))
+    viol, n = [], 0
+    for a, b in (applied.control_edges if applied is not None else []):
+        if a in end and b in start:
+            n += 1
+            if start[b] + 1 < end[a]:
+                viol.append((a, b, end[a], start[b]))
+    wall = (max(end.values()) - min(start.values())) if start else 0
+    return {"devices": seen, "misplaced": misplaced, "order_violations": viol, "checked_edges": n,
+            "busy_us": busy, "wall_us": wall}
