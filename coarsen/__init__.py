@@ -1,0 +1,114 @@
+"""Coarsening: shrink a graph of thousands of ops to about 200 vertices, never a cycle.
+
+``coarsen(graph, target_vertices=200, method="height")`` returns a
+:class:`CoarseGraph`: the coarse OpGraph (``.graph``), the fine one
+(``.original``), the members of every vertex in a topological order
+(``.members``), ``.vertex_of``, a ``.report`` and ``.expand(coarse_plan)``
+which turns a plan of the coarse graph into a plan for every op.
+
+Methods: ``"height"`` (Pesto's batch merging, Theorem 3.5), ``"baechi"``
+(Baechi's safe fusion rule) and ``"celeritas"`` (CPD-TOPO order + Kernighan
+breakpoints).
+
+>>> from pesto.random_graphs import layered_dag
+>>> cg = coarsen(layered_dag(1000, seed=0), 100)
+>>> cg.graph.num_ops <= 100
+True
+"""
+from __future__ import annotations
+
+from pesto.graph import OpGraph
+
+from .base import CoarseGraph, CoarsenReport
+
+__all__ = ["coarsen", "verify", "CoarseGraph", "CoarsenReport", "METHODS"]
+
+METHODS = ("height", "baechi", "celeritas")
+
+
+def coarsen(graph: OpGraph, target_vertices: int = 200, method: str = "height", **options) -> CoarseGraph:
+    """Coarsen ``graph`` to about ``target_vertices`` vertices.
+
+    Parameters
+    ----------
+    graph : OpGraph
+    target_vertices : int
+        Stop when at most this many vertices remain (a method may stop above
+        it when nothing more can be merged safely; see ``report.reached``).
+    method : {"height", "baechi", "celeritas"}
+    **options
+        Passed to the method: ``cluster`` or ``beta`` (for the CCR in the
+        report); height/baechi: ``cap_time``, ``cap_ops``, ``cap_growth``,
+        ``max_cap_growth``, ``siblings``; celeritas: ``range_``,
+        ``memory_limit``, ``fuse``. ``check=True`` re-verifies the result
+        (partition, conservation, acyclicity) and raises on any defect.
+
+    Raises
+    ------
+    ValueError
+        Unknown method.
+    """
+    check = options.pop("check", False)
+    if method == "height":
+        from .height import coarsen_height as fn
+    elif method == "baechi":
+        from .baechi import coarsen_baechi as fn
+    elif method == "celeritas":
+        from .celeritas import coarsen_celeritas as fn
+    else:
+        raise ValueError(f"unknown coarsening method {method!r}; choose one of {METHODS}")
+    cg = fn(graph, target_vertices, **options)
+    if check:
+        verify(cg)
+    return cg
+
+
+def verify(cg: CoarseGraph) -> None:
+    """Check a CoarseGraph against its fine graph; raise AssertionError on a defect.
+
+    Members partition the ops in a topological order of each vertex; compute
+    per kind (for the vertex's kinds) and persistent bytes are conserved; every
+    fine edge is internal or carried by the coarse edge between its vertices
+    (with its tensors); the coarse graph is acyclic (OpGraph checks that when
+    built) and every colocation group of the fine graph lies in coarse vertices
+    of one coarse group.
+    """
+    fine, coarse = cg.original, cg.graph
+    seen = [op for ms in cg.members.values() for op in ms]
+    assert sorted(seen) == sorted(fine.names), "members do not partition the ops"
+    assert set(cg.members) == set(coarse.names)
+    for v, ms in cg.members.items():
+        pos = {op: k for k, op in enumerate(ms)}
+        for op in ms:
+            for s in fine.successors(op):
+                if s in pos:
+                    assert pos[s] > pos[op], f"members of {v} are not in topological order"
+        cop = coarse.op(v)
+        kinds = frozenset.intersection(*(fine.op(o).kinds for o in ms))
+        assert cop.kinds == kinds, f"kinds of {v}"
+        for k in kinds:
+            tot = sum(fine.op(o).compute[k] for o in ms)
+            assert abs(cop.compute[k] - tot) <= 1e-6 * max(1.0, tot), f"compute of {v} on {k}"
+        assert cop.persistent_bytes == sum(fine.op(o).persistent_bytes for o in ms)
+        assert cop.temporary_bytes == max(fine.op(o).temporary_bytes for o in ms)
+    vo = cg.vertex_of
+    for e in fine.edges:
+        a, b = vo[e.src], vo[e.dst]
+        if a == b:
+            continue
+        assert coarse.has_edge(a, b), f"edge {e.src}->{e.dst} lost"
+        ce = coarse.edge(a, b)
+        for t in e.tensors:
+            assert t in ce.tensors, f"tensor {t} of {e.src}->{e.dst} not on {a}->{b}"
+            assert coarse.tensor(t).src == a and coarse.tensor(t).bytes == fine.tensor(t).bytes
+    for t in coarse.tensors:
+        assert fine.tensor(t.name).src in cg.members[t.src]
+    cgroup = {}
+    for op in fine.ops:
+        if op.colocation_group is not None:
+            g = coarse.op(vo[op.name]).colocation_group
+            assert g is not None, f"{op.name} lost its colocation group"
+            assert cgroup.setdefault(op.colocation_group, g) == g, \
+                f"group {op.colocation_group} spread over coarse groups"
+    for g, vs in coarse.colocation_groups().items():
+        assert frozenset.intersection(*(coarse.op(v).kinds for v in vs)), f"coarse group {g} has no kind"

@@ -1,0 +1,450 @@
+"""Shared machinery of the coarseners: integer arrays of the fine graph, the
+:class:`CoarseGraph` result, aggregation, expansion of a coarse plan and the
+report.
+
+Every coarsener works on :class:`FineArrays` (integer-indexed numpy arrays made
+once from an :class:`~pesto.graph.OpGraph`) and ends with a labelling
+``label[i] = coarse vertex of fine op i``; :func:`build_coarse` turns that into
+a validated coarse :class:`~pesto.graph.OpGraph` exactly once.
+
+Aggregation rules (one coarse vertex = its members):
+
+* compute per kind = sum over members, for the kinds every member allows
+  (kinds = intersection, never empty);
+* persistent bytes summed, temporary bytes = max, output bytes = bytes of the
+  distinct fine tensors leaving the vertex;
+* coarse edges carry the distinct *fine* tensors (same names, ``src`` = the
+  coarse vertex) so a tensor read by two vertices on one remote device is
+  still sent once; internal edges vanish; a control edge between two vertices
+  survives only where no tensor edge joins them;
+* colocation groups are constraints, not merged blindly: every coarse vertex
+  holding members of a group gets that group's name; if a vertex holds
+  members of several groups, those groups are united (union-find) so each
+  vertex has one well-defined group.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pesto.errors import CycleError, InfeasibleError, InvalidPlanError
+from pesto.graph import Edge, Op, OpGraph, Tensor
+from pesto.plan import Plan
+
+__all__ = ["FineArrays", "CoarseGraph", "CoarsenReport", "UnionFind", "build_coarse",
+           "ccr", "DEFAULT_BETA", "kahn_heights"]
+
+# NVLink V100 fit of the Pesto paper (µs, µs/byte), used when no cluster is given.
+DEFAULT_BETA = (40.77, 2.0757e-5)
+
+
+class UnionFind:
+    """Union-find over ``n`` items with an AND-ed kind mask per set.
+
+    >>> uf = UnionFind([0b11, 0b01])
+    >>> uf.union(0, 1), uf.mask[uf.find(0)]
+    (0, 1)
+    """
+
+    def __init__(self, masks):
+        self.parent = list(range(len(masks)))
+        self.mask = [int(m) for m in masks]
+
+    def find(self, a: int) -> int:
+        p = self.parent
+        root = a
+        while p[root] != root:
+            root = p[root]
+        while p[a] != root:
+            p[a], a = root, p[a]
+        return root
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return ra
+        if rb < ra:
+            ra, rb = rb, ra
+        self.parent[rb] = ra
+        self.mask[ra] &= self.mask[rb]
+        return ra
+
+
+class FineArrays:
+    """Integer-indexed arrays of an OpGraph, built once (O(ops + edges)).
+
+    Attributes
+    ----------
+    n, kinds, comp (n x K compute, 0 where not allowed), mask (allowed kinds as
+    bits), pers, temp, group (-1 or group id), group_names, group_mask,
+    esrc/edst (edges), ectrl (control edge), pu/pv/pt (one row per
+    (edge, tensor)), tbytes/tsrc (per tensor), topo (a topological order).
+    """
+
+    def __init__(self, graph: OpGraph):
+        self.graph = graph
+        self.n = n = graph.num_ops
+        self.names = graph.names
+        self.kinds = sorted(graph.kinds())
+        kidx = {k: i for i, k in enumerate(self.kinds)}
+        self.K = K = len(self.kinds)
+        comp = np.zeros((n, K))
+        mask = np.zeros(n, dtype=np.int64)
+        pers = np.zeros(n, dtype=np.int64)
+        temp = np.zeros(n, dtype=np.int64)
+        group = np.full(n, -1, dtype=np.int64)
+        gid: dict[str, int] = {}
+        for i, op in enumerate(graph.ops):
+            bits = 0
+            for k in op.kinds:
+                comp[i, kidx[k]] = op.compute[k]
+                bits |= 1 << kidx[k]
+            mask[i] = bits
+            pers[i] = op.persistent_bytes
+            temp[i] = op.temporary_bytes
+            if op.colocation_group is not None:
+                group[i] = gid.setdefault(op.colocation_group, len(gid))
+        self.comp, self.mask, self.pers, self.temp, self.group = comp, mask, pers, temp, group
+        self.group_names = list(gid)
+        gmask = [-1] * len(gid)
+        for i in np.flatnonzero(group >= 0).tolist():
+            gmask[group[i]] &= int(mask[i])
+        self.group_mask = gmask
+        for g, m in enumerate(gmask):
+            if m == 0:
+                raise InfeasibleError(f"colocation group {self.group_names[g]!r} has no device kind "
+                                      "common to all its ops", culprit=self.group_names[g])
+        tindex = {t.name: i for i, t in enumerate(graph.tensors)}
+        idx = graph.index
+        self.tnames = [t.name for t in graph.tensors]
+        self.tbytes = np.array([t.bytes for t in graph.tensors], dtype=np.int64)
+        self.tsrc = np.array([idx[t.src] for t in graph.tensors], dtype=np.int64)
+        edges = graph.edges
+        es = [idx[e.src] for e in edges]
+        ed = [idx[e.dst] for e in edges]
+        self.esrc = np.array(es, dtype=np.int64)
+        self.edst = np.array(ed, dtype=np.int64)
+        self.ectrl = np.array([not e.tensors for e in edges], dtype=bool)
+        ntens = [len(e.tensors) for e in edges]
+        self.pu = np.repeat(self.esrc, ntens)
+        self.pv = np.repeat(self.edst, ntens)
+        self.pt = np.array([tindex[t] for e in edges for t in e.tensors], dtype=np.int64)
+        self.T = len(self.tnames)
+        self.topo = np.array(graph.topo_idx(), dtype=np.int64)
+        # time used for caps and CCR: fastest allowed kind (speed 1)
+        big = np.where(self._allowed(), comp, np.inf)
+        self.time = big.min(axis=1) if K else np.zeros(n)
+
+    def _allowed(self):
+        bits = 1 << np.arange(self.K, dtype=np.int64)
+        return (self.mask[:, None] & bits[None, :]) != 0
+
+    def coarse_edges(self, label: np.ndarray, m: int):
+        """Edges between distinct coarse vertices of ``label``.
+
+        Returns ``(eu, ev, ebytes)``: unique pairs, bytes = distinct fine tensors
+        on that pair (control-only pairs have 0 bytes).
+        """
+        cu, cv = label[self.pu], label[self.pv]
+        keep = cu != cv
+        T = max(self.T, 1)
+        key = uniq((cu[keep] * m + cv[keep]) * T + self.pt[keep])
+        pair = key // T
+        tb = self.tbytes[key % T] if len(key) else np.zeros(0, dtype=np.int64)
+        cs, cd = label[self.esrc[self.ectrl]], label[self.edst[self.ectrl]]
+        ck = cs != cd
+        allpairs = np.concatenate([pair, cs[ck] * m + cd[ck]])
+        allbytes = np.concatenate([tb, np.zeros(int(ck.sum()), dtype=np.int64)])
+        o = np.argsort(allpairs, kind="stable")
+        sp = allpairs[o]
+        first = np.r_[True, sp[1:] != sp[:-1]] if len(sp) else np.zeros(0, dtype=bool)
+        up = sp[first]
+        eb = np.add.reduceat(allbytes[o], np.flatnonzero(first)).astype(float) if len(up) else np.zeros(0)
+        return up // m, up % m, eb
+
+
+def uniq(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (sort-based: numpy 2's hash-based ``np.unique`` is
+    ~100x slower on 1e5 int64 keys)."""
+    a = np.sort(a)
+    return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
+
+
+def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
+    """Heights by Kahn's pass removing all sources at once (roots have height 1).
+
+    Returns ``(H, succ_flat, succ_off)`` with ``H`` a list, or raises
+    :class:`CycleError` (with coarse vertex ids) if the edges close a cycle.
+    H(v) = 1 + max H(pred): every edge goes strictly up in height.
+    """
+    order = np.argsort(eu, kind="stable")
+    flat = ev[order].tolist()
+    off = np.searchsorted(eu[order], np.arange(m + 1)).tolist()
+    indeg = np.bincount(ev, minlength=m).tolist()
+    H = [1] * m
+    queue = [i for i in range(m) if indeg[i] == 0]
+    for u in queue:  # the list grows while we walk it
+        hu = H[u] + 1
+        for w in flat[off[u]:off[u + 1]]:
+            if H[w] < hu:
+                H[w] = hu
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                queue.append(w)
+    if len(queue) < m:
+        left = {i for i in range(m) if indeg[i] > 0}
+        pred = {}
+        for a, b in zip(eu.tolist(), ev.tolist()):
+            if a in left and b in left:
+                pred.setdefault(b, a)
+        i = next(iter(left))
+        seen, path = {}, []
+        while i not in seen:
+            seen[i] = len(path)
+            path.append(i)
+            i = pred[i]
+        cyc = path[seen[i]:]
+        cyc.reverse()
+        raise CycleError([f"v{k}" for k in cyc], what="coarse graph")
+    return H, flat, off
+
+
+def ccr(fa: FineArrays, label: np.ndarray, m: int, beta=DEFAULT_BETA) -> float:
+    """Communication-to-computation ratio of the partition ``label``.
+
+    Numerator: one transfer ``beta0 + beta1 * bytes`` per distinct (fine
+    tensor, consumer vertex other than its producer's) with bytes > 0 — the
+    transfers if every vertex sat on its own device. Denominator: total compute
+    (fastest allowed kind), which coarsening conserves.
+    """
+    cu, cv = label[fa.pu], label[fa.pv]
+    keep = cu != cv
+    key = uniq(cv[keep] * max(fa.T, 1) + fa.pt[keep])
+    b = fa.tbytes[key % max(fa.T, 1)]
+    b = b[b > 0]
+    comm = len(b) * beta[0] + beta[1] * float(b.sum())
+    work = float(fa.time.sum())
+    return comm / work if work > 0 else float("inf") if comm else 0.0
+
+
+def beta_of(cluster) -> tuple:
+    """(beta0, beta1) of the first GPU-to-GPU route of ``cluster`` (or any route)."""
+    if cluster is None:
+        return DEFAULT_BETA
+    routes = list(cluster.routes)
+    gpu = [r for r in routes if cluster.device(r.src).kind == "GPU" and cluster.device(r.dst).kind == "GPU"]
+    r = (gpu or routes or [None])[0]
+    return DEFAULT_BETA if r is None else (r.beta0, r.beta1)
+
+
+@dataclass
+class CoarsenReport:
+    """What a coarsening run did.
+
+    ``rounds`` is a list of dicts (``round``, ``vertices``, ``edges``,
+    ``merged``, ``seconds``, plus method-specific keys such as caps).
+    """
+
+    method: str
+    target: int
+    vertices_before: int
+    edges_before: int
+    vertices: int = 0
+    edges: int = 0
+    seconds: float = 0.0
+    ccr_before: float = 0.0
+    ccr_after: float = 0.0
+    reached: bool = False
+    rounds: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def __str__(self):
+        return (f"coarsen[{self.method}]: {self.vertices_before} ops/{self.edges_before} edges -> "
+                f"{self.vertices} vertices/{self.edges} edges (target {self.target}"
+                f"{'' if self.reached else ', not reached'}) in {len(self.rounds)} rounds, "
+                f"{self.seconds:.3f} s; CCR {self.ccr_before:.3f} -> {self.ccr_after:.3f}")
+
+
+class CoarseGraph:
+    """A coarse OpGraph plus the map back to the fine ops.
+
+    Attributes
+    ----------
+    graph : OpGraph
+        The coarse graph (one op per vertex).
+    original : OpGraph
+        The fine graph.
+    members : dict vertex -> list of fine op names, in a topological order.
+    vertex_of : dict fine op -> vertex.
+    report : CoarsenReport
+    """
+
+    def __init__(self, graph: OpGraph, original: OpGraph, members: dict, report: CoarsenReport):
+        self.graph = graph
+        self.original = original
+        self.members = members
+        self.vertex_of = {op: v for v, ms in members.items() for op in ms}
+        self.report = report
+
+    def __repr__(self):
+        return f"CoarseGraph({self.original.num_ops} ops -> {self.graph.num_ops} vertices, {self.report.method})"
+
+    def expand(self, coarse_plan: Plan) -> Plan:
+        """A plan for every fine op: each op on its vertex's device; per device,
+        the coarse order with every vertex replaced by its members in their
+        internal topological order. No times (simulate it for those).
+
+        Raises
+        ------
+        InvalidPlanError
+            The coarse plan misses a vertex.
+        """
+        placement, order = {}, {}
+        seen = set()
+        for dev, seq in coarse_plan.order.items():
+            out = order.setdefault(dev, [])
+            for v in seq:
+                ms = self.members.get(v)
+                if ms is None:
+                    raise InvalidPlanError([f"coarse plan orders unknown vertex {v!r} on {dev}"])
+                seen.add(v)
+                out.extend(ms)
+                for op in ms:
+                    placement[op] = dev
+        missing = [v for v in self.members if v not in seen]
+        if missing:
+            raise InvalidPlanError([f"coarse plan does not order vertex {v!r}" for v in missing[:20]])
+        stats = dict(coarse_plan.stats)
+        stats.update(coarse_vertices=self.graph.num_ops, coarse_makespan=coarse_plan.makespan,
+                     coarse_lower_bound=coarse_plan.lower_bound)
+        return Plan(placement, order, status=coarse_plan.status, placer=coarse_plan.placer,
+                    wall_time=coarse_plan.wall_time, stats=stats)
+
+
+def _group_labels(fa: FineArrays, label: np.ndarray, m: int):
+    """Per coarse vertex: union-find root of its groups (or -1), and the group names."""
+    uf = UnionFind(fa.group_mask)
+    vg = np.full(m, -1, dtype=np.int64)
+    for i in np.flatnonzero(fa.group >= 0).tolist():
+        c, g = int(label[i]), int(fa.group[i])
+        if vg[c] < 0:
+            vg[c] = g
+        else:
+            uf.union(int(vg[c]), g)
+    return uf, vg
+
+
+def build_coarse(fa: FineArrays, label: np.ndarray, report: CoarsenReport, *, beta=DEFAULT_BETA,
+                 t0: float | None = None, name: str | None = None) -> CoarseGraph:
+    """Build the coarse OpGraph for the partition ``label`` (values 0..m-1).
+
+    Raises
+    ------
+    CycleError
+        The partition's quotient graph has a cycle (never for the shipped
+        coarseners; OpGraph construction checks it).
+    InfeasibleError
+        A united colocation group would have no common device kind.
+    """
+    graph = fa.graph
+    label = np.asarray(label, dtype=np.int64)
+    m = int(label.max()) + 1 if fa.n else 0
+    # members in the fine topological order
+    tl = label[fa.topo]
+    srt = np.argsort(tl, kind="stable")
+    ordered = fa.topo[srt]
+    bounds = np.searchsorted(tl[srt], np.arange(m + 1)).tolist()
+    names = fa.names
+    members_idx = [ordered[bounds[c]:bounds[c + 1]].tolist() for c in range(m)]
+    if any(not ms for ms in members_idx):
+        raise ValueError("labels must be 0..m-1 with every vertex non-empty")
+    # aggregates
+    K = fa.K
+    comp = np.zeros((m, K))
+    np.add.at(comp, label, fa.comp)
+    mask = np.full(m, -1, dtype=np.int64)
+    np.bitwise_and.at(mask, label, fa.mask)
+    pers = np.bincount(label, weights=fa.pers, minlength=m)
+    temp = np.zeros(m, dtype=np.int64)
+    np.maximum.at(temp, label, fa.temp)
+    uf, vg = _group_labels(fa, label, m)
+    bad = np.flatnonzero(mask == 0)
+    if len(bad):
+        c = int(bad[0])
+        raise InfeasibleError(f"coarse vertex with ops {[names[i] for i in members_idx[c][:5]]} has no "
+                              "common device kind", culprit=names[members_idx[c][0]])
+    gname = {}
+    for c in np.flatnonzero(vg >= 0).tolist():
+        r = uf.find(int(vg[c]))
+        uf.mask[r] &= int(mask[c])
+        gname[c] = fa.group_names[r]
+    for c, g in gname.items():
+        if uf.mask[uf.find(int(vg[c]))] == 0:
+            raise InfeasibleError(f"colocation group {g!r} (united with others by coarsening) has no common "
+                                  "device kind", culprit=g)
+    # vertex names: a lone op keeps its name, a merged vertex "first+k"
+    used = set()
+    vnames = []
+    for c in range(m):
+        ms = members_idx[c]
+        nm = names[ms[0]] if len(ms) == 1 else f"{names[ms[0]]}+{len(ms) - 1}"
+        while nm in used:
+            nm += "'"
+        used.add(nm)
+        vnames.append(nm)
+    # tensors leaving a vertex, edges between vertices
+    cu, cv = label[fa.pu], label[fa.pv]
+    keep = cu != cv
+    T = max(fa.T, 1)
+    key = uniq((cu[keep] * m + cv[keep]) * T + fa.pt[keep])
+    pair, tid = key // T, key % T
+    out_t = uniq(tid)
+    out_bytes = np.bincount(label[fa.tsrc[out_t]], weights=fa.tbytes[out_t], minlength=m)
+    tnames = fa.tnames
+    tensors = [Tensor(tnames[t], vnames[label[fa.tsrc[t]]], int(fa.tbytes[t])) for t in out_t.tolist()]
+    edges = []
+    have = set()
+    if len(pair):
+        starts = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]]).tolist() + [len(pair)]
+        pl, tl_ = pair.tolist(), tid.tolist()
+        for a, b in zip(starts[:-1], starts[1:]):
+            p = pl[a]
+            have.add(p)
+            edges.append(Edge(vnames[p // m], vnames[p % m], tuple(tnames[t] for t in tl_[a:b])))
+    cs, cd = label[fa.esrc[fa.ectrl]], label[fa.edst[fa.ectrl]]
+    for p in uniq(cs[cs != cd] * m + cd[cs != cd]).tolist():
+        if p not in have:
+            edges.append(Edge(vnames[p // m], vnames[p % m], ()))
+    kinds = fa.kinds
+    fops = graph.ops  # a new tuple per call: take it once
+    ops = []
+    for c in range(m):
+        ms = members_idx[c]
+        bits = int(mask[c])
+        compute = {kinds[k]: float(comp[c, k]) for k in range(K) if bits >> k & 1}
+        if len(ms) == 1:
+            o = fops[ms[0]]
+            scope, typ = o.scope, o.type
+        else:
+            scopes = {fops[i].scope for i in ms}
+            scope = scopes.pop() if len(scopes) == 1 else os.path.commonpath(
+                ["/" + s for s in scopes]).lstrip("/") if all(scopes) else ""
+            typ = "Coarse"
+        ops.append(Op(vnames[c], compute, persistent_bytes=int(pers[c]), output_bytes=int(out_bytes[c]),
+                      temporary_bytes=int(temp[c]), colocation_group=gname.get(c), scope=scope, type=typ))
+    cg = OpGraph(ops, edges, tensors, name=name or f"{graph.name}/coarse")
+    members = {vnames[c]: [names[i] for i in members_idx[c]] for c in range(m)}
+    report.vertices = cg.num_ops
+    report.edges = cg.num_edges
+    report.reached = cg.num_ops <= report.target
+    report.ccr_before = ccr(fa, np.arange(fa.n), fa.n, beta)
+    report.ccr_after = ccr(fa, label, m, beta)
+    if t0 is not None:
+        report.seconds = time.perf_counter() - t0
+    return CoarseGraph(cg, graph, members, report)

@@ -1,0 +1,370 @@
+"""Coarsening: targeted cases (Figure 6, kinds, colocation, aggregation, expand)."""
+import numpy as np
+import pytest
+
+import coarsen
+from coarsen import CoarseGraph, verify
+from coarsen.base import FineArrays, CoarsenReport, build_coarse, kahn_heights
+from coarsen.height import select_pairs, theorem35_ok
+from pesto import CycleError, Edge, Op, OpGraph, Plan, Tensor, check_plan, gpus, simulate
+from pesto.random_graphs import layered_dag, lstm_grid, transformer_like
+
+METHODS = coarsen.METHODS
+
+
+def fig6():
+    # A, B at height 1; C, D at height 2; A->C, B->D, A->D, B->C
+    return OpGraph.from_edges({"A": 1, "B": 1, "C": 1, "D": 1},
+                              [("A", "C", 400), ("B", "D", 300), ("A", "D", 200), ("B", "C", 100)])
+
+
+def test_figure6_pair_is_refused():
+    g = fig6()
+    assert theorem35_ok(g, [("A", "C")])
+    assert theorem35_ok(g, [("B", "D")])
+    assert not theorem35_ok(g, [("A", "C"), ("B", "D")])
+    sel = select_pairs(g)
+    assert sel == [("A", "C")]
+    assert theorem35_ok(g, sel)
+
+
+def test_figure6_merging_both_really_closes_a_cycle():
+    g = fig6()
+    fa = FineArrays(g)
+    label = np.array([g.index[n] for n in "ABCD"])
+    label[g.index["A"]] = label[g.index["C"]] = 0
+    label[g.index["B"]] = label[g.index["D"]] = 1
+    with pytest.raises(CycleError):
+        build_coarse(fa, label, CoarsenReport("manual", 2, 4, 4))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_figure6_coarsening_is_acyclic(method):
+    for target in (1, 2, 3):
+        cg = coarsen.coarsen(fig6(), target, method=method, check=True)
+        assert cg.graph.num_ops >= 1
+
+
+def test_condition_ii_variants():
+    # u -> v with a path u -> w -> v: merging (u, v) alone would close a cycle
+    g = OpGraph.from_edges({"u": 1, "w": 1, "v": 1}, [("u", "v", 100), ("u", "w", 1), ("w", "v", 1)])
+    assert not theorem35_ok(g, [("u", "v")])
+    assert ("u", "v") not in select_pairs(g)
+    # only successor: always fine
+    g2 = OpGraph.from_edges({"u": 1, "v": 1, "x": 1}, [("u", "v", 100), ("x", "v", 1)])
+    assert theorem35_ok(g2, [("u", "v")])
+
+
+def test_heights_by_kahn():
+    g = OpGraph.from_edges({k: 1 for k in "abcde"}, [("a", "b"), ("b", "c"), ("a", "c"), ("d", "e")])
+    fa = FineArrays(g)
+    eu, ev, _ = fa.coarse_edges(np.arange(5), 5)
+    H, _, _ = kahn_heights(5, eu, ev)
+    assert dict(zip(g.names, H)) == {"a": 1, "b": 2, "c": 3, "d": 1, "e": 2}
+
+
+def test_chain_collapses_and_expands():
+    g = OpGraph.from_edges({f"o{i}": 10 for i in range(10)}, [(f"o{i}", f"o{i+1}", 64) for i in range(9)])
+    cg = coarsen.coarsen(g, 1, check=True)
+    assert cg.graph.num_ops == 1
+    (v,) = cg.graph.names
+    assert cg.members[v] == [f"o{i}" for i in range(10)]
+    assert cg.graph.op(v).compute["GPU"] == 100
+    plan = cg.expand(Plan({v: "/GPU:1"}, {"/GPU:1": [v]}))
+    assert plan.order["/GPU:1"] == tuple(f"o{i}" for i in range(10))
+    assert check_plan(g, gpus(2), plan).ok
+
+
+def test_never_merges_disjoint_kinds():
+    ops = [Op("g1", {"GPU": 5}), Op("c1", {"CPU": 20}), Op("g2", {"GPU": 5}), Op("b", {"GPU": 1, "CPU": 2})]
+    ts = [Tensor("g1:0", "g1", 10), Tensor("c1:0", "c1", 10), Tensor("b:0", "b", 10)]
+    es = [Edge("g1", "c1", ("g1:0",)), Edge("c1", "g2", ("c1:0",)), Edge("b", "g1", ("b:0",))]
+    g = OpGraph(ops, es, ts)
+    for method in METHODS:
+        cg = coarsen.coarsen(g, 1, method=method, check=True)
+        v_c = cg.vertex_of["c1"]
+        assert cg.members[v_c] == ["c1"] or set(cg.members[v_c]) <= {"c1", "b"}
+        for v in cg.graph.names:
+            assert cg.graph.op(v).kinds  # never empty
+
+
+def test_colocation_groups_are_constraints():
+    # var -> read -> use -> update -> (no edge back); var and update share a group
+    ops = [Op("var", {"GPU": 1, "CPU": 1}, persistent_bytes=100, colocation_group="v"),
+           Op("read", {"GPU": 1, "CPU": 1}),
+           Op("use", {"GPU": 50}),
+           Op("upd", {"GPU": 1, "CPU": 1}, colocation_group="v"),
+           Op("other", {"GPU": 3}, colocation_group="w")]
+    ts = [Tensor(f"{o}:0", o, 1000) for o in ("var", "read", "use")]
+    es = [Edge("var", "read", ("var:0",)), Edge("read", "use", ("read:0",)), Edge("use", "upd", ("use:0",)),
+          Edge("var", "upd", ()), Edge("use", "other", ("use:0",))]
+    g = OpGraph(ops, es, ts)
+    for method in METHODS:
+        for target in (1, 2, 3, 4, 5):
+            cg = coarsen.coarsen(g, target, method=method, check=True)
+            gv = cg.graph.op(cg.vertex_of["var"]).colocation_group
+            assert gv is not None and gv == cg.graph.op(cg.vertex_of["upd"]).colocation_group
+
+
+def test_groups_united_when_a_vertex_holds_two():
+    g = OpGraph([Op("a", {"GPU": 1}, colocation_group="g1"), Op("b", {"GPU": 1}, colocation_group="g2"),
+                 Op("c", {"GPU": 1}, colocation_group="g2")],
+                [Edge("a", "b", ("a:0",)), Edge("b", "c", ("b:0",))],
+                [Tensor("a:0", "a", 10), Tensor("b:0", "b", 10)])
+    fa = FineArrays(g)
+    cg = build_coarse(fa, np.array([0, 0, 1]), CoarsenReport("manual", 2, 3, 2))
+    verify(cg)
+    groups = {cg.graph.op(v).colocation_group for v in cg.graph.names}
+    assert len(groups) == 1
+
+
+def test_tensor_dedup_and_control_edges():
+    # u's one tensor feeds x and y; x, y end up in one vertex: one coarse tensor, once
+    ops = [Op(n, {"GPU": 1}) for n in ("u", "x", "y", "z")]
+    ts = [Tensor("u:0", "u", 1000)]
+    es = [Edge("u", "x", ("u:0",)), Edge("u", "y", ("u:0",)), Edge("x", "z", ()), Edge("y", "z", ())]
+    g = OpGraph(ops, es, ts)
+    fa = FineArrays(g)
+    cg = build_coarse(fa, np.array([0, 1, 1, 2]), CoarsenReport("manual", 3, 4, 4))
+    verify(cg)
+    vu, vxy, vz = cg.vertex_of["u"], cg.vertex_of["x"], cg.vertex_of["z"]
+    assert cg.graph.edge(vu, vxy).tensors == ("u:0",)
+    assert cg.graph.edge_bytes(vu, vxy) == 1000
+    assert cg.graph.op(vu).output_bytes == 1000
+    assert cg.graph.edge(vxy, vz).is_control
+    assert cg.graph.tensor("u:0").src == vu
+
+
+def test_aggregation_rules():
+    ops = [Op("a", {"GPU": 2, "CPU": 8}, persistent_bytes=5, temporary_bytes=7),
+           Op("b", {"GPU": 3}, persistent_bytes=6, temporary_bytes=4)]
+    g = OpGraph(ops, [Edge("a", "b", ("a:0",))], [Tensor("a:0", "a", 9)])
+    cg = coarsen.coarsen(g, 1, check=True)
+    (v,) = cg.graph.names
+    op = cg.graph.op(v)
+    assert dict(op.compute) == {"GPU": 5.0} and op.kinds == {"GPU"}
+    assert (op.persistent_bytes, op.temporary_bytes, op.output_bytes) == (11, 7, 0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("make,reach", [
+    (lambda: layered_dag(3000, seed=3, coloc_prob=0.05), True),
+    # 5% CPU-only ops scattered over the graph cannot all be merged: target may be missed
+    (lambda: layered_dag(3000, seed=3, cpu_only_prob=0.05, coloc_prob=0.05), False),
+    (lambda: lstm_grid(4, 20), True), (lambda: transformer_like(6), True)])
+def test_generators_to_target(method, make, reach):
+    g = make()
+    cg = coarsen.coarsen(g, 100, method=method, check=True)
+    rep = cg.report
+    assert rep.vertices == cg.graph.num_ops and rep.vertices_before == g.num_ops
+    assert rep.reached == (cg.graph.num_ops <= 100)
+    if method != "baechi" and reach:
+        assert cg.graph.num_ops <= 100
+    assert cg.graph.num_ops < g.num_ops / (2 if method == "baechi" else 4)
+    assert rep.ccr_before > 0 and rep.rounds
+    assert "CCR" in str(rep)
+    # a coarse plan placing alternate vertices on two GPUs (CPU-only on the CPU)
+    cl = gpus(2, with_cpu=True)
+    plan = _coarse_plan(cg, cl)
+    assert check_plan(cg.graph, cl, plan, check_memory=False).ok
+    fine = cg.expand(plan)
+    assert check_plan(g, cl, fine, check_memory=False).ok
+    sched = simulate(g, cl, fine)
+    assert sched.makespan >= g.critical_path() - 1e-6
+
+
+def _coarse_plan(cg: CoarseGraph, cl) -> Plan:
+    g = cg.graph
+    gpus_ = [d.name for d in cl.devices if d.kind == "GPU"]
+    placement, by_group = {}, {}
+    for k, v in enumerate(g.topological_order()):
+        op = g.op(v)
+        if op.colocation_group in by_group:
+            placement[v] = by_group[op.colocation_group]
+            continue
+        if op.colocation_group is not None:
+            kinds = frozenset.intersection(*(g.op(w).kinds for w in g.colocation_groups()[op.colocation_group]))
+        else:
+            kinds = op.kinds
+        d = gpus_[k % len(gpus_)] if "GPU" in kinds else "/CPU:0"
+        placement[v] = d
+        if op.colocation_group is not None:
+            by_group[op.colocation_group] = d
+    return Plan.from_placement(g, placement)
+
+
+def test_expand_rejects_incomplete_plan():
+    cg = coarsen.coarsen(layered_dag(50, seed=1), 5)
+    v = cg.graph.names[0]
+    from pesto import InvalidPlanError
+    with pytest.raises(InvalidPlanError):
+        cg.expand(Plan({v: "/GPU:0"}, {"/GPU:0": [v]}))
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError):
+        coarsen.coarsen(fig6(), 2, method="nope")
+
+
+def test_independent_ops_use_sibling_merges():
+    g = OpGraph([Op(f"o{i}", {"GPU": 1.0}) for i in range(40)], [], [])
+    cg = coarsen.coarsen(g, 10, check=True)
+    assert cg.graph.num_ops == 10
+    assert any(r["kind"] == "siblings" for r in cg.report.rounds)
+    # Baechi has no rule for it: stays above target, says so
+    cb = coarsen.coarsen(g, 10, method="baechi", check=True)
+    assert cb.graph.num_ops == 40 and not cb.report.reached
+
+
+def test_caps_limit_merges():
+    g = OpGraph.from_edges({f"o{i}": 10 for i in range(20)}, [(f"o{i}", f"o{i+1}", 64) for i in range(19)])
+    cg = coarsen.coarsen(g, 1, cap_ops=4, max_cap_growth=0, check=True)
+    assert max(len(m) for m in cg.members.values()) <= 4
+    assert not cg.report.reached
+
+
+def test_target_at_least_ops_is_identity():
+    g = layered_dag(30, seed=2)
+    for method in METHODS:
+        cg = coarsen.coarsen(g, 100, method=method, check=True)
+        if method != "celeritas":
+            assert cg.graph.num_ops == 30
+        assert cg.graph.num_ops <= 30
+
+
+def _cut_cost(fa, order, seg, beta):
+    pos = {op: k for k, op in enumerate(order)}
+    cost = 0.0
+    for e in fa.graph.edges:
+        b = fa.graph.edge_bytes(e.src, e.dst)
+        u, v = fa.graph.index[e.src], fa.graph.index[e.dst]
+        if b > 0 and seg[pos[u]] != seg[pos[v]]:
+            cost += beta[0] + beta[1] * b
+    return cost
+
+
+def test_celeritas_breakpoint_dp_is_optimal():
+    """Kernighan DP = brute force over all segmentations of the CPD-TOPO order."""
+    import itertools
+    import random as _r
+    from coarsen.celeritas import _breakpoints, cpd_topo_order
+    beta = (10.0, 1e-3)
+    for seed in range(60):
+        rng = _r.Random(seed)
+        n = rng.randint(1, 8)
+        comp = {f"v{i}": 1 for i in range(n)}
+        edges = [(f"v{i}", f"v{j}", rng.choice([0, 100, 5000])) for j in range(n) for i in range(j)
+                 if rng.random() < 0.4]
+        g = OpGraph.from_edges(comp, edges)
+        fa = FineArrays(g)
+        order = cpd_topo_order(fa)
+        assert sorted(order) == list(range(n))
+        R = rng.randint(1, n)
+        seg = _breakpoints(fa, order, R, float("inf"), beta)
+        assert np.all(np.bincount(seg) <= R)
+        best = float("inf")
+        for cuts in itertools.product([0, 1], repeat=n - 1):
+            s = np.concatenate([[0], np.cumsum(cuts, dtype=np.int64)]).astype(np.int64)
+            if np.bincount(s).max() <= R:
+                best = min(best, _cut_cost(fa, order, s, beta))
+        assert _cut_cost(fa, order, seg, beta) == pytest.approx(best)
+
+
+def test_cpd_topo_is_topological():
+    from coarsen.celeritas import cpd_topo_order
+    g = layered_dag(500, seed=4)
+    order = cpd_topo_order(FineArrays(g))
+    pos = {i: k for k, i in enumerate(order)}
+    assert len(pos) == g.num_ops
+    for e in g.edges:
+        assert pos[g.index[e.src]] < pos[g.index[e.dst]]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_tiny_graphs(method):
+    empty = OpGraph([], [], [])
+    cg = coarsen.coarsen(empty, 5, method=method)
+    assert cg.graph.num_ops == 0 and cg.members == {}
+    one = OpGraph([Op("x", {"GPU": 0.0})], [], [])
+    cg = coarsen.coarsen(one, 1, method=method, check=True)
+    assert cg.members == {"x": ["x"]}
+    assert cg.expand(Plan({"x": "/GPU:0"}, {"/GPU:0": ["x"]})).placement == {"x": "/GPU:0"}
+
+
+def test_report_uses_cluster_beta():
+    from pesto import v100x4_pcie
+    g = layered_dag(300, seed=5)
+    a = coarsen.coarsen(g, 30).report
+    b = coarsen.coarsen(g, 30, cluster=v100x4_pcie()).report
+    assert a.ccr_before != b.ccr_before and a.ccr_after < a.ccr_before
+    d = a.to_dict()
+    assert d["vertices"] == a.vertices and isinstance(d["rounds"], list)
+
+
+def test_kahn_reports_a_cycle():
+    with pytest.raises(CycleError) as ei:
+        kahn_heights(3, np.array([0, 1, 2]), np.array([1, 2, 0]))
+    assert len(ei.value.cycle) == 3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_hub_ops(method):
+    """A step-counter-like hub feeding every op and a sink reading all of them."""
+    g = layered_dag(800, seed=6, coloc_prob=0.05)
+    ops = list(g.ops) + [Op("hub", {"GPU": 1.0, "CPU": 1.0}), Op("sink", {"GPU": 1.0, "CPU": 1.0})]
+    ts = list(g.tensors) + [Tensor("hub:0", "hub", 8)]
+    es = list(g.edges) + [Edge("hub", n, ("hub:0",)) for n in g.names] + [Edge(n, "sink", ()) for n in g.names]
+    h = OpGraph(ops, es, ts)
+    cg = coarsen.coarsen(h, 40, method=method, check=True)
+    if method != "baechi":
+        assert cg.graph.num_ops <= 40
+    # the hub tensor is one coarse tensor whatever the number of consumer vertices
+    assert cg.graph.tensor("hub:0").bytes == 8
+
+
+def _path_through(g: OpGraph, v: str) -> float:
+    top, bottom = {}, {}
+    order = g.topological_order()
+    for x in order:
+        top[x] = max((top[p] + g.op(p).compute["GPU"] for p in g.predecessors(x)), default=0.0)
+    for x in reversed(order):
+        bottom[x] = g.op(x).compute["GPU"] + max((bottom[s] for s in g.successors(x)), default=0.0)
+    return top[v] + bottom[v]
+
+
+def test_merged_path_matches_the_merged_graph():
+    """_merged_path = longest compute path through the merged vertex, checked by
+    building each single merge."""
+    import random as _r
+    from coarsen.height import MergeState, _merged_path
+    for seed in range(40):
+        rng = _r.Random(seed)
+        n = rng.randint(2, 9)
+        comp = {f"v{i}": rng.randint(1, 20) for i in range(n)}
+        edges = [(f"v{i}", f"v{j}", 8) for j in range(n) for i in range(j) if rng.random() < 0.35]
+        g = OpGraph.from_edges(comp, edges)
+        fa = FineArrays(g)
+        st = MergeState(fa)
+        eu, ev, _ = fa.coarse_edges(st.label, st.m)
+        H, flat, off = kahn_heights(st.m, eu, ev)
+        pw, cp = _merged_path(st, eu, ev, H, flat, off, st.times(eu, ev))
+        assert cp == pytest.approx(g.critical_path())
+        for k, (u, v) in enumerate(zip(eu.tolist(), ev.tolist())):
+            label = np.arange(n)
+            label[v] = u
+            _, label = np.unique(label, return_inverse=True)
+            try:
+                cg = build_coarse(fa, label.ravel(), CoarsenReport("one", n - 1, n, len(eu)))
+            except CycleError:
+                continue
+            w = cg.vertex_of[g.names[u]]
+            assert pw[k] == pytest.approx(_path_through(cg.graph, w))
+
+
+@pytest.mark.parametrize("make", [lambda: lstm_grid(4, 20), lambda: layered_dag(2000, seed=8, coloc_prob=0.05)])
+def test_gain_order(make):
+    g = make()
+    cg = coarsen.coarsen(g, 100, order="gain", check=True)
+    assert cg.graph.num_ops <= 100 and cg.report.method == "height/gain"
+    with pytest.raises(ValueError):
+        coarsen.coarsen(g, 100, order="nope")
