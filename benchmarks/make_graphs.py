@@ -1,0 +1,139 @@
+"""Regenerate the cached benchmark graphs ``benchmarks/graphs/*.json``.
+
+Each workload is a zoo model profiled with grappler's analytical V100 cost
+model (``tf_patch.opgraph_for(model, preset, costs="v100")``), so the graphs
+and hence the benchmark figures do not depend on this machine. The cache
+exists because profiling needs TensorFlow and takes a while; the placement
+benchmark reads the JSON files only.
+
+Run ``python -m benchmarks.make_graphs [--only rnnlm_2x2048,...] [--force]``.
+
+Examples
+--------
+>>> [w.key for w in WORKLOADS][:2]
+['rnnlm_2x2048', 'rnnlm_4x2048']
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+GRAPHS = Path(__file__).resolve().parent / "graphs"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A benchmark workload: a zoo model and preset, and a synthetic stand-in
+    (a :mod:`pesto.random_graphs` call) used only when the cached graph is
+    missing and TensorFlow is not available; results say which was used."""
+
+    key: str
+    label: str
+    model: str
+    preset: str
+    standin: tuple  # (generator name, args...)
+    overrides: tuple = ()  # model field overrides, (name, value) pairs
+
+    @property
+    def path(self) -> Path:
+        return GRAPHS / f"{self.key}.json"
+
+
+WORKLOADS = (
+    Workload("rnnlm_2x2048", "RNNLM-2x2048", "rnnlm", "2x2048", ("lstm_grid", 2, 20)),
+    Workload("rnnlm_4x2048", "RNNLM-4x2048", "rnnlm", "4x2048", ("lstm_grid", 4, 20)),
+    Workload("rnnlm_16x1024", "RNNLM-16x1024", "rnnlm", "16x1024", ("lstm_grid", 16, 20)),
+    Workload("nmt_2x1024", "NMT-2x1024", "nmt", "2x1024", ("lstm_grid", 4, 25)),
+    Workload("nmt_4x1024", "NMT-4x1024", "nmt", "4x1024", ("lstm_grid", 8, 25)),
+    Workload("transformer_6", "Transformer-6", "transformer", "6", ("transformer_like", 6)),
+    # The paper's NASNet cells/channels at batch 16 on 64x64 images: grappler's estimator
+    # refuses the full batch-64 224x224 step (it sums > 16 GB of tensors on one V100).
+    Workload("nasnet_b16", "NASNet-like (b16, 64px)", "nasnet", "paper", ("layered_dag", 2000),
+             (("batch", 16), ("image", 64))),
+)
+
+
+def by_key(key: str) -> Workload:
+    for w in WORKLOADS:
+        if w.key == key:
+            return w
+    raise KeyError(f"unknown workload {key!r}; known: {[w.key for w in WORKLOADS]}")
+
+
+def standin_graph(w: Workload):
+    """The synthetic stand-in graph of ``w`` (deterministic)."""
+    from pesto import random_graphs as rg
+
+    gen, *args = w.standin
+    g = getattr(rg, gen)(*args)
+    from pesto.graph import OpGraph
+    d = g.to_dict()
+    d["name"] = f"{w.key}-standin"
+    return OpGraph.from_dict(d)
+
+
+def load(w: Workload):
+    """``(graph, source)``: the cached zoo graph, or the stand-in when the cache is missing."""
+    from pesto.graph import OpGraph
+
+    if w.path.exists():
+        return OpGraph.from_json(str(w.path)), "zoo (grappler V100)"
+    return standin_graph(w), "synthetic stand-in (no cached zoo graph)"
+
+
+def make(w: Workload, costs: str = "v100"):
+    """Profile ``w`` and write its JSON; returns the graph."""
+    from tf_patch import opgraph_for
+
+    g = opgraph_for(w.model, w.preset, costs=costs, **dict(w.overrides))
+    GRAPHS.mkdir(parents=True, exist_ok=True)
+    g.to_json(str(w.path))
+    return g
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma-separated workload keys")
+    ap.add_argument("--force", action="store_true", help="regenerate even if the JSON exists")
+    ap.add_argument("--costs", default="v100", choices=["v100", "measured"])
+    args = ap.parse_args(argv)
+    todo = [by_key(k) for k in args.only.split(",")] if args.only else list(WORKLOADS)
+    manifest_path = GRAPHS / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    failed = 0
+    for w in todo:
+        if w.path.exists() and not args.force:
+            print(f"{w.key}: cached ({w.path.name}); --force to regenerate")
+            continue
+        t0 = time.perf_counter()
+        try:
+            g = make(w, args.costs)
+        except Exception as exc:  # keep going: one broken model must not block the rest
+            failed += 1
+            print(f"{w.key}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        dt = time.perf_counter() - t0
+        manifest[w.key] = {"model": w.model, "preset": w.preset, "overrides": dict(w.overrides),
+                           "costs": args.costs,
+                           "ops": g.num_ops, "edges": g.num_edges,
+                           "gpu_work_ms": round(g.total_work("GPU") / 1000, 3),
+                           "seconds": round(dt, 1), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                           "python": platform.python_version()}
+        try:
+            import tensorflow as tf
+            manifest[w.key]["tensorflow"] = tf.__version__
+        except ImportError:
+            pass
+        print(f"{w.key}: {g.num_ops} ops, {g.num_edges} edges in {dt:.1f} s -> {w.path.name}")
+        GRAPHS.mkdir(parents=True, exist_ok=True)
+        manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

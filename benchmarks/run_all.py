@@ -1,0 +1,80 @@
+"""``make bench``: run every benchmark and leave the results in ``benchmarks/results/``.
+
+Runs :mod:`benchmarks.placement` (the placement comparison) and then, when
+present, the area benchmarks ``bench_simulate``, ``bench_coarsen``,
+``bench_baselines``, ``bench_exact`` and ``bench_tf`` (each a module with a
+``main()``). ``--quick`` runs only a small placement run into a temporary
+directory: a CI check of the pipeline, not of the figures.
+
+Run ``python -m benchmarks.run_all [--quick] [--out DIR]``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import sys
+import time
+
+AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_exact", "bench_tf")
+
+
+def _call_main(module_name: str) -> int:
+    """Import ``benchmarks.<module_name>`` and call its ``main`` with no arguments
+    (``sys.argv`` reset so its own parser sees none of ours)."""
+    mod = importlib.import_module(f"benchmarks.{module_name}")
+    saved = sys.argv
+    sys.argv = [f"benchmarks.{module_name}"]
+    try:
+        fn = mod.main
+        params = inspect.signature(fn).parameters
+        rc = fn([]) if params else fn()
+    except SystemExit as exc:  # scripts that call sys.exit inside main
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return int(rc or 0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="only a small placement run, into a temp dir")
+    ap.add_argument("--out", help="results directory for the placement benchmark")
+    ap.add_argument("--only", help="comma-separated benchmarks to run (placement and/or " + ",".join(AREA_BENCHMARKS) + ")")
+    a = ap.parse_args(argv)
+
+    from . import placement
+
+    todo = ["placement"] if a.quick else ["placement", *AREA_BENCHMARKS]
+    if a.only:
+        todo = [b for b in a.only.split(",") if b]
+    summary = []
+    for name in todo:
+        t0 = time.perf_counter()
+        print(f"### {name}", flush=True)
+        if name == "placement":
+            pargs = (["--quick"] if a.quick else []) + (["--out", a.out] if a.out else [])
+            try:
+                rc = placement.main(pargs)
+            except Exception as exc:
+                print(f"placement failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                rc = 1
+        elif importlib.util.find_spec(f"benchmarks.{name}") is None:
+            summary.append((name, "absent", 0.0))
+            continue
+        else:
+            try:
+                rc = _call_main(name)
+            except Exception as exc:  # one broken benchmark must not stop the others
+                print(f"{name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                rc = 1
+        summary.append((name, "ok" if rc == 0 else f"failed (rc={rc})", time.perf_counter() - t0))
+    print("\n### summary")
+    for name, status, dt in summary:
+        print(f"{name:<16} {status:<16} {dt:7.1f} s")
+    return 1 if any(s.startswith("failed") for _, s, _ in summary) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

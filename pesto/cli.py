@@ -1,0 +1,468 @@
+"""The ``pesto`` command: place, simulate, check, profile and benchmark from a shell.
+
+Examples
+--------
+Place a zoo model (profiled with grappler's V100 cost model) on 2 GPUs::
+
+    pesto place rnnlm:2x2048 --gpus 2 --time-limit 30 -o plan.json
+
+Place a graph you exported (``OpGraph.to_json``) with a baseline, then replay it::
+
+    pesto place graph.json --cluster v100x4_pcie --placer m-etf -o plan.json
+    pesto simulate graph.json plan.json --gantt step.png --trace step.json
+    pesto check graph.json plan.json
+
+Exit codes
+----------
+0 success; 1 the problem or plan is infeasible or invalid (e.g. out of memory,
+``check`` found violations); 2 bad input (missing file, malformed or cyclic
+graph, unknown placer, preset or model); 3 a needed component is not
+installed (e.g. TensorFlow for ``profile``); 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+ZOO_MODELS = ("rnnlm", "nmt", "transformer", "nasnet")
+EXACT_PLACERS = ("cpsat", "mip")
+
+EPILOG = """\
+exit codes:
+  0    success
+  1    infeasible or invalid: no plan fits memory, or `check` found violations
+  2    bad input: missing file, malformed/cyclic graph, unknown placer/preset/model
+  3    a needed component is not installed (e.g. TensorFlow for `profile`)
+  130  interrupted
+"""
+
+
+class CliError(Exception):
+    """A user error with the exit code to return."""
+
+    def __init__(self, message: str, code: int = EXIT_INPUT):
+        super().__init__(message)
+        self.code = code
+
+
+# -- helpers -------------------------------------------------------------------
+def _say(args, msg: str) -> None:
+    if not getattr(args, "quiet", False):
+        print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _progress(args, desc: str, seconds: float | None = None):
+    """A stage line on stderr and, on a terminal, a tqdm bar ticking towards
+    ``seconds`` (a solver time limit) so long solves show they are alive."""
+    _say(args, f"{desc} ...")
+    t0 = time.perf_counter()
+    bar = stop = thread = None
+    if seconds and not getattr(args, "quiet", False) and sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+        except ImportError:  # tqdm is a dependency, but never fail on cosmetics
+            tqdm = None
+        if tqdm is not None:
+            bar = tqdm(total=int(seconds), desc=desc, unit="s", leave=False,
+                       bar_format="{desc}: {bar} {n_fmt}/{total_fmt} s")
+            stop = threading.Event()
+
+            def tick():
+                while not stop.wait(1.0):
+                    if bar.n < bar.total:
+                        bar.update(1)
+            thread = threading.Thread(target=tick, daemon=True)
+            thread.start()
+    try:
+        yield
+    finally:
+        if bar is not None:
+            stop.set()
+            thread.join()
+            bar.close()
+        _say(args, f"{desc}: done in {time.perf_counter() - t0:.1f} s")
+
+
+def _need_file(path: str, what: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{what} file not found: {path}")
+    if p.is_dir():
+        raise CliError(f"{what} path is a directory, not a file: {path}")
+    return p
+
+
+def load_graph(path: str):
+    """An OpGraph from a JSON file, with the file named in any error."""
+    from .errors import PestoError
+    from .graph import OpGraph
+
+    p = _need_file(path, "graph")
+    try:
+        return OpGraph.from_json(str(p))
+    except PestoError as exc:
+        raise CliError(f"{path}: {exc}") from None
+
+
+def load_plan(path: str):
+    from .errors import PestoError
+    from .plan import Plan
+
+    p = _need_file(path, "plan")
+    try:
+        return Plan.from_json(str(p))
+    except PestoError as exc:
+        raise CliError(f"{path}: {exc}") from None
+
+
+def parse_model(spec: str) -> tuple[str, str | None]:
+    """``"rnnlm:2x2048"`` -> ``("rnnlm", "2x2048")``; ``"nmt"`` -> ``("nmt", None)``."""
+    name, _, preset = spec.partition(":")
+    name = name.strip().lower()
+    if name not in ZOO_MODELS:
+        raise CliError(f"unknown model {spec!r}: expected one of {list(ZOO_MODELS)} "
+                       "(optionally NAME:PRESET, e.g. rnnlm:2x2048) or an OpGraph .json file")
+    return name, (preset or None)
+
+
+def profile_model(args, spec: str, preset: str | None = None, costs: str = "v100"):
+    """Profile a zoo model into an OpGraph through ``tf_patch.opgraph_for``."""
+    name, spec_preset = parse_model(spec)
+    preset = preset or spec_preset or "small"
+    try:
+        from tf_patch import opgraph_for
+    except ImportError as exc:
+        raise CliError(f"profiling a zoo model needs TensorFlow and tf_patch ({exc}); "
+                       "install with `pip install -e .[tf]` or pass an OpGraph .json", EXIT_MISSING) from None
+    with _progress(args, f"profiling {name}:{preset} (costs={costs})"):
+        try:
+            return opgraph_for(name, preset, costs=costs)
+        except (KeyError, ValueError) as exc:
+            raise CliError(f"cannot build model {name!r} preset {preset!r}: {exc}") from None
+
+
+def graph_from_target(args, target: str):
+    """An OpGraph from a JSON path or a zoo model spec."""
+    if target.endswith(".json") or os.sep in target or Path(target).exists():
+        return load_graph(target)
+    return profile_model(args, target, costs=getattr(args, "costs", "v100"))
+
+
+def make_cluster(graph, gpus: int | None, cluster: str | None):
+    """The cluster named by ``--cluster`` (preset or JSON), else ``gpus`` identical
+    V100s over NVLink, plus ``/CPU:0`` when some op may run only on a CPU."""
+    from . import cluster as C
+    from .errors import PestoError
+
+    if cluster:
+        if cluster.endswith(".json"):
+            _need_file(cluster, "cluster")
+        try:
+            return C.preset(cluster)
+        except PestoError as exc:
+            raise CliError(str(exc)) from None
+    n = 2 if gpus is None else gpus
+    if n < 1:
+        raise CliError(f"--gpus must be at least 1, got {n}")
+    need_cpu = graph is not None and any("GPU" not in op.kinds for op in graph.ops)
+    name = f"v100x{n}_nvlink" if not need_cpu else f"v100x{n}_nvlink+cpu"
+    return C.gpus(n, with_cpu=need_cpu, name=name)
+
+
+def cluster_for_plan(graph, plan, cluster_arg: str | None):
+    """``--cluster`` if given, else the cluster saved in the plan by ``pesto place``,
+    else identical GPUs (and /CPU:0) as many as the plan uses."""
+    from .cluster import Cluster
+
+    if cluster_arg:
+        return make_cluster(graph, None, cluster_arg)
+    saved = (plan.stats or {}).get("cluster")
+    if isinstance(saved, dict):
+        return Cluster.from_dict(saved)
+    devs = set(plan.placement.values())
+    gpu_ids = []
+    for d in devs:
+        if "GPU:" in d:
+            try:
+                gpu_ids.append(int(d.rsplit(":", 1)[1]))
+            except ValueError:
+                raise CliError(f"cannot infer a cluster from device {d!r}; pass --cluster") from None
+        elif d != "/CPU:0":
+            raise CliError(f"cannot infer a cluster from device {d!r}; pass --cluster")
+    from . import cluster as C
+    return C.gpus(max(gpu_ids, default=0) + 1, with_cpu="/CPU:0" in devs)
+
+
+def run_placer(args, graph, cluster, placer: str):
+    """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve`
+    (coarsen, solve, expand, simulate, check), the others through the registry."""
+    from solver import PLACERS, get_placer
+
+    if placer not in PLACERS:
+        raise CliError(f"unknown placer {placer!r}; known: {', '.join(sorted(PLACERS))}")
+    if placer in EXACT_PLACERS:
+        try:
+            from .api import solve
+        except ImportError as exc:
+            raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
+        with _progress(args, f"{placer}: coarsening to {args.target_vertices} vertices and solving "
+                             f"(time limit {args.time_limit:g} s)", args.time_limit):
+            return solve(graph, cluster=cluster, time_limit=args.time_limit,
+                         target_vertices=args.target_vertices, backend=placer, seed=args.seed)
+    try:
+        fn = get_placer(placer)
+    except (ImportError, AttributeError) as exc:
+        raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
+    with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
+        return fn(graph, cluster, time_limit=args.time_limit, seed=args.seed)
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def describe_plan(plan, cluster) -> str:
+    lines = [plan.summary()]
+    peak = plan.peak_memory or {}
+    for d in cluster.devices:
+        nops = len(plan.order.get(d.name, ()))
+        if nops or peak.get(d.name):
+            p = peak.get(d.name)
+            flag = "  OOM" if p is not None and p > d.memory else ""
+            lines.append(f"  {d.name:>10}: {nops:6d} ops, peak {_fmt_bytes(p)} of {_fmt_bytes(d.memory)}{flag}")
+    return "\n".join(lines)
+
+
+# -- commands ------------------------------------------------------------------
+def cmd_place(args) -> int:
+    graph = graph_from_target(args, args.target)
+    cluster = make_cluster(graph, args.gpus, args.cluster)
+    _say(args, f"graph {graph.name}: {graph.num_ops} ops, {graph.num_edges} edges; "
+               f"cluster {cluster.name}: {', '.join(cluster.names)}")
+    plan = run_placer(args, graph, cluster, args.placer)
+    print(describe_plan(plan, cluster))
+    code = EXIT_INFEASIBLE if plan.status == "infeasible" else EXIT_OK
+    if code:
+        print("pesto: the plan does not fit device memory (status infeasible)", file=sys.stderr)
+    if args.compare:
+        from .simulate import simulate
+        rows = [(args.placer, plan.makespan)]
+        for name in [c.strip() for c in args.compare.split(",") if c.strip()]:
+            other = run_placer(args, graph, cluster, name)
+            rows.append((name, other.makespan))
+        best = plan.makespan
+        print("placer        step (ms)   vs this")
+        for name, ms in rows:
+            print(f"{name:<12} {ms / 1000:10.3f}   {ms / best:6.3f}x")
+    if args.output:
+        stats = dict(plan.stats or {})
+        stats["cluster"] = cluster.to_dict()  # so `pesto simulate` replays on the same cluster
+        stats.setdefault("graph", graph.name)
+        plan.replace(stats=stats).to_json(args.output)
+        _say(args, f"wrote {args.output}")
+    return code
+
+
+def cmd_simulate(args) -> int:
+    from .errors import PestoError
+    from .simulate import simulate
+
+    graph = load_graph(args.graph)
+    plan = load_plan(args.plan)
+    cluster = cluster_for_plan(graph, plan, args.cluster)
+    try:
+        sched = simulate(graph, cluster, plan if args.mode != "fifo" else dict(plan.placement),
+                         mode=args.mode)
+    except PestoError as exc:
+        raise CliError(f"{args.plan}: {exc}", EXIT_INFEASIBLE) from None
+    print(f"{graph.name} on {cluster.name} ({sched.mode}): step {sched.makespan / 1000:.3f} ms, "
+          f"{len(sched.transfers)} transfers")
+    busy = sched.busy()
+    for d in cluster.devices:
+        p = sched.peak_memory.get(d.name, 0)
+        flag = "  OOM" if p > d.memory else ""
+        print(f"  {d.name:>10}: busy {100 * busy.get(d.name, 0):5.1f}%, peak {_fmt_bytes(p)}{flag}")
+    for link in sorted(k for k in busy if k not in cluster.index):
+        print(f"  link {link}: busy {100 * busy[link]:5.1f}%")
+    if args.trace:
+        sched.chrome_trace(args.trace)
+        _say(args, f"wrote Chrome trace {args.trace} (open in https://ui.perfetto.dev)")
+    if args.gantt:
+        sched.gantt(args.gantt)
+        _say(args, f"wrote Gantt chart {args.gantt}")
+    over = any(sched.peak_memory.get(d.name, 0) > d.memory for d in cluster.devices)
+    return EXIT_INFEASIBLE if over else EXIT_OK
+
+
+def cmd_check(args) -> int:
+    from .plan import check_plan
+
+    graph = load_graph(args.graph)
+    plan = load_plan(args.plan)
+    cluster = cluster_for_plan(graph, plan, args.cluster)
+    report = check_plan(graph, cluster, plan, check_memory=not args.no_memory)
+    if report.ok:
+        print(f"plan is valid for {graph.name} on {cluster.name}")
+        return EXIT_OK
+    print(f"plan is INVALID ({len(report.violations)} violations):")
+    for v in report.violations[:args.max_violations]:
+        print(f"  {v}")
+    if len(report.violations) > args.max_violations:
+        print(f"  ... and {len(report.violations) - args.max_violations} more")
+    return EXIT_INFEASIBLE
+
+
+def cmd_profile(args) -> int:
+    graph = profile_model(args, args.model, args.preset, args.costs)
+    out = args.output or f"{graph.name}.json"
+    graph.to_json(out)
+    print(f"{graph.name}: {graph.num_ops} ops, {graph.num_edges} edges, "
+          f"total GPU work {graph.total_work('GPU') / 1000:.2f} ms -> {out}")
+    return EXIT_OK
+
+
+def cmd_placers(args) -> int:
+    import importlib
+
+    from solver import PLACERS
+
+    for name in sorted(PLACERS):
+        module, func = PLACERS[name].split(":")
+        try:
+            fn = getattr(importlib.import_module(module), func)
+            doc = (fn.__doc__ or "").strip().splitlines()
+            status = doc[0] if doc else ""
+        except Exception as exc:  # report, do not fail: helpers land at different times
+            status = f"(not available: {type(exc).__name__}: {exc})"
+        print(f"{name:<10} {status}")
+    return EXIT_OK
+
+
+def _import_run_all():
+    try:
+        from benchmarks import run_all
+        return run_all
+    except ImportError:
+        root = Path(__file__).resolve().parents[1]
+        if (root / "benchmarks" / "run_all.py").exists():
+            sys.path.insert(0, str(root))
+            from benchmarks import run_all
+            return run_all
+        raise CliError("`pesto bench` needs a source checkout (benchmarks/ next to pesto/)",
+                       EXIT_MISSING) from None
+
+
+def cmd_bench(args) -> int:
+    run_all = _import_run_all()
+    argv = ["--quick"] if args.quick else []
+    if args.out:
+        argv += ["--out", args.out]
+    return run_all.main(argv) or EXIT_OK
+
+
+# -- parser --------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pesto", description="Joint op placement and scheduling of a training step over several GPUs.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"pesto {__version__}")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name, fn, help_):
+        sp = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp.set_defaults(func=fn)
+        sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress messages on stderr")
+        return sp
+
+    sp = add("place", cmd_place, "place and schedule a model or an OpGraph JSON on a cluster")
+    sp.add_argument("target", help="zoo model (rnnlm, nmt, transformer, nasnet; NAME:PRESET such as "
+                                   "rnnlm:2x2048) or an OpGraph .json file")
+    sp.add_argument("--gpus", type=int, default=None, help="number of identical V100s over NVLink (default 2)")
+    sp.add_argument("--cluster", help="cluster preset (v100x2_nvlink, v100x4_pcie, heterogeneous, "
+                                      "two_hosts) or a cluster .json file; overrides --gpus")
+    sp.add_argument("--placer", default="cpsat", help="cpsat (default, = pesto.solve), mip, or a baseline; "
+                                                      "see `pesto placers`")
+    sp.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
+    sp.add_argument("--target-vertices", type=int, default=200, help="coarse graph size for cpsat/mip (default 200)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--costs", default="v100", choices=["v100", "measured"],
+                    help="how a zoo model is profiled (default v100: grappler's analytical model)")
+    sp.add_argument("--compare", help="comma-separated placers to run too and compare, e.g. expert,m-etf")
+    sp.add_argument("-o", "--output", help="write the plan JSON here (it records the cluster)")
+
+    sp = add("simulate", cmd_simulate, "replay a plan in the step simulator")
+    sp.add_argument("graph", help="OpGraph .json")
+    sp.add_argument("plan", help="plan .json (from `pesto place -o`)")
+    sp.add_argument("--cluster", help="preset or .json (default: the cluster saved in the plan)")
+    sp.add_argument("--mode", choices=["order", "fifo"], default=None,
+                    help="follow the plan's order (default) or TF's FIFO ready queue")
+    sp.add_argument("--trace", help="write a Chrome trace JSON (Perfetto, chrome://tracing)")
+    sp.add_argument("--gantt", help="write a Gantt chart image (.png, .svg, .pdf)")
+
+    sp = add("check", cmd_check, "verify a plan against a graph and cluster (exit 1 if invalid)")
+    sp.add_argument("graph")
+    sp.add_argument("plan")
+    sp.add_argument("--cluster", help="preset or .json (default: the cluster saved in the plan)")
+    sp.add_argument("--no-memory", action="store_true", help="skip the memory capacity check")
+    sp.add_argument("--max-violations", type=int, default=30)
+
+    sp = add("profile", cmd_profile, "profile a zoo model into an OpGraph JSON (needs TensorFlow)")
+    sp.add_argument("model", help="rnnlm, nmt, transformer, nasnet, optionally NAME:PRESET")
+    sp.add_argument("--preset", help="model preset (default small, or the one in NAME:PRESET)")
+    sp.add_argument("--costs", default="v100", choices=["v100", "measured"],
+                    help="v100: grappler analytical V100 costs; measured: FULL_TRACE on this machine")
+    sp.add_argument("-o", "--output", help="output path (default <graph name>.json)")
+
+    sp = add("bench", cmd_bench, "run the benchmarks (benchmarks/run_all.py)")
+    sp.add_argument("--quick", action="store_true", help="small CI run (a few minutes) into a temp dir")
+    sp.add_argument("--out", help="results directory (default benchmarks/results, temp dir with --quick)")
+
+    add("placers", cmd_placers, "list the placers and whether they are available")
+    return p
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``pesto`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return EXIT_INPUT
+    from .errors import InfeasibleError, InvalidPlanError, PestoError
+    try:
+        return args.func(args)
+    except CliError as exc:
+        print(f"pesto: error: {exc}", file=sys.stderr)
+        return exc.code
+    except (InfeasibleError, InvalidPlanError) as exc:
+        print(f"pesto: error: {exc}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    except PestoError as exc:
+        print(f"pesto: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("pesto: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

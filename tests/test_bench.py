@@ -1,0 +1,115 @@
+"""The benchmark harness: the quick run end to end, honest reporting, failure handling."""
+from __future__ import annotations
+
+import csv
+import time
+
+import pytest
+
+from benchmarks import placement, run_all
+from benchmarks.make_graphs import WORKLOADS, by_key, standin_graph
+
+
+def _row(workload, cluster, placer, step, **kw):
+    r = {"workload": workload, "label": workload.upper(), "source": "synthetic", "ops": 10, "edges": 9,
+         "cluster": cluster, "placer": placer, "placer_label": placement.LABEL[placer],
+         "status": "heuristic", "step_ms": step, "wall_s": 0.1, "oom": False, "valid": True}
+    r.update(kw)
+    return r
+
+
+def test_run_all_quick_end_to_end(tmp_path):
+    rc = run_all.main(["--quick", "--out", str(tmp_path)])
+    assert rc == 0
+    with open(tmp_path / "placement.csv") as f:
+        rows = list(csv.DictReader(f))
+    got = {(r["workload"], r["cluster"], r["placer"]) for r in rows}
+    for w in ("quick_lstm", "quick_transformer"):
+        for p, _ in placement.PLACERS:
+            assert (w, "v100x2_nvlink", p) in got
+            assert ((w, "v100x4_pcie", p) in got) == (p != "mip")  # the paper's MIP is 2-GPU only
+    for r in rows:
+        assert r["status"] not in ("error", "timeout", "unavailable"), r
+        assert r["valid"] == "True", r
+        assert float(r["step_ms"]) > 0
+    expert = {(r["workload"], r["cluster"]): r for r in rows if r["placer"] == "expert"}
+    assert all(abs(float(r["ratio_expert"]) - 1.0) < 1e-9 for r in expert.values())
+    md = (tmp_path / "placement.md").read_text()
+    assert "Where Pesto loses" in md and "Machine:" in md and "Pesto CP-SAT" in md
+    assert (tmp_path / "placement.png").stat().st_size > 5000
+
+
+def test_ratios_use_best_baseline_that_fits_memory():
+    rows = [_row("w", "c", "expert", 10.0), _row("w", "c", "m-etf", 8.0),
+            _row("w", "c", "single", 5.0, oom=True), _row("w", "c", "cpsat", 9.0)]
+    placement.add_ratios(rows)
+    c = rows[-1]
+    assert c["best_baseline"] == "m-etf"  # the OOM single-device plan does not count
+    assert c["ratio_best_baseline"] == pytest.approx(9.0 / 8.0)
+    assert c["ratio_expert"] == pytest.approx(0.9)
+
+
+def test_losses_are_reported_honestly():
+    s = placement.Settings()
+    rows = [_row("rnnlm_2x2048", "v100x2_nvlink", "expert", 10.0),
+            _row("rnnlm_2x2048", "v100x2_nvlink", "m-etf", 8.0),
+            _row("rnnlm_2x2048", "v100x2_nvlink", "cpsat", 9.0, gap=0.2),
+            _row("nmt_4x1024", "v100x2_nvlink", "expert", 10.0),
+            _row("nmt_4x1024", "v100x2_nvlink", "cpsat", 8.0, wall_s=75.0, oom=True, oom_devices="/GPU:1")]
+    placement.add_ratios(rows)
+    text = "\n".join(placement.losses(rows, s))
+    assert "12.5% slower than the best baseline (m-ETF)" in text
+    assert "only 10.0% faster than Expert" in text
+    assert "gap to the lower bound 20.0%" in text
+    assert "pipeline took 75 s" in text
+    assert "exceeds device memory (/GPU:1)" in text
+    md = placement.markdown(rows, s, 60.0)
+    assert "| RNNLM_2X2048 |" in md and "+12.5% (m-ETF)" in md
+
+
+def test_no_loss_says_so():
+    rows = [_row("w", "c", "expert", 10.0), _row("w", "c", "cpsat", 8.0)]
+    placement.add_ratios(rows)
+    assert placement.losses(rows, placement.Settings())[0].startswith("nowhere")
+
+
+def test_failing_and_hanging_placers_are_recorded(monkeypatch):
+    from pesto import random_graphs as rg, v100x2_nvlink
+
+    g, c = rg.random_dag(8, seed=1), v100x2_nvlink(with_cpu=False)
+
+    def boom(*a, **k):
+        raise RuntimeError("kaput")
+    monkeypatch.setattr(placement, "_place", boom)  # the forked child inherits the patch
+    r = placement.run_instance(g, c, "m-etf", placement.Settings(), 1.0, timeout=30)
+    assert r["status"] == "error" and "kaput" in r["error"]
+
+    monkeypatch.setattr(placement, "_place", lambda *a, **k: time.sleep(60))
+    t0 = time.perf_counter()
+    r = placement.run_instance(g, c, "m-etf", placement.Settings(), 1.0, timeout=1.5)
+    assert r["status"] == "timeout"
+    assert time.perf_counter() - t0 < 30
+
+
+def test_workloads_cover_the_paper_models_and_standins_build():
+    keys = {w.key for w in WORKLOADS}
+    assert {"rnnlm_2x2048", "rnnlm_4x2048", "rnnlm_16x1024", "nmt_2x1024", "nmt_4x1024"} <= keys
+    assert any(w.model == "transformer" for w in WORKLOADS) and any(w.model == "nasnet" for w in WORKLOADS)
+    g = standin_graph(by_key("transformer_6"))
+    assert g.num_ops > 100 and g.name == "transformer_6-standin"
+    with pytest.raises(KeyError, match="bogus"):
+        by_key("bogus")
+
+
+def test_csv_round_trip_rebuilds_the_same_report(tmp_path):
+    s = placement.Settings()
+    rows = [_row("nmt_2x1024", "v100x2_nvlink", "expert", 10.0, gap=None),
+            _row("nmt_2x1024", "v100x2_nvlink", "cpsat", 9.5, gap=0.3, bound_ms=6.65, winner="cpsat"),
+            _row("nmt_2x1024", "v100x2_nvlink", "mip", None, status="timeout", error="no result\nwithin 5 s")]
+    placement.add_ratios(rows)
+    placement.write_csv(rows, tmp_path / "placement.csv")
+    back = placement.rows_from_csv(tmp_path / "placement.csv")
+    assert placement.markdown(back, s, 1.0) == placement.markdown(rows, s, 1.0)
+    assert "no result within 5 s" in placement.markdown(back, s, 1.0)  # one line, no raw newline
+    assert placement.main(["--from-csv", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "placement.png").exists()

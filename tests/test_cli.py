@@ -1,0 +1,182 @@
+"""The ``pesto`` command line: happy paths and helpful errors with exit codes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pesto import OpGraph, Plan, check_plan, v100x4_pcie
+from pesto.cli import EXIT_INFEASIBLE, EXIT_INPUT, EXIT_OK, main
+from pesto.random_graphs import layered_dag
+
+
+@pytest.fixture
+def graph_json(tmp_path):
+    g = layered_dag(60, width=6, seed=3)
+    path = tmp_path / "g.json"
+    g.to_json(str(path))
+    return g, path
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_place_baseline_then_simulate_and_check(tmp_path, capsys, graph_json):
+    g, gpath = graph_json
+    plan_path = tmp_path / "plan.json"
+    rc, out, _ = run(capsys, "place", gpath, "--gpus", 2, "--placer", "m-etf", "-o", plan_path)
+    assert rc == EXIT_OK
+    assert "/GPU:0" in out and "ms" in out
+    plan = Plan.from_json(str(plan_path))
+    assert set(plan.placement) == set(g.names)
+    assert plan.stats["cluster"]["format"] == "pesto.cluster"  # saved for `simulate`
+    trace, gantt = tmp_path / "t.json", tmp_path / "g.png"
+    rc, out, _ = run(capsys, "simulate", gpath, plan_path, "--trace", trace, "--gantt", gantt)
+    assert rc == EXIT_OK
+    # the replay reproduces the placer's step time
+    assert f"step {plan.makespan / 1000:.3f} ms" in out
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert gantt.stat().st_size > 1000
+    rc, out, _ = run(capsys, "check", gpath, plan_path)
+    assert rc == EXIT_OK and "plan is valid" in out
+
+
+def test_place_cpsat_on_a_preset_cluster_file(tmp_path, capsys, graph_json):
+    g, gpath = graph_json
+    cpath = tmp_path / "c.json"
+    v100x4_pcie(with_cpu=False).to_json(str(cpath))
+    plan_path = tmp_path / "plan.json"
+    rc, out, err = run(capsys, "place", gpath, "--cluster", cpath, "--time-limit", 2,
+                       "--target-vertices", 20, "-o", plan_path)
+    assert rc == EXIT_OK, err
+    plan = Plan.from_json(str(plan_path))
+    cluster = v100x4_pcie(with_cpu=False)
+    assert check_plan(g, cluster, plan).ok
+    assert set(plan.placement.values()) <= set(cluster.names)
+    assert "cpsat" in err  # progress names the stage
+
+
+def test_check_reports_a_broken_plan(tmp_path, capsys):
+    g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 8)])
+    gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
+    g.to_json(str(gpath))
+    Plan({"a": "/GPU:0", "b": "/GPU:0"}, {"/GPU:0": ["b", "a"]}).to_json(str(ppath))
+    rc, out, _ = run(capsys, "check", gpath, ppath)
+    assert rc == EXIT_INFEASIBLE
+    assert "INVALID" in out and "cycle" in out and "a" in out
+
+
+def test_simulate_infers_cluster_from_devices(tmp_path, capsys):
+    g = OpGraph.from_edges({"a": 10, "b": 20, "c": 30}, [("a", "b", 8), ("a", "c", 8)])
+    gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
+    g.to_json(str(gpath))
+    Plan.from_placement(g, {"a": "/GPU:0", "b": "/GPU:0", "c": "/GPU:1"}).to_json(str(ppath))
+    rc, out, _ = run(capsys, "simulate", gpath, ppath)
+    assert rc == EXIT_OK
+    assert "/GPU:1" in out and "step 0." in out
+
+
+def test_missing_graph_file_names_it(tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+    rc, _, err = run(capsys, "place", missing)
+    assert rc == EXIT_INPUT
+    assert err.startswith("pesto: error:") and "nope.json" in err and "not found" in err
+
+
+def test_cyclic_graph_names_the_cycle(tmp_path, capsys):
+    d = OpGraph.from_edges({"x": 1, "y": 1}, [("x", "y", 4)]).to_dict()
+    d["edges"].append({"src": "y", "dst": "x", "tensors": []})
+    path = tmp_path / "cyc.json"
+    path.write_text(json.dumps(d))
+    rc, _, err = run(capsys, "place", path, "--placer", "m-etf")
+    assert rc == EXIT_INPUT
+    assert "cyc.json" in err and "cycle" in err and "x" in err and "y" in err
+
+
+def test_malformed_json(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    rc, _, err = run(capsys, "simulate", path, path)
+    assert rc == EXIT_INPUT and "bad.json" in err and "JSON" in err
+
+
+def test_unknown_placer(capsys, graph_json):
+    _, gpath = graph_json
+    rc, _, err = run(capsys, "place", gpath, "--placer", "magic")
+    assert rc == EXIT_INPUT and "'magic'" in err and "m-etf" in err
+
+
+def test_unknown_preset(capsys, graph_json):
+    _, gpath = graph_json
+    rc, _, err = run(capsys, "place", gpath, "--cluster", "dgx9000")
+    assert rc == EXIT_INPUT and "dgx9000" in err and "v100x2_nvlink" in err
+
+
+def test_unknown_model(capsys):
+    rc, _, err = run(capsys, "place", "resnet5000")
+    assert rc == EXIT_INPUT and "resnet5000" in err and "rnnlm" in err
+
+
+def test_infeasible_memory_exit_code(tmp_path, capsys):
+    g = OpGraph([__import__("pesto").Op("huge", {"GPU": 1.0}, persistent_bytes=1 << 40)], [], name="huge")
+    gpath = tmp_path / "g.json"
+    g.to_json(str(gpath))
+    rc, _, err = run(capsys, "place", gpath, "--time-limit", 1)
+    assert rc == EXIT_INFEASIBLE and "huge" in err
+
+
+def test_placers_lists_the_registry(capsys):
+    from solver import PLACERS
+    rc, out, _ = run(capsys, "placers")
+    assert rc == EXIT_OK
+    for name in PLACERS:
+        assert name in out
+    assert "not available" not in out
+
+
+def test_no_command_is_a_usage_error(capsys):
+    rc, _, err = run(capsys)
+    assert rc == EXIT_INPUT and "usage" in err
+
+
+def test_python_m_pesto_help_documents_exit_codes():
+    r = subprocess.run([sys.executable, "-m", "pesto", "place", "--help"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0
+    assert "exit codes" in r.stdout and "infeasible" in r.stdout and "--time-limit" in r.stdout
+
+
+@pytest.mark.tf
+def test_profile_small_model(tmp_path, capsys):
+    pytest.importorskip("tensorflow")
+    tf_patch = pytest.importorskip("tf_patch")
+    if not hasattr(tf_patch, "opgraph_for"):
+        pytest.skip("tf_patch.opgraph_for not available")
+    out = tmp_path / "rnnlm.json"
+    rc, text, err = run(capsys, "profile", "rnnlm", "--preset", "small", "-o", out)
+    assert rc == EXIT_OK, err
+    g = OpGraph.from_json(str(out))
+    assert g.num_ops > 10 and g.total_work("GPU") > 0
+    assert str(g.num_ops) in text
+
+
+def test_bench_passes_options_to_run_all(monkeypatch, capsys, tmp_path):
+    from benchmarks import run_all
+    seen = []
+    monkeypatch.setattr(run_all, "main", lambda argv: seen.append(argv) or 0)
+    rc, _, _ = run(capsys, "bench", "--quick", "--out", tmp_path)
+    assert rc == EXIT_OK and seen == [["--quick", "--out", str(tmp_path)]]
+
+
+def test_place_compare_prints_a_table(capsys, graph_json):
+    _, gpath = graph_json
+    rc, out, _ = run(capsys, "place", gpath, "--placer", "expert", "--compare", "m-etf,single")
+    assert rc == EXIT_OK
+    table = out.split("placer        step (ms)")[1].splitlines()[1:]
+    assert [l.split()[0] for l in table] == ["expert", "m-etf", "single"]
+    assert table[0].endswith("1.000x")
