@@ -14,7 +14,7 @@ except ImportError:  # pragma: no cover
 
 import time
 
-__all__ = ["opgraph_for", "model_opgraph", "measure", "estimate", "apply_plan", "verify",
+__all__ = ["opgraph_for", "opgraph", "model_opgraph", "measure", "estimate", "apply_plan", "verify",
            "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "run_placed"]
 
 
@@ -39,6 +39,33 @@ def __getattr__(name):  # lazy: importing tf_patch must not import TensorFlow
     raise AttributeError(f"module 'tf_patch' has no attribute {name!r}")
 
 
+def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead: float = 0.0,
+            progress: bool = False):
+    """``(OpGraph, Profile)`` of any tf.Graph's training step, with grappler's analytical costs.
+
+    Parameters
+    ----------
+    graph : tf.Graph or GraphDef
+    fetches : the step's fetches (e.g. ``[train_op, loss]``)
+    gpu : "v100", "a100" or "h100": the device grappler models (no GPU needed)
+
+    Examples
+    --------
+    >>> g, profile = tf_patch.opgraph(tf_graph, [train_op])   # doctest: +SKIP
+    >>> plan = pesto.solve(g, gpus=2)                  # doctest: +SKIP
+    >>> tf_patch.apply_plan(tf_graph, plan)            # doctest: +SKIP
+    """
+    from .extract import allowed_kinds, extract, step_ops
+    from .profile import estimate
+
+    cpu_ops = [op.name for op in step_ops(graph, fetches) if "GPU" not in allowed_kinds(op.type, "GPU")]
+    prof = estimate(graph, fetches, gpu, cpu_ops=cpu_ops, overhead=overhead, progress=progress)
+    return extract(graph, fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU",
+                   memory={k: {"output_bytes": v["output_bytes"]} for k, v in prof.memory.items()
+                           if v.get("output_bytes")},
+                   name=name), prof
+
+
 def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int = 5,
                   warmup: int = 2, progress: bool = True, overhead: float = 0.0):
     """``(OpGraph, Profile)`` of a built :class:`pesto.zoo.ZooModel`.
@@ -49,8 +76,8 @@ def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int 
     are timed on one device and one thread, so ``n_devices`` is not used).
     """
     from .devices import session_config
-    from .extract import allowed_kinds, extract, step_ops
-    from .profile import estimate, measure
+    from .extract import extract
+    from .profile import measure
 
     if costs == "measured":
         # one device, one thread: each kernel timed alone (see tf_patch.pipeline)
@@ -59,15 +86,8 @@ def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int 
         g = extract(model.graph, model.fetches, costs=prof.costs, kind="CPU", memory=prof.memory,
                     name=f"{model.name}")
         return g, prof
-    cpu_ops = [op.name for op in step_ops(model.graph, model.fetches)
-               if "GPU" not in allowed_kinds(op.type, "GPU")]
-    prof = estimate(model.graph, model.fetches, costs, cpu_ops=cpu_ops, overhead=overhead,
-                    progress=progress)
-    g = extract(model.graph, model.fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU",
-                memory={k: {"output_bytes": v["output_bytes"]} for k, v in prof.memory.items()
-                        if v.get("output_bytes")},
-                name=f"{model.name}")
-    return g, prof
+    return opgraph(model.graph, model.fetches, costs, name=model.name, overhead=overhead,
+                   progress=progress)
 
 
 def opgraph_for(model_name: str, preset: str = "small", costs: str = "v100", **options):
