@@ -624,11 +624,11 @@ class OpGraph:
         return cls(ops, edges, tensors, name=d.get("name", "graph"))
 
     def to_json(self, path=None, indent=None) -> str | None:
-        """JSON text, or write it to ``path``."""
+        """JSON text, or write it to ``path`` (gzip-compressed if it ends in ``.gz``)."""
         text = json.dumps(self.to_dict(), indent=indent)
         if path is None:
             return text
-        with open(path, "w") as f:
+        with _open_text(path, "w") as f:
             f.write(text)
         return None
 
@@ -721,12 +721,21 @@ def _field(d, key):
     return d[key]
 
 
+def _open_text(path, mode):
+    """``open`` for text, through gzip when the name ends in ``.gz``."""
+    path = str(path)
+    if path.endswith(".gz"):
+        import gzip
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
 def _load_json(source):
     if isinstance(source, Mapping):
         return source
     text = str(source)
     if not text.lstrip().startswith("{"):
-        with open(text) as f:
+        with _open_text(text, "r") as f:
             text = f.read()
     try:
         return json.loads(text)

@@ -154,6 +154,10 @@ def test_json_round_trip_is_lossless(tmp_path):
     assert back.op("b").kinds == frozenset({"GPU", "CPU"}) and back.op("c").colocation_group == "g"
     assert OpGraph.from_json(path) == g  # a pathlib.Path works too
     assert g != OpGraph.from_edges({"a": 1}, [])
+    gz = tmp_path / "g.json.gz"
+    g.to_json(gz)
+    assert gz.read_bytes()[:2] == b"\x1f\x8b"  # really gzip
+    assert OpGraph.from_json(gz) == g
 
 
 @settings(max_examples=40, deadline=None)
