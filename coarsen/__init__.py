@@ -39,7 +39,10 @@ def coarsen(graph: OpGraph, target_vertices: int = 200, method: str = "height", 
     **options
         Passed to the method: ``cluster`` or ``beta`` (for the CCR in the
         report); height/baechi: ``cap_time``, ``cap_ops``, ``cap_growth``,
-        ``max_cap_growth``, ``siblings``; celeritas: ``range_``,
+        ``max_cap_growth``, ``siblings``, ``order`` ("bytes"/"gain"),
+        ``partition`` (op -> label mapping, or a list of them: never merge ops
+        whose labels differ, so that placement stays exactly representable;
+        see :meth:`CoarseGraph.project`); celeritas: ``range_``,
         ``memory_limit``, ``fuse``. ``check=True`` re-verifies the result
         (partition, conservation, acyclicity) and raises on any defect.
 
@@ -54,6 +57,9 @@ def coarsen(graph: OpGraph, target_vertices: int = 200, method: str = "height", 
     elif method == "baechi":
         from .baechi import coarsen_baechi as fn
     elif method == "celeritas":
+        if options.get("partition") is not None:
+            raise ValueError("partition= is supported by the 'height' and 'baechi' methods only")
+        options.pop("partition", None)
         from .celeritas import coarsen_celeritas as fn
     else:
         raise ValueError(f"unknown coarsening method {method!r}; choose one of {METHODS}")

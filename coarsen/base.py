@@ -327,6 +327,83 @@ class CoarseGraph:
                     wall_time=coarse_plan.wall_time, stats=stats)
 
 
+    def project(self, plan: Plan, cluster=None) -> Plan:
+        """The coarse plan closest to a plan of the fine graph.
+
+        Each vertex goes to the device holding most of its members' compute
+        (a unique device when the coarsening was made with
+        ``partition=plan.placement``); vertices sharing a colocation group vote
+        together, and with ``cluster`` only devices of a kind the vertex allows
+        are chosen. The order is a topological order of the coarse graph by
+        the earliest start of each vertex's members (their position in their
+        device's order if the plan has no times), so it never deadlocks. No
+        times: simulate it (or give it to CP-SAT as a hint).
+
+        Examples
+        --------
+        >>> import coarsen
+        >>> from pesto.graph import OpGraph
+        >>> g = OpGraph.from_edges({"a": 1, "b": 1, "c": 1, "d": 1}, [("a", "b"), ("c", "d")])
+        >>> fine = Plan.from_placement(g, {"a": "/GPU:0", "b": "/GPU:0", "c": "/GPU:1", "d": "/GPU:1"})
+        >>> cg = coarsen.coarsen(g, 2, partition=fine.placement)
+        >>> cg.expand(cg.project(fine)).placement == fine.placement
+        True
+        """
+        import heapq
+
+        fine, coarse = self.original, self.graph
+        missing = [op for op in fine.names if op not in plan.placement]
+        if missing:
+            raise InvalidPlanError([f"the plan does not place op {op!r}" for op in missing[:20]])
+        if plan.start is not None:
+            when = plan.start
+        else:
+            when = {op: float(k) for seq in plan.order.values() for k, op in enumerate(seq)}
+        # votes per colocation unit of the coarse graph (a group, or a vertex alone)
+        unit = {v: coarse.op(v).colocation_group or ("vertex", v) for v in coarse.names}
+        votes: dict = {}
+        for v, ms in self.members.items():
+            box = votes.setdefault(unit[v], {})
+            for op in ms:
+                o = fine.op(op)
+                w = 1e-6 + min(o.compute.values(), default=0.0)
+                d = plan.placement[op]
+                box[d] = box.get(d, 0.0) + w
+        allowed: dict = {}
+        if cluster is not None:
+            for v in coarse.names:
+                ks = coarse.op(v).kinds
+                ok = {d.name for d in cluster.devices if d.kind in ks}
+                allowed[unit[v]] = allowed.get(unit[v], ok) & ok
+        choice = {}
+        for u, box in votes.items():
+            ok = allowed.get(u)
+            cand = {d: w for d, w in box.items() if ok is None or d in ok}
+            if cand:
+                choice[u] = max(sorted(cand), key=lambda d: cand[d])
+            elif ok:
+                choice[u] = sorted(ok)[0]
+            else:
+                raise InvalidPlanError([f"no device of the cluster suits coarse unit {u!r}"])
+        placement = {v: choice[unit[v]] for v in coarse.names}
+        key = {v: min(when.get(op, float("inf")) for op in ms) for v, ms in self.members.items()}
+        names = coarse.names
+        succ, pred = coarse.succ_idx(), coarse.pred_idx()
+        indeg = [len(p) for p in pred]
+        heap = [(key[names[i]], i) for i in range(len(names)) if indeg[i] == 0]
+        heapq.heapify(heap)
+        order: dict = {}
+        while heap:
+            _, i = heapq.heappop(heap)
+            order.setdefault(placement[names[i]], []).append(names[i])
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    heapq.heappush(heap, (key[names[j]], j))
+        return Plan(placement, {d: tuple(s) for d, s in order.items()}, status=plan.status,
+                    placer=plan.placer, stats={"projected_from": plan.placer})
+
+
 def _group_labels(fa: FineArrays, label: np.ndarray, m: int):
     """Per coarse vertex: union-find root of its groups (or -1), and the group names."""
     uf = UnionFind(fa.group_mask)

@@ -62,10 +62,12 @@ CAP_OPS = 80
 class MergeState:
     """The current partition as arrays indexed by coarse vertex (no OpGraph)."""
 
-    def __init__(self, fa: FineArrays):
+    def __init__(self, fa: FineArrays, part: np.ndarray | None = None):
         self.fa = fa
         self.m = fa.n
         self.label = np.arange(fa.n, dtype=np.int64)
+        # partition label per vertex (merges stay inside a label); all 0 when none
+        self.part = np.zeros(fa.n, dtype=np.int64) if part is None else np.asarray(part, dtype=np.int64).copy()
         self.comp = fa.comp.copy()
         self.mask = fa.mask.copy()
         self.cnt = np.ones(fa.n, dtype=np.int64)
@@ -119,6 +121,7 @@ class MergeState:
         self.label = mp[self.label]
         self.comp, self.mask, self.cnt, self.grp = (self.comp[keep], self.mask[keep], self.cnt[keep],
                                                     self.grp[keep])
+        self.part = self.part[keep]  # U and V share their label
         self.m = int(keep.sum())
 
 
@@ -200,6 +203,7 @@ def _select(st: MergeState, eu, ev, eb, H, flat, off, *, rule, cap_time, cap_ops
     indeg = np.bincount(ev, minlength=m)
     tcomb = st.times(eu, ev)
     ok = ((st.mask[eu] & st.mask[ev]) != 0) & (st.cnt[eu] + st.cnt[ev] <= cap_ops) & (tcomb <= cap_time)
+    ok &= st.part[eu] == st.part[ev]
     simple = (outdeg[eu] == 1) | (indeg[ev] == 1)
     if rule == "height":
         cond = simple | (Ha[ev] == Ha[eu] + 1) | (_other_min(m, eu, ev, Ha) > Ha[ev])
@@ -263,13 +267,15 @@ def _select_siblings(st: MergeState, H, *, cap_time, cap_ops, budget):
     """Pairs of vertices at the same height with compatible kinds, smallest first."""
     Ha = np.asarray(H)
     t = st.times(np.arange(st.m))
-    o = np.lexsort((t, Ha))
+    part = st.part
+    o = np.lexsort((t, part, Ha))  # equal partition labels adjacent within a height
     U, V = [], []
     prev = -1
     cnt, mask = st.cnt, st.mask
     has_groups = bool((st.grp >= 0).any())
     for i in o.tolist():
-        if prev >= 0 and H[prev] == H[i] and mask[prev] & mask[i] and cnt[prev] + cnt[i] <= cap_ops \
+        if prev >= 0 and H[prev] == H[i] and part[prev] == part[i] and mask[prev] & mask[i] \
+                and cnt[prev] + cnt[i] <= cap_ops \
                 and t[prev] + t[i] <= cap_time and (not has_groups or st.group_ok(prev, i)):
             U.append(prev)
             V.append(i)
@@ -285,16 +291,17 @@ def run_rounds(fa: FineArrays, target: int, report: CoarsenReport, *, rule: str 
                cap_time: float = CAP_TIME_US, cap_ops: int = CAP_OPS, cap_growth: float = 2.0,
                max_cap_growth: int = 16, min_gain: float = 0.02, siblings: bool = True,
                patience: int = 8, max_rounds: int = 300, order: str = "bytes",
-               beta=DEFAULT_BETA) -> np.ndarray:
+               beta=DEFAULT_BETA, part: np.ndarray | None = None) -> np.ndarray:
     """Merge rounds until ``target`` vertices; returns the fine -> coarse labels.
 
     A round is *small* when it merges fewer than ``min_gain`` of the vertices
     above target. Small rounds first double the caps (``max_cap_growth``
     times). Once the caps are spent, a small edge round is followed by a
     sibling round; the run stops after ``patience`` small rounds in a row or
-    when neither kind of round merges anything.
+    when neither kind of round merges anything. ``part`` (an int label per
+    fine op) restricts every merge to ops of equal label.
     """
-    st = MergeState(fa)
+    st = MergeState(fa, part)
     grown = 0
     stalls = 0
     want_siblings = False
@@ -352,7 +359,7 @@ def run_rounds(fa: FineArrays, target: int, report: CoarsenReport, *, rule: str 
 
 
 def coarsen_height(graph: OpGraph, target_vertices: int = 200, *, cluster=None, beta=None,
-                   rule: str = "height", **options):
+                   rule: str = "height", partition=None, **options):
     """Coarsen ``graph`` to about ``target_vertices`` by height-based batch merging.
 
     Parameters
@@ -366,6 +373,11 @@ def coarsen_height(graph: OpGraph, target_vertices: int = 200, *, cluster=None, 
         Overrides ``cluster``.
     rule : {"height", "baechi"}
         Merge condition; "baechi" is used by :func:`coarsen.baechi.coarsen_baechi`.
+    partition : mapping op -> label, or a list of such mappings, optional
+        Never merge two ops whose labels differ (in any of the mappings), so a
+        plan whose placement is such a partition stays exactly representable
+        on the coarse graph (see :meth:`CoarseGraph.project`). Ops missing from
+        a mapping get the label ``None``.
     **options
         ``cap_time`` (µs, default 12000), ``cap_ops`` (80), ``cap_growth`` (2.0),
         ``max_cap_growth`` (16 doublings), ``min_gain`` (grow caps when a round
@@ -391,10 +403,31 @@ def coarsen_height(graph: OpGraph, target_vertices: int = 200, *, cluster=None, 
     fa = FineArrays(graph)
     report = CoarsenReport(rule, int(target_vertices), graph.num_ops, graph.num_edges)
     beta = beta or beta_of(cluster)
-    label = run_rounds(fa, max(1, int(target_vertices)), report, rule=rule, beta=beta, **options)
+    part = partition_ids(graph, partition)
+    label = run_rounds(fa, max(1, int(target_vertices)), report, rule=rule, beta=beta, part=part, **options)
     if options.get("order", "bytes") != "bytes":
         report.method += f"/{options['order']}"
+    if part is not None:
+        report.method += "/partition"
+        report.notes.append(f"merges restricted to {int(part.max()) + 1 if len(part) else 0} partition classes")
     return build_coarse(fa, label, report, beta=beta, t0=t0)
+
+
+def partition_ids(graph: OpGraph, partition) -> np.ndarray | None:
+    """Int class per op of ``graph`` (ops equal in every mapping share one), or None.
+
+    >>> g = OpGraph.from_edges({"a": 1, "b": 1, "c": 1}, [("a", "b"), ("b", "c")])
+    >>> partition_ids(g, [{"a": 0, "b": 0, "c": 1}, {"a": "x", "b": "y", "c": "y"}]).tolist()
+    [0, 1, 2]
+    """
+    if partition is None:
+        return None
+    maps = [partition] if hasattr(partition, "get") else list(partition)
+    if not maps:
+        return None
+    ids: dict = {}
+    return np.array([ids.setdefault(tuple(m.get(op) for m in maps), len(ids)) for op in graph.names],
+                    dtype=np.int64)
 
 
 # -- the selection on an OpGraph, for tests and teaching -------------------------------

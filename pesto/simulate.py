@@ -154,20 +154,20 @@ class Schedule:
 
 
 def simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None,
-             memory: bool = True) -> Schedule:
+             memory: bool = True, priority=None) -> Schedule:
     # The run allocates hundreds of thousands of small objects and no cycles:
     # pausing the cyclic GC halves the time on 40k-op graphs.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(graph, cluster, plan, mode=mode, memory=memory)
+        return _simulate(graph, cluster, plan, mode=mode, memory=memory, priority=priority)
     finally:
         if enabled:
             gc.enable()
 
 
 def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None,
-              memory: bool = True) -> Schedule:
+              memory: bool = True, priority=None) -> Schedule:
     """Simulate one step of ``graph`` on ``cluster``.
 
     Parameters
@@ -179,6 +179,11 @@ def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None
         ``"fifo"`` with a Plan ignores its order.
     memory : bool
         Compute peak memory per device (a little slower).
+    priority : mapping op -> float, or a sequence in ``graph.names`` order, optional
+        Only in ``"fifo"`` mode: a free device runs its ready op of largest
+        priority (ties: the one ready first) instead of the first ready, and
+        chooses only after every op that becomes ready at that instant is
+        queued (a list scheduler).
 
     Returns
     -------
@@ -216,6 +221,16 @@ def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None
     if mode == "order" and order is None:
         raise ValueError("mode='order' needs a Plan with an order")
     by_order = mode == "order"
+    prio = None
+    if priority is not None:
+        if by_order:
+            raise ValueError("priority= applies to mode='fifo' only")
+        if hasattr(priority, "get"):
+            prio = [-float(priority.get(nm, 0.0)) for nm in graph.names]
+        else:
+            prio = [-float(x) for x in priority]
+            if len(prio) != graph.num_ops:
+                raise ValueError(f"priority has {len(prio)} values for {graph.num_ops} ops")
 
     names = graph.names
     n = len(names)
@@ -289,8 +304,11 @@ def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None
             raise InvalidPlanError(["the plan's order does not list every op exactly once"])
         qpos = [0] * nd
         qlen = [len(q) for q in queues]
-    else:
+    elif prio is None:
         queues = [deque() for _ in range(nd)]  # ready ops in the order they became ready
+    else:
+        queues = [[] for _ in range(nd)]  # heaps of (-priority, ready sequence, op)
+    seq_no = 0
     is_ready = [False] * n
     dev_free = [True] * nd
     start = [0.0] * n
@@ -309,8 +327,25 @@ def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None
 
     while events:
         now, kind, i = pop(events)
+        if kind == 2:  # priority mode: device i picks its best ready op
+            q = queues[i]
+            if dev_free[i] and q:
+                j = pop(q)[2]
+                dev_free[i] = False
+                start[j] = now
+                f = now + dur[j]
+                finish[j] = f
+                ran[i].append(j)
+                push(events, (f, 0, j))
+            continue
         if kind:
             d = dev[i]
+            if prio is not None:
+                push(queues[d], (prio[i], seq_no, i))
+                seq_no += 1
+                if dev_free[d]:
+                    push(events, (now, 2, d))  # after every op ready at this instant
+                continue
             if by_order:
                 is_ready[i] = True
                 if not dev_free[d] or queues[d][qpos[d]] != i:
@@ -364,6 +399,11 @@ def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None
             else:
                 dev_free[d] = True
                 continue
+        elif prio is not None:
+            dev_free[d] = True
+            if queues[d]:
+                push(events, (now, 2, d))
+            continue
         else:
             q = queues[d]
             if not q:
