@@ -67,7 +67,7 @@ def _expand(cg, graph, cluster, plan: Plan, placer: str, status: str, t0: float)
 def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: float = 60,
           target_vertices: int = 200, backend: str = "cpsat", hint: Any = "best-heuristic",
           workers: int | None = None, seed: int = 0, coarsen_method: str = "height",
-          verbose: bool = False) -> Plan:
+          pipeline: str = "full", verbose: bool = False) -> Plan:
     """Place and schedule ``graph`` on ``gpus`` GPUs (or on ``cluster``).
 
     Parameters
@@ -87,6 +87,16 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     seed : int
     coarsen_method : str
         ``coarsen.coarsen`` method ("height", "baechi", "celeritas").
+    pipeline : {"full", "paper"}
+        For graphs larger than ``target_vertices``. ``"paper"``: coarsen,
+        heuristics on the coarse graph as hints, exact solve, expand (the
+        Pesto paper). ``"full"`` (default): heuristics on the full graph, the
+        best ones re-ordered; coarsening that keeps the best plan exactly
+        representable (``partition=``), CP-SAT hinted with it, expand,
+        re-order; then local search on the full graph
+        (:func:`solver.refine.solve_fine`). ``time_limit`` is split 30 % CP-SAT,
+        60 % local search. Graphs of at most ``target_vertices`` ops are solved
+        exactly either way.
     verbose : bool
         Print progress and the solver log.
 
@@ -117,6 +127,13 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     cluster = cluster if cluster is not None else default_cluster(graph, gpus)
     check_feasible(graph, cluster)
     stats: dict[str, Any] = {"ops": graph.num_ops, "cluster": cluster.name}
+
+    if pipeline not in ("full", "paper"):
+        raise ValueError(f"pipeline must be 'full' or 'paper', got {pipeline!r}")
+    if graph.num_ops > target_vertices and pipeline == "full" and backend == "cpsat":
+        return _solve_large(graph, cluster, stats, hint=hint, time_limit=time_limit,
+                            target_vertices=target_vertices, workers=workers, seed=seed,
+                            coarsen_method=coarsen_method, t0=t0, say=say)
 
     # coarsen
     cg, work = None, graph
@@ -220,5 +237,44 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     stats.update({k: v for k, v in best.stats.items() if k not in stats})
     plan = best.replace(placer="pesto", lower_bound=lb, status=status, wall_time=time.perf_counter() - t0,
                         stats=stats)
+    say(plan.summary())
+    return plan
+
+
+def _solve_large(graph: OpGraph, cluster: Cluster, stats: dict, *, hint, time_limit, target_vertices,
+                 workers, seed, coarsen_method, t0, say) -> Plan:
+    """The default pipeline for graphs above ``target_vertices`` (see ``pipeline``)."""
+    from solver.bounds import lower_bound
+    from solver.refine import solve_fine
+
+    extra = []
+    if isinstance(hint, Plan):
+        if set(hint.placement) == set(graph.names):
+            extra.append(hint)
+        else:
+            stats["hint"] = "given plan does not cover the graph; ignored"
+    fine = solve_fine(graph, cluster, time_limit=time_limit, target_vertices=target_vertices,
+                      workers=workers, seed=seed, extra_starts=extra,
+                      coarsen_options={"method": coarsen_method})
+    log = dict(fine.stats.get("improve", {}))
+    say(f"starts {log.get('starts')}; CP-SAT {log.get('cpsat')}; refined {log.get('refined')}")
+    stats["pipeline"] = "full"
+    stats["improve"] = log
+    stats["vertices"] = log.get("vertices")
+    stats["candidates"] = {**log.get("starts", {}), "cpsat": log.get("cpsat_expanded"),
+                           "refine": log.get("refined")}
+    stats["winner"] = log.get("winner")
+    report = check_plan(graph, cluster, fine, check_memory=fine.status != "infeasible")
+    report.raise_if_invalid()
+    lb = lower_bound(graph, cluster)
+    if fine.status == "infeasible":
+        status = "infeasible"
+    elif fine.makespan <= lb * (1 + 1e-9):
+        status = "optimal"
+    else:
+        status = "feasible"
+    stats.update({k: v for k, v in fine.stats.items() if k not in stats})
+    plan = fine.replace(placer="pesto", lower_bound=lb, status=status,
+                        wall_time=time.perf_counter() - t0, stats=stats)
     say(plan.summary())
     return plan

@@ -63,7 +63,7 @@ def test_solve_reports_candidates_and_winner():
 def test_solve_coarsens_and_expands():
     g = layered_dag(400, width=10, seed=4)
     c = gpus(2)
-    p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1)
+    p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1, pipeline="paper")
     assert set(p.placement) == set(g.names)
     assert p.stats["vertices"] <= 400
     if isinstance(p.stats.get("coarsen"), dict):
@@ -72,6 +72,25 @@ def test_solve_coarsens_and_expands():
         assert "coarse_lower_bound" in p.stats
     assert p.lower_bound == pytest.approx(lower_bound(g, c))
     check_plan(g, c, p).raise_if_invalid()
+
+
+def test_full_pipeline_never_loses_to_its_starts_and_uses_a_full_graph_hint():
+    g = layered_dag(400, width=10, seed=4)
+    c = gpus(2)
+    paper = pesto.solve(g, cluster=c, time_limit=2, target_vertices=60, workers=1, pipeline="paper")
+    p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1, hint=paper)
+    assert p.stats["pipeline"] == "full"
+    starts = p.stats["improve"]["starts"]
+    assert p.makespan <= min(starts.values()) + 1e-6
+    assert p.makespan <= paper.makespan + 1e-6
+    again = pesto.solve(g, cluster=c, time_limit=2, target_vertices=60, workers=1, hint=p)
+    assert "pesto" in again.stats["improve"]["starts"]  # the given full-graph plan joined the starts
+    assert again.makespan <= p.makespan + 1e-6
+    assert p.status in ("feasible", "optimal")
+    assert p.lower_bound == pytest.approx(lower_bound(g, c))
+    check_plan(g, c, p).raise_if_invalid()
+    with pytest.raises(ValueError, match="pipeline"):
+        pesto.solve(g, cluster=c, pipeline="fast")
 
 
 def test_solve_mip_backend_and_hint_none():
