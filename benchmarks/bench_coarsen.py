@@ -2,7 +2,7 @@
 
 For each graph (layered DAG, LSTM grid, Transformer-like, all about 40k ops,
 a layered DAG with CPU-only ops and colocation groups, and the TF model
-graphs in ``benchmarks/graphs/*.json`` when present) and each method
+graphs in ``benchmarks/graphs/*.json.gz`` when present) and each method
 (height = Pesto's batch merging, height with ``order="gain"``, baechi,
 celeritas) it records the coarse
 vertices and edges, seconds (best of ``--repeat`` runs, whole call including
@@ -43,8 +43,8 @@ def zoo_graphs():
     """The TF model graphs exported into benchmarks/graphs (if present)."""
     from pesto import OpGraph
     here = Path(__file__).resolve().parent / "graphs"
-    return [(f"zoo:{p.stem}", lambda p=p: OpGraph.from_json(p)) for p in sorted(here.glob("*.json"))
-            if p.stem != "manifest"]
+    return [(f"zoo:{p.name[:-len('.json.gz')]}", lambda p=p: OpGraph.from_json(p))
+            for p in sorted(here.glob("*.json.gz"))]
 
 
 def graphs(quick: bool):

@@ -67,7 +67,7 @@ def best_baselines(path: Path) -> dict:
 
 def run_graph(name: str, args, base: dict) -> list[dict]:
     cl = v100x2_nvlink()
-    g = pesto.OpGraph.from_json(str(HERE / "graphs" / f"{name}.json"))
+    g = pesto.OpGraph.from_json(str(HERE / "graphs" / f"{name}.json.gz"))
     rows = []
     ref = base.get(name)
 

@@ -1,4 +1,4 @@
-"""Regenerate the cached benchmark graphs ``benchmarks/graphs/*.json``.
+"""Regenerate the cached benchmark graphs ``benchmarks/graphs/*.json.gz``.
 
 Each workload is a zoo model profiled with grappler's analytical V100 cost
 model (``tf_patch.opgraph_for(model, preset, costs="v100")``), so the graphs
@@ -41,7 +41,7 @@ class Workload:
 
     @property
     def path(self) -> Path:
-        return GRAPHS / f"{self.key}.json"
+        return GRAPHS / f"{self.key}.json.gz"
 
 
 WORKLOADS = (
