@@ -4,7 +4,8 @@ Runs :mod:`benchmarks.placement` (the placement comparison) and then, when
 present, the area benchmarks ``bench_simulate``, ``bench_coarsen``,
 ``bench_baselines``, ``bench_exact`` and ``bench_tf`` (each a module with a
 ``main()``). ``--quick`` runs only a small placement run into a temporary
-directory: a CI check of the pipeline, not of the figures.
+directory: a CI check of the pipeline, not of the figures. A full placement
+run also rewrites the results table in README.md (:mod:`benchmarks.readme`).
 
 Run ``python -m benchmarks.run_all [--quick] [--out DIR]``.
 """
@@ -60,6 +61,13 @@ def main(argv=None) -> int:
             except Exception as exc:
                 print(f"placement failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                 rc = 1
+            if rc == 0 and not a.quick and not a.out:
+                from pathlib import Path
+
+                from .readme import update_readme
+                root = Path(__file__).resolve().parent
+                if update_readme(root / "results", root.parent / "README.md"):
+                    print("README.md results table updated")
         elif importlib.util.find_spec(f"benchmarks.{name}") is None:
             summary.append((name, "absent", 0.0))
             continue

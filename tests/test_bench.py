@@ -113,3 +113,27 @@ def test_csv_round_trip_rebuilds_the_same_report(tmp_path):
     assert "no result within 5 s" in placement.markdown(back, s, 1.0)  # one line, no raw newline
     assert placement.main(["--from-csv", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "placement.png").exists()
+
+
+def test_readme_table_is_rewritten_between_markers(tmp_path):
+    from benchmarks.readme import END, START, update_readme
+
+    rows = [
+        ("expert", "Expert", "100.0", "False"), ("m-etf", "m-ETF", "90.0", "False"),
+        ("single", "Single", "50.0", "True"),  # OOM: never the best baseline
+        ("cpsat", "Pesto CP-SAT", "81.0", "False"),
+    ]
+    head = "workload,label,ops,cluster,placer,placer_label,step_ms,oom,valid,bound_ms,gap,wall_s\n"
+    body = "".join(f"w,W-1,10,c2,{p},{l},{ms},{oom},True,80.0,0.0123,3.5\n" for p, l, ms, oom in rows)
+    (tmp_path / "placement.csv").write_text(head + body)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{START}\nold table\n{END}\nafter\n")
+    assert update_readme(tmp_path, readme)
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("intro\n") and text.endswith("after\n")
+    line = next(l for l in text.splitlines() if l.startswith("| W-1"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:8] == ["100.00", "90.00 (m-ETF)", "81.00", "-19.0%", "-10.0%"]
+    assert cells[8] == "80.00 / 1.2%"
+    readme.write_text("no markers")
+    assert not update_readme(tmp_path, readme) and readme.read_text() == "no markers"
