@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["ZooModel", "tf1", "lstm_cell", "train_step", "merge_preset"]
+__all__ = ["ZooModel", "tf1", "lstm_cell", "train_step", "merge_preset", "projection_loss", "lazy_corpus"]
 
 
 def tf1():
@@ -89,3 +89,31 @@ def train_step(loss, optimizer: str = "adam", lr: float = 0.01):
     else:
         raise ValueError(f"unknown optimizer {optimizer!r}; use 'adam' or 'sgd'")
     return opt.apply_gradients(list(zip(grads, params)), name="train")
+
+
+def projection_loss(x2d, labels, n_in: int, vocab: int, init, *, scope: str, bias: bool = True):
+    """Logits over the vocabulary (variables under ``scope``) and the mean
+    cross-entropy (ops under ``loss``): the output layer of the LM-like models."""
+    t = tf1()
+    with t.variable_scope(scope):
+        w = t.get_variable("w", [n_in, vocab], initializer=init)
+        logits = t.matmul(x2d, w)
+        if bias:
+            logits = logits + t.get_variable("b", [vocab], initializer=t.zeros_initializer())
+    with t.name_scope("loss"):
+        return t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=t.reshape(labels, [-1]), logits=logits))
+
+
+def lazy_corpus(vocab: int, n_tokens: int, cfg: dict):
+    """A function returning the token ids of the configured corpus, built on
+    first call (building a graph must not build the data)."""
+    from .data import corpus
+
+    cache: list = []
+
+    def ids():
+        if not cache:
+            cache.append(corpus(vocab, n_tokens, source=cfg["corpus"], seed=cfg["seed"]))
+        return cache[0]
+    return ids

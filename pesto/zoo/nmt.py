@@ -8,8 +8,9 @@ Data: a synthetic translation task over the seeded Zipf corpus of
 """
 from __future__ import annotations
 
-from .common import ZooModel, lstm_cell, lstm_vars, merge_preset, tf1, train_step
-from .data import corpus, translation_pair
+from .common import (ZooModel, lazy_corpus, lstm_cell, lstm_vars, merge_preset, projection_loss, tf1,
+                     train_step)
+from .data import translation_pair
 
 PRESETS = {
     "small": dict(layers=2, units=64, batch=16, src_steps=8, tgt_steps=8, vocab=500),
@@ -72,23 +73,15 @@ def build_nmt(preset: str = "small", **overrides) -> ZooModel:
                 ctx = t.reduce_sum(t.expand_dims(align, 2) * memory, 1)         # [B, H]
                 att = t.tanh(t.matmul(t.concat([ctx, inp], 1), w_c))
             outs.append(att)
-        with t.variable_scope("output_projection"):
-            w = t.get_variable("w", [H, V], initializer=init)
-            b = t.get_variable("b", [V], initializer=t.zeros_initializer())
-            logits = t.matmul(t.reshape(t.stack(outs, axis=1), [B * T, H]), w) + b
-        with t.name_scope("loss"):
-            loss = t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=t.reshape(tout_ph, [B * T]), logits=logits))
+        loss = projection_loss(t.reshape(t.stack(outs, axis=1), [B * T, H]), tout_ph, H, V, init,
+                               scope="output_projection")
         train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
         init_op = t.global_variables_initializer()
 
-    ids = None
+    ids = lazy_corpus(V, max(B * S * 50, 20000), cfg)
 
     def feed_fn(step: int) -> dict:
-        nonlocal ids
-        if ids is None:
-            ids = corpus(V, max(B * S * 50, 20000), source=cfg["corpus"], seed=cfg["seed"])
-        src, tin, tout = translation_pair(ids, B, S, T, V, step)
+        src, tin, tout = translation_pair(ids(), B, S, T, V, step)
         return {src_ph: src, tin_ph: tin, tout_ph: tout}
 
     return ZooModel(graph, train_op, loss, feed_fn, "nmt", cfg, init_op)

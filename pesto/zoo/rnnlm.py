@@ -12,8 +12,9 @@ Examples
 """
 from __future__ import annotations
 
-from .common import ZooModel, lstm_cell, lstm_vars, merge_preset, tf1, train_step
-from .data import corpus, lm_batches
+from .common import (ZooModel, lazy_corpus, lstm_cell, lstm_vars, merge_preset, projection_loss, tf1,
+                     train_step)
+from .data import lm_batches
 
 PRESETS = {
     "small": dict(layers=2, units=64, batch=16, steps=10, vocab=500),
@@ -53,23 +54,15 @@ def build_rnnlm(preset: str = "small", **overrides) -> ZooModel:
                     h[k], c[k] = lstm_cell(inp, h[k], c[k], *cells[k])
                 inp = h[k]
             outs.append(inp)
-        with t.variable_scope("softmax"):
-            w = t.get_variable("w", [H, V], initializer=init)
-            b = t.get_variable("b", [V], initializer=t.zeros_initializer())
-            logits = t.matmul(t.reshape(t.stack(outs, axis=1), [B * T, H]), w) + b
-        with t.name_scope("loss"):
-            loss = t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=t.reshape(y_ph, [B * T]), logits=logits))
+        loss = projection_loss(t.reshape(t.stack(outs, axis=1), [B * T, H]), y_ph, H, V, init,
+                               scope="softmax")
         train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
         init_op = t.global_variables_initializer()
 
-    ids = None
+    ids = lazy_corpus(V, max(B * (T + 1) * 50, 20000), cfg)
 
     def feed_fn(step: int) -> dict:
-        nonlocal ids
-        if ids is None:
-            ids = corpus(V, max(B * (T + 1) * 50, 20000), source=cfg["corpus"], seed=cfg["seed"])
-        xb, yb = lm_batches(ids, B, T, step)
+        xb, yb = lm_batches(ids(), B, T, step)
         return {x_ph: xb, y_ph: yb}
 
     return ZooModel(graph, train_op, loss, feed_fn, "rnnlm", cfg, init_op)

@@ -6,8 +6,8 @@ Data: next-token prediction over the seeded Zipf corpus of :mod:`pesto.zoo.data`
 """
 from __future__ import annotations
 
-from .common import ZooModel, merge_preset, tf1, train_step
-from .data import corpus, lm_batches
+from .common import ZooModel, lazy_corpus, merge_preset, projection_loss, tf1, train_step
+from .data import lm_batches
 
 PRESETS = {
     "small": dict(layers=2, d_model=64, heads=4, d_ff=128, batch=8, seq=16, vocab=500),
@@ -63,22 +63,15 @@ def build_transformer(preset: str = "small", **overrides) -> ZooModel:
                     w2 = t.get_variable("w2", [F, D], initializer=init)
                     hdn = t.nn.relu(t.matmul(t.reshape(x, [B * S, D]), w1))
                     x = _layer_norm(x + t.reshape(t.matmul(hdn, w2), [B, S, D]), "ln_1", D)
-        with t.variable_scope("output_projection"):
-            w = t.get_variable("w", [D, V], initializer=init)
-            logits = t.matmul(t.reshape(x, [B * S, D]), w)
-        with t.name_scope("loss"):
-            loss = t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=t.reshape(y_ph, [B * S]), logits=logits))
+        loss = projection_loss(t.reshape(x, [B * S, D]), y_ph, D, V, init, scope="output_projection",
+                               bias=False)
         train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
         init_op = t.global_variables_initializer()
 
-    ids = None
+    ids = lazy_corpus(V, max(B * (S + 1) * 50, 20000), cfg)
 
     def feed_fn(step: int) -> dict:
-        nonlocal ids
-        if ids is None:
-            ids = corpus(V, max(B * (S + 1) * 50, 20000), source=cfg["corpus"], seed=cfg["seed"])
-        xb, yb = lm_batches(ids, B, S, step)
+        xb, yb = lm_batches(ids(), B, S, step)
         return {x_ph: xb, y_ph: yb}
 
     return ZooModel(graph, train_op, loss, feed_fn, "transformer", cfg, init_op)
