@@ -63,3 +63,33 @@ def finalize(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str], *,
         stats["memory_over"] = over
     return sched.to_plan(placer=placer, status=status, wall_time=time.perf_counter() - t0,
                          stats=stats, **fields)
+
+
+def order_by_key(graph: OpGraph, key: Sequence[float]) -> list[str]:
+    """A topological order of ``graph`` that takes, among the ops whose
+    predecessors are all taken, the one with the smallest ``key[i]`` first.
+
+    Sorting by a solver's start times alone can contradict the graph when the
+    times carry a float tolerance (an LP/MIP solution); this cannot.
+
+    Examples
+    --------
+    >>> g = OpGraph.from_edges({"a": 1, "b": 0, "c": 1}, [("a", "b"), ("b", "c")])
+    >>> order_by_key(g, [1.0, 0.9999999, 0.5])   # b "starts" before a: kept after it
+    ['a', 'b', 'c']
+    """
+    import heapq
+
+    pred, succ = graph.pred_idx(), graph.succ_idx()
+    left = [len(p) for p in pred]
+    heap = [(key[i], i) for i in range(graph.num_ops) if left[i] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        out.append(graph.names[i])
+        for j in succ[i]:
+            left[j] -= 1
+            if left[j] == 0:
+                heapq.heappush(heap, (key[j], j))
+    return out

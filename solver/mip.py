@@ -44,7 +44,7 @@ from pesto.plan import Plan, check_plan
 from pesto.simulate import simulate
 
 from .bounds import check_feasible, durations, greedy_plan, lower_bound, static_bytes
-from .common import finalize
+from .common import finalize, order_by_key
 
 __all__ = ["place_mip"]
 
@@ -260,8 +260,9 @@ def place_mip(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, worke
         if status == "optimal":
             bound = max(bound, obj - 1e-6 * max(1.0, obj))  # SCIP's bound within its tolerance
         placement = {names[i]: devs[1 if x[i].solution_value() > 0.5 else 0].name for i in range(n)}
-        topo = {i: r for r, i in enumerate(graph.topo_idx())}
-        order = [names[i] for i in sorted(range(n), key=lambda i: (round(S[i].solution_value(), 6), topo[i]))]
+        # SCIP's start times meet precedence only within its tolerance: take them
+        # in a topological order so a sub-µs op never lands before its producer
+        order = order_by_key(graph, [S[i].solution_value() for i in range(n)])
         stats.update(model_makespan=obj, best_bound=bound)
         plan = finalize(graph, cluster, placement, order=order, placer="mip", t0=t0, status=status,
                         lower_bound=max(lb, min(bound, obj)), stats=stats)
