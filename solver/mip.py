@@ -111,15 +111,23 @@ def place_mip(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, worke
     # tensors to send: (name, producer, bytes, consumers)
     cons = graph.consumers()
     group = [op.colocation_group for op in ops]
-    tensors = []
+    # Tensors of one producer with the same consumers travel together: one comm
+    # vertex for the bundle, lasting as long as its tensors sent back to back.
+    # (A coarse graph's vertex often sends hundreds of fine tensors; one vertex
+    # each made the pairwise link disjunctions explode.)
+    bundles: dict[tuple, list] = {}
     for t in graph.tensors:
         u = index[t.src]
         cs = sorted({index[c] for c in cons[t.name]} - {u})
         cs = [c for c in cs if group[c] is None or group[c] != group[u]]
         if t.bytes > 0 and cs:
-            tensors.append((t.name, u, t.bytes, cs))
-    tau = {name: (cluster.transfer_time(devs[0].name, devs[1].name, b),
-                  cluster.transfer_time(devs[1].name, devs[0].name, b)) for name, _, b, _ in tensors}
+            bundles.setdefault((u, tuple(cs)), []).append(t)
+    tensors, tau = [], {}
+    for (u, cs), ts in bundles.items():
+        name = ts[0].name if len(ts) == 1 else f"{ts[0].name}+{len(ts) - 1}"
+        tensors.append((name, u, sum(t.bytes for t in ts), list(cs)))
+        tau[name] = tuple(sum(cluster.transfer_time(devs[a].name, devs[1 - a].name, t.bytes) for t in ts)
+                          for a in (0, 1))
     M = sum(max(d.values()) for d in dur) + sum(max(tau[nm]) for nm, *_ in tensors) + 1.0
     M = max(M, 1.0)
 
