@@ -101,27 +101,27 @@ def _need_file(path: str, what: str) -> Path:
     return p
 
 
-def load_graph(path: str):
-    """An OpGraph from a JSON file, with the file named in any error."""
+def _load(path: str, what: str, cls):
+    """``cls.from_json`` of a file, with the file named in any error."""
     from .errors import PestoError
-    from .graph import OpGraph
 
-    p = _need_file(path, "graph")
+    p = _need_file(path, what)
     try:
-        return OpGraph.from_json(str(p))
+        return cls.from_json(str(p))
     except PestoError as exc:
         raise CliError(f"{path}: {exc}") from None
+
+
+def load_graph(path: str):
+    """An OpGraph from a JSON file (or .json.gz)."""
+    from .graph import OpGraph
+    return _load(path, "graph", OpGraph)
 
 
 def load_plan(path: str):
-    from .errors import PestoError
+    """A Plan from a JSON file."""
     from .plan import Plan
-
-    p = _need_file(path, "plan")
-    try:
-        return Plan.from_json(str(p))
-    except PestoError as exc:
-        raise CliError(f"{path}: {exc}") from None
+    return _load(path, "plan", Plan)
 
 
 def parse_model(spec: str) -> tuple[str, str | None]:

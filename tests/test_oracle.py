@@ -148,28 +148,12 @@ def random_graph(seed, n, shared=True):
     """Integer DAG; some tensors feed two consumers (sent once per device)."""
     rng = random.Random(seed)
     ops = [Op(f"v{i}", {"GPU": float(rng.randint(1, 6))}) for i in range(n)]
-    edges, tensors = {}, []
+    edges = {}
     for j in range(1, n):
         preds = rng.sample(range(j), k=min(j, rng.randint(1, 2)))
         for i in preds:
             edges[(i, j)] = []
-    # one tensor per producer, shared by all its consumers (or one per edge)
-    for i in range(n):
-        outs = [j for (a, j) in edges if a == i]
-        if not outs:
-            continue
-        if shared:
-            t = Tensor(f"v{i}:0", f"v{i}", rng.randint(1, 5))
-            tensors.append(t)
-            for j in outs:
-                edges[(i, j)].append(t.name)
-        else:
-            for j in outs:
-                t = Tensor(f"v{i}->{j}", f"v{i}", rng.randint(1, 5))
-                tensors.append(t)
-                edges[(i, j)].append(t.name)
-    es = [Edge(f"v{i}", f"v{j}", tuple(ts)) for (i, j), ts in edges.items()]
-    return OpGraph(ops, es, tensors, name=f"rand{seed}")
+    return _with_tensors(ops, edges, rng, shared, 5, f"rand{seed}")
 
 
 def wide_graph(seed, n, shared=True):
@@ -185,23 +169,29 @@ def wide_graph(seed, n, shared=True):
             preds = rng.sample(range(j), k=min(j, rng.randint(1, 3)))
         for i in preds:
             edges[(i, j)] = []
+    return _with_tensors(ops, edges, rng, shared, 4, f"wide{seed}")
+
+
+def _with_tensors(ops, edges, rng, shared, max_bytes, name):
+    """The graph with one tensor per producer, shared by all its consumers
+    (or, ``shared=False``, one per edge) of 1..``max_bytes`` bytes."""
     tensors = []
-    for i in range(n):
+    for i in range(len(ops)):
         outs = [j for (a, j) in edges if a == i]
         if not outs:
             continue
         if shared:
-            t = Tensor(f"v{i}:0", f"v{i}", rng.randint(1, 4))
+            t = Tensor(f"v{i}:0", f"v{i}", rng.randint(1, max_bytes))
             tensors.append(t)
             for j in outs:
                 edges[(i, j)].append(t.name)
         else:
             for j in outs:
-                t = Tensor(f"v{i}->{j}", f"v{i}", rng.randint(1, 4))
+                t = Tensor(f"v{i}->{j}", f"v{i}", rng.randint(1, max_bytes))
                 tensors.append(t)
                 edges[(i, j)].append(t.name)
     es = [Edge(f"v{i}", f"v{j}", tuple(ts)) for (i, j), ts in edges.items()]
-    return OpGraph(ops, es, tensors, name=f"wide{seed}")
+    return OpGraph(ops, es, tensors, name=name)
 
 
 def bus_cluster(n=3, beta=(1.0, 1.0)):
