@@ -80,6 +80,11 @@ def main(argv=None) -> int:
     print(f"  {'placement':<28}{'place s':>9}{'predicted':>11}{'measured':>10}")
     for name, s, pred, meas in rows:
         print(f"  {name:<28}{s:>9.2f}{pred / 1000:>11.3f}{meas / 1000:>10.3f}")
+    from tf_patch.devices import detect
+    if detect(n)[0] == "CPU":
+        print("  (logical CPU devices share this machine's cores, and TensorFlow runs microsecond\n"
+              "   kernels inline on one thread: measured times show the pipeline works end to end,\n"
+              "   not the overlap two GPUs would give; see benchmarks/results/tf_sim_error.md)")
     curve = res_p.losses
     pts = sorted({0, len(curve) // 4, len(curve) // 2, 3 * len(curve) // 4, len(curve) - 1})
     print("  Pesto loss curve: " + ", ".join(f"step {i}: {curve[i]:.3f}" for i in pts))
