@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import Cluster, gpus as _gpus, v100x2_nvlink
-from .errors import InvalidGraphError, PestoError
+from .errors import InvalidGraphError
 from .graph import OpGraph
 from .plan import Plan, check_plan
 
@@ -114,7 +114,7 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     InfeasibleError
         Before any solving, naming the op, group or "total" that cannot fit.
     """
-    from solver import get_placer
+    from solver import get_placer, run_placers
     from solver.bounds import check_feasible, lower_bound
 
     t0 = time.perf_counter()
@@ -154,26 +154,12 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     stats["vertices"] = work.num_ops
 
     # heuristics (on the solved graph), for the hint and as candidates
-    heur: dict[str, Plan] = {}
     names = []
     if hint == "best-heuristic":
         names = list(HEURISTICS)
     elif isinstance(hint, str):
         names = [hint]
-    errors = {}
-    for name in names:
-        try:
-            fn = get_placer(name)
-        except (ImportError, AttributeError, ValueError) as exc:
-            errors[name] = f"unavailable: {exc}"
-            continue
-        try:
-            heur[name] = fn(work, cluster, time_limit=time_limit, seed=seed)
-            say(f"{name}: {heur[name].makespan:.1f} µs ({heur[name].status})")
-        except PestoError as exc:
-            errors[name] = f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # a broken baseline must not break solve
-            errors[name] = f"failed: {type(exc).__name__}: {exc}"
+    heur, errors = run_placers(work, cluster, names, say=say, time_limit=time_limit, seed=seed)
     if errors:
         stats["heuristic_errors"] = errors
     hint_plan = None

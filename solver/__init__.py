@@ -32,3 +32,41 @@ def get_placer(name: str):
         raise ValueError(f"unknown placer {name!r}; known: {sorted(PLACERS)}") from None
     module, func = target.split(":")
     return getattr(importlib.import_module(module), func)
+
+
+def run_placers(graph, cluster, names, *, extra=None, say=None, **options):
+    """Run the placers ``names`` on ``graph``; a missing or failing one is
+    skipped, never fatal (a broken baseline must not break a pipeline).
+
+    Parameters
+    ----------
+    extra : mapping name -> dict, optional
+        Options for one placer only (e.g. ``{"m-sct": {"lp_time_limit": 5}}``).
+    say : callable, optional
+        Called with a line per placer that ran.
+    options : passed to every placer (``time_limit``, ``seed``...).
+
+    Returns
+    -------
+    plans : dict name -> Plan
+    errors : dict name -> str, why each skipped placer was skipped
+    """
+    from pesto.errors import PestoError
+
+    plans, errors = {}, {}
+    for name in names:
+        try:
+            fn = get_placer(name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            errors[name] = f"unavailable: {exc}"
+            continue
+        try:
+            plans[name] = fn(graph, cluster, **options, **(extra or {}).get(name, {}))
+        except PestoError as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = f"failed: {type(exc).__name__}: {exc}"
+        else:
+            if say is not None:
+                say(f"{name}: {plans[name].makespan:.1f} µs ({plans[name].status})")
+    return plans, errors

@@ -597,17 +597,12 @@ def solve_fine(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, targ
     >>> p.makespan <= min(p.stats["improve"]["starts"].values())
     True
     """
-    from solver import get_placer
+    from solver import run_placers
 
-    starts = list(extra_starts)
-    errors = {}
-    for name in heuristics:
-        # m-SCT's LP grows quadratically; cap it so the heuristics stay a small share
-        extra = {"lp_time_limit": max(1.0, 0.15 * time_limit)} if name == "m-sct" else {}
-        try:
-            starts.append(get_placer(name)(graph, cluster, time_limit=time_limit, seed=seed, **extra))
-        except Exception as exc:  # a broken baseline must not break the pipeline
-            errors[name] = f"{type(exc).__name__}: {exc}"
+    # m-SCT's LP grows quadratically; cap it so the heuristics stay a small share
+    plans, errors = run_placers(graph, cluster, heuristics, time_limit=time_limit, seed=seed,
+                                extra={"m-sct": {"lp_time_limit": max(1.0, 0.15 * time_limit)}})
+    starts = list(extra_starts) + list(plans.values())
     out = improve(graph, cluster, starts, target_vertices=target_vertices, cpsat_time=cpsat_share * time_limit,
                   refine_time=refine_share * time_limit, workers=workers, seed=seed,
                   coarsen_options=coarsen_options)
