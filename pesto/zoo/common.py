@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["ZooModel", "tf1", "lstm_cell", "train_step", "merge_preset", "projection_loss", "lazy_corpus"]
+__all__ = ["ZooModel", "tf1", "lstm_cell", "train_step", "merge_preset", "projection_loss", "lazy_corpus",
+           "lstm_stack_step"]
 
 
 def tf1():
@@ -66,6 +67,18 @@ def lstm_cell(x, h, c, kernel, bias):
     c2 = t.sigmoid(f + 1.0) * c + t.sigmoid(i) * t.tanh(j)
     h2 = t.sigmoid(o) * t.tanh(c2)
     return h2, c2
+
+
+def lstm_stack_step(inp, h: list, c: list, cells: list, scope: str, step: int):
+    """One time step through stacked LSTM layers, each under
+    ``{scope}/layer_{k}/t{step}/`` (the Expert placer reads ``layer_k``);
+    updates ``h`` and ``c`` in place and returns the top layer's output."""
+    t = tf1()
+    for k, cell in enumerate(cells):
+        with t.name_scope(f"{scope}/layer_{k}/t{step}/"):
+            h[k], c[k] = lstm_cell(inp, h[k], c[k], *cell)
+        inp = h[k]
+    return inp
 
 
 def lstm_vars(scope: str, n_in: int, units: int, init):

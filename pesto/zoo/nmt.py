@@ -8,8 +8,8 @@ Data: a synthetic translation task over the seeded Zipf corpus of
 """
 from __future__ import annotations
 
-from .common import (ZooModel, lazy_corpus, lstm_cell, lstm_vars, merge_preset, projection_loss, tf1,
-                     train_step)
+from .common import (ZooModel, lazy_corpus, lstm_stack_step, lstm_vars, merge_preset, projection_loss,
+                     tf1, train_step)
 from .data import translation_pair
 
 PRESETS = {
@@ -50,12 +50,7 @@ def build_nmt(preset: str = "small", **overrides) -> ZooModel:
         c = [t.zeros([B, H]) for _ in range(L)]
         mem = []
         for s in range(S):
-            inp = xs[s]
-            for k in range(L):
-                with t.name_scope(f"encoder/layer_{k}/t{s}/"):
-                    h[k], c[k] = lstm_cell(inp, h[k], c[k], *enc[k])
-                inp = h[k]
-            mem.append(inp)
+            mem.append(lstm_stack_step(xs[s], h, c, enc, "encoder", s))
         with t.name_scope("attention/keys/"):
             memory = t.stack(mem, axis=1)                                    # [B, S, H]
             keys = t.reshape(t.matmul(t.reshape(memory, [B * S, H]), w_att), [B, S, H])
@@ -63,10 +58,7 @@ def build_nmt(preset: str = "small", **overrides) -> ZooModel:
         outs = []
         for s in range(T):
             inp = t.concat([ys[s], att], 1, name=f"decoder/layer_0/t{s}/input_feed")
-            for k in range(L):
-                with t.name_scope(f"decoder/layer_{k}/t{s}/"):
-                    h[k], c[k] = lstm_cell(inp, h[k], c[k], *dec[k])
-                inp = h[k]
+            inp = lstm_stack_step(inp, h, c, dec, "decoder", s)
             with t.name_scope(f"attention/t{s}/"):
                 score = t.squeeze(t.matmul(keys, t.expand_dims(inp, 2)), 2)      # [B, S]
                 align = t.nn.softmax(score)

@@ -12,8 +12,8 @@ Examples
 """
 from __future__ import annotations
 
-from .common import (ZooModel, lazy_corpus, lstm_cell, lstm_vars, merge_preset, projection_loss, tf1,
-                     train_step)
+from .common import (ZooModel, lazy_corpus, lstm_stack_step, lstm_vars, merge_preset, projection_loss,
+                     tf1, train_step)
 from .data import lm_batches
 
 PRESETS = {
@@ -48,12 +48,7 @@ def build_rnnlm(preset: str = "small", **overrides) -> ZooModel:
         c = [t.zeros([B, H]) for _ in range(L)]
         outs = []
         for s in range(T):
-            inp = xs[s]
-            for k in range(L):
-                with t.name_scope(f"rnn/layer_{k}/t{s}/"):
-                    h[k], c[k] = lstm_cell(inp, h[k], c[k], *cells[k])
-                inp = h[k]
-            outs.append(inp)
+            outs.append(lstm_stack_step(xs[s], h, c, cells, "rnn", s))
         loss = projection_loss(t.reshape(t.stack(outs, axis=1), [B * T, H]), y_ph, H, V, init,
                                scope="softmax")
         train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
