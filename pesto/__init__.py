@@ -17,7 +17,8 @@ from .errors import (PestoError, InvalidGraphError, CycleError, InvalidClusterEr
 from .graph import Op, Tensor, Edge, OpGraph
 from .cluster import (Device, Route, Cluster, gpus, v100x2_nvlink, v100x4_pcie,
                       heterogeneous, two_hosts, logical_cpus, preset)
-from .plan import Plan, Transfer, Report, check_plan, memory_profile
+from .memory import memory_profile
+from .plan import Plan, Transfer, Report, check_plan
 from .simulate import Schedule, simulate
 
 __version__ = "0.1.0"

@@ -115,7 +115,8 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         Before any solving, naming the op, group or "total" that cannot fit.
     """
     from solver import get_placer, run_placers
-    from solver.bounds import check_feasible, lower_bound
+    from pesto.memory import check_feasible
+    from solver.bounds import lower_bound
 
     t0 = time.perf_counter()
 

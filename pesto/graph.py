@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
+from .dag import toposort
 from .errors import CycleError, InvalidGraphError, SchemaError
 
 FORMAT = "pesto.opgraph"
@@ -255,34 +256,7 @@ class OpGraph:
         self._edges[(e.src, e.dst)] = Edge(e.src, e.dst, tuple(e.tensors))
 
     def _toposort(self) -> list[int]:
-        indeg = [len(p) for p in self._pred]
-        stack = [i for i, d in enumerate(indeg) if d == 0]
-        stack.reverse()
-        order = []
-        while stack:
-            i = stack.pop()
-            order.append(i)
-            for j in reversed(self._succ[i]):
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    stack.append(j)
-        if len(order) < len(self.names):
-            raise CycleError(self._find_cycle({i for i, d in enumerate(indeg) if d > 0}))
-        return order
-
-    def _find_cycle(self, left: set[int]) -> list[str]:
-        # Every op left after Kahn's pass has a predecessor that is also left:
-        # walk backwards until an op repeats.
-        i = next(iter(left))
-        seen: dict[int, int] = {}
-        path = []
-        while i not in seen:
-            seen[i] = len(path)
-            path.append(i)
-            i = next(p for p in self._pred[i] if p in left)
-        cycle = path[seen[i]:]
-        cycle.reverse()
-        return [self.names[k] for k in cycle]
+        return toposort(self._succ, self._pred, names=self.names)
 
     # -- basic queries -------------------------------------------------------
     @property

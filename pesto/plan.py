@@ -28,9 +28,11 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import InvalidPlanError
+from .dag import toposort
+from .errors import CycleError, InvalidPlanError
 from .graph import OpGraph, _check_header, _field, _load_json
 from .cluster import Cluster
+from .memory import memory_profile
 
 FORMAT = "pesto.plan"
 VERSION = 1
@@ -207,142 +209,6 @@ def _jsonable(x):
         return str(x)
 
 
-# -- memory ----------------------------------------------------------------------
-def memory_profile(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str],
-                   start: Mapping[str, float] | None = None, finish: Mapping[str, float] | None = None,
-                   transfers=None) -> dict[str, int]:
-    """Peak bytes per device.
-
-    With times (``start``, ``finish`` and the ``transfers``):
-
-    * an op's ``persistent_bytes`` are held all step;
-    * its ``output_bytes`` from its start until its last consumer *on the same
-      device* through a data edge finishes, or its last outgoing transfer
-      ends, whichever is later (at least until it finishes);
-    * its ``temporary_bytes`` while it runs;
-    * a received tensor's bytes on the receiving device from the start of its
-      transfer until the transfer ends or its last consumer there finishes.
-
-    An interval ``[s, e)`` is live at ``s`` but not at ``e``, so back-to-back
-    ops do not add up; a zero-length interval counts at its instant only
-    (ops starting together are taken shortest first).
-
-    Without times: the conservative static sum persistent + outputs + each
-    tensor received (once per device) + the largest temporary, an upper bound
-    of the timed peak for any schedule of that placement.
-
-    Examples
-    --------
-    >>> from pesto.graph import Op, Tensor, Edge, OpGraph
-    >>> from pesto.cluster import gpus
-    >>> g = OpGraph([Op("a", {"GPU": 2}, persistent_bytes=10, output_bytes=100),
-    ...              Op("b", {"GPU": 3}, temporary_bytes=50)],
-    ...             [Edge("a", "b", ("a:0",))], [Tensor("a:0", "a", 100)])
-    >>> pl = {"a": "/GPU:0", "b": "/GPU:0"}
-    >>> memory_profile(g, gpus(1), pl, {"a": 0, "b": 2}, {"a": 2, "b": 5}, [])
-    {'/GPU:0': 160}
-    >>> memory_profile(g, gpus(1), pl)
-    {'/GPU:0': 160}
-    """
-    cidx = cluster.index
-    try:
-        dev = [cidx[placement[nm]] for nm in graph.names]
-    except KeyError as exc:
-        raise InvalidPlanError([f"memory_profile: op or device {exc.args[0]!r} is not placed or unknown"]) from None
-    table = {t[0]: t for t in graph.tensor_table()}
-    xfers = []
-    for t in transfers or ():
-        info = table.get(t.tensor)
-        dd = cidx.get(t.dst)
-        if info is None or dd is None or t.src == t.dst:
-            continue  # check_plan reports these
-        _, src, nbytes, cons = info
-        xfers.append((src, nbytes, dd, t.start, t.finish, [j for j in cons if dev[j] == dd]))
-    if start is None or finish is None:
-        return _static_peak(graph, cluster, dev)
-    names = graph.names
-    st = [start[nm] for nm in names]
-    fi = [finish[nm] for nm in names]
-    return _timed_peak(graph, cluster, dev, st, fi, xfers)
-
-
-def _static_peak(graph: OpGraph, cluster: Cluster, dev: list[int]) -> dict[str, int]:
-    nd = len(cluster.devices)
-    held = [0] * nd
-    temp = [0] * nd
-    for op, d in zip(graph.ops, dev):
-        held[d] += op.persistent_bytes + op.output_bytes
-        if op.temporary_bytes > temp[d]:
-            temp[d] = op.temporary_bytes
-    for _, src, nbytes, cons in graph.tensor_table():
-        for d in {dev[j] for j in cons if dev[j] != dev[src]}:
-            held[d] += nbytes
-    return {dv.name: held[k] + temp[k] for k, dv in enumerate(cluster.devices)}
-
-
-def _timed_peak(graph: OpGraph, cluster: Cluster, dev, start, finish, xfers) -> dict[str, int]:
-    """Liveness peak from index arrays. ``xfers``: (producer idx, bytes,
-    destination device idx, start, finish, consumer idx on that device)."""
-    import numpy as np
-
-    arr = graph._np()
-    nd = len(cluster.devices)
-    dev = np.asarray(dev, dtype=np.int64)
-    st = np.asarray(start, dtype=float)
-    fi = np.asarray(finish, dtype=float)
-    last = fi.copy()
-    es, ed = arr["data_src"], arr["data_dst"]
-    if len(es):
-        same = dev[es] == dev[ed]
-        np.maximum.at(last, es[same], fi[ed[same]])
-    t_s, t_e, t_b, t_d = [], [], [], []
-    for src, nbytes, dd, s, f, js in xfers:
-        if f > last[src]:
-            last[src] = f
-        if nbytes > 0:
-            end = f
-            for j in js:
-                if fi[j] > end:
-                    end = fi[j]
-            t_s.append(s)
-            t_e.append(end)
-            t_b.append(nbytes)
-            t_d.append(dd)
-    out, tmp = arr["output"], arr["temporary"]
-    o = np.nonzero(out)[0]
-    m = np.nonzero(tmp)[0]
-    # rank of each op among ops starting at the same time (ties: shorter first),
-    # so that a zero-length op is over before the next op on its device starts
-    rank = np.empty(len(st), dtype=np.int64)
-    rank[np.lexsort((fi, st))] = np.arange(len(st))
-    nt = len(t_s)
-    a_t = np.concatenate([st[o], st[m], np.asarray(t_s, dtype=float)])
-    f_t = np.concatenate([last[o], fi[m], np.asarray(t_e, dtype=float)])
-    r = np.concatenate([rank[o], rank[m], np.full(nt, -1, dtype=np.int64)])
-    b = np.concatenate([out[o], tmp[m], np.asarray(t_b, dtype=np.int64)])
-    d = np.concatenate([dev[o], dev[m], np.asarray(t_d, dtype=np.int64)])
-    times = np.concatenate([a_t, f_t])
-    # at one instant: frees of intervals that end then (flag 0) come first; then,
-    # by rank, each allocation (flag 1), and right after it the free of a
-    # zero-length interval (it counts at its instant only)
-    zero = f_t <= a_t
-    flag = np.concatenate([np.ones(len(a_t), dtype=np.int8), np.where(zero, 1, 0).astype(np.int8)])
-    sub = np.concatenate([2 * r, np.where(zero, 2 * r + 1, 0)])
-    delta = np.concatenate([b, -b])
-    devs = np.concatenate([d, d])
-    pers = arr["persistent"]
-    base = [int(pers[dev == k].sum()) for k in range(nd)]
-    peak = {}
-    for k, dv in enumerate(cluster.devices):
-        sel = devs == k
-        best = 0
-        if sel.any():
-            order = np.lexsort((sub[sel], flag[sel], times[sel]))
-            best = max(0, int(np.cumsum(delta[sel][order]).max()))
-        peak[dv.name] = base[k] + best
-    return peak
-
-
 # -- checker -----------------------------------------------------------------------
 @dataclass
 class Report:
@@ -406,7 +272,7 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
     >>> g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 8)])
     >>> p = Plan({"a": "/GPU:0", "b": "/GPU:0"}, {"/GPU:0": ["b", "a"]})
     >>> print(check_plan(g, gpus(2), p))
-    order on /GPU:0 contradicts the graph: cycle b -> a -> b
+    order on /GPU:0 contradicts the graph: cycle a -> b -> a
     >>> check_plan(g, gpus(2), Plan.from_placement(g, {"a": "/GPU:0", "b": "/GPU:1"})).ok
     True
     """
@@ -475,41 +341,16 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
 
 def _order_cycle(graph: OpGraph, order: Mapping[str, tuple]) -> list[str] | None:
     """A cycle in DAG edges + consecutive-order edges, or None."""
-    n = graph.num_ops
     idx = graph.index
     succ = [list(s) for s in graph.succ_idx()]
-    indeg = [len(p) for p in graph.pred_idx()]
     for seq in order.values():
         for a, b in zip(seq, seq[1:]):
             succ[idx[a]].append(idx[b])
-            indeg[idx[b]] += 1
-    stack = [i for i in range(n) if indeg[i] == 0]
-    done = 0
-    while stack:
-        i = stack.pop()
-        done += 1
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                stack.append(j)
-    if done == n:
-        return None
-    left = {i for i in range(n) if indeg[i] > 0}
-    pred: list[list[int]] = [[] for _ in range(n)]
-    for i in sorted(left):
-        for j in succ[i]:
-            if j in left:
-                pred[j].append(i)
-    i = min(left)
-    pos: dict[int, int] = {}
-    path = []
-    while i not in pos:
-        pos[i] = len(path)
-        path.append(i)
-        i = pred[i][0]
-    cyc = path[pos[i]:]
-    cyc.reverse()
-    return [graph.names[k] for k in cyc]
+    try:
+        toposort(succ)
+    except CycleError as exc:
+        return [graph.names[k] for k in exc.cycle]
+    return None
 
 
 def _finite(x) -> bool:

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from .cluster import Cluster
 from .errors import InvalidPlanError
 from .graph import OpGraph
-from .plan import Plan, Transfer, _timed_peak
+from .memory import timed_peak
+from .plan import Plan, Transfer
 
 __all__ = ["Schedule", "simulate"]
 
@@ -431,7 +432,7 @@ def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None
         makespan = max(makespan, max(x[5] for x in xfers))
     sched = Schedule(graph, cluster, pl, st, fi, transfers, makespan, order_out, mode)
     if memory:
-        sched.peak_memory = _timed_peak(graph, cluster, dev, start, finish,
+        sched.peak_memory = timed_peak(graph, cluster, dev, start, finish,
                                         [(i, nbytes, dd, s, f, js) for i, tname, nbytes, dd, s, f, js in xfers])
     return sched
 

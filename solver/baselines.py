@@ -3,7 +3,7 @@
 All three run under TensorFlow's default scheduling (each device's FIFO ready
 queue): :func:`solver.common.finalize` is called with ``order=None``. All
 respect op kinds and colocation groups, and follow the memory-infeasible
-behaviour of :mod:`solver.memory`: the plan is always returned, with status
+behaviour of :mod:`pesto.memory`: the plan is always returned, with status
 ``"infeasible"`` and ``stats["memory_over"]`` when the simulated peak memory
 exceeds a device's capacity.
 
@@ -26,7 +26,8 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 
 from .common import finalize
-from .memory import MEMORY_NOTE, Problem, static_repair
+from pesto.memory import MEMORY_NOTE, static_repair
+from pesto.problem import Problem
 
 __all__ = ["place_single", "place_expert", "place_metis", "expert_assignment"]
 
@@ -268,7 +269,7 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None
     Slots from :func:`expert_assignment` map to the main GPUs in device order;
     then kinds and colocation groups are fixed (a group goes where most of
     its compute is), and devices over their static memory shed whole groups to
-    devices with room (:func:`solver.memory.static_repair`). Run under TF's
+    devices with room (:func:`pesto.memory.static_repair`). Run under TF's
     default FIFO scheduling. ``stats["expert"]`` counts the ops each rule
     matched.
     """

@@ -1,13 +1,8 @@
-"""Lower bounds, feasibility pre-checks and a quick greedy plan.
+"""Lower bounds and a quick greedy plan (memory pre-checks: :func:`pesto.memory.check_feasible`).
 
 Everything here is cheap (linear or near-linear in the graph) and is used by
 the exact solvers and :func:`pesto.solve` before any search.
 
-* :func:`check_feasible` raises :class:`~pesto.errors.InfeasibleError` naming
-  the culprit when no plan can exist: an op allowed on no device of the
-  cluster, a colocation group whose members share no allowed device, an op or
-  a colocation group that fits no device's memory, or persistent bytes over
-  the total capacity.
 * :func:`lower_bound` = max(critical path with each op at its fastest allowed
   device, total fastest work / number of devices, work forced onto one kind /
   number of devices of that kind). Communication is ignored, so it is valid
@@ -28,10 +23,10 @@ from __future__ import annotations
 import time
 
 from pesto.cluster import Cluster
-from pesto.errors import InfeasibleError
 from pesto.graph import OpGraph
+from pesto.memory import static_bytes
 
-__all__ = ["allowed_devices", "durations", "check_feasible", "lower_bound", "greedy_plan", "static_bytes"]
+__all__ = ["allowed_devices", "durations", "lower_bound", "greedy_plan"]
 
 
 def allowed_devices(graph: OpGraph, cluster: Cluster) -> list[list[int]]:
@@ -45,68 +40,6 @@ def durations(graph: OpGraph, cluster: Cluster) -> list[dict[int, float]]:
     devs = cluster.devices
     return [{k: op.compute[devs[k].kind] / devs[k].speed for k in allowed}
             for op, allowed in zip(graph.ops, allowed_devices(graph, cluster))]
-
-
-def static_bytes(op) -> int:
-    """Bytes an op holds all step in the static model: persistent + outputs."""
-    return op.persistent_bytes + op.output_bytes
-
-
-def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
-    """Raise :class:`InfeasibleError` if no plan can exist; return None otherwise.
-
-    Raises
-    ------
-    InfeasibleError
-        With ``culprit`` set to the op, colocation group or ``"total"``.
-
-    Examples
-    --------
-    >>> from pesto.graph import OpGraph, Op
-    >>> from pesto.cluster import gpus
-    >>> g = OpGraph([Op("big", {"GPU": 1.0}, persistent_bytes=2**40)])
-    >>> try:
-    ...     check_feasible(g, gpus(2))
-    ... except InfeasibleError as e:
-    ...     print(e.culprit)
-    big
-    """
-    devs = cluster.devices
-    allowed = allowed_devices(graph, cluster)
-    ops = graph.ops
-    for op, al in zip(ops, allowed):
-        if not al:
-            raise InfeasibleError(
-                f"op {op.name!r} may run on kinds {sorted(op.kinds)} but the cluster has only "
-                f"{sorted({d.kind for d in devs})}", culprit=op.name)
-        need = op.persistent_bytes + op.output_bytes + op.temporary_bytes
-        cap = max(devs[k].memory for k in al)
-        if need > cap:
-            raise InfeasibleError(
-                f"op {op.name!r} needs {need} bytes (persistent + output + temporary) but the largest "
-                f"device it may use has {cap}", culprit=op.name)
-    index = graph.index
-    for group, members in graph.colocation_groups().items():
-        common = set(allowed[index[members[0]]])
-        for m in members[1:]:
-            common &= set(allowed[index[m]])
-        if not common:
-            raise InfeasibleError(
-                f"colocation group {group!r} has no device every member may run on "
-                f"(members {members[:6]}{'...' if len(members) > 6 else ''})", culprit=group)
-        mops = [ops[index[m]] for m in members]
-        need = sum(o.persistent_bytes for o in mops) + max(o.output_bytes + o.temporary_bytes for o in mops)
-        cap = max(devs[k].memory for k in common)
-        if need > cap:
-            raise InfeasibleError(
-                f"colocation group {group!r} ({len(members)} ops) needs at least {need} bytes "
-                f"but the largest device it may use has {cap}", culprit=group)
-    total = sum(op.persistent_bytes for op in ops)
-    cap = sum(d.memory for d in devs)
-    if total > cap:
-        raise InfeasibleError(
-            f"persistent bytes of the graph ({total}) exceed the memory of all devices together ({cap})",
-            culprit="total")
 
 
 def lower_bound(graph: OpGraph, cluster: Cluster, dur: list[dict[int, float]] | None = None) -> float:

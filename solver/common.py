@@ -10,6 +10,7 @@ import time
 from typing import Mapping, Sequence
 
 from pesto.cluster import Cluster
+from pesto.dag import priority_order
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.simulate import simulate
@@ -66,11 +67,8 @@ def finalize(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str], *,
 
 
 def order_by_key(graph: OpGraph, key: Sequence[float]) -> list[str]:
-    """A topological order of ``graph`` that takes, among the ops whose
-    predecessors are all taken, the one with the smallest ``key[i]`` first.
-
-    Sorting by a solver's start times alone can contradict the graph when the
-    times carry a float tolerance (an LP/MIP solution); this cannot.
+    """A topological order of ``graph`` taking, among ready ops, the smallest
+    ``key[i]`` first (:func:`pesto.dag.priority_order`, by name).
 
     Examples
     --------
@@ -78,18 +76,4 @@ def order_by_key(graph: OpGraph, key: Sequence[float]) -> list[str]:
     >>> order_by_key(g, [1.0, 0.9999999, 0.5])   # b "starts" before a: kept after it
     ['a', 'b', 'c']
     """
-    import heapq
-
-    pred, succ = graph.pred_idx(), graph.succ_idx()
-    left = [len(p) for p in pred]
-    heap = [(key[i], i) for i in range(graph.num_ops) if left[i] == 0]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        out.append(graph.names[i])
-        for j in succ[i]:
-            left[j] -= 1
-            if left[j] == 0:
-                heapq.heappush(heap, (key[j], j))
-    return out
+    return [graph.names[i] for i in priority_order(graph.succ_idx(), graph.pred_idx(), key)]

@@ -81,7 +81,9 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.simulate import simulate
 
-from .bounds import check_feasible, durations, greedy_plan, lower_bound, static_bytes
+from pesto.memory import check_feasible, static_bytes
+
+from .bounds import durations, greedy_plan, lower_bound
 from .common import finalize
 
 __all__ = ["place_cpsat", "CpsatModel", "symmetric_groups"]

@@ -11,10 +11,10 @@ simulates that order so every plan's makespan is the simulator's.
 Constraints: an op runs only on devices of its kinds; a colocation group is
 placed as a whole on first touch (its first placed member pins the group, and
 the memory check reserves the whole group's persistent bytes); memory follows
-Baechi's accounting (:mod:`solver.memory`). When memory fits nowhere an op goes
+Baechi's accounting (:mod:`pesto.memory`). When memory fits nowhere an op goes
 to the allowed device with the most free memory, the plan lists it in
 ``stats["memory_forced"]`` and, if the simulated peak is over capacity, its
-status is ``"infeasible"`` (see :mod:`solver.memory`, same for every baseline).
+status is ``"infeasible"`` (see :mod:`pesto.memory`, same for every baseline).
 
 Options every placer accepts: ``time_limit`` (used by m-SCT's LP), ``seed``
 (ignored: all are deterministic).
@@ -40,7 +40,8 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 
 from .common import finalize
-from .memory import MEMORY_NOTE, MemoryTracker, Problem
+from pesto.memory import MEMORY_NOTE, MemoryTracker
+from pesto.problem import Problem
 
 __all__ = ["place_m_topo", "place_m_etf", "place_m_sct", "place_celeritas", "place_heft"]
 
@@ -327,7 +328,7 @@ def place_m_etf(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None,
     prob = Problem(graph, cluster)
     mem = MemoryTracker(prob)
     times = _Times(prob)
-    bl = prob.bottom_levels()
+    bl = prob.mean_bottom_levels()
     order = _etf(prob, mem, times, [-b for b in bl])
     return _finish(graph, cluster, prob, mem, times, order, "m-etf", t0)
 
@@ -456,7 +457,7 @@ def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None,
     times = _Times(prob)
     limit = lp_time_limit or time_limit or LP_TIME_LIMIT
     fav_parent, stats = favourite_children(prob, time_limit=limit)
-    bl = prob.bottom_levels()
+    bl = prob.mean_bottom_levels()
     order = _etf(prob, mem, times, [-b for b in bl], fav_parent=fav_parent)
     return _finish(graph, cluster, prob, mem, times, order, "m-sct", t0, stats=stats)
 
@@ -465,7 +466,7 @@ def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None,
 def cpd_topo_order(prob: Problem) -> list[int]:
     """Celeritas CPD-TOPO: a topological order that always takes, among ready
     ops, the one with the longest remaining critical path (ties: lower index)."""
-    bl = prob.bottom_levels()
+    bl = prob.mean_bottom_levels()
     waiting = [len(p) for p in prob.pred]
     heap = [(-bl[i], i) for i in range(prob.n) if waiting[i] == 0]
     heapq.heapify(heap)

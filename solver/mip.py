@@ -43,7 +43,9 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan, check_plan
 from pesto.simulate import simulate
 
-from .bounds import check_feasible, durations, greedy_plan, lower_bound, static_bytes
+from pesto.memory import check_feasible, static_bytes
+
+from .bounds import durations, greedy_plan, lower_bound
 from .common import finalize, order_by_key
 
 __all__ = ["place_mip"]

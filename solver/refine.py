@@ -40,7 +40,7 @@ from pesto.plan import Plan
 from pesto.simulate import simulate
 
 from .common import finalize
-from .memory import Problem
+from pesto.problem import Problem
 
 __all__ = ["reschedule", "refine", "improve", "solve_fine", "upward_ranks", "slack", "move_groups", "CANDIDATES"]
 

@@ -5,7 +5,8 @@ from pesto.cluster import gpus
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import check_plan
 from solver.baselines import expert_assignment, place_expert, place_metis, place_single
-from solver.memory import Problem, static_repair
+from pesto.memory import static_repair
+from pesto.problem import Problem
 
 
 def test_single_uses_the_fastest_gpu_and_the_cpu_for_cpu_only_ops():

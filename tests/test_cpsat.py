@@ -10,7 +10,8 @@ from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import Plan, check_plan, memory_profile
 from pesto.random_graphs import layered_dag
 from pesto.simulate import simulate
-from solver.bounds import check_feasible, greedy_plan, lower_bound
+from pesto.memory import check_feasible
+from solver.bounds import greedy_plan, lower_bound
 from solver.cpsat import CpsatModel, place_cpsat, symmetric_groups
 
 

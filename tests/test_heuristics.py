@@ -8,7 +8,8 @@ from pesto.plan import check_plan
 from solver import get_placer
 from solver.heuristics import (cpd_topo_order, favourite_children, place_celeritas, place_heft,
                                place_m_etf, place_m_sct, place_m_topo, upward_ranks)
-from solver.memory import MemoryTracker, Problem
+from pesto.memory import MemoryTracker
+from pesto.problem import Problem
 
 LIST_PLACERS = ["m-topo", "m-etf", "m-sct", "celeritas", "heft"]
 

@@ -24,7 +24,7 @@ def _cluster(**kw):
 def _random_plan(g, cl, seed):
     """A valid random placement (kinds and colocation respected), TF FIFO."""
     rng = random.Random(seed)
-    from solver.memory import Problem
+    from pesto.problem import Problem
     prob = Problem(g, cl)
     place = {}
     for mem in prob.members:

@@ -1,0 +1,377 @@
+"""Memory: one module for every accounting of device memory.
+
+* :func:`memory_profile` / :func:`timed_peak` -- the liveness peak of a timed
+  schedule (the checker's and the simulator's verdict);
+* :func:`static_peak` -- the schedule-free upper bound of that peak for a
+  placement: persistent + outputs + each tensor received once + the largest
+  temporary;
+* :class:`MemoryTracker` -- Baechi's incremental accounting while ops are
+  placed one by one (placers use it to choose devices);
+* :func:`static_repair` -- move colocation units off over-full devices;
+* :func:`check_feasible` -- refuse, before any solving, a problem no plan can fit.
+
+The three agree in one direction, which tests check on random graphs: for any
+placement, the tracker's final peak and the timed peak of any schedule are at
+most the static peak.
+
+Memory-infeasible behaviour (the same for every baseline placer)
+----------------------------------------------------------------
+A placer never raises because memory is short and never hides it. When an op
+(or its colocation group) fits on no allowed device, it goes to the allowed
+device with the most free memory (best effort) and its name is recorded in
+``plan.stats["memory_forced"]``. The returned plan is always simulated by
+:func:`solver.common.finalize`, whose liveness-based peak memory is the same as
+:func:`pesto.plan.check_plan`'s: if any device is over capacity the plan's
+status is ``"infeasible"`` and ``stats["memory_over"]`` gives the peak bytes per
+over-full device. So a plan labelled anything but ``"infeasible"`` passes
+``check_plan`` including memory.
+
+:class:`~pesto.errors.InfeasibleError` is raised only when no plan can exist
+for reasons other than memory: an op (or a colocation group) whose allowed
+kinds match no device of the cluster; the error names it.
+
+Baechi's accounting (:class:`MemoryTracker`), in placement order: persistent
+bytes stay for the whole step (a colocation group's persistent bytes are
+reserved on its device when its first member is placed); an op's output stays
+on its device, and a copy on every remote device that consumes it, until every
+consumer of the op has been placed; temporary bytes count only while the op
+is being placed.
+
+Examples
+--------
+>>> from pesto.graph import Op, OpGraph
+>>> from pesto.cluster import gpus
+>>> g = OpGraph([Op("w", {"GPU": 1.0}, persistent_bytes=60)])
+>>> t = MemoryTracker(Problem.of(g, gpus(2, memory=100)))
+>>> t.fits(0, 0), t.commit(0, 0), t.used
+(True, None, [60, 0])
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from .cluster import Cluster
+from .errors import InfeasibleError, InvalidPlanError
+from .graph import OpGraph
+from .problem import Problem
+
+__all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair",
+           "check_feasible", "static_bytes", "MEMORY_NOTE"]
+
+MEMORY_NOTE = ("memory does not fit: ops in memory_forced were put on the device with the most free "
+               "memory; memory_over gives the simulated peak per over-full device")
+
+
+def memory_profile(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str],
+                   start: Mapping[str, float] | None = None, finish: Mapping[str, float] | None = None,
+                   transfers=None) -> dict[str, int]:
+    """Peak bytes per device.
+
+    With times (``start``, ``finish`` and the ``transfers``):
+
+    * an op's ``persistent_bytes`` are held all step;
+    * its ``output_bytes`` from its start until its last consumer *on the same
+      device* through a data edge finishes, or its last outgoing transfer
+      ends, whichever is later (at least until it finishes);
+    * its ``temporary_bytes`` while it runs;
+    * a received tensor's bytes on the receiving device from the start of its
+      transfer until the transfer ends or its last consumer there finishes.
+
+    An interval ``[s, e)`` is live at ``s`` but not at ``e``, so back-to-back
+    ops do not add up; a zero-length interval counts at its instant only
+    (ops starting together are taken shortest first).
+
+    Without times: the conservative static sum persistent + outputs + each
+    tensor received (once per device) + the largest temporary, an upper bound
+    of the timed peak for any schedule of that placement.
+
+    Examples
+    --------
+    >>> from pesto.graph import Op, Tensor, Edge, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op("a", {"GPU": 2}, persistent_bytes=10, output_bytes=100),
+    ...              Op("b", {"GPU": 3}, temporary_bytes=50)],
+    ...             [Edge("a", "b", ("a:0",))], [Tensor("a:0", "a", 100)])
+    >>> pl = {"a": "/GPU:0", "b": "/GPU:0"}
+    >>> memory_profile(g, gpus(1), pl, {"a": 0, "b": 2}, {"a": 2, "b": 5}, [])
+    {'/GPU:0': 160}
+    >>> memory_profile(g, gpus(1), pl)
+    {'/GPU:0': 160}
+    """
+    cidx = cluster.index
+    try:
+        dev = [cidx[placement[nm]] for nm in graph.names]
+    except KeyError as exc:
+        raise InvalidPlanError([f"memory_profile: op or device {exc.args[0]!r} is not placed or unknown"]) from None
+    table = {t[0]: t for t in graph.tensor_table()}
+    xfers = []
+    for t in transfers or ():
+        info = table.get(t.tensor)
+        dd = cidx.get(t.dst)
+        if info is None or dd is None or t.src == t.dst:
+            continue  # check_plan reports these
+        _, src, nbytes, cons = info
+        xfers.append((src, nbytes, dd, t.start, t.finish, [j for j in cons if dev[j] == dd]))
+    if start is None or finish is None:
+        return static_peak(graph, cluster, dev)
+    names = graph.names
+    st = [start[nm] for nm in names]
+    fi = [finish[nm] for nm in names]
+    return timed_peak(graph, cluster, dev, st, fi, xfers)
+
+
+def static_peak(graph: OpGraph, cluster: Cluster, dev: list[int]) -> dict[str, int]:
+    nd = len(cluster.devices)
+    held = [0] * nd
+    temp = [0] * nd
+    for op, d in zip(graph.ops, dev):
+        held[d] += op.persistent_bytes + op.output_bytes
+        if op.temporary_bytes > temp[d]:
+            temp[d] = op.temporary_bytes
+    for _, src, nbytes, cons in graph.tensor_table():
+        for d in {dev[j] for j in cons if dev[j] != dev[src]}:
+            held[d] += nbytes
+    return {dv.name: held[k] + temp[k] for k, dv in enumerate(cluster.devices)}
+
+
+def timed_peak(graph: OpGraph, cluster: Cluster, dev, start, finish, xfers) -> dict[str, int]:
+    """Liveness peak from index arrays. ``xfers``: (producer idx, bytes,
+    destination device idx, start, finish, consumer idx on that device)."""
+    import numpy as np
+
+    arr = graph._np()
+    nd = len(cluster.devices)
+    dev = np.asarray(dev, dtype=np.int64)
+    st = np.asarray(start, dtype=float)
+    fi = np.asarray(finish, dtype=float)
+    last = fi.copy()
+    es, ed = arr["data_src"], arr["data_dst"]
+    if len(es):
+        same = dev[es] == dev[ed]
+        np.maximum.at(last, es[same], fi[ed[same]])
+    t_s, t_e, t_b, t_d = [], [], [], []
+    for src, nbytes, dd, s, f, js in xfers:
+        if f > last[src]:
+            last[src] = f
+        if nbytes > 0:
+            end = f
+            for j in js:
+                if fi[j] > end:
+                    end = fi[j]
+            t_s.append(s)
+            t_e.append(end)
+            t_b.append(nbytes)
+            t_d.append(dd)
+    out, tmp = arr["output"], arr["temporary"]
+    o = np.nonzero(out)[0]
+    m = np.nonzero(tmp)[0]
+    # rank of each op among ops starting at the same time (ties: shorter first),
+    # so that a zero-length op is over before the next op on its device starts
+    rank = np.empty(len(st), dtype=np.int64)
+    rank[np.lexsort((fi, st))] = np.arange(len(st))
+    nt = len(t_s)
+    a_t = np.concatenate([st[o], st[m], np.asarray(t_s, dtype=float)])
+    f_t = np.concatenate([last[o], fi[m], np.asarray(t_e, dtype=float)])
+    r = np.concatenate([rank[o], rank[m], np.full(nt, -1, dtype=np.int64)])
+    b = np.concatenate([out[o], tmp[m], np.asarray(t_b, dtype=np.int64)])
+    d = np.concatenate([dev[o], dev[m], np.asarray(t_d, dtype=np.int64)])
+    times = np.concatenate([a_t, f_t])
+    # at one instant: frees of intervals that end then (flag 0) come first; then,
+    # by rank, each allocation (flag 1), and right after it the free of a
+    # zero-length interval (it counts at its instant only)
+    zero = f_t <= a_t
+    flag = np.concatenate([np.ones(len(a_t), dtype=np.int8), np.where(zero, 1, 0).astype(np.int8)])
+    sub = np.concatenate([2 * r, np.where(zero, 2 * r + 1, 0)])
+    delta = np.concatenate([b, -b])
+    devs = np.concatenate([d, d])
+    pers = arr["persistent"]
+    base = [int(pers[dev == k].sum()) for k in range(nd)]
+    peak = {}
+    for k, dv in enumerate(cluster.devices):
+        sel = devs == k
+        best = 0
+        if sel.any():
+            order = np.lexsort((sub[sel], flag[sel], times[sel]))
+            best = max(0, int(np.cumsum(delta[sel][order]).max()))
+        peak[dv.name] = base[k] + best
+    return peak
+
+
+def static_bytes(op) -> int:
+    """Bytes an op holds all step in the static model: persistent + outputs."""
+    return op.persistent_bytes + op.output_bytes
+
+
+def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
+    """Raise :class:`InfeasibleError` if no plan can fit; return None otherwise.
+
+    Checks that every op and colocation group has a device kind it may use
+    (:class:`Problem` raises that), that each fits the largest such device on
+    its own, and that the persistent bytes fit all devices together.
+
+    Raises
+    ------
+    InfeasibleError
+        With ``culprit`` set to the op, colocation group or ``"total"``.
+
+    Examples
+    --------
+    >>> from pesto.graph import OpGraph, Op
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op("big", {"GPU": 1.0}, persistent_bytes=2**40)])
+    >>> try:
+    ...     check_feasible(g, gpus(2))
+    ... except InfeasibleError as e:
+    ...     print(e.culprit)
+    big
+    """
+    p = Problem.of(graph, cluster)
+    ops = graph.ops
+    for i, op in enumerate(ops):
+        need = op.persistent_bytes + op.output_bytes + op.temporary_bytes
+        cap = max(p.cap[d] for d in p.allowed[i])
+        if need > cap:
+            raise InfeasibleError(
+                f"op {op.name!r} needs {need} bytes (persistent + output + temporary) but the largest "
+                f"device it may use has {cap}", culprit=op.name)
+    for mem in p.members:
+        if len(mem) < 2:
+            continue
+        need = sum(p.persistent[i] for i in mem) + max(p.out[i] + p.temp[i] for i in mem)
+        cap = max(p.cap[d] for d in p.allowed[mem[0]])
+        if need > cap:
+            group = ops[mem[0]].colocation_group
+            raise InfeasibleError(
+                f"colocation group {group!r} ({len(mem)} ops) needs at least {need} bytes "
+                f"but the largest device it may use has {cap}", culprit=group)
+    total = sum(p.persistent)
+    if total > sum(p.cap):
+        raise InfeasibleError(
+            f"persistent bytes of the graph ({total}) exceed the memory of all devices together "
+            f"({sum(p.cap)})", culprit="total")
+
+
+class MemoryTracker:
+    """Baechi-style memory accounting while ops are placed one by one.
+
+    ``fits(i, d)`` says whether op ``i`` can go on device ``d`` now;
+    ``commit(i, d)`` records it. ``used[d]`` is the bytes held on ``d``,
+    ``peak[d]`` the most ever held (temporaries included), ``forced`` the ops
+    committed although they did not fit.
+    """
+
+    def __init__(self, problem: Problem):
+        p = self.p = problem
+        self.used = [0] * p.nd
+        self.peak = [0] * p.nd
+        self.place = [-1] * p.n
+        self.unit_dev = [-1] * len(p.members)
+        self.remaining = [len(s) for s in p.succ]
+        self.copies: list = [None] * p.n
+        self.sent: set = set()
+        self.forced: list[int] = []
+
+    def need(self, i: int, d: int) -> int:
+        """Bytes ``d`` must hold at once to place op ``i`` there now."""
+        p = self.p
+        u = p.unit[i]
+        extra = p.unit_persistent[u] if self.unit_dev[u] < 0 else 0
+        extra += p.out[i] + p.temp[i]
+        sent, place = self.sent, self.place
+        for q, ts in p.ins[i]:
+            if place[q] != d:
+                for t, b in ts:
+                    if b and (t, d) not in sent:
+                        extra += b
+        return extra
+
+    def fits(self, i: int, d: int) -> bool:
+        return self.used[d] + self.need(i, d) <= self.p.cap[d]
+
+    def free_bytes(self, d: int) -> int:
+        return self.p.cap[d] - self.used[d]
+
+    def best_effort(self, i: int, candidates) -> int:
+        """Among ``candidates``, the device left with the most free memory after ``i``."""
+        return max(candidates, key=lambda d: (self.p.cap[d] - self.used[d] - self.need(i, d), -d))
+
+    def commit(self, i: int, d: int) -> None:
+        p = self.p
+        used = self.used
+        if used[d] + self.need(i, d) > p.cap[d]:
+            self.forced.append(i)
+        u = p.unit[i]
+        if self.unit_dev[u] < 0:
+            self.unit_dev[u] = d
+            used[d] += p.unit_persistent[u]
+        self.place[i] = d
+        used[d] += p.out[i]
+        for q, ts in p.ins[i]:
+            if self.place[q] != d:
+                for t, b in ts:
+                    if b and (t, d) not in self.sent:
+                        self.sent.add((t, d))
+                        used[d] += b
+                        if self.copies[q] is None:
+                            self.copies[q] = []
+                        self.copies[q].append((d, b))
+        if used[d] + p.temp[i] > self.peak[d]:
+            self.peak[d] = used[d] + p.temp[i]
+        for q, _ in p.ins[i]:
+            self.remaining[q] -= 1
+            if self.remaining[q] == 0:
+                self._release(q)
+        if self.remaining[i] == 0:
+            self._release(i)
+
+    def _release(self, q: int) -> None:
+        self.used[self.place[q]] -= self.p.out[q]
+        for d, b in self.copies[q] or ():
+            self.used[d] -= b
+        self.copies[q] = None
+
+    def forced_names(self) -> list[str]:
+        names = self.p.graph.names
+        return [names[i] for i in self.forced]
+
+
+def static_repair(problem: Problem, place: list[int]) -> list[int]:
+    """Move whole colocation units off devices whose static footprint
+    (persistent + outputs + largest temporary, as :func:`pesto.plan.memory_profile`
+    without times) exceeds capacity, to allowed devices with room. Best effort:
+    returns the op indices of units that could not be moved anywhere with room.
+    ``place`` is modified in place.
+    """
+    p = problem
+    held = [0] * p.nd
+    temp = [0] * p.nd
+    for i in range(p.n):
+        d = place[i]
+        held[d] += p.persistent[i] + p.out[i]
+        temp[d] = max(temp[d], p.temp[i])
+    over = [d for d in range(p.nd) if held[d] + temp[d] > p.cap[d]]
+    if not over:
+        return []
+    stuck = []
+    foot = [sum(p.persistent[i] + p.out[i] for i in mem) for mem in p.members]
+    tmax = [max(p.temp[i] for i in mem) for mem in p.members]
+    for d in over:
+        units = sorted({p.unit[i] for i in range(p.n) if place[i] == d}, key=lambda u: -foot[u])
+        for u in units:
+            if held[d] + temp[d] <= p.cap[d]:
+                break
+            if foot[u] == 0:
+                continue
+            targets = [e for e in p.allowed[p.members[u][0]]
+                       if e != d and held[e] + foot[u] + max(temp[e], tmax[u]) <= p.cap[e]]
+            if not targets:
+                stuck.extend(p.members[u])
+                continue
+            e = max(targets, key=lambda e: p.cap[e] - held[e])
+            for i in p.members[u]:
+                place[i] = e
+            held[d] -= foot[u]
+            held[e] += foot[u]
+            temp[e] = max(temp[e], tmax[u])
+            # temp[d] is left as is: conservative, and avoids an O(n) rescan per move
+    return stuck
