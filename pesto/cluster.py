@@ -31,7 +31,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from .errors import InvalidClusterError
+from .errors import InvalidClusterError, SchemaError
 from .graph import _check_header, _field, _load_json
 
 FORMAT = "pesto.cluster"
@@ -244,7 +244,6 @@ class Cluster:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Cluster":
-        from .errors import SchemaError
         _check_header(d, FORMAT, VERSION)
         try:
             devs = [Device(x["name"], x.get("kind", "GPU"), int(x["memory"]), float(x.get("speed", 1.0)))
