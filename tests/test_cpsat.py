@@ -452,3 +452,24 @@ def test_memory_guarantee_holds_on_returned_plans(seed):
             assert sum(held[i] for i in mine) + max((peak[i] for i in mine), default=0) <= p.cap[k]
         over = any(timed[d] > p.cap[k] for k, d in enumerate(p.dev_names))
         assert (plan.status == "infeasible") == over
+
+
+@pytest.mark.parametrize("case", ["contended", "aggregated", "free", "kinds"])
+def test_hint_is_a_complete_feasible_solution(case):
+    """The hint (a heuristic plan rescheduled by the engine in model units)
+    satisfies every constraint with every variable fixed to its hinted value."""
+    from ortools.sat.python import cp_model
+
+    g = layered_dag(40, width=6, seed=11, coloc_prob=0.1 if case == "kinds" else 0.0)
+    cpu = any("GPU" not in op.kinds for op in g.ops)
+    c = {"contended": v100x4_pcie(with_cpu=cpu), "aggregated": two_hosts(with_cpu=cpu),
+         "free": gpus(3, beta=(5.0, 1e-3), contention_free=True, with_cpu=cpu),
+         "kinds": v100x2_nvlink(with_cpu=True)}[case]
+    model = CpsatModel(g, c, aggregate=case == "aggregated")
+    assert model.set_hint(greedy_plan(g, c))
+    solver = cp_model.CpSolver()
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = 20
+    assert solver.solve(model.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    assert solver.value(model.makespan) == max(model.hint_units, model.ms_min)
