@@ -2,7 +2,8 @@
 
 A plan's placement is relabelled to obey the model's symmetry breaking
 (:func:`canonical`), its per-device order is rescheduled left-shifted in the
-model's integer units (:func:`hint_schedule`), and every model variable gets
+model's integer units by the scheduling engine (:func:`hint_schedule`, a
+:class:`pesto.engine.Timeline`), and every model variable gets
 the value that schedule implies (:func:`set_hint`), so CP-SAT starts from a
 complete feasible solution: on big coarse graphs the first solution is then
 immediate.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from pesto.engine import Timeline
 from pesto.errors import InvalidPlanError
 from pesto.plan import Plan
 from pesto.simulate import simulate
@@ -123,8 +125,11 @@ def _hint_transfers(model, dev, en, xfer) -> int:
 
 def hint_schedule(model, dev: list[int], seq: list[int]):
     """Left-shifted schedule in model units of placement ``dev`` and op
-    sequence ``seq`` (per device in that order; transfers on links in request
-    order). Feasible for the model whatever the sequence's times were.
+    sequence ``seq``, by :class:`pesto.engine.Timeline`: ops per device in
+    that order (never before their predecessors), durations and transfer times
+    in model units, transfers on the model's links first come first served
+    (bundled per producer and destination when the model aggregates them).
+    Feasible for the model whatever the sequence's times were.
 
     Returns per-op starts and ends and, per transfer unit key, its (start, end).
 
@@ -133,64 +138,35 @@ def hint_schedule(model, dev: list[int], seq: list[int]):
     RuntimeError
         ``seq`` contradicts the graph.
     """
-    p = model.problem
-    units_of: dict[int, list] = {}
-    for unit in model.units_info:
-        units_of.setdefault(unit.u, []).append(unit)
-    edge_delay = {} if model.contended else _edge_delays(model, dev)
-    st, en = [0] * p.n, [0] * p.n
-    arrive: dict[tuple, int] = {}
-    dev_free = [0] * p.nd
-    link_free: dict[int, int] = {}
-    xfer: dict = {}
+    p, units = model.problem, model.units
+    tl = Timeline(p, dur=model.size, comm=lambda a, b, nbytes: units(p.comm(a, b, nbytes)),
+                  links="fcfs" if model.contended else "free", placement=dev, bundle=model.aggregated)
     done = [False] * p.n
     pending = list(seq)
-    # process in the given sequence, but never before predecessors (robust to ties)
+    # commit in the given sequence, but never before predecessors (robust to ties)
     while pending:
         rest = []
         for i in pending:
-            if not all(done[q] for q in p.pred[i]):
+            if all(done[q] for q in p.pred[i]):
+                tl.commit(i, dev[i], tl.earliest(i, dev[i]))
+                done[i] = True
+            else:
                 rest.append(i)
-                continue
-            t = dev_free[dev[i]]
-            for q in p.pred[i]:
-                t = max(t, en[q] + edge_delay.get((q, i), 0), arrive.get((q, i), 0))
-            st[i], en[i] = t, t + model.size[i][dev[i]]
-            dev_free[dev[i]] = en[i]
-            done[i] = True
-            for unit in units_of.get(i, ()):
-                _send(model, unit, dev, en[i], link_free, xfer, arrive)
         if len(rest) == len(pending):
             raise RuntimeError("hint order contradicts the graph")
         pending = rest
-    return st, en, xfer
+    return [int(t) for t in tl.start], [int(t) for t in tl.finish], _unit_times(model, dev, tl)
 
 
-def _edge_delays(model, dev) -> dict:
-    """Contention free: the delay (units) of every data edge whose ends are apart."""
-    p, delay = model.problem, {}
-    for c in range(p.n):
-        for u, ts in p.ins[c]:
-            bs = [b for _, b in ts if b > 0]
-            if dev[u] != dev[c] and model.item_of[u] != model.item_of[c] and bs:
-                delay[(u, c)] = max(model.units(p.comm(dev[u], dev[c], b)) for b in bs)
-    return delay
-
-
-def _send(model, unit, dev, ready: int, link_free: dict, xfer: dict, arrive: dict) -> None:
-    """Send ``unit`` (if some of its tensors goes to its device) at ``ready`` or
-    when its route's links are free, its tensors back to back."""
-    u, e, p = unit.u, unit.e, model.problem
-    sent = [b for name, b, cs in unit.tensors if e != dev[u] and any(dev[c] == e for c in cs)]
-    if not sent:
-        return
-    links = p.route_links[dev[u]][e]
-    s = max([ready] + [link_free.get(l, 0) for l in links])
-    f = s + sum(model.units(p.comm(dev[u], e, b)) for b in sent)
-    for l in links:
-        link_free[l] = f
-    xfer[unit.key] = (s, f)
-    for name, b, cs in unit.tensors:
-        for c in cs:
-            if dev[c] == e:
-                arrive[(u, c)] = max(arrive.get((u, c), 0), f)
+def _unit_times(model, dev, tl) -> dict:
+    """(start, end) of every transfer unit the timeline sent, by unit key."""
+    p, xfer = model.problem, {}
+    tensor_id = {t[0]: k for k, t in enumerate(p.tensors)} if model.units_info else {}
+    for unit in model.units_info:
+        u, e = unit.u, unit.e
+        end = tl.arrive.get((u, e) if model.aggregated else (tensor_id[unit.key[0]], e))
+        if end is not None:
+            length = sum(model.units(p.comm(dev[u], e, b)) for _, b, cs in unit.tensors
+                         if any(dev[c] == e for c in cs))
+            xfer[unit.key] = (int(end) - length, int(end))
+    return xfer
