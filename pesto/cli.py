@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import sys
@@ -223,7 +224,9 @@ def run_placer(args, graph, cluster, placer: str):
     except (ImportError, AttributeError) as exc:
         raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
-        return fn(graph, cluster, time_limit=args.time_limit, seed=args.seed)
+        declared = inspect.signature(fn).parameters  # heuristics take no time limit or seed
+        opts = {k: v for k, v in (("time_limit", args.time_limit), ("seed", args.seed)) if k in declared}
+        return fn(graph, cluster, **opts)
 
 
 def _fmt_bytes(n) -> str:

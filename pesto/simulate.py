@@ -10,6 +10,9 @@
 * a device runs its ops either in the plan's fixed order (``mode="order"``)
   or, TF's default, in the order they became ready (``mode="fifo"``).
 
+The event loop itself is :func:`pesto.engine.replay`; this module names its
+index arrays and adds peak memory.
+
 :func:`simulate` returns a :class:`Schedule`: makespan, op and transfer times,
 busy fractions, peak memory; it converts to a :class:`~pesto.plan.Plan`, a
 Chrome trace (Perfetto, chrome://tracing) and a matplotlib Gantt chart.
@@ -27,16 +30,16 @@ Examples
 from __future__ import annotations
 
 import gc
-import heapq
 import json
-from collections import deque
 from dataclasses import dataclass, field
 
 from .cluster import Cluster
-from .errors import InvalidPlanError
+from .engine import replay
+from .errors import InfeasibleError, InvalidPlanError
 from .graph import OpGraph
 from .memory import timed_peak
 from .plan import Plan, Transfer
+from .problem import INF, Problem
 
 __all__ = ["Schedule", "simulate"]
 
@@ -221,219 +224,97 @@ def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None
         raise ValueError(f"mode must be 'order' or 'fifo', got {mode!r}")
     if mode == "order" and order is None:
         raise ValueError("mode='order' needs a Plan with an order")
-    by_order = mode == "order"
-    prio = None
-    if priority is not None:
-        if by_order:
-            raise ValueError("priority= applies to mode='fifo' only")
+    if priority is not None and mode == "order":
+        raise ValueError("priority= applies to mode='fifo' only")
+    try:
+        prob = Problem.of(graph, cluster)
+    except InfeasibleError as exc:  # some op can run nowhere: say where the plan put it
+        _check_by_name(graph, cluster, placement)
+        raise InvalidPlanError([str(exc)]) from None
+    dev = _device_index(prob, placement)
+    if mode == "order":
+        run = replay(prob, dev, policy="order", order=_order_index(prob, order, dev))
+    elif priority is not None:
         if hasattr(priority, "get"):
-            prio = [-float(priority.get(nm, 0.0)) for nm in graph.names]
-        else:
-            prio = [-float(x) for x in priority]
-            if len(prio) != graph.num_ops:
-                raise ValueError(f"priority has {len(prio)} values for {graph.num_ops} ops")
+            priority = [float(priority.get(nm, 0.0)) for nm in graph.names]
+        run = replay(prob, dev, policy="priority", priority=priority)
+    else:
+        run = replay(prob, dev, policy="fifo")
+    return _schedule(prob, dev, run, mode, memory)
 
-    names = graph.names
-    n = len(names)
-    devices = cluster.devices
-    nd = len(devices)
-    dev_names = [d.name for d in devices]
-    dindex = cluster.index
-    dev = [0] * n
-    dur = [0.0] * n
-    for i, op in enumerate(graph.ops):
+
+def _device_index(prob: Problem, placement) -> list[int]:
+    """Device index per op, or InvalidPlanError naming the first bad op."""
+    dindex, dur = prob.dev_index, prob.dur
+    dev = [0] * prob.n
+    get = placement.get
+    for i, nm in enumerate(prob.names):
+        dn = get(nm)
+        if dn is None:
+            raise InvalidPlanError([f"op {nm!r} is not placed"])
+        k = dindex.get(dn)
+        if k is None:
+            raise InvalidPlanError([f"op {nm!r} is placed on unknown device {dn!r} "
+                                    f"(cluster has {prob.dev_names})"])
+        if dur[i][k] == INF:
+            op, d = prob.graph.ops[i], prob.cluster.devices[k]
+            raise InvalidPlanError([f"op {nm!r} is placed on {d.name} of kind {d.kind}, "
+                                    f"allowed {sorted(op.kinds)}"])
+        dev[i] = k
+    return dev
+
+
+def _check_by_name(graph: OpGraph, cluster: Cluster, placement) -> None:
+    """:func:`_device_index`'s checks without a Problem (which cannot be built
+    when an op or colocation group fits no device of the cluster)."""
+    dev_names = cluster.names
+    for op in graph.ops:
         dn = placement.get(op.name)
         if dn is None:
             raise InvalidPlanError([f"op {op.name!r} is not placed"])
-        k = dindex.get(dn)
+        k = cluster.index.get(dn)
         if k is None:
             raise InvalidPlanError([f"op {op.name!r} is placed on unknown device {dn!r} "
                                     f"(cluster has {dev_names})"])
-        d = devices[k]
+        d = cluster.devices[k]
         if d.kind not in op.kinds:
             raise InvalidPlanError([f"op {op.name!r} is placed on {d.name} of kind {d.kind}, "
                                     f"allowed {sorted(op.kinds)}"])
-        dev[i] = k
-        dur[i] = op.compute[d.kind] / d.speed
 
-    # What each producer sends where, once per (tensor, remote device):
-    # sends[i] = [(tensor, bytes, dst device, [consumer idx there])]
-    sends: list = [None] * n
-    for tname, i, nbytes, cons in graph.tensor_table():
-        if nbytes <= 0 or not cons:
-            continue
-        di = dev[i]
-        by_dev: dict[int, list[int]] = {}
-        for j in cons:
-            dj = dev[j]
-            if dj != di:
-                lst = by_dev.get(dj)
-                if lst is None:
-                    by_dev[dj] = [j]
-                else:
-                    lst.append(j)
-        if by_dev:
-            out = sends[i]
-            if out is None:
-                out = sends[i] = []
-            for dj, js in by_dev.items():
-                out.append((tname, nbytes, dj, js))
 
-    # routes as (beta0, beta1, link indices), built on first use
-    link_ids = {l: k for k, l in enumerate(cluster.links)}
-    link_free = [0.0] * len(link_ids)
-    contention_free = cluster.contention_free
-    routes: dict = {}
+def _order_index(prob: Problem, order, dev) -> list[list[int]]:
+    """A Plan's per-device order as op indices, checked against the placement."""
+    index, dindex, dev_names = prob.index, prob.dev_index, prob.dev_names
+    queues = []
+    for k, dn in enumerate(dev_names):
+        q = []
+        for o in order.get(dn, ()):
+            j = index.get(o)
+            if j is None:
+                raise InvalidPlanError([f"the order on {dn} names unknown op {o!r}"])
+            if dev[j] != k:
+                raise InvalidPlanError([f"op {o!r} is ordered on {dn} but placed on {dev_names[dev[j]]}"])
+            q.append(j)
+        queues.append(q)
+    for dn in order:
+        if dn not in dindex:
+            raise InvalidPlanError([f"the order names unknown device {dn!r}"])
+    return queues
 
-    if by_order:
-        index = graph.index
-        queues = []
-        for dn in dev_names:
-            q = []
-            for o in order.get(dn, ()):
-                j = index.get(o)
-                if j is None:
-                    raise InvalidPlanError([f"the order on {dn} names unknown op {o!r}"])
-                if dev[j] != dindex[dn]:
-                    raise InvalidPlanError([f"op {o!r} is ordered on {dn} but placed on {dev_names[dev[j]]}"])
-                q.append(j)
-            queues.append(q)
-        for dn in order:
-            if dn not in dindex:
-                raise InvalidPlanError([f"the order names unknown device {dn!r}"])
-        if sum(map(len, queues)) != n or len({j for q in queues for j in q}) != n:
-            raise InvalidPlanError(["the plan's order does not list every op exactly once"])
-        qpos = [0] * nd
-        qlen = [len(q) for q in queues]
-    elif prio is None:
-        queues = [deque() for _ in range(nd)]  # ready ops in the order they became ready
-    else:
-        queues = [[] for _ in range(nd)]  # heaps of (-priority, ready sequence, op)
-    seq_no = 0
-    is_ready = [False] * n
-    dev_free = [True] * nd
-    start = [0.0] * n
-    finish = [0.0] * n
-    ran: list[list[int]] = [[] for _ in range(nd)]
-    xfers: list = []  # (producer, tensor, bytes, dst device, start, finish, consumers)
-    succ = graph.succ_idx()
-    waiting = [len(p) for p in graph.pred_idx()]
-    arrive = [0.0] * n  # latest remote input arrival per op
-    # events: (time, kind, op); kind 0 = finish, 1 = ready: at equal times
-    # finishes come first, so a freed device sees every op ready by then
-    push, pop = heapq.heappush, heapq.heappop
-    events: list = [(0.0, 1, i) for i in range(n) if waiting[i] == 0]
-    heapq.heapify(events)
-    done = 0
 
-    while events:
-        now, kind, i = pop(events)
-        if kind == 2:  # priority mode: device i picks its best ready op
-            q = queues[i]
-            if dev_free[i] and q:
-                j = pop(q)[2]
-                dev_free[i] = False
-                start[j] = now
-                f = now + dur[j]
-                finish[j] = f
-                ran[i].append(j)
-                push(events, (f, 0, j))
-            continue
-        if kind:
-            d = dev[i]
-            if prio is not None:
-                push(queues[d], (prio[i], seq_no, i))
-                seq_no += 1
-                if dev_free[d]:
-                    push(events, (now, 2, d))  # after every op ready at this instant
-                continue
-            if by_order:
-                is_ready[i] = True
-                if not dev_free[d] or queues[d][qpos[d]] != i:
-                    continue
-                qpos[d] += 1
-            else:
-                if not dev_free[d]:
-                    queues[d].append(i)
-                    continue
-            dev_free[d] = False
-            start[i] = now
-            f = now + dur[i]
-            finish[i] = f
-            ran[d].append(i)
-            push(events, (f, 0, i))
-            continue
-        done += 1
-        d = dev[i]
-        lst = sends[i]
-        if lst is not None:
-            for tname, nbytes, dd, js in lst:
-                r = routes.get((d, dd))
-                if r is None:
-                    rt = cluster.route(dev_names[d], dev_names[dd])
-                    r = routes[(d, dd)] = (rt.beta0, rt.beta1, [link_ids[l] for l in rt.links])
-                length = r[0] + r[1] * nbytes
-                s = now
-                if not contention_free:
-                    for l in r[2]:
-                        if link_free[l] > s:
-                            s = link_free[l]
-                    for l in r[2]:
-                        link_free[l] = s + length
-                f = s + length
-                xfers.append((i, tname, nbytes, dd, s, f, js))
-                for j in js:
-                    if f > arrive[j]:
-                        arrive[j] = f
-        for j in succ[i]:
-            w = waiting[j] - 1
-            waiting[j] = w
-            if w == 0:
-                a = arrive[j]
-                push(events, (a if a > now else now, 1, j))
-        # the device is free: start the next op it may run
-        if by_order:
-            p = qpos[d]
-            if p < qlen[d] and is_ready[queues[d][p]]:
-                j = queues[d][p]
-                qpos[d] = p + 1
-            else:
-                dev_free[d] = True
-                continue
-        elif prio is not None:
-            dev_free[d] = True
-            if queues[d]:
-                push(events, (now, 2, d))
-            continue
-        else:
-            q = queues[d]
-            if not q:
-                dev_free[d] = True
-                continue
-            j = q.popleft()
-        start[j] = now
-        f = now + dur[j]
-        finish[j] = f
-        ran[d].append(j)
-        push(events, (f, 0, j))
-
-    if done < n:
-        stuck = [f"{dev_names[d]}: {names[queues[d][qpos[d]]]}" for d in range(nd)
-                 if by_order and qpos[d] < qlen[d]]
-        raise InvalidPlanError([f"the order deadlocks (it contradicts the graph); waiting heads: {stuck[:4]}"])
-    st = dict(zip(names, start))
-    fi = dict(zip(names, finish))
-    pl = {nm: dev_names[dev[i]] for i, nm in enumerate(names)}
-    order_out = {dev_names[d]: [names[i] for i in ran[d]] for d in range(nd) if ran[d]}
-    makespan = max(finish, default=0.0)
-    transfers = [Transfer(tname, dev_names[dev[i]], dev_names[dd], s, f)
-                 for i, tname, nbytes, dd, s, f, js in xfers]
-    if transfers:
-        makespan = max(makespan, max(x[5] for x in xfers))
-    sched = Schedule(graph, cluster, pl, st, fi, transfers, makespan, order_out, mode)
+def _schedule(prob: Problem, dev, run, mode: str, memory: bool) -> Schedule:
+    """The engine's index arrays as a named :class:`Schedule`."""
+    names, dev_names, tensors = prob.names, prob.dev_names, prob.tensors
+    st = dict(zip(names, run.start))
+    fi = dict(zip(names, run.finish))
+    pl = {nm: dev_names[d] for nm, d in zip(names, dev)}
+    order_out = {dev_names[d]: [names[i] for i in r] for d, r in enumerate(run.ran) if r}
+    transfers = [Transfer(tensors[t][0], dev_names[dev[i]], dev_names[dd], s, f)
+                 for i, t, nbytes, dd, s, f, js in run.xfers]
+    sched = Schedule(prob.graph, prob.cluster, pl, st, fi, transfers, run.makespan, order_out, mode)
     if memory:
-        sched.peak_memory = timed_peak(graph, cluster, dev, start, finish,
-                                        [(i, nbytes, dd, s, f, js) for i, tname, nbytes, dd, s, f, js in xfers])
+        sched.peak_memory = timed_peak(prob.graph, prob.cluster, dev, run.start, run.finish,
+                                        [(i, nbytes, dd, s, f, js) for i, t, nbytes, dd, s, f, js in run.xfers])
     return sched
 
 

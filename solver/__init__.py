@@ -9,6 +9,7 @@ importing :mod:`solver` stays cheap.
 from __future__ import annotations
 
 import importlib
+import inspect
 
 PLACERS = {
     "single": "solver.baselines:place_single",
@@ -61,7 +62,10 @@ def run_placers(graph, cluster, names, *, extra=None, say=None, **options):
             errors[name] = f"unavailable: {exc}"
             continue
         try:
-            plans[name] = fn(graph, cluster, **options, **(extra or {}).get(name, {}))
+            params = inspect.signature(fn).parameters  # pass only the options it declares
+            mine = options if any(p.kind is p.VAR_KEYWORD for p in params.values()) else \
+                {k: v for k, v in options.items() if k in params}
+            plans[name] = fn(graph, cluster, **mine, **(extra or {}).get(name, {}))
         except PestoError as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # noqa: BLE001

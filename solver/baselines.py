@@ -82,7 +82,7 @@ def _done(graph, cluster, prob, place, placer, t0, stats=None, repair=True):
 
 
 # -- single device ---------------------------------------------------------------
-def place_single(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None, **options) -> Plan:
+def place_single(graph: OpGraph, cluster: Cluster) -> Plan:
     """Everything on the fastest GPU (the first one among equals).
 
     Ops (or colocation groups) that cannot run there go to the fastest device
@@ -99,7 +99,7 @@ def place_single(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None
     ['/GPU:1']
     """
     t0 = time.perf_counter()
-    prob = Problem(graph, cluster)
+    prob = Problem.of(graph, cluster)
     devs = cluster.devices
     main = max(_main_gpus(prob), key=lambda d: (devs[d].speed, -d))
     place = [0] * prob.n
@@ -190,22 +190,7 @@ def expert_assignment(graph: OpGraph, n_devices: int) -> tuple[list[int], dict]:
         elif any(word in low for word in LAST_WORDS):
             kind[i] = "last"
     layers = sorted({l for l in layer if l >= 0})
-    layer_slot: dict = {}
-    if layers:
-        lw = Counter()
-        for i in range(n):
-            if layer[i] >= 0:
-                lw[layer[i]] += w[i]
-        total = sum(lw.values()) or 1.0
-        acc = 0.0
-        for l in layers:
-            mid = acc + lw[l] / 2
-            layer_slot[l] = min(n_devices - 1, int(n_devices * mid / total)) if total > 0 else 0
-            acc += lw[l]
-        # with equal weights the rule above can leave slots unused; spread by count then
-        if len(set(layer_slot.values())) < min(n_devices, len(layers)) and sum(lw.values()) == 0:
-            for k, l in enumerate(layers):
-                layer_slot[l] = k * n_devices // len(layers)
+    layer_slot = _layer_slots(layers, layer, w, n_devices)
     first = layer_slot[layers[0]] if layers else 0
     last = layer_slot[layers[-1]] if layers else n_devices - 1
     for i in range(n):
@@ -222,7 +207,44 @@ def expert_assignment(graph: OpGraph, n_devices: int) -> tuple[list[int], dict]:
     if summary["cell"] + summary["layer"] == 0:
         summary["fallback"] = "generic"
         return _generic_split(topo, w, n_devices), summary
-    succ, pred = graph.succ_idx(), graph.pred_idx()
+    _follow_neighbours(slot, topo, graph.succ_idx(), graph.pred_idx())
+    left = [i for i in range(n) if slot[i] < 0]
+    summary["neighbours"] = n - matched - len(left)
+    if left:
+        gen = _generic_split(topo, w, n_devices)
+        for i in left:
+            slot[i] = gen[i]
+        summary["generic"] = len(left)
+    return slot, summary
+
+
+def _layer_slots(layers: list[int], layer: list[int], w: list[float], n_devices: int) -> dict:
+    """Slot of each stacked layer: contiguous blocks balancing layer compute
+    (layer ``k`` goes to the slot holding the middle of its compute)."""
+    layer_slot: dict = {}
+    if not layers:
+        return layer_slot
+    lw = Counter()
+    for i, l in enumerate(layer):
+        if l >= 0:
+            lw[l] += w[i]
+    total = sum(lw.values()) or 1.0
+    acc = 0.0
+    for l in layers:
+        mid = acc + lw[l] / 2
+        layer_slot[l] = min(n_devices - 1, int(n_devices * mid / total)) if total > 0 else 0
+        acc += lw[l]
+    # with equal weights the rule above can leave slots unused; spread by count then
+    if len(set(layer_slot.values())) < min(n_devices, len(layers)) and sum(lw.values()) == 0:
+        for k, l in enumerate(layers):
+            layer_slot[l] = k * n_devices // len(layers)
+    return layer_slot
+
+
+def _follow_neighbours(slot: list[int], topo: list[int], succ, pred) -> None:
+    """Give each op without a slot the majority slot of its assigned
+    neighbours (forward and backward sweeps, repeated while something
+    changes, at most 6 times). Modifies ``slot``."""
     changed = True
     sweeps = 0
     while changed and sweeps < 6:
@@ -237,14 +259,6 @@ def expert_assignment(graph: OpGraph, n_devices: int) -> tuple[list[int], dict]:
                 if votes:
                     slot[i] = max(votes, key=lambda s: (votes[s], -s))
                     changed = True
-    left = [i for i in range(n) if slot[i] < 0]
-    summary["neighbours"] = n - matched - len(left)
-    if left:
-        gen = _generic_split(topo, w, n_devices)
-        for i in left:
-            slot[i] = gen[i]
-        summary["generic"] = len(left)
-    return slot, summary
 
 
 def _generic_split(topo: list[int], w: list[float], k: int) -> list[int]:
@@ -263,7 +277,7 @@ def _generic_split(topo: list[int], w: list[float], k: int) -> list[int]:
     return out
 
 
-def place_expert(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None, **options) -> Plan:
+def place_expert(graph: OpGraph, cluster: Cluster) -> Plan:
     """Expert placement (Pesto section 5.2): layer-wise split by name scope.
 
     Slots from :func:`expert_assignment` map to the main GPUs in device order;
@@ -274,7 +288,7 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None
     matched.
     """
     t0 = time.perf_counter()
-    prob = Problem(graph, cluster)
+    prob = Problem.of(graph, cluster)
     gpus = _main_gpus(prob)
     slots, summary = expert_assignment(graph, len(gpus))
     place = [gpus[s] for s in slots]
@@ -283,7 +297,7 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None
 
 
 # -- METIS ------------------------------------------------------------------------------
-def place_metis(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None, **options) -> Plan:
+def place_metis(graph: OpGraph, cluster: Cluster) -> Plan:
     """METIS k-way partition of the op graph over the main GPUs (pymetis).
 
     Vertex weight: compute time (µs, at least 1); edge weight: bytes carried
@@ -304,7 +318,7 @@ def place_metis(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None,
     import pymetis
 
     t0 = time.perf_counter()
-    prob = Problem(graph, cluster)
+    prob = Problem.of(graph, cluster)
     gpus = _main_gpus(prob)
     n = prob.n
     k = len(gpus)

@@ -20,26 +20,28 @@ Examples
 """
 from __future__ import annotations
 
+import heapq
 import time
 
 from pesto.cluster import Cluster
+from pesto.dag import bottom_levels, top_levels
+from pesto.engine import Timeline
 from pesto.graph import OpGraph
-from pesto.memory import static_bytes
+from pesto.problem import INF, Problem
+
+from .common import finalize
 
 __all__ = ["allowed_devices", "durations", "lower_bound", "greedy_plan"]
 
 
 def allowed_devices(graph: OpGraph, cluster: Cluster) -> list[list[int]]:
     """Per op index, the device indices whose kind the op allows."""
-    kinds = [d.kind for d in cluster.devices]
-    return [[k for k, kind in enumerate(kinds) if kind in op.kinds] for op in graph.ops]
+    return [[d for d, x in enumerate(row) if x != INF] for row in Problem.of(graph, cluster).dur]
 
 
 def durations(graph: OpGraph, cluster: Cluster) -> list[dict[int, float]]:
     """Per op index, {device index: µs} over its allowed devices."""
-    devs = cluster.devices
-    return [{k: op.compute[devs[k].kind] / devs[k].speed for k in allowed}
-            for op, allowed in zip(graph.ops, allowed_devices(graph, cluster))]
+    return [{d: x for d, x in enumerate(row) if x != INF} for row in Problem.of(graph, cluster).dur]
 
 
 def lower_bound(graph: OpGraph, cluster: Cluster, dur: list[dict[int, float]] | None = None) -> float:
@@ -48,11 +50,7 @@ def lower_bound(graph: OpGraph, cluster: Cluster, dur: list[dict[int, float]] | 
         return 0.0
     dur = dur if dur is not None else durations(graph, cluster)
     fastest = [min(d.values()) if d else 0.0 for d in dur]
-    best = [0.0] * graph.num_ops
-    pred = graph.pred_idx()
-    for i in graph.topo_idx():
-        best[i] = max((best[p] for p in pred[i]), default=0.0) + fastest[i]
-    cp = max(best)
+    cp = max(top_levels(graph.pred_idx(), fastest, order=graph.topo_idx()))
     work = sum(fastest) / len(cluster.devices)
     # Work that can only go to devices of one kind shares those devices.
     kinds = [d.kind for d in cluster.devices]
@@ -67,70 +65,48 @@ def lower_bound(graph: OpGraph, cluster: Cluster, dur: list[dict[int, float]] | 
 def greedy_plan(graph: OpGraph, cluster: Cluster, *, placer: str = "greedy"):
     """Earliest-finish-time list scheduling (contention-free estimate), then simulated.
 
-    Ops are taken by decreasing bottom level; colocated ops follow the device
-    of the first member placed; a device is skipped when its static held bytes
-    would exceed its memory (unless no device fits). Returns a Plan via
-    :func:`solver.common.finalize`.
+    Ready ops are taken by decreasing bottom level (fastest compute; ties:
+    lower index) and put on the device where they finish first on a
+    contention-free :class:`pesto.engine.Timeline`; colocated ops follow the
+    device of the first member placed; a device is skipped when its static
+    held bytes (persistent + outputs) would exceed its memory (unless no
+    device fits). Returns a Plan via :func:`solver.common.finalize`.
     """
-    from .common import finalize
-
     t0 = time.perf_counter()
-    n = graph.num_ops
-    devs = cluster.devices
-    dur = durations(graph, cluster)
-    succ, pred = graph.succ_idx(), graph.pred_idx()
-    ops = graph.ops
-    names = graph.names
-    fastest = [min(d.values()) for d in dur]
-    bottom = [0.0] * n
-    for i in reversed(graph.topo_idx()):
-        bottom[i] = fastest[i] + max((bottom[j] for j in succ[i]), default=0.0)
-    group_dev: dict[str, int] = {}
-    group_ok: dict[str, set] = {}
-    for i, op in enumerate(ops):
-        if op.colocation_group is not None:
-            g = group_ok.setdefault(op.colocation_group, set(dur[i]))
-            g &= set(dur[i])
-    held = [0] * len(devs)
-    free = [0.0] * len(devs)
-    fin = [0.0] * n
-    place = [-1] * n
-    waiting = [len(p) for p in pred]
-    ready = [i for i in range(n) if waiting[i] == 0]
+    prob = Problem.of(graph, cluster)
+    dur = prob.dur
+    fastest = [min(row) for row in dur]
+    bottom = bottom_levels(prob.succ, fastest, order=prob.topo)
+    tl = Timeline(prob, links="free")
+    unit_dev = [-1] * len(prob.members)
+    held = [0] * prob.nd
+    waiting = [len(p) for p in prob.pred]
+    ready = [(-bottom[i], i) for i in range(prob.n) if waiting[i] == 0]
+    heapq.heapify(ready)
     seq = []
     while ready:
-        ready.sort(key=lambda i: -bottom[i])
-        i = ready.pop(0)
-        op = ops[i]
-        cands = list(dur[i])
-        if op.colocation_group in group_dev:
-            cands = [group_dev[op.colocation_group]]
-        elif op.colocation_group is not None:
-            cands = sorted(group_ok[op.colocation_group]) or cands
-        fits = [k for k in cands if held[k] + static_bytes(op) <= devs[k].memory] or cands
+        i = heapq.heappop(ready)[1]
+        u = prob.unit[i]
+        cands = [unit_dev[u]] if unit_dev[u] >= 0 else prob.allowed[i]
+        need = prob.persistent[i] + prob.out[i]
+        fits = [k for k in cands if held[k] + need <= prob.cap[k]] or cands
         best = None
         for k in fits:
-            arrive = 0.0
-            for p in pred[i]:
-                a = fin[p]
-                if place[p] != k:
-                    a += cluster.transfer_time(devs[place[p]].name, devs[k].name,
-                                               graph.edge_bytes(names[p], names[i]))
-                arrive = max(arrive, a)
-            f = max(arrive, free[k]) + dur[i][k]
-            if best is None or f < best[0]:
-                best = (f, k)
-        f, k = best
-        place[i], fin[i], free[k] = k, f, f
-        held[k] += static_bytes(op)
-        if op.colocation_group is not None:
-            group_dev.setdefault(op.colocation_group, k)
+            s = tl.earliest(i, k)
+            if best is None or s + dur[i][k] < best[0]:
+                best = (s + dur[i][k], s, k)
+        _, s, k = best
+        tl.commit(i, k, s)
+        held[k] += need
+        if unit_dev[u] < 0:
+            unit_dev[u] = k
         seq.append(i)
-        for j in succ[i]:
+        for j in prob.succ[i]:
             waiting[j] -= 1
             if waiting[j] == 0:
-                ready.append(j)
-    placement = {names[i]: devs[place[i]].name for i in range(n)}
+                heapq.heappush(ready, (-bottom[j], j))
+    names = graph.names
+    placement = {names[i]: prob.dev_names[tl.place[i]] for i in range(prob.n)}
     pos = {i: r for r, i in enumerate(seq)}
-    order = [names[i] for i in sorted(seq, key=lambda i: (fin[i] - dur[i][place[i]], pos[i]))]
+    order = [names[i] for i in sorted(seq, key=lambda i: (tl.start[i], pos[i]))]
     return finalize(graph, cluster, placement, order=order, placer=placer, t0=t0)

@@ -16,8 +16,9 @@ to the allowed device with the most free memory, the plan lists it in
 ``stats["memory_forced"]`` and, if the simulated peak is over capacity, its
 status is ``"infeasible"`` (see :mod:`pesto.memory`, same for every baseline).
 
-Options every placer accepts: ``time_limit`` (used by m-SCT's LP), ``seed``
-(ignored: all are deterministic).
+Each placer declares only the options it uses (all are deterministic): m-SCT
+takes ``time_limit`` / ``lp_time_limit`` for its LP, the others none. Their
+time estimates come from one :class:`pesto.engine.Timeline`.
 
 Examples
 --------
@@ -33,89 +34,21 @@ from __future__ import annotations
 
 import heapq
 import time
-from bisect import bisect_right
 
 from pesto.cluster import Cluster
+from pesto.dag import bottom_levels, priority_order
+from pesto.engine import Timeline
 from pesto.graph import OpGraph
-from pesto.plan import Plan
-
-from .common import finalize
 from pesto.memory import MEMORY_NOTE, MemoryTracker
+from pesto.plan import Plan
 from pesto.problem import Problem
 
-__all__ = ["place_m_topo", "place_m_etf", "place_m_sct", "place_celeritas", "place_heft"]
+from .common import finalize
+
+__all__ = ["place_m_topo", "place_m_etf", "place_m_sct", "place_celeritas", "place_heft",
+           "favourite_children", "bottom_level_order", "heft_ranks"]
 
 EPS = 1e-9
-INSERTION_SCAN = 256  # HEFT: gaps examined per op before appending (keeps it ~O(V log V))
-
-
-class _Times:
-    """Placer-side time estimates: where ops run, when, and when tensors arrive.
-
-    A transfer is booked on its route's links when its consumer is
-    committed (FCFS in commit order, like the simulator's queue when commits
-    follow time); ``ready`` prices a not yet booked transfer behind the
-    links' current bookings.
-    """
-
-    def __init__(self, prob: Problem):
-        self.p = prob
-        self.start = [0.0] * prob.n
-        self.finish = [0.0] * prob.n
-        self.place = [-1] * prob.n
-        self.avail = [0.0] * prob.nd
-        self.arrive: dict = {}
-        self.link_free = [0.0] * prob.n_links
-
-    def ready(self, i: int, d: int) -> float:
-        """When every input of op ``i`` is on device ``d`` (preds placed)."""
-        p = self.p
-        place, finish, arrive, lf = self.place, self.finish, self.arrive, self.link_free
-        b0, b1, links = p.beta0, p.beta1, p.links
-        r = 0.0
-        for q, ts in p.ins[i]:
-            t = finish[q]
-            qd = place[q]
-            if qd != d:
-                for tid, b in ts:
-                    if b:
-                        a = arrive.get((tid, d))
-                        if a is None:
-                            s = t
-                            for l in links[qd][d]:
-                                if lf[l] > s:
-                                    s = lf[l]
-                            a = s + b0[qd][d] + b1[qd][d] * b
-                        if a > t:
-                            t = a
-            if t > r:
-                r = t
-        return r
-
-    def commit(self, i: int, d: int, s: float) -> None:
-        p = self.p
-        self.place[i] = d
-        self.start[i] = s
-        f = self.finish[i] = s + p.dur[i][d]
-        if f > self.avail[d]:
-            self.avail[d] = f
-        lf = self.link_free
-        for q, ts in p.ins[i]:
-            qd = self.place[q]
-            if qd != d:
-                for tid, b in ts:
-                    if b and (tid, d) not in self.arrive:
-                        st = self.finish[q]
-                        route = p.links[qd][d]
-                        for l in route:
-                            if lf[l] > st:
-                                st = lf[l]
-                        a = self.arrive[(tid, d)] = st + p.comm(qd, d, b)
-                        for l in route:
-                            lf[l] = a
-
-    def makespan(self) -> float:
-        return max(self.finish, default=0.0)
 
 
 def _candidates(prob: Problem, mem: MemoryTracker, i: int) -> list[int]:
@@ -138,7 +71,7 @@ def _finish(graph, cluster, prob, mem, times, order, placer, t0, stats=None, **f
 
 
 # -- m-TOPO ------------------------------------------------------------------------
-def place_m_topo(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None, **options) -> Plan:
+def place_m_topo(graph: OpGraph, cluster: Cluster) -> Plan:
     """Baechi m-TOPO: fill devices in topological order.
 
     Ops are taken in topological order and put on the current device until it
@@ -158,10 +91,10 @@ def place_m_topo(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None
     ['/GPU:0', '/GPU:0', '/GPU:1', '/GPU:1']
     """
     t0 = time.perf_counter()
-    prob = Problem(graph, cluster)
+    prob = Problem.of(graph, cluster)
     mem = MemoryTracker(prob)
-    times = _Times(prob)
-    order = graph.topo_idx()
+    times = Timeline(prob)
+    order = prob.topo
     weight = [prob.persistent[i] + prob.out[i] for i in range(prob.n)]
     if sum(weight) == 0:
         weight = [prob.mean_dur(i) for i in range(prob.n)]
@@ -190,7 +123,7 @@ def place_m_topo(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None
                     d = fits[0] if fits else mem.best_effort(i, cands)
         load[d] += weight[i]
         mem.commit(i, d)
-        times.commit(i, d, max(times.avail[d], times.ready(i, d)))
+        times.commit(i, d, times.earliest(i, d))
     return _finish(graph, cluster, prob, mem, times, order, "m-topo", t0)
 
 
@@ -207,7 +140,7 @@ def _main_devices(prob: Problem) -> list[int]:
 
 
 # -- m-ETF / m-SCT --------------------------------------------------------------------
-def _etf(prob: Problem, mem: MemoryTracker, times: _Times, prio, fav_parent=None) -> list[int]:
+def _etf(prob: Problem, mem: MemoryTracker, times: Timeline, prio, fav_parent=None) -> list[int]:
     """Earliest-task-first list scheduling, O((V + E) D log V).
 
     Per device, ready ops wait in a heap keyed by when their inputs are
@@ -249,28 +182,11 @@ def _etf(prob: Problem, mem: MemoryTracker, times: _Times, prio, fav_parent=None
             enqueue(i)
     left = n
     while left:
-        best = None
-        for d in range(nd):
-            a = avail[d]
-            pd, ad = pend[d], avl[d]
-            while pd and (done[pd[0][2]] or pd[0][0] <= a + EPS):
-                r, pr, i = pop(pd)
-                if not done[i]:
-                    push(ad, (0 if urgent[i] == d else 1, pr, r, i))
-            while ad and done[ad[0][3]]:
-                pop(ad)
-            if ad:
-                key = (a, ad[0][0], ad[0][1], d)
-            elif pd:
-                key = (pd[0][0], 1, pd[0][1], d)
-            else:
-                continue
-            if best is None or key < best:
-                best = key
+        best = _first_start(avail, pend, avl, done, urgent)
         if best is None:  # only ops that fit nowhere now: best effort
             i = min((j for bl in blocked for j in bl if not done[j]), key=lambda j: prio[j])
             d = mem.best_effort(i, _candidates(prob, mem, i))
-            s = max(avail[d], times.ready(i, d))
+            s = times.earliest(i, d)
         else:
             s0, _, _, d = best
             if avl[d]:
@@ -308,7 +224,34 @@ def _etf(prob: Problem, mem: MemoryTracker, times: _Times, prio, fav_parent=None
     return order
 
 
-def place_m_etf(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None, **options) -> Plan:
+def _first_start(avail, pend, avl, done, urgent):
+    """m-ETF's pick: the key ``(start, urgency, priority, device)`` of the
+    device whose best queued op starts first, or None when nothing is queued.
+    Ops whose inputs are on a device by the time it is free move from its
+    ``pend`` heap (by input arrival) to its ``avl`` heap (by priority)."""
+    push, pop = heapq.heappush, heapq.heappop
+    best = None
+    for d in range(len(avail)):
+        a = avail[d]
+        pd, ad = pend[d], avl[d]
+        while pd and (done[pd[0][2]] or pd[0][0] <= a + EPS):
+            r, pr, i = pop(pd)
+            if not done[i]:
+                push(ad, (0 if urgent[i] == d else 1, pr, r, i))
+        while ad and done[ad[0][3]]:
+            pop(ad)
+        if ad:
+            key = (a, ad[0][0], ad[0][1], d)
+        elif pd:
+            key = (pd[0][0], 1, pd[0][1], d)
+        else:
+            continue
+        if best is None or key < best:
+            best = key
+    return best
+
+
+def place_m_etf(graph: OpGraph, cluster: Cluster) -> Plan:
     """Baechi m-ETF: earliest task first with memory checks.
 
     Repeatedly schedules the (ready op, device) pair with the earliest start
@@ -325,9 +268,9 @@ def place_m_etf(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None,
     ['/GPU:0', '/GPU:1']
     """
     t0 = time.perf_counter()
-    prob = Problem(graph, cluster)
+    prob = Problem.of(graph, cluster)
     mem = MemoryTracker(prob)
-    times = _Times(prob)
+    times = Timeline(prob)
     bl = prob.mean_bottom_levels()
     order = _etf(prob, mem, times, [-b for b in bl])
     return _finish(graph, cluster, prob, mem, times, order, "m-etf", t0)
@@ -430,8 +373,8 @@ def favourite_children(prob: Problem, *, time_limit: float | None = None) -> tup
 LP_TIME_LIMIT = 300.0  # s; m-SCT's default LP limit when no time_limit is given
 
 
-def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None,
-                lp_time_limit=None, **options) -> Plan:
+def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit: float | None = None,
+                lp_time_limit: float | None = None) -> Plan:
     """Baechi m-SCT: favourite children from an LP (:func:`favourite_children`,
     OR-Tools GLOP), then ETF where an op goes to its favourite parent's device
     whenever that device is free by the time the op's inputs arrive (an urgent
@@ -452,9 +395,9 @@ def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None,
     True
     """
     t0 = time.perf_counter()
-    prob = Problem(graph, cluster)
+    prob = Problem.of(graph, cluster)
     mem = MemoryTracker(prob)
-    times = _Times(prob)
+    times = Timeline(prob)
     limit = lp_time_limit or time_limit or LP_TIME_LIMIT
     fav_parent, stats = favourite_children(prob, time_limit=limit)
     bl = prob.mean_bottom_levels()
@@ -463,28 +406,22 @@ def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None,
 
 
 # -- Celeritas ------------------------------------------------------------------------
-def cpd_topo_order(prob: Problem) -> list[int]:
-    """Celeritas CPD-TOPO: a topological order that always takes, among ready
-    ops, the one with the longest remaining critical path (ties: lower index)."""
+def bottom_level_order(prob: Problem) -> list[int]:
+    """The topological order that takes, among ready ops, the one with the
+    largest mean bottom level (:meth:`~pesto.problem.Problem.mean_bottom_levels`;
+    ties: lower index) -- Celeritas's placement order.
+
+    Not :func:`coarsen.celeritas.cpd_topo_order`, which goes depth first (the
+    op made ready last comes first) on compute-only levels.
+    """
     bl = prob.mean_bottom_levels()
-    waiting = [len(p) for p in prob.pred]
-    heap = [(-bl[i], i) for i in range(prob.n) if waiting[i] == 0]
-    heapq.heapify(heap)
-    order = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        order.append(i)
-        for j in prob.succ[i]:
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                heapq.heappush(heap, (-bl[j], j))
-    return order
+    return priority_order(prob.succ, prob.pred, [-b for b in bl])
 
 
-def place_celeritas(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None, **options) -> Plan:
+def place_celeritas(graph: OpGraph, cluster: Cluster) -> Plan:
     """Celeritas: CPD-TOPO order, Order-Place, then Adjusting Placement.
 
-    1. CPD-TOPO (:func:`cpd_topo_order`).
+    1. CPD-TOPO (:func:`bottom_level_order`).
     2. Order-Place: walk that order filling the main devices (the GPUs) one
        after the other, each up to an equal share of the total compute, so
        consecutive (mostly communicating) ops share a device.
@@ -508,8 +445,8 @@ def place_celeritas(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=N
     (True, True)
     """
     t0 = time.perf_counter()
-    prob = Problem(graph, cluster)
-    order = cpd_topo_order(prob)
+    prob = Problem.of(graph, cluster)
+    order = bottom_level_order(prob)
     fill = _main_devices(prob)
     work = [min(prob.dur[i][d] for d in prob.allowed[i]) for i in range(prob.n)]
     share = sum(work) / len(fill)
@@ -526,7 +463,7 @@ def place_celeritas(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=N
         load[d] += work[i]
     # Adjusting Placement with estimated times and memory
     mem = MemoryTracker(prob)
-    times = _Times(prob)
+    times = Timeline(prob)
     moved = 0
     for i in order:
         cands = _candidates(prob, mem, i)
@@ -534,11 +471,11 @@ def place_celeritas(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=N
         if len(cands) > 1:
             fits = [d for d in cands if mem.fits(i, d)]
             if cur not in fits and fits:
-                cur = min(fits, key=lambda d: max(times.avail[d], times.ready(i, d)) + prob.dur[i][d])
+                cur = min(fits, key=lambda d: times.earliest(i, d) + prob.dur[i][d])
             # wait: from the moment its producers end until it can start on cur
             # (inputs in transit, device busy); extra: transfer delay elsewhere
             r0 = max((times.finish[q] for q in prob.pred[i]), default=0.0)
-            s_cur = max(times.avail[cur], times.ready(i, cur))
+            s_cur = times.earliest(i, cur)
             wait = s_cur - r0
             best, best_f = cur, s_cur + prob.dur[i][cur]
             if wait > EPS:
@@ -556,38 +493,41 @@ def place_celeritas(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=N
         else:
             d = cands[0]
         mem.commit(i, d)
-        times.commit(i, d, max(times.avail[d], times.ready(i, d)))
+        times.commit(i, d, times.earliest(i, d))
     return _finish(graph, cluster, prob, mem, times, order, "celeritas", t0, stats={"moved": moved})
 
 
 # -- HEFT -------------------------------------------------------------------------------
-def upward_ranks(prob: Problem) -> list[float]:
-    """HEFT upward rank: mean compute over allowed devices plus, along the
-    longest path to a sink, mean comm over all ordered device pairs."""
-    n = prob.n
-    mean = [prob.mean_dur(i) for i in range(n)]
-    pairs = [(a, b) for a in range(prob.nd) for b in range(prob.nd) if a != b]
+def heft_ranks(prob: Problem) -> list[float]:
+    """HEFT's upward rank (Topcuoglu et al.): mean compute over allowed
+    devices plus, along the longest path to a sink, the mean transfer time over
+    all ordered pairs of distinct devices on every data edge.
+
+    Unlike :meth:`~pesto.problem.Problem.mean_bottom_levels` the transfer is
+    not weighted by the chance that the two ends are apart (the paper's rank).
+    """
+    nd = prob.nd
+    pairs = [(a, b) for a in range(nd) for b in range(nd) if a != b]
     b0 = sum(prob.beta0[a][b] for a, b in pairs) / len(pairs) if pairs else 0.0
     b1 = sum(prob.beta1[a][b] for a, b in pairs) / len(pairs) if pairs else 0.0
-    rank = [0.0] * n
-    for i in reversed(prob.graph.topo_idx()):
-        best = 0.0
-        for j, nb in prob.outs[i]:
-            v = rank[j] + ((b0 + b1 * nb) if nb > 0 and pairs else 0.0)
-            if v > best:
-                best = v
-        rank[i] = mean[i] + best
-    return rank
+    out_bytes = [dict(o) for o in prob.outs]
+
+    def edge(i, j):
+        nb = out_bytes[i][j]
+        return (b0 + b1 * nb) if nb > 0 and pairs else 0.0
+
+    return bottom_levels(prob.succ, [prob.mean_dur(i) for i in range(prob.n)], edge=edge,
+                         order=prob.topo)
 
 
-def place_heft(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None, **options) -> Plan:
+def place_heft(graph: OpGraph, cluster: Cluster) -> Plan:
     """HEFT (Topcuoglu et al. 2002): ops by decreasing upward rank
-    (:func:`upward_ranks`; ties in topological order), each on the device
+    (:func:`heft_ranks`; ties in topological order), each on the device
     giving the earliest finish time, using the earliest idle gap on that
-    device long enough for it (insertion policy; at most ``INSERTION_SCAN``
-    gaps are examined, then the op is appended). Comm by the cluster's
-    routes. Memory: devices where the op does not fit are skipped; none left
-    means best effort. Order on each device: by estimated start time.
+    device long enough for it (insertion policy,
+    :meth:`pesto.engine.Timeline.earliest` with ``insert=True``). Comm by the
+    cluster's routes. Memory: devices where the op does not fit are skipped;
+    none left means best effort. Order on each device: by estimated start time.
 
     Examples
     --------
@@ -598,45 +538,24 @@ def place_heft(graph: OpGraph, cluster: Cluster, *, time_limit=None, seed=None, 
     3.0
     """
     t0 = time.perf_counter()
-    prob = Problem(graph, cluster)
+    prob = Problem.of(graph, cluster)
     mem = MemoryTracker(prob)
-    times = _Times(prob)
-    rank = upward_ranks(prob)
+    times = Timeline(prob)
+    rank = heft_ranks(prob)
     topo_pos = [0] * prob.n
-    for k, i in enumerate(graph.topo_idx()):
+    for k, i in enumerate(prob.topo):
         topo_pos[i] = k
     seq = sorted(range(prob.n), key=lambda i: (-rank[i], topo_pos[i]))
-    starts: list[list[float]] = [[] for _ in range(prob.nd)]
-    ends: list[list[float]] = [[] for _ in range(prob.nd)]
-
-    def slot(d, r, w):
-        st, en = starts[d], ends[d]
-        k = bisect_right(en, r)
-        t = r
-        stop = min(len(st), k + INSERTION_SCAN)
-        for m in range(k, stop):
-            if st[m] - t >= w - EPS:
-                return t, m
-            if en[m] > t:
-                t = en[m]
-        if stop < len(st):
-            t = max(t, en[-1])
-        return t, len(st)
-
     for i in seq:
         cands = _candidates(prob, mem, i)
-        fits = [d for d in cands if mem.fits(i, d)]
-        if not fits:
-            fits = [mem.best_effort(i, cands)]
+        fits = [d for d in cands if mem.fits(i, d)] or [mem.best_effort(i, cands)]
         best = None
         for d in fits:
-            s, pos = slot(d, times.ready(i, d), prob.dur[i][d])
+            s = times.earliest(i, d, insert=True)
             f = s + prob.dur[i][d]
             if best is None or f < best[0] - EPS:
-                best = (f, s, d, pos)
-        f, s, d, pos = best
-        starts[d].insert(pos, s)
-        ends[d].insert(pos, f)
+                best = (f, s, d)
+        f, s, d = best
         mem.commit(i, d)
         times.commit(i, d, s)
     rank_pos = {i: k for k, i in enumerate(seq)}

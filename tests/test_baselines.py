@@ -117,11 +117,11 @@ def test_static_repair_moves_whole_groups_and_reports_what_cannot_move():
            Op("b", {"GPU": 1.0}, persistent_bytes=30, colocation_group="g"),
            Op("c", {"GPU": 1.0}, persistent_bytes=40)]
     g = OpGraph(ops)
-    prob = Problem(g, gpus(2, memory=100))
+    prob = Problem.of(g, gpus(2, memory=100))
     place = [0, 0, 0]  # 120 bytes on GPU:0
     assert static_repair(prob, place) == []
     assert place == [1, 1, 0]  # the group (80 bytes, the largest unit) moved whole
-    prob = Problem(g, gpus(2, memory=70))
+    prob = Problem.of(g, gpus(2, memory=70))
     place = [0, 0, 0]
     stuck = static_repair(prob, place)
     assert stuck == [0, 1]  # the 80-byte group fits nowhere

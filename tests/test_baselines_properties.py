@@ -4,6 +4,8 @@ The agreed memory behaviour (solver/memory.py): a plan is always returned; if
 it is not labelled "infeasible" it passes check_plan including memory; if it
 is, the only violations are memory ones and stats["memory_over"] says where.
 """
+import inspect
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -97,9 +99,19 @@ def test_placers_are_registered_and_deterministic(name):
     g = OpGraph.from_edges({"a": 3, "b": 4, "c": 5, "d": 1},
                            [("a", "b", 1 << 20), ("a", "c", 1 << 10), ("b", "d", 8), ("c", "d", 8)])
     c = gpus(2)
-    p1 = get_placer(name)(g, c, time_limit=5, seed=1)
-    p2 = get_placer(name)(g, c, time_limit=5, seed=2)
+    fn = get_placer(name)
+    declared = inspect.signature(fn).parameters
+    kw = {k: v for k, v in {"time_limit": 5}.items() if k in declared}
+    p1 = fn(g, c, **kw, **({"seed": 1} if "seed" in declared else {}))
+    p2 = fn(g, c, **kw, **({"seed": 2} if "seed" in declared else {}))
     assert dict(p1.placement) == dict(p2.placement)
     assert p1.makespan == p2.makespan
     # no placer can beat the compute-only critical path a->c->d (or a->b->d)
     assert p1.makespan >= g.critical_path() - 1e-9
+
+
+@pytest.mark.parametrize("name", PLACERS)
+def test_placers_reject_options_they_do_not_use(name):
+    g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 8)])
+    with pytest.raises(TypeError):
+        get_placer(name)(g, gpus(2), no_such_option=1)

@@ -333,3 +333,143 @@ def test_energy_cuts_keep_the_optimum(seed):
     without = CpsatModel(g, c, cuts=False).solve(time_limit=20, workers=1)
     assert with_cuts.stats["model_status"] == without.stats["model_status"] == "optimal"
     assert with_cuts.stats["model_makespan"] == pytest.approx(without.stats["model_makespan"])
+
+
+# -- options ----------------------------------------------------------------------
+def test_unknown_option_raises_type_error():
+    g = OpGraph.from_edges({"a": 1, "b": 2}, [("a", "b", 1)])
+    with pytest.raises(TypeError):
+        place_cpsat(g, gpus(2), time_limit=1, workers=1, timelimit=5)  # misspelt
+    with pytest.raises(TypeError):
+        CpsatModel(g, gpus(2), time_limit=5)  # a search option is not a model option
+    with pytest.raises(ValueError):
+        CpsatModel(g, gpus(2), memory="liveness")
+
+
+def test_variables_say_what_they_are():
+    g = OpGraph.from_edges({"a": 2, "b": 3, "c": 4}, [("a", "b", 1), ("a", "c", 1)])
+    names = {v.name for v in CpsatModel(g, gpus(3, beta=(1.0, 0.0))).model.proto.variables}
+    assert {"on[a@/GPU:0]", "start[b]", "end[c]", "makespan", "send[a->b->/GPU:1]"} <= names
+    free = {v.name for v in CpsatModel(g, gpus(2, beta=(1.0, 0.0), contention_free=True)).model.proto.variables}
+    assert "same_dev[a->b]" in free
+
+
+# -- memory: the model's accounting is pesto.memory's -----------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pesto.memory import static_bytes, static_peak  # noqa: E402
+from pesto.problem import Problem  # noqa: E402
+from solver.cpsat_model import memory_terms  # noqa: E402
+from strategies import clusters, dags, placements  # noqa: E402
+
+
+def model_bytes(model, mode, dev):
+    """Per device, what the model's memory constraint sums for placement ``dev``
+    (exact bytes, before rounding up to ``memory_unit``)."""
+    p = model.problem
+    held, peak, recv = memory_terms(p, mode)
+    out = [0] * p.nd
+    top = [0] * p.nd
+    for i in range(p.n):
+        out[dev[i]] += held[i]
+        top[dev[i]] = max(top[dev[i]], peak[i])
+    for _, u, b, cs in (model.tensors if recv else ()):
+        for e in {dev[c] for c in cs} - {dev[u]}:
+            out[e] += b
+    return [out[k] + top[k] for k in range(p.nd)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_static_memory_terms_are_static_peak(data):
+    """The static model sums exactly pesto.memory.static_peak for any placement;
+    the persistent one sums persistent bytes + the largest output + temporary."""
+    g = data.draw(dags(max_ops=8))
+    c = data.draw(clusters())
+    try:
+        model = CpsatModel(g, c, memory=False, cuts=False)
+    except InfeasibleError:
+        return
+    placement = data.draw(placements(g, c))
+    p = Problem.of(g, c)
+    dev = p.placement_index(placement)
+    peak = static_peak(g, c, dev)
+    assert model_bytes(model, "static", dev) == [peak[d] for d in p.dev_names]
+    persistent = [sum(p.persistent[i] for i in range(p.n) if dev[i] == k)
+                  + max((p.out[i] + p.temp[i] for i in range(p.n) if dev[i] == k), default=0)
+                  for k in range(p.nd)]
+    assert model_bytes(model, "persistent", dev) == persistent
+    assert memory_terms(p, "static")[0] == [static_bytes(op) for op in g.ops]
+
+
+def memory_graph(seed):
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(4, 7)
+    ops = [Op(f"v{i}", {"GPU": float(rng.randint(1, 9))}, persistent_bytes=rng.choice([0, 100, 300]),
+              output_bytes=rng.choice([0, 200, 400]), temporary_bytes=rng.choice([0, 50, 250])) for i in range(n)]
+    edges, tensors = [], []
+    for j in range(1, n):
+        for i in rng.sample(range(j), k=min(j, rng.randint(1, 2))):
+            tensors.append(Tensor(f"t{i}_{j}", f"v{i}", ops[i].output_bytes))
+            edges.append(Edge(f"v{i}", f"v{j}", (f"t{i}_{j}",)))
+    return OpGraph(ops, edges, tensors)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_memory_guarantee_holds_on_returned_plans(seed):
+    """What the model guarantees, checked with pesto.memory: with the static
+    model, a solved plan's static peak (hence its liveness peak) fits every
+    device; after the retry with the persistent bound, persistent bytes + the
+    largest output + temporary fit, and the liveness peak decides the status."""
+    g = memory_graph(seed)
+    p0 = Problem.of(g, gpus(2))
+    need = sum(static_bytes(op) for op in g.ops) + max(p0.temp)
+    one = max(p0.persistent[i] + p0.out[i] + p0.temp[i] for i in range(p0.n))  # the pre-check's need
+    c = gpus(2 + seed % 2, beta=(1.0, 0.01), memory=max(int(need * (0.4 + 0.1 * (seed % 4))), one))
+    try:
+        plan = place_cpsat(g, c, time_limit=10, workers=1)
+    except InfeasibleError:
+        return
+    if "fallback" in plan.stats:
+        assert plan.stats["fallback"] == "model proved infeasible" and plan.status == "infeasible"
+        return
+    p = Problem.of(g, c)
+    dev = p.placement_index(plan.placement)
+    timed = memory_profile(g, c, plan.placement, plan.start, plan.finish, plan.transfers)
+    if plan.stats["memory_model"] == "static":
+        static = static_peak(g, c, dev)
+        assert all(static[d] <= p.cap[k] for k, d in enumerate(p.dev_names))
+        assert all(timed[d] <= static[d] for d in p.dev_names)
+        assert plan.status != "infeasible"
+    else:
+        assert plan.stats["memory_model"].startswith("persistent")
+        held, peak, _ = memory_terms(p, "persistent")
+        for k in range(p.nd):
+            mine = [i for i in range(p.n) if dev[i] == k]
+            assert sum(held[i] for i in mine) + max((peak[i] for i in mine), default=0) <= p.cap[k]
+        over = any(timed[d] > p.cap[k] for k, d in enumerate(p.dev_names))
+        assert (plan.status == "infeasible") == over
+
+
+@pytest.mark.parametrize("case", ["contended", "aggregated", "free", "kinds"])
+def test_hint_is_a_complete_feasible_solution(case):
+    """The hint (a heuristic plan rescheduled by the engine in model units)
+    satisfies every constraint with every variable fixed to its hinted value."""
+    from ortools.sat.python import cp_model
+
+    g = layered_dag(40, width=6, seed=11, coloc_prob=0.1 if case == "kinds" else 0.0)
+    cpu = any("GPU" not in op.kinds for op in g.ops)
+    c = {"contended": v100x4_pcie(with_cpu=cpu), "aggregated": two_hosts(with_cpu=cpu),
+         "free": gpus(3, beta=(5.0, 1e-3), contention_free=True, with_cpu=cpu),
+         "kinds": v100x2_nvlink(with_cpu=True)}[case]
+    model = CpsatModel(g, c, aggregate=case == "aggregated")
+    assert model.set_hint(greedy_plan(g, c))
+    solver = cp_model.CpSolver()
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = 20
+    assert solver.solve(model.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    assert solver.value(model.makespan) == max(model.hint_units, model.ms_min)

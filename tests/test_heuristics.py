@@ -6,8 +6,8 @@ from pesto.errors import InfeasibleError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import check_plan
 from solver import get_placer
-from solver.heuristics import (cpd_topo_order, favourite_children, place_celeritas, place_heft,
-                               place_m_etf, place_m_sct, place_m_topo, upward_ranks)
+from solver.heuristics import (bottom_level_order, favourite_children, place_celeritas, place_heft,
+                               heft_ranks, place_m_etf, place_m_sct, place_m_topo)
 from pesto.memory import MemoryTracker
 from pesto.problem import Problem
 
@@ -60,7 +60,7 @@ def test_memory_tracker_frees_outputs_after_last_consumer():
     ops = [Op("a", {"GPU": 1.0}, output_bytes=50), Op("b", {"GPU": 1.0}, temporary_bytes=30),
            Op("c", {"GPU": 1.0}, persistent_bytes=10)]
     g = OpGraph(ops, [Edge("a", "b", ("a:0",)), Edge("b", "c", ())], [Tensor("a:0", "a", 50)])
-    t = MemoryTracker(Problem(g, gpus(2, memory=100)))
+    t = MemoryTracker(Problem.of(g, gpus(2, memory=100)))
     t.commit(0, 0)
     assert t.used == [50, 0]
     assert t.need(1, 1) == 30 + 50  # its temporary + a copy of a:0
@@ -97,7 +97,7 @@ def test_m_topo_fills_devices_in_topological_order():
 
 def test_sct_favourite_child_follows_the_heavy_edge():
     g = OpGraph.from_edges({"a": 1, "b": 1, "c": 1}, [("a", "b", 10**8), ("a", "c", 10)])
-    prob = Problem(g, gpus(2))
+    prob = Problem.of(g, gpus(2))
     fav_parent, stats = favourite_children(prob)
     assert stats["lp_status"] == "optimal"
     assert fav_parent[g.index["b"]] == g.index["a"]
@@ -120,7 +120,7 @@ def test_heft_topcuoglu_example_makespan_80():
     devs = [Device(f"P{p}", f"P{p}") for p in (1, 2, 3)]
     c = Cluster(devs, [Route(a.name, b.name, (f"{a.name}>{b.name}",), 0.0, 1.0)
                        for a in devs for b in devs if a is not b], contention_free=True)
-    ranks = upward_ranks(Problem(g, c))
+    ranks = heft_ranks(Problem.of(g, c))
     assert [round(r, 2) for r in ranks] == [108.0, 77.0, 80.0, 80.0, 69.0, 63.33, 42.67, 35.67, 44.33, 14.67]
     plan = place_heft(g, c)
     assert plan.stats["estimated_makespan"] == pytest.approx(80.0)
@@ -129,11 +129,11 @@ def test_heft_topcuoglu_example_makespan_80():
     check_plan(g, c, plan).raise_if_invalid()
 
 
-def test_cpd_topo_takes_longest_remaining_path_first():
+def test_bottom_level_order_takes_longest_remaining_path_first():
     g = OpGraph.from_edges({"s": 1, "short": 1, "long1": 1, "long2": 5}, [("s", "short"), ("s", "long1"),
                                                                          ("long1", "long2")])
-    prob = Problem(g, gpus(1))
-    assert [g.names[i] for i in cpd_topo_order(prob)] == ["s", "long1", "long2", "short"]
+    prob = Problem.of(g, gpus(1))
+    assert [g.names[i] for i in bottom_level_order(prob)] == ["s", "long1", "long2", "short"]
 
 
 def test_celeritas_adjusting_moves_a_waiting_op():

@@ -77,3 +77,35 @@ def test_mip_equals_oracle_with_link_contention(seed):
     mip = place_mip(g, c, time_limit=30)
     assert mip.status in ("optimal", "feasible")
     assert mip.stats["model_makespan"] == pytest.approx(oracle(g, c))
+
+
+def test_unknown_option_raises_type_error():
+    with pytest.raises(TypeError):
+        place_mip(small_graph(0), gpus(2), time_limit=5, log=True)  # the MIP has no log option
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mip_memory_is_static_peak(seed):
+    """A plan of the MIP with its memory constraint on has a static peak
+    (:func:`pesto.memory.static_peak`) within every device, so its liveness peak
+    is too; and the constraint matches the CP-SAT model's optimum."""
+    from test_cpsat import memory_graph
+
+    from pesto.memory import static_bytes, static_peak
+    from pesto.problem import Problem
+
+    g = memory_graph(seed)
+    p0 = Problem.of(g, gpus(2))
+    one = max(p0.persistent[i] + p0.out[i] + p0.temp[i] for i in range(p0.n))
+    need = sum(static_bytes(op) for op in g.ops) + max(p0.temp)
+    c = gpus(2, beta=(1.0, 0.01), memory=max(int(need * (0.55 + 0.1 * (seed % 3))), one))
+    mip = place_mip(g, c, time_limit=30)
+    if "fallback" in mip.stats:
+        assert mip.stats["fallback"] == "model proved infeasible"
+        return
+    assert mip.stats["memory_constraints"] and mip.status == "optimal"
+    static = static_peak(g, c, Problem.of(g, c).placement_index(mip.placement))
+    assert all(v <= d.memory for v, d in zip(static.values(), c.devices))
+    cp = place_cpsat(g, c, time_limit=30, workers=1, memory="static")
+    if cp.stats["memory_model"] == "static" and cp.stats["model_status"] == "optimal":
+        assert mip.stats["model_makespan"] == pytest.approx(cp.stats["model_makespan"])

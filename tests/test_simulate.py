@@ -9,6 +9,8 @@ from pesto.cluster import Cluster, Device, Route, gpus, two_hosts
 from pesto.errors import InvalidPlanError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import Plan, check_plan, memory_profile
+from pesto.engine import Timeline, replay
+from pesto.problem import Problem
 from pesto.simulate import simulate
 from strategies import clusters, dags, lower_bound, placements, plans, random_topo_order
 
@@ -318,3 +320,91 @@ def test_to_plan_fields():
     assert (p.placer, p.status, p.makespan, p.lower_bound) == ("x", "optimal", 9.0, 8.0)
     assert p.gap == pytest.approx(1 / 9)
     assert dict(p.peak_memory) == s.peak_memory
+
+
+# -- the engine: replay against the incremental timeline ----------------------------------
+def _replayed(data, **dag_kw):
+    g = data.draw(dags(**dag_kw))
+    c = data.draw(clusters())
+    p = data.draw(plans(g, c))
+    prob = Problem.of(g, c)
+    dev = prob.placement_index(p.placement)
+    order = [[prob.index[o] for o in p.order.get(d, ())] for d in prob.dev_names]
+    return prob, dev, replay(prob, dev, policy="order", order=order)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_timeline_booking_at_producers_reproduces_a_replay(data):
+    # transfers booked when the producer is committed, producers committed in
+    # the order the replay finished them: the same FCFS queue, the same times
+    prob, dev, run = _replayed(data)
+    tl = Timeline(prob, placement=dev)
+    for i in run.finished:
+        tl.commit(i, dev[i], tl.earliest(i, dev[i]))
+    assert tl.start == run.start and tl.finish == run.finish
+    assert sorted(tl.arrive.values()) == sorted(x[5] for x in run.xfers)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_timeline_in_start_order_reproduces_a_replay_without_contention(data):
+    # without queueing on links, booking at the first consumer (the placers'
+    # timeline) gives the replay's times when ops are committed by start time
+    g = data.draw(dags())
+    c = data.draw(clusters(contention_free=True))
+    p = data.draw(plans(g, c))
+    prob = Problem.of(g, c)
+    dev = prob.placement_index(p.placement)
+    run = replay(prob, dev, policy="order",
+                 order=[[prob.index[o] for o in p.order.get(d, ())] for d in prob.dev_names])
+    tl = Timeline(prob)
+    for i in sorted(range(prob.n), key=lambda i: (run.start[i], run.finished.index(i))):
+        tl.commit(i, dev[i], tl.earliest(i, dev[i]))
+    # equal up to rounding: the placers price (s + beta0) + beta1 * bytes
+    assert tl.start == pytest.approx(run.start, rel=1e-12, abs=1e-9)
+    assert tl.finish == pytest.approx(run.finish, rel=1e-12, abs=1e-9)
+
+
+def test_timeline_bundles_a_producers_tensors_per_device():
+    # a sends two tensors to c on GPU:1: one transfer of 2 + 2 µs (CP-SAT's model)
+    g = OpGraph([Op("a", {"GPU": 1}), Op("c", {"GPU": 1})], [Edge("a", "c", ("a:0", "a:1"))],
+                [Tensor("a:0", "a", 100), Tensor("a:1", "a", 100)])
+    prob = Problem.of(g, c2())
+    plain, bundled = Timeline(prob, placement=[0, 1]), Timeline(prob, placement=[0, 1], bundle=True)
+    for tl in (plain, bundled):
+        tl.commit(0, 0, 0.0)
+        tl.commit(1, 1, tl.earliest(1, 1))
+    assert plain.start[1] == 5.0 and bundled.start[1] == 5.0  # FCFS on one link: [1,3], [3,5]
+    assert sorted(bundled.arrive.items()) == [((0, 1), 5.0)]
+    units = Timeline(prob, dur=[[1, 1], [1, 1]], comm=lambda a, b, nbytes: 3, placement=[0, 1], bundle=True)
+    units.commit(0, 0, 0)
+    assert units.earliest(1, 1) == 7
+    with pytest.raises(ValueError, match="placement"):
+        Timeline(prob, bundle=True)
+
+
+def test_timeline_insertion_uses_idle_gaps():
+    g = OpGraph.from_edges({"a": 2, "b": 5, "x": 1, "y": 1}, [("a", "b", 0)])
+    prob = Problem.of(g, gpus(1))
+    tl = Timeline(prob)
+    tl.commit(0, 0, 0.0)
+    tl.commit(1, 0, 4.0)  # idle gap [2, 4)
+    assert tl.earliest(2, 0) == 9.0 and tl.earliest(2, 0, insert=True) == 2.0
+    tl.commit(2, 0, tl.earliest(2, 0, insert=True))
+    assert tl.earliest(3, 0, insert=True) == 3.0  # the rest of the gap
+
+
+def test_replay_rejects_bad_arguments():
+    g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 8)])
+    prob = Problem.of(g, c2())
+    with pytest.raises(ValueError, match="policy"):
+        replay(prob, [0, 0], policy="lifo")
+    with pytest.raises(ValueError, match="order="):
+        replay(prob, [0, 0], policy="order")
+    with pytest.raises(ValueError, match="links"):
+        replay(prob, [0, 0], links="shared")
+    with pytest.raises(InvalidPlanError, match="deadlocks"):
+        replay(prob, [0, 0], policy="order", order=[[1, 0], []])
+    free = replay(prob, [0, 1], links="free")
+    assert free.start == [0.0, 1 + 1 + 0.08] and free.finished == [0, 1]

@@ -1,0 +1,152 @@
+"""Search a :class:`solver.cpsat_model.CpsatModel` and read its answer as a Plan.
+
+:func:`solve` hints the model (the given plan, else a greedy list schedule),
+runs CP-SAT and returns the simulator's replay of the model's placement and
+per-device order (:func:`solver.common.finalize`), or, when the search found
+nothing, the hint's plan saying why (``stats["fallback"]``).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from ortools.sat.python import cp_model
+
+from pesto.errors import InfeasibleError
+from pesto.plan import Plan
+from pesto.simulate import simulate
+
+from .bounds import greedy_plan
+from .common import finalize
+
+__all__ = ["solve", "colour_intervals"]
+
+STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+          cp_model.INFEASIBLE: "infeasible", cp_model.MODEL_INVALID: "unknown",
+          cp_model.UNKNOWN: "unknown"}
+NO_PROBING_ABOVE = 3000  # model variables
+
+
+def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: int = 0,
+          hint: Plan | None = None, log: bool = False) -> Plan:
+    """Hint, search and read ``model``; see :func:`solver.cpsat.place_cpsat`.
+
+    Raises
+    ------
+    InfeasibleError
+        The model is infeasible and there is no hint to fall back to.
+    RuntimeError
+        CP-SAT says the model is invalid (a bug).
+    """
+    t0 = time.perf_counter() - model.build_time
+    g, cl = model.graph, model.cluster
+    rejected = None
+    if hint is not None and not model.set_hint(hint):
+        rejected, hint = hint.placer or "plan", None  # not a valid plan here
+    if hint is None:
+        hint = greedy_plan(g, cl)
+        model.set_hint(hint)
+    solver = cp_model.CpSolver()
+    _parameters(solver.parameters, model, time_limit=time_limit, workers=workers, seed=seed, log=log)
+    code = solver.solve(model.model)
+    if code == cp_model.MODEL_INVALID:  # a bug, not a time-out: say it loudly
+        raise RuntimeError(f"CP-SAT model invalid: {model.model.validate()}")
+    stats = ({"hint_rejected": rejected} if rejected else {}) | _stats(model, solver, code, hint)
+    if STATUS.get(code) in ("optimal", "feasible"):
+        return _read_plan(model, solver, code, stats, t0)
+    return _fallback(model, hint, STATUS.get(code, "unknown"), stats, t0)
+
+
+def _parameters(p, model, *, time_limit, workers, seed, log) -> None:
+    p.max_time_in_seconds = float(time_limit)
+    p.num_workers = int(workers or os.cpu_count() or 1)
+    p.random_seed = int(seed)
+    p.log_search_progress = bool(log)
+    # Stronger cumulative reasoning: closes P|prec|Cmax bounds (STG) that the
+    # default propagation leaves open; cheap on these model sizes.
+    p.use_timetable_edge_finding_in_cumulative = True
+    p.use_overload_checker_in_cumulative = True
+    p.use_hard_precedences_in_cumulative = True
+    if len(model.model.proto.variables) > NO_PROBING_ABOVE:
+        # on big (coarse DNN) models probing costs seconds before the first
+        # solution and rarely pays back within a minute
+        p.cp_model_probing_level = 0
+
+
+def _stats(model, solver, code, hint: Plan) -> dict:
+    cl = model.cluster
+    return {"cpsat_status": solver.status_name(code), "scale": model.scale, "exact_units": model.exact,
+            "horizon_units": model.horizon, "rounding_error_us": model.rounding_units / model.scale,
+            "explicit_lower_bound": model.lb, "hint_used": hint.placer or "plan",
+            "workers": solver.parameters.num_workers,
+            "contended_model": model.contended, "pure_cumulative": model.pure,
+            "aggregated_transfers": model.aggregated, "memory_constraints": model.memory_active,
+            "symmetric_groups": [[cl.devices[k].name for k in grp] for grp in model.sym_groups],
+            "num_variables": len(model.model.proto.variables),
+            "num_constraints": len(model.model.proto.constraints),
+            "solve_time": solver.wall_time, "build_time": model.build_time}
+
+
+def _read_plan(model, solver, code, stats: dict, t0: float) -> Plan:
+    """The simulated replay of the solution's placement and start order."""
+    p = model.problem
+    status = STATUS[code]
+    bound = solver.best_objective_bound
+    lb = max(model.lb, (bound - model.rounding_units) / model.scale)
+    if model.aggregated:
+        # a restriction of the problem (consumers wait for the whole batch):
+        # its bound and optimality do not carry over
+        lb = model.lb
+        if status == "optimal":
+            status = "feasible"
+        stats["restricted_model"] = "aggregated transfers"
+    model_ms = solver.objective_value / model.scale
+    topo_pos = {i: r for r, i in enumerate(p.topo)}
+    start = [solver.value(v) for v in model.start]
+    end = [solver.value(v) for v in model.end]
+    if model.pure:
+        dev = colour_intervals(start, end, p.nd, topo_pos)
+    else:
+        dev = {i: k for i in range(p.n) for k, lit in model.x[i].items() if solver.boolean_value(lit)}
+    placement = {p.names[i]: p.dev_names[dev[i]] for i in range(p.n)}
+    seq = sorted(range(p.n), key=lambda i: (start[i], end[i], topo_pos[i]))
+    stats.update(model_makespan=model_ms, best_bound_units=bound, model_status=STATUS.get(code, "unknown"))
+    plan = finalize(model.graph, model.cluster, placement, order=[p.names[i] for i in seq], placer="cpsat",
+                    t0=t0, status=status, lower_bound=lb, stats=stats)
+    if plan.status != "infeasible" and plan.makespan > model_ms + 1e-6 * max(1.0, model_ms):
+        # FCFS links in the simulator lost against the model's free link order
+        plan = plan.replace(status="feasible", stats={**plan.stats, "simulated_above_model": True})
+    return plan
+
+
+def _fallback(model, hint: Plan, status: str, stats: dict, t0: float) -> Plan:
+    """No solution: the hint's plan, saying why."""
+    why = "model proved infeasible" if status == "infeasible" else "no solution within the time limit"
+    if status == "infeasible" and hint is None:
+        raise InfeasibleError("no placement satisfies the static memory model", culprit="memory")
+    base = hint if hint.has_times else simulate(model.graph, model.cluster, hint).to_plan(placer=hint.placer)
+    stats.update(fallback=why, fallback_placer=hint.placer)
+    if status != "infeasible":
+        status = base.status if base.status in ("heuristic", "infeasible") else "unknown"
+    return base.replace(placer="cpsat", lower_bound=model.lb, status=status,
+                        wall_time=time.perf_counter() - t0, stats={**dict(base.stats), **stats})
+
+
+def colour_intervals(start, end, nd: int, topo_pos) -> dict[int, int]:
+    """Devices for a cumulative schedule of capacity ``nd``: greedy interval
+    colouring by start (ties by end, then topological position), each op on
+    the free device that became free last.
+
+    Examples
+    --------
+    >>> colour_intervals([0, 0, 2], [2, 3, 4], 2, {0: 0, 1: 1, 2: 2})
+    {0: 0, 1: 1, 2: 0}
+    """
+    free = [0] * nd
+    dev = {}
+    for i in sorted(range(len(start)), key=lambda i: (start[i], end[i], topo_pos[i])):
+        ok = [k for k in range(nd) if free[k] <= start[i]]
+        k = min(ok, key=lambda k: (-free[k], k)) if ok else min(range(nd), key=lambda k: free[k])
+        dev[i] = k
+        free[k] = max(free[k], end[i])
+    return dev
