@@ -20,12 +20,14 @@ True
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .cluster import Cluster
 from .dag import bottom_levels
 from .errors import InfeasibleError
 from .graph import OpGraph
 
-__all__ = ["Problem"]
+__all__ = ["Problem", "GraphArrays"]
 
 INF = float("inf")
 
@@ -229,3 +231,106 @@ def _no_device(ops, mem, kinds, devs):
     raise InfeasibleError(
         f"colocation group {first.colocation_group!r} has no device kind allowed for all "
         f"its ops ({len(mem)} ops, kinds {sorted(kinds)})", culprit=first.colocation_group)
+
+
+class GraphArrays:
+    """Cluster-free numpy arrays of an OpGraph, built once (O(ops + edges)).
+
+    What the coarsener and the vectorised memory peak read; :class:`Problem`
+    is the (graph, cluster) view. Get it with :meth:`GraphArrays.of` (cached
+    on the graph). The arrays are read-only: copy before changing one.
+
+    Attributes
+    ----------
+    graph, n, names : the graph, its op count and op names
+    kinds, K : the device kinds (sorted) and their number; kind ``k`` is bit ``k``
+    comp : ``n x K`` compute per kind (0 where the kind is not allowed)
+    mask : allowed kinds per op, as bits
+    time : compute on the fastest allowed kind
+    pers, out, temp : persistent, output and temporary bytes per op
+    group, group_names, group_mask : colocation group id per op (-1: none),
+        group names by id, and the AND of the members' kind masks per group
+    esrc, edst, ectrl : endpoints of every edge (the graph's order) and
+        whether it is a control edge
+    data_src, data_dst : endpoints of the edges that carry a tensor
+    pu, pv, pt, pe : one row per (edge, tensor): producer, consumer, tensor
+        id, edge id
+    T, tnames, tbytes, tsrc : tensor count, names, bytes and producer
+    topo : a topological order (the graph's)
+
+    Examples
+    --------
+    >>> g = OpGraph.from_edges({"a": 2, "b": 3}, [("a", "b", 100)])
+    >>> ga = GraphArrays.of(g)
+    >>> ga.kinds, ga.time.tolist(), ga.pu.tolist(), ga.pv.tolist(), ga.tbytes.tolist()
+    (['GPU'], [2.0, 3.0], [0], [1], [100])
+    >>> GraphArrays.of(g) is ga
+    True
+    """
+
+    def __init__(self, graph: OpGraph):
+        self.graph = graph
+        self.n = graph.num_ops
+        self.names = graph.names
+        self._ops(graph.ops)
+        self._edges(graph)
+        self.topo = np.array(graph.topo_idx(), dtype=np.int64)
+        for a in vars(self).values():
+            if isinstance(a, np.ndarray):
+                a.setflags(write=False)  # shared through the cache
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> "GraphArrays":
+        """The cached arrays of ``graph`` (built on first use; the graph is immutable)."""
+        hit = graph.__dict__.get("_graph_arrays")
+        if hit is None:
+            hit = graph.__dict__["_graph_arrays"] = cls(graph)
+        return hit
+
+    def _ops(self, ops) -> None:
+        n = self.n
+        self.kinds = sorted(self.graph.kinds())
+        kidx = {k: i for i, k in enumerate(self.kinds)}
+        self.K = K = len(self.kinds)
+        comp = np.zeros((n, K))
+        mask = np.zeros(n, dtype=np.int64)
+        group = np.full(n, -1, dtype=np.int64)
+        gid: dict[str, int] = {}
+        for i, op in enumerate(ops):
+            bits = 0
+            for k in op.kinds:
+                comp[i, kidx[k]] = op.compute[k]
+                bits |= 1 << kidx[k]
+            mask[i] = bits
+            if op.colocation_group is not None:
+                group[i] = gid.setdefault(op.colocation_group, len(gid))
+        self.comp, self.mask, self.group = comp, mask, group
+        self.pers = np.fromiter((o.persistent_bytes for o in ops), dtype=np.int64, count=n)
+        self.out = np.fromiter((o.output_bytes for o in ops), dtype=np.int64, count=n)
+        self.temp = np.fromiter((o.temporary_bytes for o in ops), dtype=np.int64, count=n)
+        self.group_names = list(gid)
+        gmask = [-1] * len(gid)  # never 0: OpGraph rejects a group with no common kind
+        for i in np.flatnonzero(group >= 0).tolist():
+            gmask[group[i]] &= int(mask[i])
+        self.group_mask = gmask
+        bits = 1 << np.arange(K, dtype=np.int64)
+        allowed = (mask[:, None] & bits[None, :]) != 0
+        self.time = np.where(allowed, comp, np.inf).min(axis=1) if K else np.zeros(n)
+
+    def _edges(self, graph: OpGraph) -> None:
+        idx = graph.index
+        tensors, edges = graph.tensors, graph.edges
+        tindex = {t.name: i for i, t in enumerate(tensors)}
+        self.T = len(tensors)
+        self.tnames = [t.name for t in tensors]
+        self.tbytes = np.array([t.bytes for t in tensors], dtype=np.int64)
+        self.tsrc = np.array([idx[t.src] for t in tensors], dtype=np.int64)
+        self.esrc = np.array([idx[e.src] for e in edges], dtype=np.int64)
+        self.edst = np.array([idx[e.dst] for e in edges], dtype=np.int64)
+        self.ectrl = np.array([not e.tensors for e in edges], dtype=bool)
+        self.data_src, self.data_dst = self.esrc[~self.ectrl], self.edst[~self.ectrl]
+        ntens = [len(e.tensors) for e in edges]
+        self.pu = np.repeat(self.esrc, ntens)
+        self.pv = np.repeat(self.edst, ntens)
+        self.pt = np.array([tindex[t] for e in edges for t in e.tensors], dtype=np.int64)
+        self.pe = np.repeat(np.arange(len(edges), dtype=np.int64), ntens)
