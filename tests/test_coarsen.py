@@ -1,4 +1,6 @@
 """Coarsening: targeted cases (Figure 6, kinds, colocation, aggregation, expand)."""
+import itertools
+import random as _r
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +11,11 @@ import pytest
 import coarsen
 from coarsen import CoarseGraph, CoarsenError, verify
 from coarsen.base import CoarsenReport, build_coarse, coarse_edges, kahn_heights
+from coarsen.celeritas import _breakpoints, cpd_topo_order
+from coarsen.height import MergeState, _merged_path, select_pairs, theorem35_ok
+from pesto import (CycleError, Edge, InvalidPlanError, Op, OpGraph, Plan, Tensor, check_plan, gpus,
+                   simulate, v100x4_pcie)
 from pesto.problem import GraphArrays
-from coarsen.height import select_pairs, theorem35_ok
-from pesto import CycleError, Edge, Op, OpGraph, Plan, Tensor, check_plan, gpus, simulate
 from pesto.random_graphs import layered_dag, lstm_grid, transformer_like
 
 METHODS = coarsen.METHODS
@@ -201,7 +205,6 @@ def _coarse_plan(cg: CoarseGraph, cl) -> Plan:
 def test_expand_rejects_incomplete_plan():
     cg = coarsen.coarsen(layered_dag(50, seed=1), 5)
     v = cg.graph.names[0]
-    from pesto import InvalidPlanError
     with pytest.raises(InvalidPlanError):
         cg.expand(Plan({v: "/GPU:0"}, {"/GPU:0": [v]}))
 
@@ -250,9 +253,6 @@ def _cut_cost(ga, order, seg, beta):
 
 def test_celeritas_breakpoint_dp_is_optimal():
     """Kernighan DP = brute force over all segmentations of the CPD-TOPO order."""
-    import itertools
-    import random as _r
-    from coarsen.celeritas import _breakpoints, cpd_topo_order
     beta = (10.0, 1e-3)
     for seed in range(60):
         rng = _r.Random(seed)
@@ -276,7 +276,6 @@ def test_celeritas_breakpoint_dp_is_optimal():
 
 
 def test_cpd_topo_is_topological():
-    from coarsen.celeritas import cpd_topo_order
     g = layered_dag(500, seed=4)
     order = cpd_topo_order(GraphArrays.of(g))
     pos = {i: k for k, i in enumerate(order)}
@@ -297,7 +296,6 @@ def test_tiny_graphs(method):
 
 
 def test_report_uses_cluster_beta():
-    from pesto import v100x4_pcie
     g = layered_dag(300, seed=5)
     a = coarsen.coarsen(g, 30).report
     b = coarsen.coarsen(g, 30, cluster=v100x4_pcie()).report
@@ -340,8 +338,6 @@ def _path_through(g: OpGraph, v: str) -> float:
 def test_merged_path_matches_the_merged_graph():
     """_merged_path = longest compute path through the merged vertex, checked by
     building each single merge."""
-    import random as _r
-    from coarsen.height import MergeState, _merged_path
     for seed in range(40):
         rng = _r.Random(seed)
         n = rng.randint(2, 9)

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import coarsen
 from coarsen import verify
-from coarsen.base import coarse_edges, kahn_heights
-from pesto.problem import GraphArrays
+from coarsen.base import CoarsenReport, build_coarse, coarse_edges, kahn_heights
 from coarsen.height import select_pairs, theorem35_ok
 from pesto import Edge, Op, OpGraph, Plan, Tensor, check_plan, gpus, simulate
+from pesto.problem import GraphArrays
 
 CLUSTER = gpus(2, with_cpu=True)
 SHAPES = ("sparse", "dense", "layered", "tree", "empty")
@@ -137,7 +137,6 @@ def test_ten_thousand_random_dags():
 
 def test_selection_satisfies_theorem_and_stays_acyclic():
     """The pairs one round selects satisfy (i)-(iii), and merging them gives a DAG."""
-    from coarsen.base import CoarsenReport, build_coarse
     for seed in range(1500):
         g = random_graph(seed, shape=("dense", "layered", "sparse")[seed % 3])
         pairs = select_pairs(g)
