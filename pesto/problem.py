@@ -291,14 +291,20 @@ def _edge_arrays(ga: "GraphArrays") -> None:
     tindex = {t.name: i for i, t in enumerate(tensors)}
     esrc = np.array([idx[e.src] for e in edges], dtype=np.int64)
     edst = np.array([idx[e.dst] for e in edges], dtype=np.int64)
-    ntens = [len(e.tensors) for e in edges]
-    _frozen(ga, esrc=esrc, edst=edst, ectrl=np.array([not e.tensors for e in edges], dtype=bool),
+    ntens = np.array([len(e.tensors) for e in edges], dtype=np.int64)
+    _frozen(ga, esrc=esrc, edst=edst, ectrl=ntens == 0,
             T=len(tensors), tnames=[t.name for t in tensors],
             tbytes=np.array([t.bytes for t in tensors], dtype=np.int64),
             tsrc=np.array([idx[t.src] for t in tensors], dtype=np.int64),
             pu=np.repeat(esrc, ntens), pv=np.repeat(edst, ntens),
             pt=np.array([tindex[t] for e in edges for t in e.tensors], dtype=np.int64),
             pe=np.repeat(np.arange(len(edges), dtype=np.int64), ntens))
+
+
+def _data_arrays(ga: "GraphArrays") -> None:
+    dsucc = ga.graph.data_succ_idx()  # the simulator builds these tables anyway
+    _frozen(ga, data_src=np.repeat(np.arange(ga.n, dtype=np.int64), [len(s) for s in dsucc]),
+            data_dst=np.array([j for s in dsucc for j in s], dtype=np.int64))
 
 
 class GraphArrays:
@@ -308,7 +314,8 @@ class GraphArrays:
     is the (graph, cluster) view. Get it with :meth:`GraphArrays.of` (cached
     on the graph). The arrays are read-only: copy before changing one. The
     per-op bytes and data edges are built at once; the kind and the edge /
-    tensor arrays on first read (the simulator's memory peak needs neither).
+    tensor arrays and the data edges on first read (the simulator's memory
+    peak needs no kinds, the coarsener no data edges).
 
     Attributes
     ----------
@@ -340,18 +347,16 @@ class GraphArrays:
 
     kinds, K, comp, mask, time, group, group_names, group_mask = (_Lazy(_kind_arrays) for _ in range(8))
     esrc, edst, ectrl, T, tnames, tbytes, tsrc, pu, pv, pt, pe = (_Lazy(_edge_arrays) for _ in range(11))
+    data_src, data_dst = (_Lazy(_data_arrays) for _ in range(2))
 
     def __init__(self, graph: OpGraph):
         self.graph = graph
-        self.n = n = graph.num_ops
+        self.n = graph.num_ops
         self.names = graph.names
         ops = graph.ops
-        dsucc = graph.data_succ_idx()  # the simulator builds these tables anyway
-        _frozen(self, pers=np.fromiter((o.persistent_bytes for o in ops), dtype=np.int64, count=n),
-                out=np.fromiter((o.output_bytes for o in ops), dtype=np.int64, count=n),
-                temp=np.fromiter((o.temporary_bytes for o in ops), dtype=np.int64, count=n),
-                data_src=np.repeat(np.arange(n, dtype=np.int64), [len(s) for s in dsucc]),
-                data_dst=np.array([j for s in dsucc for j in s], dtype=np.int64),
+        _frozen(self, pers=np.array([o.persistent_bytes for o in ops], dtype=np.int64),
+                out=np.array([o.output_bytes for o in ops], dtype=np.int64),
+                temp=np.array([o.temporary_bytes for o in ops], dtype=np.int64),
                 topo=np.array(graph.topo_idx(), dtype=np.int64))
 
     @classmethod
