@@ -2,8 +2,9 @@
 :class:`CoarseGraph` result, aggregation, expansion of a coarse plan and the
 report.
 
-Every coarsener works on :class:`FineArrays` (integer-indexed numpy arrays made
-once from an :class:`~pesto.graph.OpGraph`) and ends with a labelling
+Every coarsener works on :class:`~pesto.problem.GraphArrays` (the graph's
+integer-indexed numpy arrays, cached on the :class:`~pesto.graph.OpGraph`) and
+ends with a labelling
 ``label[i] = coarse vertex of fine op i``; :func:`build_coarse` turns that into
 a validated coarse :class:`~pesto.graph.OpGraph` exactly once.
 
@@ -30,140 +31,41 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pesto.dag import UnionFind, find_cycle, priority_order
 from pesto.errors import CycleError, InfeasibleError, InvalidPlanError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import Plan
+from pesto.problem import GraphArrays
 
-__all__ = ["FineArrays", "CoarseGraph", "CoarsenReport", "UnionFind", "build_coarse",
-           "ccr", "DEFAULT_BETA", "kahn_heights"]
+__all__ = ["CoarseGraph", "CoarsenReport", "build_coarse", "coarse_edges", "ccr", "DEFAULT_BETA",
+           "kahn_heights"]
 
 # NVLink V100 fit of the Pesto paper (µs, µs/byte), used when no cluster is given.
 DEFAULT_BETA = (40.77, 2.0757e-5)
 
 
-class UnionFind:
-    """Union-find over ``n`` items with an AND-ed kind mask per set.
+def coarse_edges(ga: GraphArrays, label: np.ndarray, m: int):
+    """Edges between distinct coarse vertices of the partition ``label``.
 
-    >>> uf = UnionFind([0b11, 0b01])
-    >>> uf.union(0, 1), uf.mask[uf.find(0)]
-    (0, 1)
+    Returns ``(eu, ev, ebytes)``: unique pairs, bytes = distinct fine tensors
+    on that pair (control-only pairs have 0 bytes).
     """
-
-    def __init__(self, masks):
-        self.parent = list(range(len(masks)))
-        self.mask = [int(m) for m in masks]
-
-    def find(self, a: int) -> int:
-        p = self.parent
-        root = a
-        while p[root] != root:
-            root = p[root]
-        while p[a] != root:
-            p[a], a = root, p[a]
-        return root
-
-    def union(self, a: int, b: int) -> int:
-        ra, rb = self.find(a), self.find(b)
-        if ra == rb:
-            return ra
-        if rb < ra:
-            ra, rb = rb, ra
-        self.parent[rb] = ra
-        self.mask[ra] &= self.mask[rb]
-        return ra
-
-
-class FineArrays:
-    """Integer-indexed arrays of an OpGraph, built once (O(ops + edges)).
-
-    Attributes
-    ----------
-    n, kinds, comp (n x K compute, 0 where not allowed), mask (allowed kinds as
-    bits), pers, temp, group (-1 or group id), group_names, group_mask,
-    esrc/edst (edges), ectrl (control edge), pu/pv/pt (one row per
-    (edge, tensor)), tbytes/tsrc (per tensor), topo (a topological order).
-    """
-
-    def __init__(self, graph: OpGraph):
-        self.graph = graph
-        self.n = n = graph.num_ops
-        self.names = graph.names
-        self.kinds = sorted(graph.kinds())
-        kidx = {k: i for i, k in enumerate(self.kinds)}
-        self.K = K = len(self.kinds)
-        comp = np.zeros((n, K))
-        mask = np.zeros(n, dtype=np.int64)
-        pers = np.zeros(n, dtype=np.int64)
-        temp = np.zeros(n, dtype=np.int64)
-        group = np.full(n, -1, dtype=np.int64)
-        gid: dict[str, int] = {}
-        for i, op in enumerate(graph.ops):
-            bits = 0
-            for k in op.kinds:
-                comp[i, kidx[k]] = op.compute[k]
-                bits |= 1 << kidx[k]
-            mask[i] = bits
-            pers[i] = op.persistent_bytes
-            temp[i] = op.temporary_bytes
-            if op.colocation_group is not None:
-                group[i] = gid.setdefault(op.colocation_group, len(gid))
-        self.comp, self.mask, self.pers, self.temp, self.group = comp, mask, pers, temp, group
-        self.group_names = list(gid)
-        gmask = [-1] * len(gid)
-        for i in np.flatnonzero(group >= 0).tolist():
-            gmask[group[i]] &= int(mask[i])
-        self.group_mask = gmask
-        for g, m in enumerate(gmask):
-            if m == 0:
-                raise InfeasibleError(f"colocation group {self.group_names[g]!r} has no device kind "
-                                      "common to all its ops", culprit=self.group_names[g])
-        tindex = {t.name: i for i, t in enumerate(graph.tensors)}
-        idx = graph.index
-        self.tnames = [t.name for t in graph.tensors]
-        self.tbytes = np.array([t.bytes for t in graph.tensors], dtype=np.int64)
-        self.tsrc = np.array([idx[t.src] for t in graph.tensors], dtype=np.int64)
-        edges = graph.edges
-        es = [idx[e.src] for e in edges]
-        ed = [idx[e.dst] for e in edges]
-        self.esrc = np.array(es, dtype=np.int64)
-        self.edst = np.array(ed, dtype=np.int64)
-        self.ectrl = np.array([not e.tensors for e in edges], dtype=bool)
-        ntens = [len(e.tensors) for e in edges]
-        self.pu = np.repeat(self.esrc, ntens)
-        self.pv = np.repeat(self.edst, ntens)
-        self.pt = np.array([tindex[t] for e in edges for t in e.tensors], dtype=np.int64)
-        self.T = len(self.tnames)
-        self.topo = np.array(graph.topo_idx(), dtype=np.int64)
-        # time used for caps and CCR: fastest allowed kind (speed 1)
-        big = np.where(self._allowed(), comp, np.inf)
-        self.time = big.min(axis=1) if K else np.zeros(n)
-
-    def _allowed(self):
-        bits = 1 << np.arange(self.K, dtype=np.int64)
-        return (self.mask[:, None] & bits[None, :]) != 0
-
-    def coarse_edges(self, label: np.ndarray, m: int):
-        """Edges between distinct coarse vertices of ``label``.
-
-        Returns ``(eu, ev, ebytes)``: unique pairs, bytes = distinct fine tensors
-        on that pair (control-only pairs have 0 bytes).
-        """
-        cu, cv = label[self.pu], label[self.pv]
-        keep = cu != cv
-        T = max(self.T, 1)
-        key = uniq((cu[keep] * m + cv[keep]) * T + self.pt[keep])
-        pair = key // T
-        tb = self.tbytes[key % T] if len(key) else np.zeros(0, dtype=np.int64)
-        cs, cd = label[self.esrc[self.ectrl]], label[self.edst[self.ectrl]]
-        ck = cs != cd
-        allpairs = np.concatenate([pair, cs[ck] * m + cd[ck]])
-        allbytes = np.concatenate([tb, np.zeros(int(ck.sum()), dtype=np.int64)])
-        o = np.argsort(allpairs, kind="stable")
-        sp = allpairs[o]
-        first = np.r_[True, sp[1:] != sp[:-1]] if len(sp) else np.zeros(0, dtype=bool)
-        up = sp[first]
-        eb = np.add.reduceat(allbytes[o], np.flatnonzero(first)).astype(float) if len(up) else np.zeros(0)
-        return up // m, up % m, eb
+    cu, cv = label[ga.pu], label[ga.pv]
+    keep = cu != cv
+    T = max(ga.T, 1)
+    key = uniq((cu[keep] * m + cv[keep]) * T + ga.pt[keep])
+    pair = key // T
+    tb = ga.tbytes[key % T] if len(key) else np.zeros(0, dtype=np.int64)
+    cs, cd = label[ga.esrc[ga.ectrl]], label[ga.edst[ga.ectrl]]
+    ck = cs != cd
+    allpairs = np.concatenate([pair, cs[ck] * m + cd[ck]])
+    allbytes = np.concatenate([tb, np.zeros(int(ck.sum()), dtype=np.int64)])
+    o = np.argsort(allpairs, kind="stable")
+    sp = allpairs[o]
+    first = np.r_[True, sp[1:] != sp[:-1]] if len(sp) else np.zeros(0, dtype=bool)
+    up = sp[first]
+    eb = np.add.reduceat(allbytes[o], np.flatnonzero(first)).astype(float) if len(up) else np.zeros(0)
+    return up // m, up % m, eb
 
 
 def uniq(a: np.ndarray) -> np.ndarray:
@@ -179,6 +81,12 @@ def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
     Returns ``(H, succ_flat, succ_off)`` with ``H`` a list, or raises
     :class:`CycleError` (with coarse vertex ids) if the edges close a cycle.
     H(v) = 1 + max H(pred): every edge goes strictly up in height.
+
+    Kahn's pass and the longest path (in edges) in one loop over flat CSR
+    arrays: it runs once per merge round on a fresh coarse edge list, where
+    :func:`pesto.dag.toposort` plus :func:`pesto.dag.top_levels` would need
+    per-vertex lists and two passes. Only the cycle report is shared
+    (:func:`pesto.dag.find_cycle`).
     """
     order = np.argsort(eu, kind="stable")
     flat = ev[order].tolist()
@@ -195,24 +103,13 @@ def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
             if indeg[w] == 0:
                 queue.append(w)
     if len(queue) < m:
-        left = {i for i in range(m) if indeg[i] > 0}
-        pred = {}
-        for a, b in zip(eu.tolist(), ev.tolist()):
-            if a in left and b in left:
-                pred.setdefault(b, a)
-        i = next(iter(left))
-        seen, path = {}, []
-        while i not in seen:
-            seen[i] = len(path)
-            path.append(i)
-            i = pred[i]
-        cyc = path[seen[i]:]
-        cyc.reverse()
-        raise CycleError([f"v{k}" for k in cyc], what="coarse graph")
+        succ = [flat[off[i]:off[i + 1]] for i in range(m)]
+        cycle = find_cycle(succ, {i for i in range(m) if indeg[i] > 0})
+        raise CycleError([f"v{k}" for k in cycle], what="coarse graph")
     return H, flat, off
 
 
-def ccr(fa: FineArrays, label: np.ndarray, m: int, beta=DEFAULT_BETA) -> float:
+def ccr(ga: GraphArrays, label: np.ndarray, m: int, beta=DEFAULT_BETA) -> float:
     """Communication-to-computation ratio of the partition ``label``.
 
     Numerator: one transfer ``beta0 + beta1 * bytes`` per distinct (fine
@@ -220,13 +117,13 @@ def ccr(fa: FineArrays, label: np.ndarray, m: int, beta=DEFAULT_BETA) -> float:
     transfers if every vertex sat on its own device. Denominator: total compute
     (fastest allowed kind), which coarsening conserves.
     """
-    cu, cv = label[fa.pu], label[fa.pv]
+    cu, cv = label[ga.pu], label[ga.pv]
     keep = cu != cv
-    key = uniq(cv[keep] * max(fa.T, 1) + fa.pt[keep])
-    b = fa.tbytes[key % max(fa.T, 1)]
+    key = uniq(cv[keep] * max(ga.T, 1) + ga.pt[keep])
+    b = ga.tbytes[key % max(ga.T, 1)]
     b = b[b > 0]
     comm = len(b) * beta[0] + beta[1] * float(b.sum())
-    work = float(fa.time.sum())
+    work = float(ga.time.sum())
     return comm / work if work > 0 else float("inf") if comm else 0.0
 
 
@@ -349,8 +246,6 @@ class CoarseGraph:
         >>> cg.expand(cg.project(fine)).placement == fine.placement
         True
         """
-        import heapq
-
         fine, coarse = self.original, self.graph
         missing = [op for op in fine.names if op not in plan.placement]
         if missing:
@@ -388,28 +283,31 @@ class CoarseGraph:
         placement = {v: choice[unit[v]] for v in coarse.names}
         key = {v: min(when.get(op, float("inf")) for op in ms) for v, ms in self.members.items()}
         names = coarse.names
-        succ, pred = coarse.succ_idx(), coarse.pred_idx()
-        indeg = [len(p) for p in pred]
-        heap = [(key[names[i]], i) for i in range(len(names)) if indeg[i] == 0]
-        heapq.heapify(heap)
         order: dict = {}
-        while heap:
-            _, i = heapq.heappop(heap)
+        for i in priority_order(coarse.succ_idx(), coarse.pred_idx(), [key[v] for v in names]):
             order.setdefault(placement[names[i]], []).append(names[i])
-            for j in succ[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    heapq.heappush(heap, (key[names[j]], j))
         return Plan(placement, {d: tuple(s) for d, s in order.items()}, status=plan.status,
                     placer=plan.placer, stats={"projected_from": plan.placer})
 
 
-def _group_labels(fa: FineArrays, label: np.ndarray, m: int):
+def _members(ga: GraphArrays, label: np.ndarray, m: int) -> list[list[int]]:
+    """Fine op indices of every coarse vertex, in the fine topological order."""
+    tl = label[ga.topo]
+    srt = np.argsort(tl, kind="stable")
+    ordered = ga.topo[srt]
+    bounds = np.searchsorted(tl[srt], np.arange(m + 1)).tolist()
+    members = [ordered[bounds[c]:bounds[c + 1]].tolist() for c in range(m)]
+    if any(not ms for ms in members):
+        raise ValueError("labels must be 0..m-1 with every vertex non-empty")
+    return members
+
+
+def _group_labels(ga: GraphArrays, label: np.ndarray, m: int):
     """Per coarse vertex: union-find root of its groups (or -1), and the group names."""
-    uf = UnionFind(fa.group_mask)
+    uf = UnionFind(len(ga.group_mask), masks=ga.group_mask)
     vg = np.full(m, -1, dtype=np.int64)
-    for i in np.flatnonzero(fa.group >= 0).tolist():
-        c, g = int(label[i]), int(fa.group[i])
+    for i in np.flatnonzero(ga.group >= 0).tolist():
+        c, g = int(label[i]), int(ga.group[i])
         if vg[c] < 0:
             vg[c] = g
         else:
@@ -417,92 +315,89 @@ def _group_labels(fa: FineArrays, label: np.ndarray, m: int):
     return uf, vg
 
 
-def build_coarse(fa: FineArrays, label: np.ndarray, report: CoarsenReport, *, beta=DEFAULT_BETA,
-                 t0: float | None = None, name: str | None = None) -> CoarseGraph:
-    """Build the coarse OpGraph for the partition ``label`` (values 0..m-1).
+def _aggregate(ga: GraphArrays, label: np.ndarray, m: int, members: list[list[int]]):
+    """Per coarse vertex: compute per kind (sum), kind mask (AND), persistent
+    bytes (sum), temporary bytes (max) and colocation group name (or absent).
 
     Raises
     ------
-    CycleError
-        The partition's quotient graph has a cycle (never for the shipped
-        coarseners; OpGraph construction checks it).
     InfeasibleError
-        A united colocation group would have no common device kind.
+        A vertex, or a colocation group united by coarsening, has no common kind.
     """
-    graph = fa.graph
-    label = np.asarray(label, dtype=np.int64)
-    m = int(label.max()) + 1 if fa.n else 0
-    # members in the fine topological order
-    tl = label[fa.topo]
-    srt = np.argsort(tl, kind="stable")
-    ordered = fa.topo[srt]
-    bounds = np.searchsorted(tl[srt], np.arange(m + 1)).tolist()
-    names = fa.names
-    members_idx = [ordered[bounds[c]:bounds[c + 1]].tolist() for c in range(m)]
-    if any(not ms for ms in members_idx):
-        raise ValueError("labels must be 0..m-1 with every vertex non-empty")
-    # aggregates
-    K = fa.K
-    comp = np.zeros((m, K))
-    np.add.at(comp, label, fa.comp)
+    names = ga.names
+    comp = np.zeros((m, ga.K))
+    np.add.at(comp, label, ga.comp)
     mask = np.full(m, -1, dtype=np.int64)
-    np.bitwise_and.at(mask, label, fa.mask)
-    pers = np.bincount(label, weights=fa.pers, minlength=m)
+    np.bitwise_and.at(mask, label, ga.mask)
+    pers = np.bincount(label, weights=ga.pers, minlength=m)
     temp = np.zeros(m, dtype=np.int64)
-    np.maximum.at(temp, label, fa.temp)
-    uf, vg = _group_labels(fa, label, m)
+    np.maximum.at(temp, label, ga.temp)
+    uf, vg = _group_labels(ga, label, m)
     bad = np.flatnonzero(mask == 0)
     if len(bad):
         c = int(bad[0])
-        raise InfeasibleError(f"coarse vertex with ops {[names[i] for i in members_idx[c][:5]]} has no "
-                              "common device kind", culprit=names[members_idx[c][0]])
+        raise InfeasibleError(f"coarse vertex with ops {[names[i] for i in members[c][:5]]} has no "
+                              "common device kind", culprit=names[members[c][0]])
     gname = {}
     for c in np.flatnonzero(vg >= 0).tolist():
         r = uf.find(int(vg[c]))
         uf.mask[r] &= int(mask[c])
-        gname[c] = fa.group_names[r]
+        gname[c] = ga.group_names[r]
     for c, g in gname.items():
         if uf.mask[uf.find(int(vg[c]))] == 0:
             raise InfeasibleError(f"colocation group {g!r} (united with others by coarsening) has no common "
                                   "device kind", culprit=g)
-    # vertex names: a lone op keeps its name, a merged vertex "first+k"
+    return comp, mask, pers, temp, gname
+
+
+def _vertex_names(names, members: list[list[int]]) -> list[str]:
+    """A lone op keeps its name, a merged vertex is called ``first+k`` (primes if taken)."""
     used = set()
     vnames = []
-    for c in range(m):
-        ms = members_idx[c]
+    for ms in members:
         nm = names[ms[0]] if len(ms) == 1 else f"{names[ms[0]]}+{len(ms) - 1}"
         while nm in used:
             nm += "'"
         used.add(nm)
         vnames.append(nm)
-    # tensors leaving a vertex, edges between vertices
-    cu, cv = label[fa.pu], label[fa.pv]
+    return vnames
+
+
+def _coarse_flow(ga: GraphArrays, label: np.ndarray, m: int, vnames: list[str]):
+    """The coarse tensors (fine tensors leaving their vertex), the output bytes
+    per vertex and the coarse edges (tensor edges, then control-only ones)."""
+    cu, cv = label[ga.pu], label[ga.pv]
     keep = cu != cv
-    T = max(fa.T, 1)
-    key = uniq((cu[keep] * m + cv[keep]) * T + fa.pt[keep])
+    T = max(ga.T, 1)
+    key = uniq((cu[keep] * m + cv[keep]) * T + ga.pt[keep])
     pair, tid = key // T, key % T
     out_t = uniq(tid)
-    out_bytes = np.bincount(label[fa.tsrc[out_t]], weights=fa.tbytes[out_t], minlength=m)
-    tnames = fa.tnames
-    tensors = [Tensor(tnames[t], vnames[label[fa.tsrc[t]]], int(fa.tbytes[t])) for t in out_t.tolist()]
+    out_bytes = np.bincount(label[ga.tsrc[out_t]], weights=ga.tbytes[out_t], minlength=m)
+    tnames = ga.tnames
+    tensors = [Tensor(tnames[t], vnames[label[ga.tsrc[t]]], int(ga.tbytes[t])) for t in out_t.tolist()]
     edges = []
     have = set()
     if len(pair):
         starts = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]]).tolist() + [len(pair)]
-        pl, tl_ = pair.tolist(), tid.tolist()
+        pl, tl = pair.tolist(), tid.tolist()
         for a, b in zip(starts[:-1], starts[1:]):
             p = pl[a]
             have.add(p)
-            edges.append(Edge(vnames[p // m], vnames[p % m], tuple(tnames[t] for t in tl_[a:b])))
-    cs, cd = label[fa.esrc[fa.ectrl]], label[fa.edst[fa.ectrl]]
+            edges.append(Edge(vnames[p // m], vnames[p % m], tuple(tnames[t] for t in tl[a:b])))
+    cs, cd = label[ga.esrc[ga.ectrl]], label[ga.edst[ga.ectrl]]
     for p in uniq(cs[cs != cd] * m + cd[cs != cd]).tolist():
         if p not in have:
             edges.append(Edge(vnames[p // m], vnames[p % m], ()))
-    kinds = fa.kinds
-    fops = graph.ops  # a new tuple per call: take it once
+    return tensors, out_bytes, edges
+
+
+def _coarse_ops(ga: GraphArrays, members, vnames, aggregates, out_bytes) -> list[Op]:
+    """One Op per coarse vertex; a merged vertex's scope is its members' common scope."""
+    comp, mask, pers, temp, gname = aggregates
+    kinds, K = ga.kinds, ga.K
+    fops = ga.graph.ops  # a new tuple per call: take it once
     ops = []
-    for c in range(m):
-        ms = members_idx[c]
+    for c, ms in enumerate(members):
         bits = int(mask[c])
         compute = {kinds[k]: float(comp[c, k]) for k in range(K) if bits >> k & 1}
         if len(ms) == 1:
@@ -515,13 +410,37 @@ def build_coarse(fa: FineArrays, label: np.ndarray, report: CoarsenReport, *, be
             typ = "Coarse"
         ops.append(Op(vnames[c], compute, persistent_bytes=int(pers[c]), output_bytes=int(out_bytes[c]),
                       temporary_bytes=int(temp[c]), colocation_group=gname.get(c), scope=scope, type=typ))
+    return ops
+
+
+def build_coarse(ga: GraphArrays, label: np.ndarray, report: CoarsenReport, *, beta=DEFAULT_BETA,
+                 t0: float | None = None, name: str | None = None) -> CoarseGraph:
+    """Build the coarse OpGraph for the partition ``label`` (values 0..m-1).
+
+    Raises
+    ------
+    CycleError
+        The partition's quotient graph has a cycle (never for the shipped
+        coarseners; OpGraph construction checks it).
+    InfeasibleError
+        A united colocation group would have no common device kind.
+    """
+    graph = ga.graph
+    label = np.asarray(label, dtype=np.int64)
+    m = int(label.max()) + 1 if ga.n else 0
+    members = _members(ga, label, m)
+    aggregates = _aggregate(ga, label, m, members)
+    vnames = _vertex_names(ga.names, members)
+    tensors, out_bytes, edges = _coarse_flow(ga, label, m, vnames)
+    ops = _coarse_ops(ga, members, vnames, aggregates, out_bytes)
     cg = OpGraph(ops, edges, tensors, name=name or f"{graph.name}/coarse")
-    members = {vnames[c]: [names[i] for i in members_idx[c]] for c in range(m)}
+    names = ga.names
     report.vertices = cg.num_ops
     report.edges = cg.num_edges
     report.reached = cg.num_ops <= report.target
-    report.ccr_before = ccr(fa, np.arange(fa.n), fa.n, beta)
-    report.ccr_after = ccr(fa, label, m, beta)
+    report.ccr_before = ccr(ga, np.arange(ga.n), ga.n, beta)
+    report.ccr_after = ccr(ga, label, m, beta)
     if t0 is not None:
         report.seconds = time.perf_counter() - t0
-    return CoarseGraph(cg, graph, members, report)
+    return CoarseGraph(cg, graph, {vnames[c]: [names[i] for i in ms] for c, ms in enumerate(members)},
+                       report)

@@ -28,26 +28,32 @@ import time
 
 import numpy as np
 
+from pesto.dag import UnionFind, bottom_levels
 from pesto.graph import OpGraph
+from pesto.problem import GraphArrays
 
-from .base import CoarsenReport, FineArrays, UnionFind, beta_of, build_coarse
+from .base import CoarsenReport, beta_of, build_coarse
 
 __all__ = ["coarsen_celeritas", "cpd_topo_order"]
 
 
-def cpd_topo_order(fa: FineArrays) -> list[int]:
-    """CPD-TOPO: depth-first along the critical path; returns op indices."""
-    n = fa.n
-    succ = [[] for _ in range(n)]
-    indeg = [0] * n
-    for u, v in zip(fa.esrc.tolist(), fa.edst.tolist()):
-        succ[u].append(v)
-        indeg[v] += 1
-    t = fa.time.tolist()
-    bl = [0.0] * n
-    for u in reversed(fa.topo.tolist()):
-        bl[u] = t[u] + max((bl[w] for w in succ[u]), default=0.0)
-    heap = [(0, -bl[i], i) for i in range(n) if indeg[i] == 0]
+def cpd_topo_order(ga: GraphArrays) -> list[int]:
+    """CPD-TOPO: depth-first along the critical path; returns op indices.
+
+    Among ready ops, the one made ready last first, then the largest bottom
+    level (compute on the fastest kind), then the smallest index. Not
+    :func:`pesto.dag.priority_order`: the "made ready last" key is only known
+    while the order is built.
+
+    >>> g = OpGraph.from_edges({"s": 1, "a": 1, "b": 5, "c": 1}, [("s", "a"), ("s", "b"), ("a", "c")])
+    >>> [g.names[i] for i in cpd_topo_order(GraphArrays.of(g))]
+    ['s', 'b', 'a', 'c']
+    """
+    graph = ga.graph
+    succ = graph.succ_idx()
+    indeg = [len(p) for p in graph.pred_idx()]
+    bl = bottom_levels(succ, ga.time.tolist(), order=graph.topo_idx())
+    heap = [(0, -bl[i], i) for i in range(ga.n) if indeg[i] == 0]
     heapq.heapify(heap)
     order = []
     step = 0
@@ -62,28 +68,24 @@ def cpd_topo_order(fa: FineArrays) -> list[int]:
     return order
 
 
-def _breakpoints(fa: FineArrays, order: list[int], R: int, mem_limit: float, beta) -> list[int]:
+def _breakpoints(ga: GraphArrays, order: list[int], R: int, mem_limit: float, beta) -> list[int]:
     """Segment id per position of ``order`` (Kernighan DP)."""
-    n = fa.n
+    n = ga.n
     pos = np.empty(n, dtype=np.int64)
     pos[np.asarray(order, dtype=np.int64)] = np.arange(n)
-    eb = np.zeros(len(fa.esrc))
-    if len(fa.pu):
+    eb = np.zeros(len(ga.esrc))
+    if len(ga.pu):
         # bytes per edge = sum of its tensors
-        eidx = {}
-        for k, (u, v) in enumerate(zip(fa.esrc.tolist(), fa.edst.tolist())):
-            eidx[(u, v)] = k
-        ek = np.array([eidx[(u, v)] for u, v in zip(fa.pu.tolist(), fa.pv.tolist())], dtype=np.int64)
-        eb = np.bincount(ek, weights=fa.tbytes[fa.pt], minlength=len(fa.esrc))
+        eb = np.bincount(ga.pe, weights=ga.tbytes[ga.pt], minlength=len(ga.esrc))
     w = np.where(eb > 0, beta[0] + beta[1] * eb, 0.0)
-    ps, pd = pos[fa.esrc], pos[fa.edst]
+    ps, pd = pos[ga.esrc], pos[ga.edst]
     out = np.bincount(ps, weights=w, minlength=n).tolist()
     # incoming (src position, weight) per destination position
     o = np.lexsort((ps, pd))
     inc_src, inc_w, inc_dst = ps[o].tolist(), w[o].tolist(), pd[o]
     inc_off = np.searchsorted(inc_dst, np.arange(n + 1)).tolist()
-    mask = fa.mask[np.asarray(order, dtype=np.int64)] if n else fa.mask
-    mem = (fa.pers + _out_bytes(fa))[np.asarray(order, dtype=np.int64)] if n else np.zeros(0)
+    mask = ga.mask[np.asarray(order, dtype=np.int64)] if n else ga.mask
+    mem = (ga.pers + ga.out)[np.asarray(order, dtype=np.int64)] if n else np.zeros(0)
     P = np.concatenate([[0.0], np.cumsum(mem, dtype=float)])
     C = np.zeros(n + 1)
     f = np.full(n + 1, np.inf)
@@ -120,24 +122,20 @@ def _breakpoints(fa: FineArrays, order: list[int], R: int, mem_limit: float, bet
     return seg
 
 
-def _out_bytes(fa: FineArrays) -> np.ndarray:
-    return np.array([op.output_bytes for op in fa.graph.ops], dtype=np.int64)
-
-
-def _fuse_adjacent(fa: FineArrays, order, seg: np.ndarray, target: int) -> np.ndarray:
+def _fuse_adjacent(ga: GraphArrays, order, seg: np.ndarray, target: int) -> np.ndarray:
     """Fuse adjacent segments (smallest combined compute first) down to ``target``."""
     S = int(seg.max()) + 1 if len(seg) else 0
     if S <= target:
         return seg
     ordered = np.asarray(order, dtype=np.int64)
-    tim = np.bincount(seg, weights=fa.time[ordered], minlength=S).tolist()
+    tim = np.bincount(seg, weights=ga.time[ordered], minlength=S).tolist()
     msk = [-1] * S
-    for s, mk in zip(seg.tolist(), fa.mask[ordered].tolist()):
+    for s, mk in zip(seg.tolist(), ga.mask[ordered].tolist()):
         msk[s] &= mk
     nxt = list(range(1, S + 1))
     prv = list(range(-1, S - 1))
     alive = [True] * S
-    parent = list(range(S))
+    sets = UnionFind(S)  # a < b always: each set's root is its leftmost segment
     heap = [(tim[s] + tim[s + 1], s, s + 1) for s in range(S - 1) if msk[s] & msk[s + 1]]
     heapq.heapify(heap)
     count = S
@@ -148,7 +146,7 @@ def _fuse_adjacent(fa: FineArrays, order, seg: np.ndarray, target: int) -> np.nd
         tim[a] += tim[b]
         msk[a] &= msk[b]
         alive[b] = False
-        parent[b] = a
+        sets.union(a, b)
         nxt[a] = nxt[b]
         if nxt[b] < S:
             prv[nxt[b]] = a
@@ -156,28 +154,22 @@ def _fuse_adjacent(fa: FineArrays, order, seg: np.ndarray, target: int) -> np.nd
         for x, y in ((prv[a], a), (a, nxt[a])):
             if 0 <= x and y < S and msk[x] & msk[y]:
                 heapq.heappush(heap, (tim[x] + tim[y], x, y))
-    root = parent[:]
-    for s in range(S):
-        r = s
-        while root[r] != r:
-            r = root[r]
-        root[s] = r
-    _, relabel = np.unique(np.asarray(root), return_inverse=True)
+    _, relabel = np.unique(np.asarray([sets.find(s) for s in range(S)]), return_inverse=True)
     return relabel.ravel()[seg]
 
 
-def _repair_groups(fa: FineArrays, label: np.ndarray, report) -> np.ndarray:
+def _repair_groups(ga: GraphArrays, label: np.ndarray, report) -> np.ndarray:
     """Split segments until every (united) colocation group keeps a common kind."""
     while True:
         m = int(label.max()) + 1
         vmask = np.full(m, -1, dtype=np.int64)
-        np.bitwise_and.at(vmask, label, fa.mask)
-        uf = UnionFind(fa.group_mask)
+        np.bitwise_and.at(vmask, label, ga.mask)
+        uf = UnionFind(len(ga.group_mask), masks=ga.group_mask)
         vg = {}
-        for i in np.flatnonzero(fa.group >= 0).tolist():
+        for i in np.flatnonzero(ga.group >= 0).tolist():
             c = int(label[i])
-            vg.setdefault(c, int(fa.group[i]))
-            uf.union(vg[c], int(fa.group[i]))
+            vg.setdefault(c, int(ga.group[i]))
+            uf.union(vg[c], int(ga.group[i]))
         for c, g in vg.items():
             uf.mask[uf.find(g)] &= int(vmask[c])
         bad = {c for c, g in vg.items() if uf.mask[uf.find(g)] == 0}
@@ -214,33 +206,33 @@ def coarsen_celeritas(graph: OpGraph, target_vertices: int = 200, *, range_: int
     True
     """
     t0 = time.perf_counter()
-    fa = FineArrays(graph)
-    n = fa.n
+    ga = GraphArrays.of(graph)
+    n = ga.n
     target = max(1, int(target_vertices))
     report = CoarsenReport("celeritas", target, n, graph.num_edges)
     beta = beta or beta_of(cluster)
     R = int(range_ or max(1, math.ceil(n / target)))
-    mem = (fa.pers + _out_bytes(fa)).astype(float)
+    mem = (ga.pers + ga.out).astype(float)
     if memory_limit is None:
         memory_limit = max(2.0 * float(mem.sum()) / target, float(mem.max(initial=0.0)))
     t = time.perf_counter()
-    order = cpd_topo_order(fa)
+    order = cpd_topo_order(ga)
     report.rounds.append({"round": 1, "kind": "cpd-topo", "vertices": n, "edges": graph.num_edges,
                           "merged": 0, "seconds": round(time.perf_counter() - t, 5)})
     t = time.perf_counter()
-    seg = _breakpoints(fa, order, R, memory_limit, beta)
+    seg = _breakpoints(ga, order, R, memory_limit, beta)
     S = int(seg.max()) + 1 if n else 0
     report.rounds.append({"round": 2, "kind": "breakpoints", "vertices": n, "merged": n - S,
                           "range": R, "memory_limit": memory_limit,
                           "seconds": round(time.perf_counter() - t, 5)})
     if fuse and S > target:
         t = time.perf_counter()
-        seg = _fuse_adjacent(fa, order, seg, target)
+        seg = _fuse_adjacent(ga, order, seg, target)
         report.rounds.append({"round": 3, "kind": "fuse-adjacent", "vertices": S,
                               "merged": S - (int(seg.max()) + 1),
                               "seconds": round(time.perf_counter() - t, 5)})
     label = np.empty(n, dtype=np.int64)
     label[np.asarray(order, dtype=np.int64)] = seg
-    if (fa.group >= 0).any():
-        label = _repair_groups(fa, label, report)
-    return build_coarse(fa, label, report, beta=beta, t0=t0)
+    if (ga.group >= 0).any():
+        label = _repair_groups(ga, label, report)
+    return build_coarse(ga, label, report, beta=beta, t0=t0)

@@ -48,10 +48,11 @@ import time
 
 import numpy as np
 
+from pesto.dag import UnionFind
 from pesto.graph import OpGraph
+from pesto.problem import GraphArrays
 
-from .base import (DEFAULT_BETA, CoarsenReport, FineArrays, UnionFind, beta_of, build_coarse,
-                   kahn_heights)
+from .base import DEFAULT_BETA, CoarsenReport, beta_of, build_coarse, coarse_edges, kahn_heights
 
 __all__ = ["coarsen_height", "select_pairs", "theorem35_ok", "MergeState"]
 
@@ -62,18 +63,18 @@ CAP_OPS = 80
 class MergeState:
     """The current partition as arrays indexed by coarse vertex (no OpGraph)."""
 
-    def __init__(self, fa: FineArrays, part: np.ndarray | None = None):
-        self.fa = fa
-        self.m = fa.n
-        self.label = np.arange(fa.n, dtype=np.int64)
+    def __init__(self, ga: GraphArrays, part: np.ndarray | None = None):
+        self.ga = ga
+        self.m = ga.n
+        self.label = np.arange(ga.n, dtype=np.int64)
         # partition label per vertex (merges stay inside a label); all 0 when none
-        self.part = np.zeros(fa.n, dtype=np.int64) if part is None else np.asarray(part, dtype=np.int64).copy()
-        self.comp = fa.comp.copy()
-        self.mask = fa.mask.copy()
-        self.cnt = np.ones(fa.n, dtype=np.int64)
-        self.grp = fa.group.copy()  # union-find node of the vertex's group, or -1
-        self.uf = UnionFind(fa.group_mask)
-        bits = 1 << np.arange(fa.K, dtype=np.int64)
+        self.part = np.zeros(ga.n, dtype=np.int64) if part is None else np.asarray(part, dtype=np.int64).copy()
+        self.comp = ga.comp.copy()
+        self.mask = ga.mask.copy()
+        self.cnt = np.ones(ga.n, dtype=np.int64)
+        self.grp = ga.group.copy()  # union-find node of the vertex's group, or -1
+        self.uf = UnionFind(len(ga.group_mask), masks=ga.group_mask)
+        bits = 1 << np.arange(ga.K, dtype=np.int64)
         self._bits = bits
 
     def times(self, a, b=None):
@@ -81,7 +82,7 @@ class MergeState:
         comp = self.comp[a] if b is None else self.comp[a] + self.comp[b]
         mask = self.mask[a] if b is None else self.mask[a] & self.mask[b]
         ok = (mask[:, None] & self._bits[None, :]) != 0
-        t = np.where(ok, comp, np.inf).min(axis=1) if self.fa.K else np.zeros(len(mask))
+        t = np.where(ok, comp, np.inf).min(axis=1) if self.ga.K else np.zeros(len(mask))
         return t
 
     def group_ok(self, u: int, v: int) -> bool:
@@ -287,7 +288,7 @@ def _select_siblings(st: MergeState, H, *, cap_time, cap_ops, budget):
     return np.array(U, dtype=np.int64), np.array(V, dtype=np.int64)
 
 
-def run_rounds(fa: FineArrays, target: int, report: CoarsenReport, *, rule: str = "height",
+def run_rounds(ga: GraphArrays, target: int, report: CoarsenReport, *, rule: str = "height",
                cap_time: float = CAP_TIME_US, cap_ops: int = CAP_OPS, cap_growth: float = 2.0,
                max_cap_growth: int = 16, min_gain: float = 0.02, siblings: bool = True,
                patience: int = 8, max_rounds: int = 300, order: str = "bytes",
@@ -301,7 +302,7 @@ def run_rounds(fa: FineArrays, target: int, report: CoarsenReport, *, rule: str 
     when neither kind of round merges anything. ``part`` (an int label per
     fine op) restricts every merge to ops of equal label.
     """
-    st = MergeState(fa, part)
+    st = MergeState(ga, part)
     grown = 0
     stalls = 0
     want_siblings = False
@@ -312,7 +313,7 @@ def run_rounds(fa: FineArrays, target: int, report: CoarsenReport, *, rule: str 
             report.notes.append(f"stopped at {st.m} vertices after {max_rounds} rounds")
             break
         t = time.perf_counter()
-        eu, ev, eb = fa.coarse_edges(st.label, st.m)
+        eu, ev, eb = coarse_edges(ga, st.label, st.m)
         H, flat, off = kahn_heights(st.m, eu, ev)  # raises CycleError if a round broke the DAG
         if rnd:
             report.rounds[-1]["edges_after"] = len(eu)
@@ -351,7 +352,7 @@ def run_rounds(fa: FineArrays, target: int, report: CoarsenReport, *, rule: str 
                                     f"less than {min_gain:.0%} of the excess")
                 break
             want_siblings = siblings and kind == "edges"
-    eu, ev, _ = fa.coarse_edges(st.label, st.m)
+    eu, ev, _ = coarse_edges(ga, st.label, st.m)
     kahn_heights(st.m, eu, ev)
     if report.rounds:
         report.rounds[-1]["edges_after"] = len(eu)
@@ -400,17 +401,17 @@ def coarsen_height(graph: OpGraph, target_vertices: int = 200, *, cluster=None, 
     (True, 500)
     """
     t0 = time.perf_counter()
-    fa = FineArrays(graph)
+    ga = GraphArrays.of(graph)
     report = CoarsenReport(rule, int(target_vertices), graph.num_ops, graph.num_edges)
     beta = beta or beta_of(cluster)
     part = partition_ids(graph, partition)
-    label = run_rounds(fa, max(1, int(target_vertices)), report, rule=rule, beta=beta, part=part, **options)
+    label = run_rounds(ga, max(1, int(target_vertices)), report, rule=rule, beta=beta, part=part, **options)
     if options.get("order", "bytes") != "bytes":
         report.method += f"/{options['order']}"
     if part is not None:
         report.method += "/partition"
         report.notes.append(f"merges restricted to {int(part.max()) + 1 if len(part) else 0} partition classes")
-    return build_coarse(fa, label, report, beta=beta, t0=t0)
+    return build_coarse(ga, label, report, beta=beta, t0=t0)
 
 
 def partition_ids(graph: OpGraph, partition) -> np.ndarray | None:
@@ -432,11 +433,11 @@ def partition_ids(graph: OpGraph, partition) -> np.ndarray | None:
 
 # -- the selection on an OpGraph, for tests and teaching -------------------------------
 def _arrays_of(graph: OpGraph):
-    fa = FineArrays(graph)
-    st = MergeState(fa)
-    eu, ev, eb = fa.coarse_edges(st.label, st.m)
+    ga = GraphArrays.of(graph)
+    st = MergeState(ga)
+    eu, ev, eb = coarse_edges(ga, st.label, st.m)
     H, flat, off = kahn_heights(st.m, eu, ev)
-    return fa, st, eu, ev, eb, H, flat, off
+    return ga, st, eu, ev, eb, H, flat, off
 
 
 def select_pairs(graph: OpGraph, *, rule: str = "height", cap_time: float = float("inf"),
@@ -448,7 +449,7 @@ def select_pairs(graph: OpGraph, *, rule: str = "height", cap_time: float = floa
     >>> select_pairs(g)       # (A, C) and (B, D) together would close a cycle
     [('A', 'C')]
     """
-    fa, st, eu, ev, eb, H, flat, off = _arrays_of(graph)
+    ga, st, eu, ev, eb, H, flat, off = _arrays_of(graph)
     U, V = _select(st, eu, ev, eb, H, flat, off, rule=rule, cap_time=cap_time, cap_ops=cap_ops,
                    budget=graph.num_ops)
     names = graph.names
@@ -463,14 +464,14 @@ def theorem35_ok(graph: OpGraph, pairs) -> bool:
     >>> theorem35_ok(g, [("A", "C")]), theorem35_ok(g, [("A", "C"), ("B", "D")])
     (True, False)
     """
-    fa, st, eu, ev, eb, H, flat, off = _arrays_of(graph)
+    ga, st, eu, ev, eb, H, flat, off = _arrays_of(graph)
     idx = graph.index
     P = [(idx[u], idx[v]) for u, v in pairs]
     ends = [x for p in P for x in p]
     if len(set(ends)) != len(ends):
         return False  # (i)
-    succ = {i: set(flat[off[i]:off[i + 1]]) for i in range(fa.n)}
-    pred_n = np.bincount(ev, minlength=fa.n)
+    succ = {i: set(flat[off[i]:off[i + 1]]) for i in range(ga.n)}
+    pred_n = np.bincount(ev, minlength=ga.n)
     for u, v in P:
         if v not in succ[u]:
             return False

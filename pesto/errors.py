@@ -67,3 +67,8 @@ class InfeasibleError(PestoError):
     def __init__(self, message, culprit=None):
         self.culprit = culprit
         super().__init__(message)
+
+
+class CoarsenError(PestoError):
+    """A coarse graph does not represent its fine graph (``coarsen.verify``):
+    the message names the defect (lost edge, unconserved compute, ...)."""

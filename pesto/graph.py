@@ -233,7 +233,6 @@ class OpGraph:
         self._consumers = None
         self._tensor_table = None
         self._data_succ = None
-        self._arrays = None
 
     # -- construction helpers ------------------------------------------------
     def _add_edge(self, e: Edge):
@@ -362,41 +361,20 @@ class OpGraph:
 
     def _build_tables(self):
         # one pass over the edges for the simulator's and memory model's tables
+        # (numpy views of the graph: pesto.problem.GraphArrays)
         idx = self.index
         tpos = {t: k for k, t in enumerate(self._tensors)}
         cons: list[list[int]] = [[] for _ in tpos]
         succ: list[list[int]] = [[] for _ in self.names]
-        src, dst = [], []
         for (u, v), e in self._edges.items():
             if e.tensors:
                 i, j = idx[u], idx[v]
                 succ[i].append(j)
-                src.append(i)
-                dst.append(j)
                 for t in e.tensors:
                     cons[tpos[t]].append(j)
         self._tensor_table = [(t.name, idx[t.src], t.bytes, cons[k])
                               for k, t in enumerate(self._tensors.values())]
         self._data_succ = succ
-        self._data_edges = (src, dst)
-
-    def _np(self):
-        """Cached numpy views for fast loops: data-edge endpoints, output,
-        temporary and persistent bytes (private)."""
-        if self._arrays is None:
-            import numpy as np
-            if self._data_succ is None:
-                self._build_tables()
-            src, dst = self._data_edges
-            ops = self._ops.values()
-            self._arrays = {
-                "data_src": np.asarray(src, dtype=np.int64),
-                "data_dst": np.asarray(dst, dtype=np.int64),
-                "output": np.fromiter((o.output_bytes for o in ops), dtype=np.int64, count=len(ops)),
-                "temporary": np.fromiter((o.temporary_bytes for o in ops), dtype=np.int64, count=len(ops)),
-                "persistent": np.fromiter((o.persistent_bytes for o in ops), dtype=np.int64, count=len(ops)),
-            }
-        return self._arrays
 
     def kinds(self) -> set[str]:
         """All device kinds some op can run on."""

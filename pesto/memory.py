@@ -53,7 +53,7 @@ from typing import Mapping
 from .cluster import Cluster
 from .errors import InfeasibleError, InvalidPlanError
 from .graph import OpGraph
-from .problem import Problem
+from .problem import GraphArrays, Problem
 
 __all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair",
            "check_feasible", "static_bytes", "MEMORY_NOTE"]
@@ -139,13 +139,13 @@ def timed_peak(graph: OpGraph, cluster: Cluster, dev, start, finish, xfers) -> d
     destination device idx, start, finish, consumer idx on that device)."""
     import numpy as np
 
-    arr = graph._np()
+    arr = GraphArrays.of(graph)
     nd = len(cluster.devices)
     dev = np.asarray(dev, dtype=np.int64)
     st = np.asarray(start, dtype=float)
     fi = np.asarray(finish, dtype=float)
     last = fi.copy()
-    es, ed = arr["data_src"], arr["data_dst"]
+    es, ed = arr.data_src, arr.data_dst
     if len(es):
         same = dev[es] == dev[ed]
         np.maximum.at(last, es[same], fi[ed[same]])
@@ -162,7 +162,7 @@ def timed_peak(graph: OpGraph, cluster: Cluster, dev, start, finish, xfers) -> d
             t_e.append(end)
             t_b.append(nbytes)
             t_d.append(dd)
-    out, tmp = arr["output"], arr["temporary"]
+    out, tmp = arr.out, arr.temp
     o = np.nonzero(out)[0]
     m = np.nonzero(tmp)[0]
     # rank of each op among ops starting at the same time (ties: shorter first),
@@ -184,7 +184,7 @@ def timed_peak(graph: OpGraph, cluster: Cluster, dev, start, finish, xfers) -> d
     sub = np.concatenate([2 * r, np.where(zero, 2 * r + 1, 0)])
     delta = np.concatenate([b, -b])
     devs = np.concatenate([d, d])
-    pers = arr["persistent"]
+    pers = arr.pers
     base = [int(pers[dev == k].sum()) for k in range(nd)]
     peak = {}
     for k, dv in enumerate(cluster.devices):

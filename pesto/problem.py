@@ -20,12 +20,14 @@ True
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .cluster import Cluster
 from .dag import bottom_levels
 from .errors import InfeasibleError
 from .graph import OpGraph
 
-__all__ = ["Problem"]
+__all__ = ["Problem", "GraphArrays"]
 
 INF = float("inf")
 
@@ -229,3 +231,139 @@ def _no_device(ops, mem, kinds, devs):
     raise InfeasibleError(
         f"colocation group {first.colocation_group!r} has no device kind allowed for all "
         f"its ops ({len(mem)} ops, kinds {sorted(kinds)})", culprit=first.colocation_group)
+
+
+class _Lazy:
+    """A GraphArrays attribute built, with its siblings, by ``builder`` on first
+    read (a non-data descriptor: the built value in the instance wins)."""
+
+    def __init__(self, builder):
+        self.builder = builder
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        self.builder(obj)
+        return obj.__dict__[self.name]
+
+
+def _frozen(obj, **arrays) -> None:
+    """Set ``arrays`` on ``obj``, numpy ones read-only (they are shared through the cache)."""
+    for name, a in arrays.items():
+        if isinstance(a, np.ndarray):
+            a.setflags(write=False)
+        obj.__dict__[name] = a
+
+
+def _kind_arrays(ga: "GraphArrays") -> None:
+    ops, n = ga.graph.ops, ga.n
+    kinds = sorted(ga.graph.kinds())
+    kidx = {k: i for i, k in enumerate(kinds)}
+    K = len(kinds)
+    comp = np.zeros((n, K))
+    mask = np.zeros(n, dtype=np.int64)
+    group = np.full(n, -1, dtype=np.int64)
+    gid: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        bits = 0
+        for k in op.kinds:
+            comp[i, kidx[k]] = op.compute[k]
+            bits |= 1 << kidx[k]
+        mask[i] = bits
+        if op.colocation_group is not None:
+            group[i] = gid.setdefault(op.colocation_group, len(gid))
+    gmask = [-1] * len(gid)  # never 0: OpGraph rejects a group with no common kind
+    for i in np.flatnonzero(group >= 0).tolist():
+        gmask[group[i]] &= int(mask[i])
+    allowed = (mask[:, None] & (1 << np.arange(K, dtype=np.int64))[None, :]) != 0
+    time = np.where(allowed, comp, np.inf).min(axis=1) if K else np.zeros(n)
+    _frozen(ga, kinds=kinds, K=K, comp=comp, mask=mask, time=time, group=group,
+            group_names=list(gid), group_mask=gmask)
+
+
+def _edge_arrays(ga: "GraphArrays") -> None:
+    graph = ga.graph
+    idx = graph.index
+    tensors, edges = graph.tensors, graph.edges
+    tindex = {t.name: i for i, t in enumerate(tensors)}
+    esrc = np.array([idx[e.src] for e in edges], dtype=np.int64)
+    edst = np.array([idx[e.dst] for e in edges], dtype=np.int64)
+    ntens = np.array([len(e.tensors) for e in edges], dtype=np.int64)
+    _frozen(ga, esrc=esrc, edst=edst, ectrl=ntens == 0,
+            T=len(tensors), tnames=[t.name for t in tensors],
+            tbytes=np.array([t.bytes for t in tensors], dtype=np.int64),
+            tsrc=np.array([idx[t.src] for t in tensors], dtype=np.int64),
+            pu=np.repeat(esrc, ntens), pv=np.repeat(edst, ntens),
+            pt=np.array([tindex[t] for e in edges for t in e.tensors], dtype=np.int64),
+            pe=np.repeat(np.arange(len(edges), dtype=np.int64), ntens))
+
+
+def _data_arrays(ga: "GraphArrays") -> None:
+    dsucc = ga.graph.data_succ_idx()  # the simulator builds these tables anyway
+    _frozen(ga, data_src=np.repeat(np.arange(ga.n, dtype=np.int64), [len(s) for s in dsucc]),
+            data_dst=np.array([j for s in dsucc for j in s], dtype=np.int64))
+
+
+class GraphArrays:
+    """Cluster-free numpy arrays of an OpGraph, built once (O(ops + edges)).
+
+    What the coarsener and the vectorised memory peak read; :class:`Problem`
+    is the (graph, cluster) view. Get it with :meth:`GraphArrays.of` (cached
+    on the graph). The arrays are read-only: copy before changing one. The
+    per-op bytes and data edges are built at once; the kind and the edge /
+    tensor arrays and the data edges on first read (the simulator's memory
+    peak needs no kinds, the coarsener no data edges).
+
+    Attributes
+    ----------
+    graph, n, names : the graph, its op count and op names
+    pers, out, temp : persistent, output and temporary bytes per op
+    data_src, data_dst : endpoints of the edges that carry a tensor, by source op
+    topo : a topological order (the graph's)
+    kinds, K : the device kinds (sorted) and their number; kind ``k`` is bit ``k``
+    comp : ``n x K`` compute per kind (0 where the kind is not allowed)
+    mask : allowed kinds per op, as bits
+    time : compute on the fastest allowed kind
+    group, group_names, group_mask : colocation group id per op (-1: none),
+        group names by id, and the AND of the members' kind masks per group
+    esrc, edst, ectrl : endpoints of every edge (the graph's order) and
+        whether it is a control edge
+    pu, pv, pt, pe : one row per (edge, tensor): producer, consumer, tensor
+        id, edge id
+    T, tnames, tbytes, tsrc : tensor count, names, bytes and producer
+
+    Examples
+    --------
+    >>> g = OpGraph.from_edges({"a": 2, "b": 3}, [("a", "b", 100)])
+    >>> ga = GraphArrays.of(g)
+    >>> ga.kinds, ga.time.tolist(), ga.pu.tolist(), ga.pv.tolist(), ga.tbytes.tolist()
+    (['GPU'], [2.0, 3.0], [0], [1], [100])
+    >>> GraphArrays.of(g) is ga
+    True
+    """
+
+    kinds, K, comp, mask, time, group, group_names, group_mask = (_Lazy(_kind_arrays) for _ in range(8))
+    esrc, edst, ectrl, T, tnames, tbytes, tsrc, pu, pv, pt, pe = (_Lazy(_edge_arrays) for _ in range(11))
+    data_src, data_dst = (_Lazy(_data_arrays) for _ in range(2))
+
+    def __init__(self, graph: OpGraph):
+        self.graph = graph
+        self.n = graph.num_ops
+        self.names = graph.names
+        ops = graph.ops
+        _frozen(self, pers=np.array([o.persistent_bytes for o in ops], dtype=np.int64),
+                out=np.array([o.output_bytes for o in ops], dtype=np.int64),
+                temp=np.array([o.temporary_bytes for o in ops], dtype=np.int64),
+                topo=np.array(graph.topo_idx(), dtype=np.int64))
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> "GraphArrays":
+        """The cached arrays of ``graph`` (built on first use; the graph is immutable)."""
+        hit = graph.__dict__.get("_graph_arrays")
+        if hit is None:
+            hit = graph.__dict__["_graph_arrays"] = cls(graph)
+        return hit
+

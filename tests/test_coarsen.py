@@ -1,12 +1,21 @@
 """Coarsening: targeted cases (Figure 6, kinds, colocation, aggregation, expand)."""
+import itertools
+import random as _r
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import coarsen
-from coarsen import CoarseGraph, verify
-from coarsen.base import FineArrays, CoarsenReport, build_coarse, kahn_heights
-from coarsen.height import select_pairs, theorem35_ok
-from pesto import CycleError, Edge, Op, OpGraph, Plan, Tensor, check_plan, gpus, simulate
+from coarsen import CoarseGraph, CoarsenError, verify
+from coarsen.base import CoarsenReport, build_coarse, coarse_edges, kahn_heights
+from coarsen.celeritas import _breakpoints, cpd_topo_order
+from coarsen.height import MergeState, _merged_path, select_pairs, theorem35_ok
+from pesto import (CycleError, Edge, InvalidPlanError, Op, OpGraph, Plan, Tensor, check_plan, gpus,
+                   simulate, v100x4_pcie)
+from pesto.problem import GraphArrays
 from pesto.random_graphs import layered_dag, lstm_grid, transformer_like
 
 METHODS = coarsen.METHODS
@@ -30,12 +39,12 @@ def test_figure6_pair_is_refused():
 
 def test_figure6_merging_both_really_closes_a_cycle():
     g = fig6()
-    fa = FineArrays(g)
+    ga = GraphArrays.of(g)
     label = np.array([g.index[n] for n in "ABCD"])
     label[g.index["A"]] = label[g.index["C"]] = 0
     label[g.index["B"]] = label[g.index["D"]] = 1
     with pytest.raises(CycleError):
-        build_coarse(fa, label, CoarsenReport("manual", 2, 4, 4))
+        build_coarse(ga, label, CoarsenReport("manual", 2, 4, 4))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -57,8 +66,8 @@ def test_condition_ii_variants():
 
 def test_heights_by_kahn():
     g = OpGraph.from_edges({k: 1 for k in "abcde"}, [("a", "b"), ("b", "c"), ("a", "c"), ("d", "e")])
-    fa = FineArrays(g)
-    eu, ev, _ = fa.coarse_edges(np.arange(5), 5)
+    ga = GraphArrays.of(g)
+    eu, ev, _ = coarse_edges(ga, np.arange(5), 5)
     H, _, _ = kahn_heights(5, eu, ev)
     assert dict(zip(g.names, H)) == {"a": 1, "b": 2, "c": 3, "d": 1, "e": 2}
 
@@ -111,8 +120,8 @@ def test_groups_united_when_a_vertex_holds_two():
                  Op("c", {"GPU": 1}, colocation_group="g2")],
                 [Edge("a", "b", ("a:0",)), Edge("b", "c", ("b:0",))],
                 [Tensor("a:0", "a", 10), Tensor("b:0", "b", 10)])
-    fa = FineArrays(g)
-    cg = build_coarse(fa, np.array([0, 0, 1]), CoarsenReport("manual", 2, 3, 2))
+    ga = GraphArrays.of(g)
+    cg = build_coarse(ga, np.array([0, 0, 1]), CoarsenReport("manual", 2, 3, 2))
     verify(cg)
     groups = {cg.graph.op(v).colocation_group for v in cg.graph.names}
     assert len(groups) == 1
@@ -124,8 +133,8 @@ def test_tensor_dedup_and_control_edges():
     ts = [Tensor("u:0", "u", 1000)]
     es = [Edge("u", "x", ("u:0",)), Edge("u", "y", ("u:0",)), Edge("x", "z", ()), Edge("y", "z", ())]
     g = OpGraph(ops, es, ts)
-    fa = FineArrays(g)
-    cg = build_coarse(fa, np.array([0, 1, 1, 2]), CoarsenReport("manual", 3, 4, 4))
+    ga = GraphArrays.of(g)
+    cg = build_coarse(ga, np.array([0, 1, 1, 2]), CoarsenReport("manual", 3, 4, 4))
     verify(cg)
     vu, vxy, vz = cg.vertex_of["u"], cg.vertex_of["x"], cg.vertex_of["z"]
     assert cg.graph.edge(vu, vxy).tensors == ("u:0",)
@@ -196,7 +205,6 @@ def _coarse_plan(cg: CoarseGraph, cl) -> Plan:
 def test_expand_rejects_incomplete_plan():
     cg = coarsen.coarsen(layered_dag(50, seed=1), 5)
     v = cg.graph.names[0]
-    from pesto import InvalidPlanError
     with pytest.raises(InvalidPlanError):
         cg.expand(Plan({v: "/GPU:0"}, {"/GPU:0": [v]}))
 
@@ -232,12 +240,12 @@ def test_target_at_least_ops_is_identity():
         assert cg.graph.num_ops <= 30
 
 
-def _cut_cost(fa, order, seg, beta):
+def _cut_cost(ga, order, seg, beta):
     pos = {op: k for k, op in enumerate(order)}
     cost = 0.0
-    for e in fa.graph.edges:
-        b = fa.graph.edge_bytes(e.src, e.dst)
-        u, v = fa.graph.index[e.src], fa.graph.index[e.dst]
+    for e in ga.graph.edges:
+        b = ga.graph.edge_bytes(e.src, e.dst)
+        u, v = ga.graph.index[e.src], ga.graph.index[e.dst]
         if b > 0 and seg[pos[u]] != seg[pos[v]]:
             cost += beta[0] + beta[1] * b
     return cost
@@ -245,9 +253,6 @@ def _cut_cost(fa, order, seg, beta):
 
 def test_celeritas_breakpoint_dp_is_optimal():
     """Kernighan DP = brute force over all segmentations of the CPD-TOPO order."""
-    import itertools
-    import random as _r
-    from coarsen.celeritas import _breakpoints, cpd_topo_order
     beta = (10.0, 1e-3)
     for seed in range(60):
         rng = _r.Random(seed)
@@ -256,24 +261,23 @@ def test_celeritas_breakpoint_dp_is_optimal():
         edges = [(f"v{i}", f"v{j}", rng.choice([0, 100, 5000])) for j in range(n) for i in range(j)
                  if rng.random() < 0.4]
         g = OpGraph.from_edges(comp, edges)
-        fa = FineArrays(g)
-        order = cpd_topo_order(fa)
+        ga = GraphArrays.of(g)
+        order = cpd_topo_order(ga)
         assert sorted(order) == list(range(n))
         R = rng.randint(1, n)
-        seg = _breakpoints(fa, order, R, float("inf"), beta)
+        seg = _breakpoints(ga, order, R, float("inf"), beta)
         assert np.all(np.bincount(seg) <= R)
         best = float("inf")
         for cuts in itertools.product([0, 1], repeat=n - 1):
             s = np.concatenate([[0], np.cumsum(cuts, dtype=np.int64)]).astype(np.int64)
             if np.bincount(s).max() <= R:
-                best = min(best, _cut_cost(fa, order, s, beta))
-        assert _cut_cost(fa, order, seg, beta) == pytest.approx(best)
+                best = min(best, _cut_cost(ga, order, s, beta))
+        assert _cut_cost(ga, order, seg, beta) == pytest.approx(best)
 
 
 def test_cpd_topo_is_topological():
-    from coarsen.celeritas import cpd_topo_order
     g = layered_dag(500, seed=4)
-    order = cpd_topo_order(FineArrays(g))
+    order = cpd_topo_order(GraphArrays.of(g))
     pos = {i: k for k, i in enumerate(order)}
     assert len(pos) == g.num_ops
     for e in g.edges:
@@ -292,7 +296,6 @@ def test_tiny_graphs(method):
 
 
 def test_report_uses_cluster_beta():
-    from pesto import v100x4_pcie
     g = layered_dag(300, seed=5)
     a = coarsen.coarsen(g, 30).report
     b = coarsen.coarsen(g, 30, cluster=v100x4_pcie()).report
@@ -335,17 +338,15 @@ def _path_through(g: OpGraph, v: str) -> float:
 def test_merged_path_matches_the_merged_graph():
     """_merged_path = longest compute path through the merged vertex, checked by
     building each single merge."""
-    import random as _r
-    from coarsen.height import MergeState, _merged_path
     for seed in range(40):
         rng = _r.Random(seed)
         n = rng.randint(2, 9)
         comp = {f"v{i}": rng.randint(1, 20) for i in range(n)}
         edges = [(f"v{i}", f"v{j}", 8) for j in range(n) for i in range(j) if rng.random() < 0.35]
         g = OpGraph.from_edges(comp, edges)
-        fa = FineArrays(g)
-        st = MergeState(fa)
-        eu, ev, _ = fa.coarse_edges(st.label, st.m)
+        ga = GraphArrays.of(g)
+        st = MergeState(ga)
+        eu, ev, _ = coarse_edges(ga, st.label, st.m)
         H, flat, off = kahn_heights(st.m, eu, ev)
         pw, cp = _merged_path(st, eu, ev, H, flat, off, st.times(eu, ev))
         assert cp == pytest.approx(g.critical_path())
@@ -354,7 +355,7 @@ def test_merged_path_matches_the_merged_graph():
             label[v] = u
             _, label = np.unique(label, return_inverse=True)
             try:
-                cg = build_coarse(fa, label.ravel(), CoarsenReport("one", n - 1, n, len(eu)))
+                cg = build_coarse(ga, label.ravel(), CoarsenReport("one", n - 1, n, len(eu)))
             except CycleError:
                 continue
             w = cg.vertex_of[g.names[u]]
@@ -368,3 +369,52 @@ def test_gain_order(make):
     assert cg.graph.num_ops <= 100 and cg.report.method == "height/gain"
     with pytest.raises(ValueError):
         coarsen.coarsen(g, 100, order="nope")
+
+
+def test_verify_raises_coarsen_error_on_defects():
+    """Each kind of corruption is named in the CoarsenError's message."""
+    g = layered_dag(300, seed=8)
+    cg = coarsen.coarsen(g, 30)
+    verify(cg)
+    v = next(iter(cg.members))
+    bad = CoarseGraph(cg.graph, g, {**cg.members, v: cg.members[v][1:]}, cg.report)
+    with pytest.raises(CoarsenError, match="do not partition"):
+        verify(bad)
+    # a coarse graph that lost its edges
+    lone = OpGraph(list(cg.graph.ops), [], [])
+    with pytest.raises(CoarsenError, match="lost"):
+        verify(CoarseGraph(lone, g, cg.members, cg.report))
+    # compute not conserved
+    ops = [Op(o.name, {k: c + 1.0 for k, c in o.compute.items()}, persistent_bytes=o.persistent_bytes,
+              output_bytes=o.output_bytes, temporary_bytes=o.temporary_bytes,
+              colocation_group=o.colocation_group) for o in cg.graph.ops]
+    more = OpGraph(ops, cg.graph.edges, cg.graph.tensors)
+    with pytest.raises(CoarsenError, match="compute of"):
+        verify(CoarseGraph(more, g, cg.members, cg.report))
+
+
+def test_verify_holds_under_python_O():
+    """verify rejects a corrupted CoarseGraph with assertions off (python -O)."""
+    code = ("import coarsen, sys\n"
+            "from pesto.random_graphs import layered_dag\n"
+            "assert False  # proves -O is on: this line is skipped\n"
+            "cg = coarsen.coarsen(layered_dag(200, seed=0), 20)\n"
+            "v = next(iter(cg.members))\n"
+            "cg.members[v] = cg.members[v][1:]\n"
+            "try:\n"
+            "    coarsen.verify(cg)\n"
+            "except coarsen.CoarsenError as e:\n"
+            "    print('rejected:', e)\n"
+            "    sys.exit(0)\n"
+            "sys.exit(3)\n")
+    root = Path(coarsen.__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-O", "-c", code], cwd=root, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rejected: invalid coarse graph: members do not partition the ops" in r.stdout
+
+
+def test_kahn_cycle_is_reported_by_find_cycle():
+    # 0 -> 1 -> 2 -> 1 (cycle 1, 2) and 3 isolated
+    with pytest.raises(CycleError, match="coarse graph has a cycle: v1 -> v2 -> v1"):
+        kahn_heights(4, np.array([0, 1, 2]), np.array([1, 2, 1]))

@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import coarsen
 from coarsen import verify
-from coarsen.base import FineArrays, kahn_heights
+from coarsen.base import CoarsenReport, build_coarse, coarse_edges, kahn_heights
 from coarsen.height import select_pairs, theorem35_ok
 from pesto import Edge, Op, OpGraph, Plan, Tensor, check_plan, gpus, simulate
+from pesto.problem import GraphArrays
 
 CLUSTER = gpus(2, with_cpu=True)
 SHAPES = ("sparse", "dense", "layered", "tree", "empty")
@@ -104,7 +105,7 @@ def coarse_plan(cg) -> Plan:
 
 
 def check_all(g: OpGraph, cg, *, sim: bool = False):
-    verify(cg)  # partition, conservation, edges/tensors, groups (raises AssertionError)
+    verify(cg)  # partition, conservation, edges/tensors, groups (raises CoarsenError)
     fine_plan = cg.expand(coarse_plan(cg))
     rep = check_plan(g, CLUSTER, fine_plan, check_memory=False)
     assert rep.ok, str(rep)
@@ -136,7 +137,6 @@ def test_ten_thousand_random_dags():
 
 def test_selection_satisfies_theorem_and_stays_acyclic():
     """The pairs one round selects satisfy (i)-(iii), and merging them gives a DAG."""
-    from coarsen.base import CoarsenReport, build_coarse
     for seed in range(1500):
         g = random_graph(seed, shape=("dense", "layered", "sparse")[seed % 3])
         pairs = select_pairs(g)
@@ -145,11 +145,11 @@ def test_selection_satisfies_theorem_and_stays_acyclic():
         for u, v in pairs:
             label[g.index[v]] = g.index[u]
         _, label = np.unique(label, return_inverse=True)
-        fa = FineArrays(g)
+        ga = GraphArrays.of(g)
         m = int(label.max()) + 1
-        eu, ev, _ = fa.coarse_edges(label.ravel(), m)
+        eu, ev, _ = coarse_edges(ga, label.ravel(), m)
         kahn_heights(m, eu, ev)  # raises CycleError on a cycle
-        build_coarse(fa, label.ravel(), CoarsenReport("one-round", m, g.num_ops, g.num_edges))
+        build_coarse(ga, label.ravel(), CoarsenReport("one-round", m, g.num_ops, g.num_edges))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
