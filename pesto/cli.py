@@ -30,6 +30,16 @@ import threading
 import time
 from pathlib import Path
 
+from solver import PLACERS, accepted_options, get_placer
+
+from . import __version__
+from . import cluster as C
+from .api import default_cluster, solve
+from .errors import InfeasibleError, InvalidPlanError, PestoError
+from .graph import OpGraph
+from .plan import Plan, check_plan
+from .simulate import simulate
+
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 ZOO_MODELS = ("rnnlm", "nmt", "transformer", "nasnet")
@@ -103,8 +113,6 @@ def _need_file(path: str, what: str) -> Path:
 
 def _load(path: str, what: str, cls):
     """``cls.from_json`` of a file, with the file named in any error."""
-    from .errors import PestoError
-
     p = _need_file(path, what)
     try:
         return cls.from_json(str(p))
@@ -114,13 +122,11 @@ def _load(path: str, what: str, cls):
 
 def load_graph(path: str):
     """An OpGraph from a JSON file (or .json.gz)."""
-    from .graph import OpGraph
     return _load(path, "graph", OpGraph)
 
 
 def load_plan(path: str):
     """A Plan from a JSON file."""
-    from .plan import Plan
     return _load(path, "plan", Plan)
 
 
@@ -138,7 +144,7 @@ def profile_model(args, spec: str, preset: str | None = None, costs: str = "v100
     """Profile a zoo model into an OpGraph through ``tf_patch.opgraph_for``."""
     name, spec_preset = parse_model(spec)
     preset = preset or spec_preset or "small"
-    try:
+    try:  # TensorFlow is optional: imported only when a zoo model is profiled
         from tf_patch import opgraph_for
     except ImportError as exc:
         raise CliError(f"profiling a zoo model needs TensorFlow and tf_patch ({exc}); "
@@ -159,10 +165,8 @@ def graph_from_target(args, target: str):
 
 def make_cluster(graph, gpus: int | None, cluster: str | None):
     """The cluster named by ``--cluster`` (preset or JSON), else ``gpus`` identical
-    V100s over NVLink, plus ``/CPU:0`` when some op may run only on a CPU."""
-    from . import cluster as C
-    from .errors import PestoError
-
+    V100s over NVLink, plus ``/CPU:0`` when some op may run only on a CPU
+    (:func:`pesto.api.default_cluster`)."""
     if cluster:
         if cluster.endswith(".json"):
             _need_file(cluster, "cluster")
@@ -173,21 +177,17 @@ def make_cluster(graph, gpus: int | None, cluster: str | None):
     n = 2 if gpus is None else gpus
     if n < 1:
         raise CliError(f"--gpus must be at least 1, got {n}")
-    need_cpu = graph is not None and any("GPU" not in op.kinds for op in graph.ops)
-    name = f"v100x{n}_nvlink" if not need_cpu else f"v100x{n}_nvlink+cpu"
-    return C.gpus(n, with_cpu=need_cpu, name=name)
+    return default_cluster(graph, n)
 
 
 def cluster_for_plan(graph, plan, cluster_arg: str | None):
     """``--cluster`` if given, else the cluster saved in the plan by ``pesto place``,
     else identical GPUs (and /CPU:0) as many as the plan uses."""
-    from .cluster import Cluster
-
     if cluster_arg:
         return make_cluster(graph, None, cluster_arg)
     saved = (plan.stats or {}).get("cluster")
     if isinstance(saved, dict):
-        return Cluster.from_dict(saved)
+        return C.Cluster.from_dict(saved)
     devs = set(plan.placement.values())
     gpu_ids = []
     for d in devs:
@@ -198,22 +198,16 @@ def cluster_for_plan(graph, plan, cluster_arg: str | None):
                 raise CliError(f"cannot infer a cluster from device {d!r}; pass --cluster") from None
         elif d != "/CPU:0":
             raise CliError(f"cannot infer a cluster from device {d!r}; pass --cluster")
-    from . import cluster as C
     return C.gpus(max(gpu_ids, default=0) + 1, with_cpu="/CPU:0" in devs)
 
 
 def run_placer(args, graph, cluster, placer: str):
     """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve`
-    (coarsen, solve, expand, simulate, check), the others through the registry."""
-    from solver import PLACERS, get_placer
-
+    (coarsen, solve, expand, simulate, check), the others through the registry
+    (given ``--time-limit`` and ``--seed`` when they take them)."""
     if placer not in PLACERS:
         raise CliError(f"unknown placer {placer!r}; known: {', '.join(sorted(PLACERS))}")
     if placer in EXACT_PLACERS:
-        try:
-            from .api import solve
-        except ImportError as exc:
-            raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
         with _progress(args, f"{placer}: coarsening to {args.target_vertices} vertices and solving "
                              f"(time limit {args.time_limit:g} s)", args.time_limit):
             return solve(graph, cluster=cluster, time_limit=args.time_limit,
@@ -223,7 +217,7 @@ def run_placer(args, graph, cluster, placer: str):
     except (ImportError, AttributeError) as exc:
         raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
-        return fn(graph, cluster, time_limit=args.time_limit, seed=args.seed)
+        return fn(graph, cluster, **accepted_options(fn, {"time_limit": args.time_limit, "seed": args.seed}))
 
 
 def _fmt_bytes(n) -> str:
@@ -238,6 +232,11 @@ def _fmt_bytes(n) -> str:
 
 def describe_plan(plan, cluster) -> str:
     lines = [plan.summary()]
+    if plan.log is not None:  # from pesto.solve: the stages and who won
+        log = plan.log
+        stages = ", ".join(f"{s.name} {s.seconds:.1f} s" for s in log.stages)
+        lines.append(f"  {log.pipeline} pipeline: {stages}; plan from {log.winner}, "
+                     f"bound from {log.bound_source}")
     peak = plan.peak_memory or {}
     for d in cluster.devices:
         nops = len(plan.order.get(d.name, ()))
@@ -260,7 +259,6 @@ def cmd_place(args) -> int:
     if code:
         print("pesto: the plan does not fit device memory (status infeasible)", file=sys.stderr)
     if args.compare:
-        from .simulate import simulate
         rows = [(args.placer, plan.makespan)]
         for name in [c.strip() for c in args.compare.split(",") if c.strip()]:
             other = run_placer(args, graph, cluster, name)
@@ -279,9 +277,6 @@ def cmd_place(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from .errors import PestoError
-    from .simulate import simulate
-
     graph = load_graph(args.graph)
     plan = load_plan(args.plan)
     cluster = cluster_for_plan(graph, plan, args.cluster)
@@ -310,8 +305,6 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .plan import check_plan
-
     graph = load_graph(args.graph)
     plan = load_plan(args.plan)
     cluster = cluster_for_plan(graph, plan, args.cluster)
@@ -337,14 +330,9 @@ def cmd_profile(args) -> int:
 
 
 def cmd_placers(args) -> int:
-    import importlib
-
-    from solver import PLACERS
-
     for name in sorted(PLACERS):
-        module, func = PLACERS[name].split(":")
         try:
-            fn = getattr(importlib.import_module(module), func)
+            fn = get_placer(name)
             doc = (fn.__doc__ or "").strip().splitlines()
             status = doc[0] if doc else ""
         except Exception as exc:  # report, do not fail: helpers land at different times
@@ -354,6 +342,7 @@ def cmd_placers(args) -> int:
 
 
 def _import_run_all():
+    # benchmarks/ is optional (a source checkout, not the installed package)
     try:
         from benchmarks import run_all
         return run_all
@@ -380,7 +369,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pesto", description="Joint op placement and scheduling of a training step over several GPUs.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from . import __version__
     p.add_argument("--version", action="version", version=f"pesto {__version__}")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -447,7 +435,6 @@ def main(argv=None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_INPUT
-    from .errors import InfeasibleError, InvalidPlanError, PestoError
     try:
         return args.func(args)
     except CliError as exc:

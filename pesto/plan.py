@@ -33,7 +33,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .dag import toposort
-from .errors import CycleError, InvalidPlanError
+from .errors import CycleError, InvalidPlanError, SchemaError
 from .graph import OpGraph, _check_header, _field, _load_json
 from .cluster import Cluster
 from .memory import memory_profile
@@ -180,7 +180,6 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Plan":
-        from .errors import SchemaError
         _check_header(d, FORMAT, VERSION)
         try:
             transfers = d.get("transfers")

@@ -10,9 +10,10 @@ the stages of ``pesto.solve``.
 """
 from __future__ import annotations
 
-# pesto first: ``import pesto`` imports the facade (pesto.solve), which imports
-# solver.pipeline, which needs the registry below fully loaded.
-import pesto  # noqa: F401  (import order matters)
+# The core first: importing any pesto module runs pesto/__init__, whose facade
+# (pesto.solve) imports solver.pipeline, which needs solver.registry whole.
+# Importing it here, before the registry, makes ``import solver`` first work.
+import pesto.errors  # noqa: F401  (import order matters)
 
 from .registry import PLACERS, accepted_options, get_placer, run_placers
 
