@@ -126,8 +126,12 @@ def load_graph(path: str):
 
 
 def load_plan(path: str):
-    """A Plan from a JSON file."""
-    return _load(path, "plan", Plan)
+    """A Plan from a JSON file, and the cluster ``pesto place`` saved with it
+    (its ``"cluster"`` key; older files kept it in ``stats``), or None."""
+    plan = _load(path, "plan", Plan)
+    data = json.loads(Path(path).read_text())  # valid: it just loaded as a plan
+    saved = data.get("cluster") or (plan.stats or {}).get("cluster")
+    return plan, saved if isinstance(saved, dict) else None
 
 
 def parse_model(spec: str) -> tuple[str, str | None]:
@@ -180,13 +184,12 @@ def make_cluster(graph, gpus: int | None, cluster: str | None):
     return default_cluster(graph, n)
 
 
-def cluster_for_plan(graph, plan, cluster_arg: str | None):
-    """``--cluster`` if given, else the cluster saved in the plan by ``pesto place``,
-    else identical GPUs (and /CPU:0) as many as the plan uses."""
+def cluster_for_plan(graph, plan, cluster_arg: str | None, saved: dict | None = None):
+    """``--cluster`` if given, else ``saved`` (the cluster ``pesto place`` wrote
+    into the plan file), else identical GPUs (and /CPU:0) as many as the plan uses."""
     if cluster_arg:
         return make_cluster(graph, None, cluster_arg)
-    saved = (plan.stats or {}).get("cluster")
-    if isinstance(saved, dict):
+    if saved is not None:
         return C.Cluster.from_dict(saved)
     devs = set(plan.placement.values())
     gpu_ids = []
@@ -208,10 +211,13 @@ def run_placer(args, graph, cluster, placer: str):
     if placer not in PLACERS:
         raise CliError(f"unknown placer {placer!r}; known: {', '.join(sorted(PLACERS))}")
     if placer in EXACT_PLACERS:
-        with _progress(args, f"{placer}: coarsening to {args.target_vertices} vertices and solving "
-                             f"(time limit {args.time_limit:g} s)", args.time_limit):
-            return solve(graph, cluster=cluster, time_limit=args.time_limit,
-                         target_vertices=args.target_vertices, backend=placer, seed=args.seed)
+        with _progress(args, f"{placer}: solving (time limit {args.time_limit:g} s; graphs above "
+                             f"{args.target_vertices} ops are coarsened)", args.time_limit):
+            try:
+                return solve(graph, cluster=cluster, time_limit=args.time_limit,
+                             target_vertices=args.target_vertices, backend=placer, seed=args.seed)
+            except ValueError as exc:  # an option pesto.solve rejects (e.g. --target-vertices 0)
+                raise CliError(str(exc)) from None
     try:
         fn = get_placer(placer)
     except (ImportError, AttributeError) as exc:
@@ -268,18 +274,17 @@ def cmd_place(args) -> int:
         for name, ms in rows:
             print(f"{name:<12} {ms / 1000:10.3f}   {ms / best:6.3f}x")
     if args.output:
-        stats = dict(plan.stats or {})
-        stats["cluster"] = cluster.to_dict()  # so `pesto simulate` replays on the same cluster
-        stats.setdefault("graph", graph.name)
-        plan.replace(stats=stats).to_json(args.output)
+        # the plan JSON plus the cluster and graph name, so `pesto simulate` replays on the same cluster
+        data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
+        Path(args.output).write_text(json.dumps(data))
         _say(args, f"wrote {args.output}")
     return code
 
 
 def cmd_simulate(args) -> int:
     graph = load_graph(args.graph)
-    plan = load_plan(args.plan)
-    cluster = cluster_for_plan(graph, plan, args.cluster)
+    plan, saved = load_plan(args.plan)
+    cluster = cluster_for_plan(graph, plan, args.cluster, saved)
     try:
         sched = simulate(graph, cluster, plan if args.mode != "fifo" else dict(plan.placement),
                          mode=args.mode)
@@ -306,8 +311,8 @@ def cmd_simulate(args) -> int:
 
 def cmd_check(args) -> int:
     graph = load_graph(args.graph)
-    plan = load_plan(args.plan)
-    cluster = cluster_for_plan(graph, plan, args.cluster)
+    plan, saved = load_plan(args.plan)
+    cluster = cluster_for_plan(graph, plan, args.cluster, saved)
     report = check_plan(graph, cluster, plan, check_memory=not args.no_memory)
     if report.ok:
         print(f"plan is valid for {graph.name} on {cluster.name}")

@@ -22,7 +22,9 @@ JSON schema (``format = "pesto.plan"``, ``version = 1``)::
      "log": {"pipeline": "full", "stages": [...], "winner": "refine", ...} | null}
 
 ``log`` (a :class:`~pesto.solvelog.SolveLog`, from ``pesto.solve``) is optional:
-plan files written before it existed still load.
+plan files written before it existed still load. ``pesto place -o`` adds the
+cluster (``"cluster"``, a ``pesto.cluster`` dict) and ``"graph"`` (its name) for
+``pesto simulate``; loading a Plan ignores them.
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan, check_plan
 from pesto.solvelog import SolveLog, Stage
 
-from .registry import accepted_options, get_placer, run_placers
+from .registry import PLACERS, accepted_options, get_placer, run_placers
 from .bounds import lower_bound
 from .common import finalize
 from .search import better, refine, reschedule
@@ -364,7 +364,14 @@ def _check_combination(graph: OpGraph, pipeline: str | None, backend: str, hint,
     """The stage list to run, or ValueError naming an unsupported combination."""
     if pipeline not in (None, "full", "paper"):
         raise ValueError(f"pipeline must be 'full' or 'paper', got {pipeline!r}")
-    get_placer(backend)  # ValueError naming an unknown backend
+    for what, name in (("backend", backend), ("hint", hint)):
+        if what == "backend" or (isinstance(name, str) and name != "best-heuristic"):
+            if name not in PLACERS:  # a misspelt hint must not silently mean "no hint"
+                raise ValueError(f"unknown placer {name!r} ({what}); known: {sorted(PLACERS)}")
+    if not (hint is None or isinstance(hint, (str, Plan))):
+        raise ValueError(f"hint must be 'best-heuristic', None, a placer name or a Plan, got {hint!r}")
+    if not isinstance(target_vertices, int) or target_vertices < 1:
+        raise ValueError(f"target_vertices must be a positive int, got {target_vertices!r}")
     if pipeline == "full" and backend != "cpsat":
         raise ValueError(f"pipeline='full' runs CP-SAT only; backend={backend!r} needs pipeline='paper'")
     pipeline = pipeline or ("full" if backend == "cpsat" else "paper")
@@ -390,7 +397,8 @@ def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_ve
     Raises
     ------
     ValueError
-        An unknown pipeline or backend, or an unsupported combination
+        An unknown pipeline, backend or hint, ``target_vertices < 1``, or an
+        unsupported combination
         (``pipeline="full"`` with another backend than CP-SAT; ``hint=None``
         with the full pipeline).
     """

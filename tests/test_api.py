@@ -105,6 +105,10 @@ def test_unsupported_combinations_raise():
         pesto.solve(g, cluster=c, hint=None, target_vertices=60)
     with pytest.raises(ValueError, match="unknown placer"):
         pesto.solve(g, cluster=c, backend="nope")
+    with pytest.raises(ValueError, match="unknown placer 'bogus'"):
+        pesto.solve(small(), hint="bogus")
+    with pytest.raises(ValueError, match="target_vertices"):
+        pesto.solve(small(), target_vertices=0)
 
 
 def test_solve_mip_backend_and_hint_none():
