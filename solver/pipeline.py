@@ -205,6 +205,13 @@ def reschedule_starts(run: Run) -> None:
     run.record("reschedule", t, run.incumbent.makespan, f"incumbent {run.incumbent.placer}")
 
 
+def _coarsen(run: Run, partition=None):
+    """The one call of :func:`coarsen.coarsen` (``partition``: placements to keep)."""
+    extra = {} if partition is None else {"partition": partition}
+    return coarsen.coarsen(run.graph, run.s.target_vertices, cluster=run.cluster, **extra,
+                           **dict(run.s.coarsen_options))
+
+
 def coarsen_graph(run: Run) -> None:
     """Above ``target_vertices`` ops, ``run.work`` becomes a coarse graph; with
     an incumbent, one that keeps it (and the next best starts) representable,
@@ -215,22 +222,21 @@ def coarsen_graph(run: Run) -> None:
         run.hint = run.incumbent
         run.record("coarsen", t, None, "skipped" if s.exact_time <= 0 else "not needed")
         return
-    opts = dict(s.coarsen_options)
     note = ""
     if run.incumbent is not None:
         parts = [dict(p.placement) for p in run.ranked[:max(1, s.partitions)]]
         try:
-            cg = coarsen.coarsen(graph, s.target_vertices, partition=parts, cluster=run.cluster, **opts)
+            cg = _coarsen(run, partition=parts)
         except ValueError:  # a method without partition support (celeritas)
             cg = None
         if cg is None or cg.graph.num_ops > 2 * s.target_vertices:
             # a fragmented placement (e.g. list schedulers alternating devices) blocks
             # merging: coarsen freely, the hint is then the majority projection
             note = f"; partition-aware gave {cg.graph.num_ops if cg is not None else 'none'}"
-            cg = coarsen.coarsen(graph, s.target_vertices, cluster=run.cluster, **opts)
+            cg = _coarsen(run)
         run.hint = cg.project(run.incumbent, run.cluster)
     else:
-        cg = coarsen.coarsen(graph, s.target_vertices, cluster=run.cluster, **opts)
+        cg = _coarsen(run)
     run.cg, run.work = cg, cg.graph
     run.record("coarsen", t, None, f"{graph.num_ops} ops to {cg.graph.num_ops} vertices{note}")
 
@@ -314,6 +320,8 @@ def status(run: Run) -> None:
     solver's when it solved the graph itself) and status; checked."""
     t = time.perf_counter()
     graph, s, solved = run.graph, run.s, run.solved
+    if not run.pool:
+        raise ValueError(f"no candidate plan: the stages {list(run.stage_names)} made none")
     winner, best = choose(run.pool)
     bound, source = lower_bound(graph, run.cluster), "critical path / work"
     on_graph = solved is not None and run.cg is None
@@ -360,7 +368,8 @@ def run_pipeline(graph: OpGraph, cluster: Cluster, stages: Sequence[str], settin
     return run.result
 
 
-def _check_combination(graph: OpGraph, pipeline: str | None, backend: str, hint, target_vertices: int) -> str:
+def _check_combination(graph: OpGraph, pipeline: str | None, backend: str, hint, target_vertices: int,
+                       time_limit: float) -> str:
     """The stage list to run, or ValueError naming an unsupported combination."""
     if pipeline not in (None, "full", "paper"):
         raise ValueError(f"pipeline must be 'full' or 'paper', got {pipeline!r}")
@@ -370,6 +379,8 @@ def _check_combination(graph: OpGraph, pipeline: str | None, backend: str, hint,
                 raise ValueError(f"unknown placer {name!r} ({what}); known: {sorted(PLACERS)}")
     if not (hint is None or isinstance(hint, (str, Plan))):
         raise ValueError(f"hint must be 'best-heuristic', None, a placer name or a Plan, got {hint!r}")
+    if not (isinstance(time_limit, (int, float)) and time_limit > 0):  # also rejects nan
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     if not isinstance(target_vertices, int) or target_vertices < 1:
         raise ValueError(f"target_vertices must be a positive int, got {target_vertices!r}")
     if pipeline == "full" and backend != "cpsat":
@@ -397,12 +408,13 @@ def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_ve
     Raises
     ------
     ValueError
-        An unknown pipeline, backend or hint, ``target_vertices < 1``, or an
+        An unknown pipeline, backend or hint, ``target_vertices < 1``, a
+        ``time_limit`` that is not a positive number, or an
         unsupported combination
         (``pipeline="full"`` with another backend than CP-SAT; ``hint=None``
         with the full pipeline).
     """
-    name = _check_combination(graph, pipeline, backend, hint, target_vertices)
+    name = _check_combination(graph, pipeline, backend, hint, target_vertices, time_limit)
     full = name == "full"
     settings = Settings(exact_time=0.3 * time_limit if full else time_limit,
                         search_time=0.6 * time_limit if full else 0.0, heuristic_time=time_limit,

@@ -109,6 +109,9 @@ def test_unsupported_combinations_raise():
         pesto.solve(small(), hint="bogus")
     with pytest.raises(ValueError, match="target_vertices"):
         pesto.solve(small(), target_vertices=0)
+    for bad in (-5, float("nan")):
+        with pytest.raises(ValueError, match="time_limit"):
+            pesto.solve(small(), time_limit=bad)
 
 
 def test_solve_mip_backend_and_hint_none():
