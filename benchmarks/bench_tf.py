@@ -50,7 +50,7 @@ def _plans(graph, cluster, time_limit):
     out = {"single /CPU:0": simulate(graph, cluster, {n: dev0 for n in graph.names}).to_plan(placer="single")}
     for name in ("expert", "m-etf"):
         try:
-            out[name] = get_placer(name)(graph, cluster)  # defaults: no option needed
+            out[name] = get_placer(name)(graph, cluster)
         except Exception as exc:  # a baseline failing must not hide the others
             print(f"  {name} failed: {exc}")
     t0 = time.perf_counter()
