@@ -7,7 +7,7 @@ For each TF model graph in ``benchmarks/graphs/`` (grappler V100 costs) on
 * the full-graph heuristics (Expert, METIS, m-ETF, HEFT, Celeritas, Single),
   as they come (TF FIFO or their own order) and ``reschedule``-d;
 * ``pesto.solve`` as it is now (coarsen, heuristics on the coarse graph, CP-SAT);
-* ``solver.refine.improve``: best rescheduled heuristic -> partition-aware
+* ``solver.pipeline.improve``: best rescheduled heuristic -> partition-aware
   coarsening (its placement as partition) -> CP-SAT hinted with the projected
   plan -> expand -> reschedule -> refine, with the time of every stage.
 
@@ -33,13 +33,14 @@ from pathlib import Path
 import pesto
 from pesto.cluster import v100x2_nvlink
 from pesto.plan import check_plan
-from solver import get_placer
-from solver.refine import improve, reschedule, solve_fine
+from solver import accepted_options, get_placer
+from solver.pipeline import improve, solve_fine
+from solver.search import reschedule
 
 HERE = Path(__file__).resolve().parent
 GRAPHS = ["rnnlm_2x2048", "nmt_2x1024", "rnnlm_4x2048", "nmt_4x1024", "transformer_6", "nasnet_b16",
           "rnnlm_16x1024"]
-HEURISTICS = ["expert", "metis", "m-etf", "heft", "celeritas", "single"]
+VARIANTS = ["expert", "metis", "m-etf", "heft", "celeritas", "single"]  # baselines shown as rows
 FIELDS = ["workload", "ops", "variant", "step_ms", "vs_expert", "vs_best_baseline", "best_baseline",
           "wall_s", "status", "valid", "detail"]
 
@@ -81,10 +82,11 @@ def run_graph(name: str, args, base: dict) -> list[dict]:
         print(f"  {name:14s} {variant:28s} {step:9.2f} ms  {wall:6.1f} s  {detail}", flush=True)
 
     starts = []
-    for h in HEURISTICS:
+    for h in VARIANTS:
         t = time.perf_counter()
         try:
-            p = get_placer(h)(g, cl, time_limit=args.solve_time, seed=0)
+            fn = get_placer(h)
+            p = fn(g, cl, **accepted_options(fn, {"time_limit": args.solve_time, "seed": 0}))
         except Exception as exc:  # a baseline failing is reported, not fatal
             print(f"  {name} {h} failed: {exc}", flush=True)
             continue
@@ -96,10 +98,10 @@ def run_graph(name: str, args, base: dict) -> list[dict]:
     if args.solve_fine:
         t = time.perf_counter()
         p = solve_fine(g, cl, time_limit=args.solve_fine, workers=args.workers, seed=0)
-        lg = p.stats["improve"]
+        lg = p.log
         add(f"solve_fine({args.solve_fine:g} s)", p, time.perf_counter() - t,
-            f"cpsat->{lg.get('cpsat_expanded', float('nan')) / 1e3:.2f}; refined {lg.get('refined', float('nan')) / 1e3:.2f}; "
-            f"winner={lg['winner']}")
+            f"cpsat->{lg.candidates.get('cpsat', float('nan')) / 1e3:.2f}; "
+            f"refined {lg.candidates.get('refine', float('nan')) / 1e3:.2f}; winner={lg.winner}")
         if args.only_fine:
             ex = next((r["step_ms"] for r in rows if r["variant"] == "expert"), None)
             for r in rows:
@@ -109,18 +111,14 @@ def run_graph(name: str, args, base: dict) -> list[dict]:
         t = time.perf_counter()
         try:
             p = pesto.solve(g, cluster=cl, time_limit=args.solve_time, workers=args.workers, seed=0)
-            add("pesto.solve (current)", p, time.perf_counter() - t, f"winner={p.stats.get('winner')}")
+            add("pesto.solve (current)", p, time.perf_counter() - t, f"winner={p.log.winner}")
         except Exception as exc:
             print(f"  {name} pesto.solve failed: {type(exc).__name__}: {exc}", flush=True)
     t = time.perf_counter()
     p = improve(g, cl, starts, cpsat_time=args.cpsat_time, refine_time=args.refine_time,
                 workers=args.workers, seed=0)
-    lg = p.stats["improve"]
-    stages = (f"incumbent={lg['incumbent'][0]} {lg['incumbent'][1] / 1e3:.2f}; "
-              f"coarse={lg.get('vertices')} v in {lg.get('t_coarsen', 0):.2f}s; "
-              f"cpsat {lg.get('cpsat', ('-', 0))[0]} {lg.get('t_cpsat', 0):.1f}s -> expanded+resched "
-              f"{lg.get('cpsat_expanded', float('nan')) / 1e3:.2f}; refine {lg.get('t_refine', 0):.1f}s -> "
-              f"{lg.get('refined', float('nan')) / 1e3:.2f}; winner={lg['winner']}")
+    stages = "; ".join(f"{st.name} {st.seconds:.1f}s" + (f" -> {st.makespan / 1e3:.2f}" if st.makespan else "")
+                       + (f" ({st.note})" if st.note else "") for st in p.log.stages) + f"; winner={p.log.winner}"
     add("improve (full pipeline)", p, time.perf_counter() - t, stages)
     ex = next((r["step_ms"] for r in rows if r["variant"] == "expert"), None)
     for r in rows:
@@ -148,7 +146,7 @@ def write(rows, args, started):
                 else "") + ".", "",
              "Variants: a heuristic as it comes (TF FIFO for Expert/METIS/Single, their list order for the "
              "others); `+reschedule` = same placement, best order of FIFO / upward-rank list schedule / "
-             "given order (`solver.refine.reschedule`); `improve` = `solver.refine.improve` (best rescheduled "
+             "given order (`solver.search.reschedule`); `improve` = `solver.pipeline.improve` (best rescheduled "
              "heuristic -> coarsen with its placement as partition -> CP-SAT hinted with the projected plan "
              "-> expand -> reschedule -> refine). *vs Expert* compares with Expert under TF FIFO; "
              "*vs best baseline* with the best memory-feasible baseline of placement.csv.", "",
@@ -178,7 +176,7 @@ def write(rows, args, started):
             lines.append(f"| {wl} | {imp['detail']} |")
     fine = [r for r in rows if r["variant"].startswith("solve_fine")]
     if fine:
-        lines += ["", "## `solver.refine.solve_fine` (full-graph heuristics + improve, what `pesto.solve` would run)",
+        lines += ["", "## `solver.pipeline.solve_fine` (full-graph heuristics + improve, what `pesto.solve` would run)",
                   "", "| workload | variant | step (ms) | vs Expert | vs best baseline | wall (s) | stages |",
                   "|---|---|---:|---:|---|---:|---|"]
         for r in fine:
@@ -204,7 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-solve", action="store_true", help="skip the current pesto.solve")
     ap.add_argument("--solve-fine", type=float, default=0,
-                    help="also run solver.refine.solve_fine with this time_limit (what pesto.solve would call)")
+                    help="also run solver.pipeline.solve_fine with this time_limit (what pesto.solve would call)")
     ap.add_argument("--only-fine", action="store_true", help="with --solve-fine: skip pesto.solve and improve")
     ap.add_argument("--tag", default="", help="write quality_<tag>.csv/.md")
     ap.add_argument("--out", default=str(HERE / "results"))

@@ -33,6 +33,12 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pesto
+from pesto.api import needs_cpu
+from pesto.plan import check_plan
+from pesto.simulate import simulate
+from solver import accepted_options, get_placer
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # (registry name, label); "baseline" = everything but Pesto's own placers
@@ -65,11 +71,9 @@ class Settings:
 
 # -- instances ---------------------------------------------------------------------
 def make_cluster(name: str, graph):
-    """Preset ``name``; with /CPU:0 only if some op can run on a CPU only."""
-    import pesto
-
-    need_cpu = any("GPU" not in op.kinds for op in graph.ops)
-    return {"v100x2_nvlink": pesto.v100x2_nvlink, "v100x4_pcie": pesto.v100x4_pcie}[name](with_cpu=need_cpu)
+    """Preset ``name``; with /CPU:0 only if some op can run on a CPU only
+    (:func:`pesto.api.needs_cpu`, the rule of the default cluster)."""
+    return {"v100x2_nvlink": pesto.v100x2_nvlink, "v100x4_pcie": pesto.v100x4_pcie}[name](with_cpu=needs_cpu(graph))
 
 
 def workloads(s: Settings):
@@ -109,10 +113,6 @@ def large_graph(s: Settings):
 
 # -- one placement, in a child process ------------------------------------------------
 def _place(graph, cluster, placer: str, s: Settings, time_limit: float) -> dict:
-    import pesto
-    from pesto.plan import check_plan
-    from pesto.simulate import simulate
-
     t0 = time.perf_counter()
     if placer == "cpsat":
         plan = pesto.solve(graph, cluster=cluster, time_limit=time_limit,
@@ -121,8 +121,8 @@ def _place(graph, cluster, placer: str, s: Settings, time_limit: float) -> dict:
         plan = pesto.solve(graph, cluster=cluster, time_limit=s.mip_time_limit,
                            target_vertices=s.mip_vertices, backend="mip", seed=0, workers=s.workers)
     else:
-        from solver import get_placer
-        plan = get_placer(placer)(graph, cluster, time_limit=time_limit, seed=0)
+        fn = get_placer(placer)
+        plan = fn(graph, cluster, **accepted_options(fn, {"time_limit": time_limit, "seed": 0}))
     wall = time.perf_counter() - t0
     sched = simulate(graph, cluster, plan)  # independent replay, not the placer's own claim
     report = check_plan(graph, cluster, plan, check_memory=False)
@@ -130,7 +130,8 @@ def _place(graph, cluster, placer: str, s: Settings, time_limit: float) -> dict:
     over = [d.name for d in cluster.devices if peak[d.name] > d.memory]
     frac = max((peak[d.name] / d.memory for d in cluster.devices), default=0.0)
     counts = {d: len(o) for d, o in plan.order.items()}
-    st = plan.stats or {}
+    log = plan.log  # the solve log of pesto.solve (None for a baseline)
+    coarse = log.coarse if log is not None else {}
     return {"status": plan.status, "step_ms": sched.makespan / 1000,
             "claimed_ms": None if plan.makespan is None else plan.makespan / 1000,
             "wall_s": wall, "bound_ms": None if plan.lower_bound is None else plan.lower_bound / 1000,
@@ -139,9 +140,9 @@ def _place(graph, cluster, placer: str, s: Settings, time_limit: float) -> dict:
             "peak_mem_gib": ";".join(f"{d}={b / 2**30:.2f}" for d, b in peak.items() if b),
             "ops_per_device": ";".join(f"{d}={n}" for d, n in sorted(counts.items())),
             "valid": report.ok, "violations": len(report.violations),
-            "winner": st.get("winner", ""), "vertices": st.get("vertices"),
-            "coarse_bound_ms": None if st.get("coarse_lower_bound") is None else st["coarse_lower_bound"] / 1000,
-            "coarse_status": st.get("coarse_status", ""),
+            "winner": log.winner if log is not None else "", "vertices": log.vertices if log is not None else None,
+            "coarse_bound_ms": None if coarse.get("lower_bound") is None else coarse["lower_bound"] / 1000,
+            "coarse_status": coarse.get("status", ""),
             "error": "" if report.ok else "; ".join(report.violations[:2])}
 
 
@@ -186,15 +187,7 @@ def run_instance(graph, cluster, placer: str, s: Settings, time_limit: float, ti
 def available(placer: str) -> str | None:
     """None if the placer imports, else why not."""
     try:
-        if placer in PESTO:
-            import pesto.api  # noqa: F401
-            if placer == "mip":
-                import solver.mip  # noqa: F401
-            else:
-                import solver.cpsat  # noqa: F401
-        else:
-            from solver import get_placer
-            get_placer(placer)
+        get_placer(placer)  # imports its module (the MIP's needs its solver backend)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None

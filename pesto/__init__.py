@@ -20,18 +20,17 @@ from .cluster import (Device, Route, Cluster, gpus, v100x2_nvlink, v100x4_pcie,
 from .memory import memory_profile
 from .plan import Plan, Transfer, Report, check_plan
 from .simulate import Schedule, simulate
+from .solvelog import SolveLog, Stage
 
 __version__ = "0.1.0"
 
-
-def solve(*args, **kwargs):
-    """Place and schedule a graph; see :func:`pesto.api.solve`."""
-    from .api import solve as _solve
-    return _solve(*args, **kwargs)
+# The facade last: pesto.api imports solver.pipeline, which imports the core
+# modules above (whichever of ``import pesto`` / ``import solver`` comes first).
+from .api import solve  # noqa: E402
 
 
 __all__ = ["PestoError", "InvalidGraphError", "CycleError", "InvalidClusterError", "SchemaError",
            "InvalidPlanError", "InfeasibleError", "Op", "Tensor", "Edge", "OpGraph", "Device",
            "Route", "Cluster", "gpus", "v100x2_nvlink", "v100x4_pcie", "heterogeneous",
            "two_hosts", "logical_cpus", "preset", "Plan", "Transfer", "Report", "check_plan",
-           "memory_profile", "Schedule", "simulate", "solve"]
+           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve"]

@@ -23,13 +23,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import sys
 import threading
 import time
 from pathlib import Path
+
+from solver import PLACERS, accepted_options, get_placer
+
+from . import __version__
+from . import cluster as C
+from .api import default_cluster, solve
+from .errors import InfeasibleError, InvalidPlanError, PestoError
+from .graph import OpGraph
+from .plan import Plan, check_plan
+from .simulate import simulate
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -104,8 +113,6 @@ def _need_file(path: str, what: str) -> Path:
 
 def _load(path: str, what: str, cls):
     """``cls.from_json`` of a file, with the file named in any error."""
-    from .errors import PestoError
-
     p = _need_file(path, what)
     try:
         return cls.from_json(str(p))
@@ -115,14 +122,16 @@ def _load(path: str, what: str, cls):
 
 def load_graph(path: str):
     """An OpGraph from a JSON file (or .json.gz)."""
-    from .graph import OpGraph
     return _load(path, "graph", OpGraph)
 
 
 def load_plan(path: str):
-    """A Plan from a JSON file."""
-    from .plan import Plan
-    return _load(path, "plan", Plan)
+    """A Plan from a JSON file, and the cluster ``pesto place`` saved with it
+    (its ``"cluster"`` key; older files kept it in ``stats``), or None."""
+    plan = _load(path, "plan", Plan)
+    data = json.loads(Path(path).read_text())  # valid: it just loaded as a plan
+    saved = data.get("cluster") or (plan.stats or {}).get("cluster")
+    return plan, saved if isinstance(saved, dict) else None
 
 
 def parse_model(spec: str) -> tuple[str, str | None]:
@@ -139,7 +148,7 @@ def profile_model(args, spec: str, preset: str | None = None, costs: str = "v100
     """Profile a zoo model into an OpGraph through ``tf_patch.opgraph_for``."""
     name, spec_preset = parse_model(spec)
     preset = preset or spec_preset or "small"
-    try:
+    try:  # TensorFlow is optional: imported only when a zoo model is profiled
         from tf_patch import opgraph_for
     except ImportError as exc:
         raise CliError(f"profiling a zoo model needs TensorFlow and tf_patch ({exc}); "
@@ -160,10 +169,8 @@ def graph_from_target(args, target: str):
 
 def make_cluster(graph, gpus: int | None, cluster: str | None):
     """The cluster named by ``--cluster`` (preset or JSON), else ``gpus`` identical
-    V100s over NVLink, plus ``/CPU:0`` when some op may run only on a CPU."""
-    from . import cluster as C
-    from .errors import PestoError
-
+    V100s over NVLink, plus ``/CPU:0`` when some op may run only on a CPU
+    (:func:`pesto.api.default_cluster`)."""
     if cluster:
         if cluster.endswith(".json"):
             _need_file(cluster, "cluster")
@@ -174,21 +181,16 @@ def make_cluster(graph, gpus: int | None, cluster: str | None):
     n = 2 if gpus is None else gpus
     if n < 1:
         raise CliError(f"--gpus must be at least 1, got {n}")
-    need_cpu = graph is not None and any("GPU" not in op.kinds for op in graph.ops)
-    name = f"v100x{n}_nvlink" if not need_cpu else f"v100x{n}_nvlink+cpu"
-    return C.gpus(n, with_cpu=need_cpu, name=name)
+    return default_cluster(graph, n)
 
 
-def cluster_for_plan(graph, plan, cluster_arg: str | None):
-    """``--cluster`` if given, else the cluster saved in the plan by ``pesto place``,
-    else identical GPUs (and /CPU:0) as many as the plan uses."""
-    from .cluster import Cluster
-
+def cluster_for_plan(graph, plan, cluster_arg: str | None, saved: dict | None = None):
+    """``--cluster`` if given, else ``saved`` (the cluster ``pesto place`` wrote
+    into the plan file), else identical GPUs (and /CPU:0) as many as the plan uses."""
     if cluster_arg:
         return make_cluster(graph, None, cluster_arg)
-    saved = (plan.stats or {}).get("cluster")
-    if isinstance(saved, dict):
-        return Cluster.from_dict(saved)
+    if saved is not None:
+        return C.Cluster.from_dict(saved)
     devs = set(plan.placement.values())
     gpu_ids = []
     for d in devs:
@@ -199,34 +201,29 @@ def cluster_for_plan(graph, plan, cluster_arg: str | None):
                 raise CliError(f"cannot infer a cluster from device {d!r}; pass --cluster") from None
         elif d != "/CPU:0":
             raise CliError(f"cannot infer a cluster from device {d!r}; pass --cluster")
-    from . import cluster as C
     return C.gpus(max(gpu_ids, default=0) + 1, with_cpu="/CPU:0" in devs)
 
 
 def run_placer(args, graph, cluster, placer: str):
     """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve`
-    (coarsen, solve, expand, simulate, check), the others through the registry."""
-    from solver import PLACERS, get_placer
-
+    (coarsen, solve, expand, simulate, check), the others through the registry
+    (given ``--time-limit`` and ``--seed`` when they take them)."""
     if placer not in PLACERS:
         raise CliError(f"unknown placer {placer!r}; known: {', '.join(sorted(PLACERS))}")
     if placer in EXACT_PLACERS:
-        try:
-            from .api import solve
-        except ImportError as exc:
-            raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
-        with _progress(args, f"{placer}: coarsening to {args.target_vertices} vertices and solving "
-                             f"(time limit {args.time_limit:g} s)", args.time_limit):
-            return solve(graph, cluster=cluster, time_limit=args.time_limit,
-                         target_vertices=args.target_vertices, backend=placer, seed=args.seed)
+        with _progress(args, f"{placer}: solving (time limit {args.time_limit:g} s; graphs above "
+                             f"{args.target_vertices} ops are coarsened)", args.time_limit):
+            try:
+                return solve(graph, cluster=cluster, time_limit=args.time_limit,
+                             target_vertices=args.target_vertices, backend=placer, seed=args.seed)
+            except ValueError as exc:  # an option pesto.solve rejects (e.g. --target-vertices 0)
+                raise CliError(str(exc)) from None
     try:
         fn = get_placer(placer)
     except (ImportError, AttributeError) as exc:
         raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
-        declared = inspect.signature(fn).parameters  # heuristics take no time limit or seed
-        opts = {k: v for k, v in (("time_limit", args.time_limit), ("seed", args.seed)) if k in declared}
-        return fn(graph, cluster, **opts)
+        return fn(graph, cluster, **accepted_options(fn, {"time_limit": args.time_limit, "seed": args.seed}))
 
 
 def _fmt_bytes(n) -> str:
@@ -241,6 +238,11 @@ def _fmt_bytes(n) -> str:
 
 def describe_plan(plan, cluster) -> str:
     lines = [plan.summary()]
+    if plan.log is not None:  # from pesto.solve: the stages and who won
+        log = plan.log
+        stages = ", ".join(f"{s.name} {s.seconds:.1f} s" for s in log.stages)
+        lines.append(f"  {log.pipeline} pipeline: {stages}; plan from {log.winner}, "
+                     f"bound from {log.bound_source}")
     peak = plan.peak_memory or {}
     for d in cluster.devices:
         nops = len(plan.order.get(d.name, ()))
@@ -263,7 +265,6 @@ def cmd_place(args) -> int:
     if code:
         print("pesto: the plan does not fit device memory (status infeasible)", file=sys.stderr)
     if args.compare:
-        from .simulate import simulate
         rows = [(args.placer, plan.makespan)]
         for name in [c.strip() for c in args.compare.split(",") if c.strip()]:
             other = run_placer(args, graph, cluster, name)
@@ -273,21 +274,17 @@ def cmd_place(args) -> int:
         for name, ms in rows:
             print(f"{name:<12} {ms / 1000:10.3f}   {ms / best:6.3f}x")
     if args.output:
-        stats = dict(plan.stats or {})
-        stats["cluster"] = cluster.to_dict()  # so `pesto simulate` replays on the same cluster
-        stats.setdefault("graph", graph.name)
-        plan.replace(stats=stats).to_json(args.output)
+        # the plan JSON plus the cluster and graph name, so `pesto simulate` replays on the same cluster
+        data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
+        Path(args.output).write_text(json.dumps(data))
         _say(args, f"wrote {args.output}")
     return code
 
 
 def cmd_simulate(args) -> int:
-    from .errors import PestoError
-    from .simulate import simulate
-
     graph = load_graph(args.graph)
-    plan = load_plan(args.plan)
-    cluster = cluster_for_plan(graph, plan, args.cluster)
+    plan, saved = load_plan(args.plan)
+    cluster = cluster_for_plan(graph, plan, args.cluster, saved)
     try:
         sched = simulate(graph, cluster, plan if args.mode != "fifo" else dict(plan.placement),
                          mode=args.mode)
@@ -313,11 +310,9 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .plan import check_plan
-
     graph = load_graph(args.graph)
-    plan = load_plan(args.plan)
-    cluster = cluster_for_plan(graph, plan, args.cluster)
+    plan, saved = load_plan(args.plan)
+    cluster = cluster_for_plan(graph, plan, args.cluster, saved)
     report = check_plan(graph, cluster, plan, check_memory=not args.no_memory)
     if report.ok:
         print(f"plan is valid for {graph.name} on {cluster.name}")
@@ -340,14 +335,9 @@ def cmd_profile(args) -> int:
 
 
 def cmd_placers(args) -> int:
-    import importlib
-
-    from solver import PLACERS
-
     for name in sorted(PLACERS):
-        module, func = PLACERS[name].split(":")
         try:
-            fn = getattr(importlib.import_module(module), func)
+            fn = get_placer(name)
             doc = (fn.__doc__ or "").strip().splitlines()
             status = doc[0] if doc else ""
         except Exception as exc:  # report, do not fail: helpers land at different times
@@ -357,6 +347,7 @@ def cmd_placers(args) -> int:
 
 
 def _import_run_all():
+    # benchmarks/ is optional (a source checkout, not the installed package)
     try:
         from benchmarks import run_all
         return run_all
@@ -383,7 +374,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pesto", description="Joint op placement and scheduling of a training step over several GPUs.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from . import __version__
     p.add_argument("--version", action="version", version=f"pesto {__version__}")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -450,7 +440,6 @@ def main(argv=None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_INPUT
-    from .errors import InfeasibleError, InvalidPlanError, PestoError
     try:
         return args.func(args)
     except CliError as exc:

@@ -17,6 +17,11 @@ import os
 import sys
 import time
 
+from solver import get_placer
+
+from .api import solve
+from .simulate import simulate
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -30,12 +35,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    import pesto  # noqa: F401  (imports OR-Tools before TensorFlow: see tf_patch)
-    import tf_patch
+    # TensorFlow is optional for the library: the zoo and tf_patch load it, so
+    # they are imported here (pesto, hence OR-Tools, is already loaded: see tf_patch)
     from pesto.zoo import build_model
-    from pesto.simulate import simulate
     from tf_patch.commfit import fit_transfers
-    from tf_patch.devices import describe
+    from tf_patch.devices import describe, detect
     from tf_patch.pipeline import profile_model, run_placed
 
     n = args.gpus
@@ -80,7 +84,6 @@ def main(argv=None) -> int:
     print(f"  {'placement':<28}{'place s':>9}{'predicted':>11}{'measured':>10}")
     for name, s, pred, meas in rows:
         print(f"  {name:<28}{s:>9.2f}{pred / 1000:>11.3f}{meas / 1000:>10.3f}")
-    from tf_patch.devices import detect
     if detect(n)[0] == "CPU":
         print("  (logical CPU devices share this machine's cores, and TensorFlow runs microsecond\n"
               "   kernels inline on one thread: measured times show the pipeline works end to end,\n"
@@ -99,22 +102,16 @@ def cluster_kind(graph) -> str:
 
 
 def _solve(graph, cluster, args):
-    """pesto.solve, or m-ETF if the exact pipeline is unavailable."""
-    import pesto
-
-    try:
-        return pesto.solve(graph, cluster=cluster, time_limit=args.time_limit, workers=1, seed=args.seed)
-    except ImportError as exc:  # solver not installed in this checkout
-        print(f"      pesto.solve unavailable ({exc}); using m-ETF")
-        return _placer("m-etf", graph, cluster)
+    """pesto.solve with the demo's options."""
+    return solve(graph, cluster=cluster, time_limit=args.time_limit, workers=1, seed=args.seed)
 
 
 def _placer(name, graph, cluster):
+    """A baseline's plan, or None (said) if it fails: the demo still trains Pesto's."""
     try:
-        from solver import get_placer
         return get_placer(name)(graph, cluster)
-    except (ImportError, AttributeError, ValueError) as exc:
-        print(f"      placer {name!r} unavailable: {exc}")
+    except Exception as exc:  # noqa: BLE001  (a baseline must not stop the demo)
+        print(f"      placer {name!r} failed: {type(exc).__name__}: {exc}")
         return None
 
 

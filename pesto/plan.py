@@ -18,7 +18,13 @@ JSON schema (``format = "pesto.plan"``, ``version = 1``)::
      "transfers": [{"tensor": "a:0", "src": "/GPU:0", "dst": "/GPU:1",
                     "start": 3.0, "finish": 9.0}] | null,
      "makespan": 9.0, "lower_bound": 7.5, "wall_time": 0.2,
-     "peak_memory": {"/GPU:0": 1024} | null, "stats": {}}
+     "peak_memory": {"/GPU:0": 1024} | null, "stats": {},
+     "log": {"pipeline": "full", "stages": [...], "winner": "refine", ...} | null}
+
+``log`` (a :class:`~pesto.solvelog.SolveLog`, from ``pesto.solve``) is optional:
+plan files written before it existed still load. ``pesto place -o`` adds the
+cluster (``"cluster"``, a ``pesto.cluster`` dict) and ``"graph"`` (its name) for
+``pesto simulate``; loading a Plan ignores them.
 """
 from __future__ import annotations
 
@@ -29,10 +35,11 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .dag import toposort
-from .errors import CycleError, InvalidPlanError
+from .errors import CycleError, InvalidPlanError, SchemaError
 from .graph import OpGraph, _check_header, _field, _load_json
 from .cluster import Cluster
 from .memory import memory_profile
+from .solvelog import SolveLog
 
 FORMAT = "pesto.plan"
 VERSION = 1
@@ -76,7 +83,10 @@ class Plan:
         Seconds the placer took.
     peak_memory : mapping device -> bytes, optional
     stats : mapping
-        Anything else the placer reports (solver log figures, notes).
+        Diagnostics for humans (solver figures, notes); not an API.
+    log : SolveLog, optional
+        What ``pesto.solve`` did, stage by stage (typed; see
+        :mod:`pesto.solvelog`). None for a plan from a single placer.
     """
 
     placement: Mapping[str, str]
@@ -91,6 +101,7 @@ class Plan:
     wall_time: float = 0.0
     peak_memory: Mapping[str, int] | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
+    log: SolveLog | None = None
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -166,11 +177,11 @@ class Plan:
             "makespan": self.makespan, "lower_bound": self.lower_bound, "wall_time": self.wall_time,
             "peak_memory": None if self.peak_memory is None else dict(self.peak_memory),
             "stats": _jsonable(self.stats),
+            "log": None if self.log is None else _jsonable(self.log.to_dict()),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Plan":
-        from .errors import SchemaError
         _check_header(d, FORMAT, VERSION)
         try:
             transfers = d.get("transfers")
@@ -180,7 +191,8 @@ class Plan:
                        makespan=d.get("makespan"), lower_bound=d.get("lower_bound"),
                        status=d.get("status", "unknown"), placer=d.get("placer", ""),
                        wall_time=d.get("wall_time", 0.0), peak_memory=d.get("peak_memory"),
-                       stats=d.get("stats") or {})
+                       stats=d.get("stats") or {},
+                       log=None if d.get("log") is None else SolveLog.from_dict(d["log"]))
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"{FORMAT}: malformed plan ({exc})") from None
 

@@ -52,9 +52,11 @@ def test_solve_reports_candidates_and_winner():
     g = layered_dag(40, width=6, seed=2)
     c = gpus(2)
     p = pesto.solve(g, cluster=c, time_limit=3, workers=1)
-    assert p.stats["winner"] in p.stats["candidates"]
-    assert "cpsat" in p.stats["candidates"]
-    assert p.makespan == pytest.approx(min(p.stats["candidates"].values()))
+    assert p.log.winner in p.log.candidates
+    assert "cpsat" in p.log.candidates
+    assert p.makespan == pytest.approx(min(p.log.candidates.values()))
+    assert p.log.bound == p.lower_bound and p.log.bound_source
+    assert [s.name for s in p.log.stages] == ["coarsen", "baselines", "exact", "expand", "status"]
     assert p.lower_bound <= p.makespan + 1e-6
     assert p.lower_bound >= lower_bound(g, c) - 1e-9
     check_plan(g, c, p).raise_if_invalid()
@@ -65,11 +67,10 @@ def test_solve_coarsens_and_expands():
     c = gpus(2)
     p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1, pipeline="paper")
     assert set(p.placement) == set(g.names)
-    assert p.stats["vertices"] <= 400
-    if isinstance(p.stats.get("coarsen"), dict):
-        assert p.stats["vertices"] < 400
-        assert p.status != "optimal"  # optimality on the coarse graph is not claimed for the fine one
-        assert "coarse_lower_bound" in p.stats
+    assert p.log.pipeline == "paper"
+    assert p.log.vertices < 400 and "vertices" in p.log.stage("coarsen").note
+    assert p.status != "optimal"  # optimality on the coarse graph is not claimed for the fine one
+    assert "lower_bound" in p.log.coarse and p.log.bound_source == "critical path / work"
     assert p.lower_bound == pytest.approx(lower_bound(g, c))
     check_plan(g, c, p).raise_if_invalid()
 
@@ -79,12 +80,14 @@ def test_full_pipeline_never_loses_to_its_starts_and_uses_a_full_graph_hint():
     c = gpus(2)
     paper = pesto.solve(g, cluster=c, time_limit=2, target_vertices=60, workers=1, pipeline="paper")
     p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1, hint=paper)
-    assert p.stats["pipeline"] == "full"
-    starts = p.stats["improve"]["starts"]
+    assert p.log.pipeline == "full"
+    assert [s.name for s in p.log.stages] == ["baselines", "reschedule", "coarsen", "exact", "expand",
+                                              "local search", "status"]
+    starts = p.log.candidates  # the rescheduled starts, cpsat and refine
     assert p.makespan <= min(starts.values()) + 1e-6
     assert p.makespan <= paper.makespan + 1e-6
     again = pesto.solve(g, cluster=c, time_limit=2, target_vertices=60, workers=1, hint=p)
-    assert "pesto" in again.stats["improve"]["starts"]  # the given full-graph plan joined the starts
+    assert "pesto" in again.log.candidates  # the given full-graph plan joined the starts
     assert again.makespan <= p.makespan + 1e-6
     assert p.status in ("feasible", "optimal")
     assert p.lower_bound == pytest.approx(lower_bound(g, c))
@@ -93,12 +96,31 @@ def test_full_pipeline_never_loses_to_its_starts_and_uses_a_full_graph_hint():
         pesto.solve(g, cluster=c, pipeline="fast")
 
 
+def test_unsupported_combinations_raise():
+    g = layered_dag(400, width=10, seed=4)
+    c = gpus(2)
+    with pytest.raises(ValueError, match="pipeline='full'.*backend='mip'"):
+        pesto.solve(g, cluster=c, backend="mip", pipeline="full")
+    with pytest.raises(ValueError, match="hint=None"):
+        pesto.solve(g, cluster=c, hint=None, target_vertices=60)
+    with pytest.raises(ValueError, match="unknown placer"):
+        pesto.solve(g, cluster=c, backend="nope")
+    with pytest.raises(ValueError, match="unknown placer 'bogus'"):
+        pesto.solve(small(), hint="bogus")
+    with pytest.raises(ValueError, match="target_vertices"):
+        pesto.solve(small(), target_vertices=0)
+    for bad in (-5, float("nan")):
+        with pytest.raises(ValueError, match="time_limit"):
+            pesto.solve(small(), time_limit=bad)
+
+
 def test_solve_mip_backend_and_hint_none():
     g = small()
     p = pesto.solve(g, cluster=gpus(2, beta=(1.0, 0.01)), backend="mip", hint=None, time_limit=10)
     q = pesto.solve(g, cluster=gpus(2, beta=(1.0, 0.01)), backend="cpsat", hint=None, time_limit=10, workers=1)
     assert p.makespan == pytest.approx(q.makespan)
-    assert p.stats["winner"] == "mip" and q.stats["winner"] == "cpsat"
+    assert p.log.winner == "mip" and q.log.winner == "cpsat"
+    assert p.log.pipeline == q.log.pipeline == "paper"
 
 
 def test_solve_with_plan_hint():
@@ -106,7 +128,7 @@ def test_solve_with_plan_hint():
     c = gpus(2, beta=(1.0, 0.01))
     first = pesto.solve(g, cluster=c, time_limit=5, workers=1, hint=None)
     again = pesto.solve(g, cluster=c, time_limit=5, workers=1, hint=first)
-    assert again.stats["hint"] in ("pesto", "plan")
+    assert again.log.hint in ("pesto", "plan")
     assert again.makespan == pytest.approx(first.makespan)
 
 
@@ -126,10 +148,10 @@ def test_infeasible_before_solving():
 
 
 def test_broken_or_missing_heuristics_do_not_break_solve(monkeypatch):
-    import solver
+    import solver.registry
     from pesto.plan import Plan
 
-    real = solver.get_placer
+    real = solver.registry.get_placer
 
     def fake(name):
         if name == "m-etf":  # returns an order that contradicts the graph, claiming 1 µs
@@ -142,10 +164,33 @@ def test_broken_or_missing_heuristics_do_not_break_solve(monkeypatch):
             raise ImportError("not written yet")
         return real(name)
 
-    monkeypatch.setattr(solver, "get_placer", fake)
+    monkeypatch.setattr(solver.registry, "get_placer", fake)
     g = small()
     p = pesto.solve(g, time_limit=5, workers=1)
-    assert "m-etf" in p.stats["invalid_candidates"]
-    assert "m-topo" in p.stats["heuristic_errors"]
-    assert p.stats["winner"] != "m-etf" and p.makespan > 1.0
+    assert "invalid plan" in p.log.skipped["m-etf"]
+    assert "m-topo" in p.log.skipped
+    assert p.log.winner != "m-etf" and p.makespan > 1.0
     check_plan(g, default_cluster(g), p).raise_if_invalid()
+
+
+def test_solve_log_round_trips_through_plan_json(tmp_path):
+    g = small()
+    p = pesto.solve(g, time_limit=5, workers=1)
+    back = pesto.Plan.from_json(p.to_json())
+    assert back.log == p.log and back.log.stage("exact").note.startswith("cpsat")
+    old = p.to_dict()
+    del old["log"]  # a plan file written before the log existed
+    assert pesto.Plan.from_dict(old).log is None
+    bad = p.to_dict()
+    bad["log"] = {"pipeline": "full", "stages": [{"nom": 1}]}
+    with pytest.raises(pesto.SchemaError):
+        pesto.Plan.from_dict(bad)
+
+
+def test_import_order_does_not_matter():
+    import subprocess
+    import sys
+    for first in ("pesto", "solver", "coarsen", "solver.pipeline", "pesto.cli", "tf_patch"):
+        code = f"import {first}; import pesto, solver; print(pesto.solve.__module__)"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "pesto.api", (first, out.stderr[-800:])

@@ -34,7 +34,9 @@ def test_place_baseline_then_simulate_and_check(tmp_path, capsys, graph_json):
     assert "/GPU:0" in out and "ms" in out
     plan = Plan.from_json(str(plan_path))
     assert set(plan.placement) == set(g.names)
-    assert plan.stats["cluster"]["format"] == "pesto.cluster"  # saved for `simulate`
+    saved = json.loads(plan_path.read_text())
+    assert saved["cluster"]["format"] == "pesto.cluster"  # saved for `simulate`
+    assert plan.log is None  # a baseline's plan: no solve log
     trace, gantt = tmp_path / "t.json", tmp_path / "g.png"
     rc, out, _ = run(capsys, "simulate", gpath, plan_path, "--trace", trace, "--gantt", gantt)
     assert rc == EXIT_OK
@@ -59,6 +61,14 @@ def test_place_cpsat_on_a_preset_cluster_file(tmp_path, capsys, graph_json):
     assert check_plan(g, cluster, plan).ok
     assert set(plan.placement.values()) <= set(cluster.names)
     assert "cpsat" in err  # progress names the stage
+    assert plan.log is not None and plan.log.winner in plan.log.candidates  # the solve log, saved
+    assert f"plan from {plan.log.winner}" in out
+
+
+def test_place_rejects_a_bad_solve_option(tmp_path, capsys, graph_json):
+    _, gpath = graph_json
+    rc, _, err = run(capsys, "place", gpath, "--target-vertices", 0, "--time-limit", 1)
+    assert rc == EXIT_INPUT and "target_vertices" in err
 
 
 def test_check_reports_a_broken_plan(tmp_path, capsys):

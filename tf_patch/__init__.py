@@ -14,29 +14,21 @@ except ImportError:  # pragma: no cover
 
 import time
 
+from pesto.zoo import build_model
+
+from . import apply, commfit, devices, extract, pipeline, profile  # noqa: F401  (submodules as attributes)
+from .apply import apply_plan, check_colocation, verify
+from .commfit import CommFit, fit_transfers
+from .devices import describe, detect, plan_device, session_config, tf_device
+from .extract import allowed_kinds, extract as _extract, step_ops
+from .pipeline import profile_model, run_placed
+from .profile import Profile, estimate, measure
+
+# No submodule imports TensorFlow at import time: each function that needs it
+# imports it when called, so ``import tf_patch`` works without TensorFlow.
+
 __all__ = ["opgraph_for", "opgraph", "model_opgraph", "measure", "estimate", "apply_plan", "verify",
            "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "run_placed"]
-
-
-_SUBMODULES = ("extract", "profile", "apply", "commfit", "devices", "pipeline")
-_FUNCTIONS = {
-    "measure": "profile", "estimate": "profile", "Profile": "profile",
-    "apply_plan": "apply", "verify": "apply", "check_colocation": "apply",
-    "fit_transfers": "commfit", "CommFit": "commfit",
-    "session_config": "devices", "tf_device": "devices", "plan_device": "devices",
-    "detect": "devices", "describe": "devices",
-    "profile_model": "pipeline", "run_placed": "pipeline",
-}
-
-
-def __getattr__(name):  # lazy: importing tf_patch must not import TensorFlow
-    import importlib
-
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    if name in _FUNCTIONS:
-        return getattr(importlib.import_module(f"{__name__}.{_FUNCTIONS[name]}"), name)
-    raise AttributeError(f"module 'tf_patch' has no attribute {name!r}")
 
 
 def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead: float = 0.0,
@@ -55,12 +47,9 @@ def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead:
     >>> plan = pesto.solve(g, gpus=2)                  # doctest: +SKIP
     >>> tf_patch.apply_plan(tf_graph, plan)            # doctest: +SKIP
     """
-    from .extract import allowed_kinds, extract, step_ops
-    from .profile import estimate
-
     cpu_ops = [op.name for op in step_ops(graph, fetches) if "GPU" not in allowed_kinds(op.type, "GPU")]
     prof = estimate(graph, fetches, gpu, cpu_ops=cpu_ops, overhead=overhead, progress=progress)
-    return extract(graph, fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU",
+    return _extract(graph, fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU",
                    memory={k: {"output_bytes": v["output_bytes"]} for k, v in prof.memory.items()
                            if v.get("output_bytes")},
                    name=name), prof
@@ -75,15 +64,11 @@ def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int 
     "measured" to trace ``steps`` steps on this machine (kind "CPU"; kernels
     are timed on one device and one thread, so ``n_devices`` is not used).
     """
-    from .devices import session_config
-    from .extract import extract
-    from .profile import measure
-
     if costs == "measured":
         # one device, one thread: each kernel timed alone (see tf_patch.pipeline)
         prof = measure(model, n_devices=1, steps=steps, warmup=warmup, progress=progress,
                        config=session_config(1, inter_op=1))
-        g = extract(model.graph, model.fetches, costs=prof.costs, kind="CPU", memory=prof.memory,
+        g = _extract(model.graph, model.fetches, costs=prof.costs, kind="CPU", memory=prof.memory,
                     name=f"{model.name}")
         return g, prof
     return opgraph(model.graph, model.fetches, costs, name=model.name, overhead=overhead,
@@ -108,8 +93,6 @@ def opgraph_for(model_name: str, preset: str = "small", costs: str = "v100", **o
     >>> g.num_ops > 500                     # doctest: +SKIP
     True
     """
-    from pesto.zoo import build_model
-
     prof_keys = {"steps_profiled": "steps", "warmup": "warmup", "progress": "progress",
                  "overhead": "overhead", "n_devices": "n_devices"}
     prof_opts = {prof_keys[k]: options.pop(k) for k in list(options) if k in prof_keys}

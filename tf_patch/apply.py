@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 
 from pesto.errors import CycleError, InvalidPlanError
 
+from .extract import colocation_groups
+from .devices import session_config, tf_device
+
 __all__ = ["Applied", "check_colocation", "control_edges_for", "apply_plan", "verify"]
 
 
@@ -44,7 +47,6 @@ def check_colocation(graph, placement) -> None:
     Groups are computed from the tf.Graph itself (``_class`` attributes and
     resource edges), not trusted from the plan's OpGraph.
     """
-    from .extract import colocation_groups
 
     ops = [graph.get_operation_by_name(n) for n in placement if _has_op(graph, n)]
     # include colocation partners not in the plan (e.g. a variable's initializer)
@@ -158,7 +160,6 @@ def apply_plan(graph, plan, *, order: bool = True) -> Applied:
     CycleError
         The plan's order would close a cycle.
     """
-    from .devices import tf_device
 
     missing = [n for n in plan.placement if not _has_op(graph, n)]
     if missing:
@@ -206,7 +207,6 @@ def verify(graph, n_devices: int, *, kind: str = "CPU", init_op=None, fetches=No
     ``fetches`` once if given): TF's placer must accept the placement.
     Returns the open session (caller closes it)."""
     import tensorflow as tf
-    from .devices import session_config
 
     sess = tf.compat.v1.Session(graph=graph, config=session_config(n_devices, kind=kind))
     try:

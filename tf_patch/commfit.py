@@ -20,6 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pesto.cluster import GiB, gpus, logical_cpus
+
+from .devices import detect, session_config, tf_device
+
 __all__ = ["CommFit", "fit_line", "measure_transfers", "fit_transfers"]
 
 DEFAULT_SIZES = tuple(1 << k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
@@ -40,8 +44,6 @@ class CommFit:
     def cluster(self, memory: int | None = None):
         """``pesto.cluster.logical_cpus(n)`` with this fit on every route
         (``gpus(n)`` with it when the devices are GPUs)."""
-        from pesto.cluster import GiB, gpus, logical_cpus
-
         beta = (max(self.beta0, 0.0), max(self.beta1, 0.0))
         if self.kind == "GPU":
             return gpus(self.n_devices, beta=beta, memory=memory or 16 * GiB)
@@ -76,7 +78,6 @@ def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
     difference large enough to stand above timer and scheduling noise).
     """
     import tensorflow as tf
-    from .devices import detect, session_config, tf_device
 
     kind, _ = detect(max(n_devices, src + 1, dst + 1))
     a, b = tf_device(f"/{kind}:{src}"), tf_device(f"/{kind}:{dst}")
@@ -123,7 +124,6 @@ def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
 def fit_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
                   progress: bool = False) -> CommFit:
     """Measure device 0 -> 1 over ``sizes`` and fit the line."""
-    from .devices import detect
 
     sizes = list(sizes)
     times = measure_transfers(n_devices, sizes, repeats, progress=progress)

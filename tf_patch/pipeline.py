@@ -22,6 +22,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from pesto.graph import Op, OpGraph
+
+from .devices import detect, plan_device, session_config
+from .extract import extract, step_ops
+from .profile import measure, node_stats
+from .apply import apply_plan, verify
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __all__ = ["profile_model", "run_placed", "RunResult", "trace_check", "calibrate_overhead"]
@@ -59,8 +66,6 @@ def calibrate_overhead(build, costs: dict, *, steps: int = 10) -> tuple[float, f
     the overhead is 0.
     """
     import tensorflow as tf
-    from .devices import session_config
-    from .extract import step_ops
 
     model = build()
     ops = step_ops(model.graph, model.fetches)
@@ -82,11 +87,7 @@ def profile_model(build, *, n_devices: int = 2, steps: int = 5, warmup: int = 2,
     ``build`` is a zero-argument callable returning a fresh ZooModel (every
     run gets its own graph, so profiling never touches the graph to place).
     """
-    from pesto.graph import Op, OpGraph
-    from .extract import extract
-    from .profile import measure
 
-    from .devices import detect, session_config
 
     kind, _ = detect(n_devices)
     model = build()
@@ -115,8 +116,6 @@ def run_placed(build, plan=None, *, n_devices: int = 2, steps: int = 5, timed: i
     by :func:`trace_check`.
     """
     import tensorflow as tf
-    from .apply import apply_plan, verify
-    from .devices import detect
 
     model = build()
     applied = apply_plan(model.graph, plan, order=order) if plan is not None else None
@@ -147,8 +146,6 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
     An added control edge (a, b) is respected when b starts no earlier than a
     ends (1 µs tolerance for the trace's rounding).
     """
-    from .devices import plan_device
-    from .profile import node_stats
 
     seen, start, end, busy = {}, {}, {}, {}
     for dev, ns in node_stats(run_metadata):

@@ -23,6 +23,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from .devices import plan_device, session_config
+from .extract import _as_graph, _as_op, _flatten
+
 __all__ = ["Profile", "measure", "estimate", "device_properties", "GPUS"]
 
 # name -> (SMs, MHz, GB/s, GiB memory, compute capability, L2 bytes)
@@ -80,7 +83,6 @@ def measure(model=None, *, graph=None, fetches=None, feed_fn=None, init_op=None,
     With ``session`` given, that session is used as is (already initialised).
     """
     import tensorflow as tf
-    from .devices import plan_device, session_config
 
     if model is not None:
         graph, fetches, feed_fn, init_op = model.graph, model.fetches, model.feed_fn, model.init_op
@@ -162,7 +164,6 @@ def estimate(graph, fetches, gpu: str = "v100", *, cpu_ops=(), overhead: float =
     import tensorflow as tf
     from tensorflow.core.protobuf import device_properties_pb2 as dp, meta_graph_pb2
     from tensorflow.python.grappler import cluster as gcluster, item as gitem
-    from .extract import _as_graph, _as_op, _flatten
 
     graph = _as_graph(graph)
     gpu_name, cpu_name = "/job:localhost/replica:0/task:0/device:GPU:0", "/job:localhost/replica:0/task:0/device:CPU:0"

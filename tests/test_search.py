@@ -1,5 +1,5 @@
 """Fine-level quality: partition-aware coarsening and projection, priority list
-scheduling, reschedule, refine and the improve pipeline."""
+scheduling, the local search (reschedule, refine) and the improve pipeline."""
 import random
 
 import pytest
@@ -10,7 +10,15 @@ from pesto import OpGraph, Plan, check_plan, gpus, simulate
 from pesto.graph import Op
 from pesto.random_graphs import layered_dag, lstm_grid
 from solver import get_placer
-from solver.refine import improve, move_groups, refine, reschedule, slack, solve_fine, upward_ranks
+from pesto.problem import Problem
+from solver.pipeline import improve, solve_fine
+from solver.search import move_groups, refine, reschedule, slack
+
+
+def placed_ranks(g, cl, placement):
+    """Longest path to the exit under ``placement`` (the "rank" order's priority)."""
+    prob = Problem.of(g, cl)
+    return prob.placed_bottom_levels(prob.placement_index(placement))
 
 
 def _graph(seed=1, n=300):
@@ -24,7 +32,6 @@ def _cluster(**kw):
 def _random_plan(g, cl, seed):
     """A valid random placement (kinds and colocation respected), TF FIFO."""
     rng = random.Random(seed)
-    from pesto.problem import Problem
     prob = Problem(g, cl)
     place = {}
     for mem in prob.members:
@@ -103,7 +110,7 @@ def test_priority_changes_the_fifo_choice():
     pl = {op: "/GPU:0" for op in g.names}
     s = simulate(g, cl, pl, mode="fifo", priority={"c": 5.0, "a": 1.0, "b": 0.0})
     assert s.order["/GPU:0"] == ["c", "a", "b"] and s.makespan == 12.0
-    s2 = simulate(g, cl, pl, mode="fifo", priority=upward_ranks(g, cl, pl))
+    s2 = simulate(g, cl, pl, mode="fifo", priority=placed_ranks(g, cl, pl))
     assert s2.order["/GPU:0"][0] == "a"
     # the order it ran in, replayed, gives the same times
     assert simulate(g, cl, Plan(pl, s.order)).makespan == s.makespan
@@ -118,7 +125,7 @@ def test_priority_waits_for_ops_ready_at_the_same_instant():
     g = OpGraph.from_edges({"x": 1, "y": 1, "z": 1, "w": 10}, [("x", "y", 0), ("x", "z", 0), ("z", "w", 0)])
     cl = gpus(1)
     pl = {op: "/GPU:0" for op in g.names}
-    s = simulate(g, cl, pl, mode="fifo", priority=upward_ranks(g, cl, pl))
+    s = simulate(g, cl, pl, mode="fifo", priority=placed_ranks(g, cl, pl))
     assert s.order["/GPU:0"][:3] == ["x", "z", "w"]
 
 
@@ -237,26 +244,31 @@ def test_improve_never_worse_than_its_starts():
     out = improve(g, cl, starts, target_vertices=40, cpsat_time=2, refine_time=2, workers=1)
     assert out.makespan <= min(reschedule(g, cl, p).makespan for p in starts) + 1e-9
     assert check_plan(g, cl, out).ok
-    log = out.stats["improve"]
-    assert log["vertices"] < g.num_ops // 2 and "cpsat_expanded" in log and "refined" in log
+    log = out.log
+    assert log.vertices < g.num_ops // 2
+    assert log.stage("expand").makespan == log.candidates["cpsat"]
+    assert log.stage("local search").makespan == log.candidates["refine"]
+    assert [s.name for s in log.stages][0] == "reschedule"
 
 
 def test_solve_fine_skips_a_broken_heuristic_and_keeps_the_best():
     g, cl = _graph(9, 300), _cluster()
     out = solve_fine(g, cl, time_limit=3, target_vertices=40, workers=1, heuristics=("expert", "no-such"),
                      extra_starts=[_random_plan(g, cl, 1)])
-    log = out.stats["improve"]
-    assert "no-such" in log["heuristic_errors"]
-    assert out.makespan <= min(log["starts"].values()) + 1e-9
+    log = out.log
+    assert "no-such" in log.skipped
+    assert "random" in log.candidates  # the extra start joined the starts
+    assert out.makespan <= min(log.candidates.values()) + 1e-9
     assert check_plan(g, cl, out).ok
 
 
 def test_module_doctests():
     import doctest
 
-    import solver.refine
+    import solver.pipeline
+    import solver.search
     import coarsen.base
     import coarsen.height
-    for mod in (solver.refine, coarsen.base, coarsen.height):
+    for mod in (solver.search, solver.pipeline, coarsen.base, coarsen.height):
         res = doctest.testmod(mod)
         assert res.failed == 0 and res.attempted > 0, mod.__name__

@@ -1,0 +1,104 @@
+"""The typed log of one ``pesto.solve`` run: what each stage did and who won.
+
+A :class:`SolveLog` travels with the returned :class:`~pesto.plan.Plan` as
+``plan.log`` and is saved in the plan JSON. Read it instead of ``plan.stats``
+(which holds free-form placer diagnostics for humans).
+
+Examples
+--------
+>>> log = SolveLog(pipeline="paper", stages=(Stage("exact", 1.5, 90.0, "optimal"),),
+...                candidates={"cpsat": 90.0, "m-etf": 95.0}, winner="cpsat",
+...                bound=90.0, bound_source="cpsat", vertices=3)
+>>> log.stage("exact").makespan, log.stage("expand") is None
+(90.0, True)
+>>> SolveLog.from_dict(log.to_dict()) == log
+True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = ["Stage", "SolveLog"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: its name, seconds, the step time it reached (µs, the
+    best plan so far or the stage's own result; None if it makes no plan) and a
+    short note (e.g. ``"200 vertices"``, ``"optimal"``)."""
+
+    name: str
+    seconds: float
+    makespan: float | None = None
+    note: str = ""
+
+
+def _frozen(m: Mapping | None) -> Mapping:
+    return MappingProxyType(dict(m or {}))
+
+
+@dataclass(frozen=True)
+class SolveLog:
+    """What one solve did, stage by stage.
+
+    Attributes
+    ----------
+    pipeline : str
+        The stage list that ran: ``"full"`` or ``"paper"``.
+    stages : tuple of Stage
+        In the order they ran.
+    candidates : mapping name -> µs
+        The simulated step time of every plan of the full graph that was
+        compared at the end (baselines, the exact solver's expanded plan,
+        the local search's).
+    winner : str
+        The candidate returned.
+    bound : float, optional
+        Lower bound on the optimal step time of the full graph.
+    bound_source : str
+        ``"critical path / work"``, or the exact solver's name when its bound
+        was higher (only when it solved the full graph, not a coarse one).
+    vertices : int, optional
+        Vertices of the graph the exact solver saw (ops when not coarsened).
+    coarse : mapping, optional
+        The exact solve on the coarse graph: ``status``, ``makespan``,
+        ``lower_bound`` (valid for the coarse graph only).
+    hint : str
+        What the exact solver started from (a placer name), or why none.
+    skipped : mapping name -> str
+        Placers that failed or whose plan was invalid, and why.
+    """
+
+    pipeline: str
+    stages: tuple = ()
+    candidates: Mapping[str, float] = field(default_factory=dict)
+    winner: str = ""
+    bound: float | None = None
+    bound_source: str = ""
+    vertices: int | None = None
+    coarse: Mapping[str, Any] = field(default_factory=dict)
+    hint: str = ""
+    skipped: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "stages", tuple(self.stages))
+        for key in ("candidates", "coarse", "skipped"):
+            object.__setattr__(self, key, _frozen(getattr(self, key)))
+
+    def stage(self, name: str) -> Stage | None:
+        """The last stage called ``name``, or None if it did not run."""
+        return next((s for s in reversed(self.stages) if s.name == name), None)
+
+    def to_dict(self) -> dict:
+        return {"pipeline": self.pipeline, "stages": [s.__dict__.copy() for s in self.stages],
+                "candidates": dict(self.candidates), "winner": self.winner, "bound": self.bound,
+                "bound_source": self.bound_source, "vertices": self.vertices,
+                "coarse": dict(self.coarse), "hint": self.hint, "skipped": dict(self.skipped)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "SolveLog":
+        d = dict(d)
+        d["stages"] = tuple(Stage(**s) for s in d.get("stages", ()))
+        return cls(**d)

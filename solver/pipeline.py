@@ -1,0 +1,459 @@
+"""The pipeline behind ``pesto.solve``: named stages over one shared state.
+
+Each stage is a function ``stage(run)`` that reads and updates a :class:`Run`
+and records a :class:`~pesto.solvelog.Stage` (seconds, step time, note):
+
+=============  =================================================================
+baselines      the heuristics (:data:`HEURISTICS`) on the graph the run works on
+reschedule     the best ``max_starts`` plans re-ordered (:func:`search.reschedule
+               <solver.search.reschedule>`); the best is the *incumbent*
+coarsen        above ``target_vertices`` ops: coarsen, keeping the incumbent
+               exactly representable when there is one (``partition=``)
+exact          CP-SAT (or the MIP) on the (coarse) graph, hinted with the
+               incumbent's projection, else the best valid baseline
+expand         plans of the coarse graph mapped to every op (re-ordered when the
+               pipeline reschedules); an invalid baseline plan is dropped, and said
+local search   :func:`search.refine <solver.search.refine>` from the best plan
+status         the winner among the candidates, the lower bound and the status
+=============  =================================================================
+
+:data:`PIPELINES` holds the two stage lists: ``"paper"`` (coarsen, heuristics
+on the coarse graph as hints, exact solve, expand: the Pesto paper) and
+``"full"`` (the default for CP-SAT). ``pesto.solve`` is :func:`solve` after
+loading the graph and choosing the cluster.
+
+Examples
+--------
+>>> from pesto.graph import OpGraph
+>>> from pesto.cluster import gpus
+>>> g = OpGraph.from_edges({"a": 20, "b": 30, "c": 40}, [("a", "b", 1000), ("a", "c", 1000)])
+>>> plan = solve(g, gpus(2), time_limit=5, workers=1)
+>>> plan.log.pipeline, [s.name for s in plan.log.stages]
+('paper', ['coarsen', 'baselines', 'exact', 'expand', 'status'])
+>>> plan.log.winner, plan.status
+('cpsat', 'optimal')
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import coarsen
+from pesto.cluster import Cluster
+from pesto.graph import OpGraph
+from pesto.plan import Plan, check_plan
+from pesto.solvelog import SolveLog, Stage
+
+from .registry import PLACERS, accepted_options, get_placer, run_placers
+from .bounds import lower_bound
+from .common import finalize
+from .search import better, refine, reschedule
+
+__all__ = ["HEURISTICS", "PIPELINES", "STAGES", "Settings", "Run", "run_pipeline", "solve", "improve",
+           "solve_fine", "choose", "final_status"]
+
+#: The baselines every pipeline runs, in the order that breaks ties between equal plans.
+HEURISTICS = ("expert", "metis", "m-etf", "m-sct", "heft", "celeritas", "m-topo", "single")
+TOLERANCE = 1e-6  # relative; a plan within it of the lower bound is optimal
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The options of one pipeline run.
+
+    exact_time : seconds for the exact solver (0 skips coarsen, exact, expand)
+    search_time : seconds for the local search (0 skips it)
+    heuristic_time : the ``time_limit`` the baselines get (m-SCT's LP gets 15 %)
+    hint : "best-heuristic", None, a placer name (the only baseline), or a Plan
+        (of the graph: a start; of the solved graph: the exact solver's hint)
+    coarsen_options : for :func:`coarsen.coarsen` (e.g. ``{"method": "height"}``)
+    partitions : the best start placements the coarsening keeps representable
+    max_starts : plans the reschedule stage re-orders
+    """
+
+    exact_time: float
+    search_time: float = 0.0
+    heuristic_time: float = 60.0
+    target_vertices: int = 200
+    backend: str = "cpsat"
+    hint: Any = "best-heuristic"
+    heuristics: tuple = HEURISTICS
+    workers: int | None = None
+    seed: int = 0
+    coarsen_options: Mapping = field(default_factory=dict)
+    partitions: int = 1
+    max_starts: int = 4
+    verbose: bool = False
+
+    def baseline_names(self, as_starts: bool) -> list[str]:
+        """The baselines to run: every heuristic, or the one named by ``hint``;
+        none for ``hint=None`` or a Plan, unless they are the starts of a
+        pipeline that reschedules."""
+        if isinstance(self.hint, str) and self.hint != "best-heuristic":
+            return [self.hint]
+        if self.hint is None or (isinstance(self.hint, Plan) and not as_starts):
+            return []
+        return list(self.heuristics)
+
+
+class Run:
+    """The state the stages share: the graph and the plans found so far.
+
+    ``work`` is the graph the exact solver sees (``graph`` until coarsened),
+    ``baselines`` the heuristics' plans of ``work`` not yet candidates,
+    ``starts`` extra plans of ``graph`` (a given plan), ``pool`` the
+    candidates (name, plan of ``graph``) in tie-break order.
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, settings: Settings, pipeline: str,
+                 stages: Sequence[str], starts: Sequence[Plan] = ()):
+        self.graph, self.cluster, self.s, self.pipeline = graph, cluster, settings, pipeline
+        self.stage_names = tuple(stages)
+        self.t0 = time.perf_counter()
+        self.work, self.cg = graph, None
+        self.baselines: dict[str, Plan] = {}
+        self.starts: list[Plan] = list(starts)
+        self.ranked: list[Plan] = []
+        self.pool: list[tuple[str, Plan]] = []
+        self.incumbent: Plan | None = None
+        self.hint: Plan | None = None
+        self.hint_note = ""
+        self.solved: Plan | None = None
+        self.stages: list[Stage] = []
+        self.skipped: dict[str, str] = {}
+        self.result: Plan | None = None
+
+    def say(self, msg: str) -> None:
+        if self.s.verbose:
+            print(f"[pesto {time.perf_counter() - self.t0:7.2f}s] {msg}", flush=True)
+
+    def record(self, name: str, t: float, makespan: float | None = None, note: str = "") -> None:
+        self.stages.append(Stage(name, time.perf_counter() - t, makespan, note))
+        if note:
+            self.say(f"{name}: {note}")
+
+    def reorders(self) -> bool:
+        """Plans are re-ordered on the full graph (the pipeline has a reschedule stage)."""
+        return "reschedule" in self.stage_names
+
+
+def _rank_key(p: Plan):
+    return (p.status == "infeasible", p.makespan if p.makespan is not None else float("inf"))
+
+
+def choose(pool: Sequence[tuple[str, Plan]]) -> tuple[str, Plan]:
+    """The winner among candidates: memory-feasible first, then the shortest
+    step; on a tie (within 1e-9 µs) the earlier candidate (:func:`search.better
+    <solver.search.better>`)."""
+    name, best = pool[0]
+    for k, p in pool[1:]:
+        if better(p, best):
+            name, best = k, p
+    return name, best
+
+
+def final_status(plan: Plan, bound: float, *, proved_optimal: bool, exact_ran: bool) -> str:
+    """The one status rule: ``infeasible`` if the plan breaks memory;
+    ``optimal`` if an exact solver proved it on the graph itself or its step
+    is within :data:`TOLERANCE` of ``bound``; else ``feasible`` when an exact
+    stage ran, ``heuristic`` when none did.
+
+    >>> final_status(Plan({}, {}, makespan=10.0), 10.0, proved_optimal=False, exact_ran=False)
+    'optimal'
+    >>> final_status(Plan({}, {}, makespan=11.0), 10.0, proved_optimal=False, exact_ran=True)
+    'feasible'
+    """
+    if plan.status == "infeasible":
+        return "infeasible"
+    if proved_optimal or plan.makespan <= bound + TOLERANCE * max(1.0, bound):
+        return "optimal"
+    return "feasible" if exact_ran else "heuristic"
+
+
+# -- stages ---------------------------------------------------------------------------
+def baselines(run: Run) -> None:
+    """The heuristics on ``run.work``; a given Plan of it joins the starts."""
+    t = time.perf_counter()
+    s = run.s
+    if isinstance(s.hint, Plan):
+        if set(s.hint.placement) == set(run.work.names):
+            run.starts.insert(0, s.hint)
+        else:
+            run.hint_note = "given plan does not cover the graph; ignored"
+    # m-SCT's LP grows quadratically; cap it so the heuristics stay a small share
+    plans, errors = run_placers(run.work, run.cluster, s.baseline_names(run.reorders()), say=run.say,
+                                time_limit=s.heuristic_time, seed=s.seed,
+                                extra={"m-sct": {"lp_time_limit": max(1.0, 0.15 * s.heuristic_time)}})
+    run.baselines = plans
+    run.skipped.update(errors)
+    best = min((p.makespan for p in plans.values()), default=None)
+    run.record("baselines", t, best, f"{len(plans)} plans of {run.work.num_ops} ops")
+
+
+def reschedule_starts(run: Run) -> None:
+    """The best ``max_starts`` starts and baselines re-ordered; the best is the incumbent."""
+    t = time.perf_counter()
+    starts = run.starts + list(run.baselines.values())
+    if not starts:
+        raise ValueError("the reschedule stage needs at least one start plan")
+    chosen = sorted(starts, key=_rank_key)[:max(1, run.s.max_starts)]  # each costs 4 simulations
+    run.ranked = sorted((reschedule(run.graph, run.cluster, p) for p in chosen), key=_rank_key)
+    run.pool = [(p.placer, p) for p in run.ranked]
+    run.baselines, run.starts = {}, []
+    run.incumbent = run.ranked[0]
+    run.record("reschedule", t, run.incumbent.makespan, f"incumbent {run.incumbent.placer}")
+
+
+def _coarsen(run: Run, partition=None):
+    """The one call of :func:`coarsen.coarsen` (``partition``: placements to keep)."""
+    extra = {} if partition is None else {"partition": partition}
+    return coarsen.coarsen(run.graph, run.s.target_vertices, cluster=run.cluster, **extra,
+                           **dict(run.s.coarsen_options))
+
+
+def coarsen_graph(run: Run) -> None:
+    """Above ``target_vertices`` ops, ``run.work`` becomes a coarse graph; with
+    an incumbent, one that keeps it (and the next best starts) representable,
+    and the exact solver's hint is its projection."""
+    t = time.perf_counter()
+    s, graph = run.s, run.graph
+    if s.exact_time <= 0 or graph.num_ops <= s.target_vertices:
+        run.hint = run.incumbent
+        run.record("coarsen", t, None, "skipped" if s.exact_time <= 0 else "not needed")
+        return
+    note = ""
+    if run.incumbent is not None:
+        parts = [dict(p.placement) for p in run.ranked[:max(1, s.partitions)]]
+        try:
+            cg = _coarsen(run, partition=parts)
+        except ValueError:  # a method without partition support (celeritas)
+            cg = None
+        if cg is None or cg.graph.num_ops > 2 * s.target_vertices:
+            # a fragmented placement (e.g. list schedulers alternating devices) blocks
+            # merging: coarsen freely, the hint is then the majority projection
+            note = f"; partition-aware gave {cg.graph.num_ops if cg is not None else 'none'}"
+            cg = _coarsen(run)
+        run.hint = cg.project(run.incumbent, run.cluster)
+    else:
+        cg = _coarsen(run)
+    run.cg, run.work = cg, cg.graph
+    run.record("coarsen", t, None, f"{graph.num_ops} ops to {cg.graph.num_ops} vertices{note}")
+
+
+def _best_baseline(run: Run) -> Plan | None:
+    """The shortest valid baseline plan of ``run.work`` (memory-feasible first)."""
+    valid = [p for p in run.baselines.values() if check_plan(run.work, run.cluster, p, check_memory=False).ok]
+    ok = [p for p in valid if p.status != "infeasible"] or valid
+    return min(ok, key=lambda p: p.makespan) if ok else None
+
+
+def exact(run: Run) -> None:
+    """The exact solver on ``run.work`` for ``exact_time`` seconds."""
+    t = time.perf_counter()
+    s = run.s
+    if s.exact_time <= 0:
+        run.record("exact", t, None, "skipped")
+        return
+    hint = run.hint
+    if hint is None and isinstance(s.hint, Plan):
+        if set(s.hint.placement) == set(run.work.names):
+            hint = s.hint
+        else:
+            run.hint_note = "given plan does not cover the solved graph; ignored"
+    if hint is None:
+        hint = _best_baseline(run)
+    if hint is not None:
+        run.hint_note = hint.placer or "plan"
+    fn = get_placer(s.backend)
+    opts = {"time_limit": s.exact_time, "seed": s.seed, "workers": s.workers, "hint": hint, "log": s.verbose}
+    run.solved = fn(run.work, run.cluster, **accepted_options(fn, opts))
+    run.record("exact", t, run.solved.makespan, f"{s.backend} {run.solved.status} on {run.work.num_ops} vertices")
+
+
+def _to_graph(run: Run, name: str, plan: Plan, status: str) -> Plan:
+    """A plan of ``run.work`` as a plan of every op: re-ordered when the
+    pipeline reschedules, else simulated in its fixed order."""
+    fine = run.cg.expand(plan) if run.cg is not None else plan
+    if run.reorders():
+        return reschedule(run.graph, run.cluster, fine, placer=name)
+    if run.cg is None:
+        return plan
+    return finalize(run.graph, run.cluster, dict(fine.placement), order={d: list(o) for d, o in fine.order.items()},
+                    placer=name, t0=run.t0, status=status, stats=dict(plan.stats))
+
+
+def expand(run: Run) -> None:
+    """The exact plan, then the baselines not yet candidates, as plans of every
+    op; a baseline plan that is invalid on the full graph is dropped, and said."""
+    t = time.perf_counter()
+    if run.solved is None:
+        run.record("expand", t, None, "skipped")
+        return
+    s, solved = run.s, run.solved
+    coarse_ok = run.cg is None or solved.status in ("infeasible", "heuristic")
+    new = [(s.backend, _to_graph(run, s.backend, solved, solved.status if coarse_ok else "feasible"))]
+    new += [(k, _to_graph(run, k, p, p.status)) for k, p in run.baselines.items()]
+    run.baselines = {}
+    for k, p in new:
+        rep = check_plan(run.graph, run.cluster, p, check_memory=p.status != "infeasible")
+        if rep.ok or k == s.backend:  # the solver's plan is kept: the status stage raises on it
+            run.pool.append((k, p))
+        else:
+            run.skipped[k] = "invalid plan: " + "; ".join(map(str, rep.violations[:3]))
+    run.record("expand", t, new[0][1].makespan, f"{s.backend} on every op")
+
+
+def local_search(run: Run) -> None:
+    """:func:`~solver.search.refine` from the best candidate for ``search_time`` seconds."""
+    t = time.perf_counter()
+    if run.s.search_time <= 0 or not run.pool:
+        run.record("local search", t, None, "skipped")
+        return
+    ref = refine(run.graph, run.cluster, choose(run.pool)[1], time_limit=run.s.search_time, seed=run.s.seed)
+    run.pool.append(("refine", ref))
+    run.record("local search", t, ref.makespan, f"{ref.stats['refine']['accepted']} moves kept")
+
+
+def status(run: Run) -> None:
+    """The winner, its lower bound (critical path / work, or the exact
+    solver's when it solved the graph itself) and status; checked."""
+    t = time.perf_counter()
+    graph, s, solved = run.graph, run.s, run.solved
+    if not run.pool:
+        raise ValueError(f"no candidate plan: the stages {list(run.stage_names)} made none")
+    winner, best = choose(run.pool)
+    bound, source = lower_bound(graph, run.cluster), "critical path / work"
+    on_graph = solved is not None and run.cg is None
+    if on_graph and solved.lower_bound is not None and solved.status != "infeasible" \
+            and solved.lower_bound > bound:
+        bound, source = solved.lower_bound, s.backend
+    st = final_status(best, bound, exact_ran=solved is not None,
+                      proved_optimal=on_graph and winner == s.backend and best.status == "optimal")
+    check_plan(graph, run.cluster, best, check_memory=best.status != "infeasible").raise_if_invalid()
+    coarse = {}
+    if run.cg is not None and solved is not None:
+        coarse = {"status": solved.status, "makespan": solved.makespan, "lower_bound": solved.lower_bound}
+    run.record("status", t, best.makespan, st)
+    log = SolveLog(pipeline=run.pipeline, stages=run.stages, candidates={k: p.makespan for k, p in run.pool},
+                   winner=winner, bound=bound, bound_source=source, vertices=run.work.num_ops,
+                   coarse=coarse, hint=run.hint_note, skipped=run.skipped)
+    run.result = best.replace(placer="pesto", lower_bound=bound, status=st, log=log,
+                              wall_time=time.perf_counter() - run.t0)
+    run.say(run.result.summary())
+
+
+STAGES: dict[str, Callable[[Run], None]] = {
+    "baselines": baselines, "reschedule": reschedule_starts, "coarsen": coarsen_graph, "exact": exact,
+    "expand": expand, "local search": local_search, "status": status}
+PIPELINES = {"paper": ("coarsen", "baselines", "exact", "expand", "status"),
+             "full": ("baselines", "reschedule", "coarsen", "exact", "expand", "local search", "status")}
+
+
+def run_pipeline(graph: OpGraph, cluster: Cluster, stages: Sequence[str], settings: Settings, *,
+                 name: str = "", starts: Sequence[Plan] = ()) -> Plan:
+    """Run the named ``stages`` in order; the last must be ``"status"``.
+
+    Returns the winning plan of ``graph`` with ``plan.log`` (a
+    :class:`~pesto.solvelog.SolveLog`, ``pipeline=name``).
+    """
+    if not stages or stages[-1] != "status":
+        raise ValueError(f"a pipeline ends with the 'status' stage, got {list(stages)}")
+    unknown = [st for st in stages if st not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
+    run = Run(graph, cluster, settings, name, stages, starts)
+    for st in stages:
+        STAGES[st](run)
+    return run.result
+
+
+def _check_combination(graph: OpGraph, pipeline: str | None, backend: str, hint, target_vertices: int,
+                       time_limit: float) -> str:
+    """The stage list to run, or ValueError naming an unsupported combination."""
+    if pipeline not in (None, "full", "paper"):
+        raise ValueError(f"pipeline must be 'full' or 'paper', got {pipeline!r}")
+    for what, name in (("backend", backend), ("hint", hint)):
+        if what == "backend" or (isinstance(name, str) and name != "best-heuristic"):
+            if name not in PLACERS:  # a misspelt hint must not silently mean "no hint"
+                raise ValueError(f"unknown placer {name!r} ({what}); known: {sorted(PLACERS)}")
+    if not (hint is None or isinstance(hint, (str, Plan))):
+        raise ValueError(f"hint must be 'best-heuristic', None, a placer name or a Plan, got {hint!r}")
+    if not (isinstance(time_limit, (int, float)) and time_limit > 0):  # also rejects nan
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    if not isinstance(target_vertices, int) or target_vertices < 1:
+        raise ValueError(f"target_vertices must be a positive int, got {target_vertices!r}")
+    if pipeline == "full" and backend != "cpsat":
+        raise ValueError(f"pipeline='full' runs CP-SAT only; backend={backend!r} needs pipeline='paper'")
+    pipeline = pipeline or ("full" if backend == "cpsat" else "paper")
+    if graph.num_ops <= target_vertices:
+        return "paper"  # solved exactly, no coarsening: the paper stage list
+    if pipeline == "full" and hint is None:
+        raise ValueError("hint=None: pipeline='full' starts from the heuristics' plans; "
+                         "use pipeline='paper' to solve without a hint")
+    return pipeline
+
+
+def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_vertices: int = 200,
+          backend: str = "cpsat", hint: Any = "best-heuristic", workers: int | None = None, seed: int = 0,
+          coarsen_method: str = "height", pipeline: str | None = None, verbose: bool = False) -> Plan:
+    """Choose the stage list and run it (``pesto.solve`` without loading or
+    pre-checks; see :func:`pesto.api.solve` for the options).
+
+    ``pipeline=None`` means ``"full"`` for CP-SAT and ``"paper"`` for another
+    backend; graphs of at most ``target_vertices`` ops run the paper list
+    (solved exactly, nothing to coarsen). ``"full"`` splits ``time_limit``
+    30 % exact solver, 60 % local search.
+
+    Raises
+    ------
+    ValueError
+        An unknown pipeline, backend or hint, ``target_vertices < 1``, a
+        ``time_limit`` that is not a positive number, or an
+        unsupported combination
+        (``pipeline="full"`` with another backend than CP-SAT; ``hint=None``
+        with the full pipeline).
+    """
+    name = _check_combination(graph, pipeline, backend, hint, target_vertices, time_limit)
+    full = name == "full"
+    settings = Settings(exact_time=0.3 * time_limit if full else time_limit,
+                        search_time=0.6 * time_limit if full else 0.0, heuristic_time=time_limit,
+                        target_vertices=target_vertices, backend=backend, hint=hint, workers=workers,
+                        seed=seed, coarsen_options={"method": coarsen_method}, verbose=verbose)
+    return run_pipeline(graph, cluster, PIPELINES[name], settings, name=name)
+
+
+def improve(graph: OpGraph, cluster: Cluster, starts: Sequence[Plan], *, target_vertices: int = 200,
+            cpsat_time: float = 20, refine_time: float = 20, workers: int | None = None, seed: int = 0,
+            coarsen_options: Mapping | None = None, partitions: int = 1, max_starts: int = 4) -> Plan:
+    """The full pipeline after its baselines, from given ``starts`` (plans of
+    ``graph``): reschedule the ``max_starts`` best, coarsen keeping the
+    incumbent (and the next ``partitions - 1``) representable, CP-SAT for
+    ``cpsat_time`` (0 skips it), expand, refine for ``refine_time`` (0 skips it).
+    Never worse than the best rescheduled start.
+    """
+    settings = Settings(exact_time=cpsat_time, search_time=refine_time, target_vertices=target_vertices,
+                        workers=workers, seed=seed, coarsen_options=dict(coarsen_options or {}),
+                        partitions=partitions, max_starts=max_starts)
+    return run_pipeline(graph, cluster, PIPELINES["full"][1:], settings, name="full", starts=starts)
+
+
+def solve_fine(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_vertices: int = 200,
+               workers: int | None = None, seed: int = 0, extra_starts: Sequence[Plan] = (),
+               heuristics: Sequence[str] = HEURISTICS, cpsat_share: float = 0.3, refine_share: float = 0.6,
+               coarsen_options: Mapping | None = None) -> Plan:
+    """The full pipeline: ``heuristics`` on the full graph (one that raises is
+    skipped, named in ``plan.log.skipped``), ``extra_starts`` joining them,
+    then :func:`improve` (``time_limit`` split between CP-SAT and refinement).
+
+    >>> from pesto.random_graphs import layered_dag
+    >>> from pesto.cluster import gpus
+    >>> g = layered_dag(300, seed=0)
+    >>> p = solve_fine(g, gpus(2), time_limit=2, target_vertices=40, workers=1)
+    >>> p.makespan <= min(p.log.candidates.values())
+    True
+    """
+    settings = Settings(exact_time=cpsat_share * time_limit, search_time=refine_share * time_limit,
+                        heuristic_time=time_limit, target_vertices=target_vertices, heuristics=tuple(heuristics),
+                        workers=workers, seed=seed, coarsen_options=dict(coarsen_options or {}))
+    return run_pipeline(graph, cluster, PIPELINES["full"], settings, name="full", starts=extra_starts)
