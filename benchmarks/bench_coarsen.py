@@ -63,7 +63,7 @@ def quality(target: int, placer: str, time_limit: float, quick: bool) -> list[di
     """Step time of plans found on each coarse graph, expanded to every op and
     simulated on the fine graph (2x V100 NVLink, GPUs only)."""
     from pesto import simulate, v100x2_nvlink
-    from solver import get_placer
+    from solver import call_placer, get_placer
     cl = v100x2_nvlink(with_cpu=False)
     cases = [("lstm_grid_8x30", lambda: lstm_grid(8, 30))] + ([] if quick else zoo_graphs())
     rows = []
@@ -73,7 +73,7 @@ def quality(target: int, placer: str, time_limit: float, quick: bool) -> list[di
                "single_ms": round(simulate(g, cl, {o: "/GPU:0" for o in g.names}).makespan / 1000, 3)}
         for label, base, opts in VARIANTS:
             cg = coarsen.coarsen(g, target, method=base, **opts)
-            plan = get_placer(placer)(cg.graph, cl, time_limit=time_limit)
+            plan = call_placer(get_placer(placer), cg.graph, cl, time_limit=time_limit)
             row[f"{label}_ms"] = round(simulate(g, cl, cg.expand(plan)).makespan / 1000, 3)
         rows.append(row)
         print(row, flush=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 import pesto
 from pesto.cluster import v100x2_nvlink
 from pesto.plan import check_plan
-from solver import get_placer
+from solver import call_placer, get_placer
 from solver.refine import improve, reschedule, solve_fine
 
 HERE = Path(__file__).resolve().parent
@@ -84,7 +84,7 @@ def run_graph(name: str, args, base: dict) -> list[dict]:
     for h in HEURISTICS:
         t = time.perf_counter()
         try:
-            p = get_placer(h)(g, cl, time_limit=args.solve_time, seed=0)
+            p = call_placer(get_placer(h), g, cl, time_limit=args.solve_time, seed=0)
         except Exception as exc:  # a baseline failing is reported, not fatal
             print(f"  {name} {h} failed: {exc}", flush=True)
             continue

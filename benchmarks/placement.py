@@ -121,8 +121,8 @@ def _place(graph, cluster, placer: str, s: Settings, time_limit: float) -> dict:
         plan = pesto.solve(graph, cluster=cluster, time_limit=s.mip_time_limit,
                            target_vertices=s.mip_vertices, backend="mip", seed=0, workers=s.workers)
     else:
-        from solver import get_placer
-        plan = get_placer(placer)(graph, cluster, time_limit=time_limit, seed=0)
+        from solver import call_placer, get_placer
+        plan = call_placer(get_placer(placer), graph, cluster, time_limit=time_limit, seed=0)
     wall = time.perf_counter() - t0
     sched = simulate(graph, cluster, plan)  # independent replay, not the placer's own claim
     report = check_plan(graph, cluster, plan, check_memory=False)

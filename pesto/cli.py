@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import sys
@@ -206,7 +205,7 @@ def cluster_for_plan(graph, plan, cluster_arg: str | None):
 def run_placer(args, graph, cluster, placer: str):
     """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve`
     (coarsen, solve, expand, simulate, check), the others through the registry."""
-    from solver import PLACERS, get_placer
+    from solver import PLACERS, call_placer, get_placer
 
     if placer not in PLACERS:
         raise CliError(f"unknown placer {placer!r}; known: {', '.join(sorted(PLACERS))}")
@@ -224,9 +223,7 @@ def run_placer(args, graph, cluster, placer: str):
     except (ImportError, AttributeError) as exc:
         raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
-        declared = inspect.signature(fn).parameters  # heuristics take no time limit or seed
-        opts = {k: v for k, v in (("time_limit", args.time_limit), ("seed", args.seed)) if k in declared}
-        return fn(graph, cluster, **opts)
+        return call_placer(fn, graph, cluster, time_limit=args.time_limit, seed=args.seed)
 
 
 def _fmt_bytes(n) -> str:

@@ -35,6 +35,16 @@ def get_placer(name: str):
     return getattr(importlib.import_module(module), func)
 
 
+def call_placer(fn, graph, cluster, **options):
+    """``fn(graph, cluster, **options)`` with only the options ``fn`` declares
+    (heuristics take no ``time_limit`` or ``seed``; passing one directly raises
+    TypeError)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        options = {k: v for k, v in options.items() if k in params}
+    return fn(graph, cluster, **options)
+
+
 def run_placers(graph, cluster, names, *, extra=None, say=None, **options):
     """Run the placers ``names`` on ``graph``; a missing or failing one is
     skipped, never fatal (a broken baseline must not break a pipeline).
@@ -62,10 +72,7 @@ def run_placers(graph, cluster, names, *, extra=None, say=None, **options):
             errors[name] = f"unavailable: {exc}"
             continue
         try:
-            params = inspect.signature(fn).parameters  # pass only the options it declares
-            mine = options if any(p.kind is p.VAR_KEYWORD for p in params.values()) else \
-                {k: v for k, v in options.items() if k in params}
-            plans[name] = fn(graph, cluster, **mine, **(extra or {}).get(name, {}))
+            plans[name] = call_placer(fn, graph, cluster, **options, **(extra or {}).get(name, {}))
         except PestoError as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # noqa: BLE001
