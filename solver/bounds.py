@@ -20,11 +20,10 @@ Examples
 """
 from __future__ import annotations
 
-import heapq
 import time
 
 from pesto.cluster import Cluster
-from pesto.dag import bottom_levels, top_levels
+from pesto.dag import bottom_levels, priority_order, top_levels
 from pesto.engine import Timeline
 from pesto.graph import OpGraph
 from pesto.problem import INF, Problem
@@ -80,12 +79,8 @@ def greedy_plan(graph: OpGraph, cluster: Cluster, *, placer: str = "greedy"):
     tl = Timeline(prob, links="free")
     unit_dev = [-1] * len(prob.members)
     held = [0] * prob.nd
-    waiting = [len(p) for p in prob.pred]
-    ready = [(-bottom[i], i) for i in range(prob.n) if waiting[i] == 0]
-    heapq.heapify(ready)
-    seq = []
-    while ready:
-        i = heapq.heappop(ready)[1]
+    seq = priority_order(prob.succ, prob.pred, [-b for b in bottom])  # largest bottom level first
+    for i in seq:
         u = prob.unit[i]
         cands = [unit_dev[u]] if unit_dev[u] >= 0 else prob.allowed[i]
         need = prob.persistent[i] + prob.out[i]
@@ -100,11 +95,6 @@ def greedy_plan(graph: OpGraph, cluster: Cluster, *, placer: str = "greedy"):
         held[k] += need
         if unit_dev[u] < 0:
             unit_dev[u] = k
-        seq.append(i)
-        for j in prob.succ[i]:
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                heapq.heappush(ready, (-bottom[j], j))
     names = graph.names
     placement = {names[i]: prob.dev_names[tl.place[i]] for i in range(prob.n)}
     pos = {i: r for r, i in enumerate(seq)}

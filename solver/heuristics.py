@@ -1,6 +1,6 @@
 """List-scheduling baselines: Baechi's m-TOPO, m-ETF and m-SCT, Celeritas, HEFT.
 
-Every placer here is ``place_xxx(graph, cluster, **options) -> Plan``: it
+Every placer here is ``place_xxx(graph, cluster) -> Plan`` (m-SCT adds its LP limits): it
 computes a placement and a per-device order with its own time estimates
 (comm ``beta0 + beta1 * bytes`` on each route, queued on the route's links in
 the order transfers are booked, a tensor sent once per remote device), then
