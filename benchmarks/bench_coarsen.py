@@ -32,7 +32,7 @@ import coarsen
 from coarsen import verify
 from pesto import OpGraph, simulate, v100x2_nvlink
 from pesto.random_graphs import layered_dag, lstm_grid, transformer_like
-from solver import get_placer
+from solver import accepted_options, get_placer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (label, method, options)
@@ -73,7 +73,8 @@ def quality(target: int, placer: str, time_limit: float, quick: bool) -> list[di
                "single_ms": round(simulate(g, cl, {o: "/GPU:0" for o in g.names}).makespan / 1000, 3)}
         for label, base, opts in VARIANTS:
             cg = coarsen.coarsen(g, target, method=base, **opts)
-            plan = get_placer(placer)(cg.graph, cl, time_limit=time_limit)
+            fn = get_placer(placer)
+            plan = fn(cg.graph, cl, **accepted_options(fn, {"time_limit": time_limit}))
             row[f"{label}_ms"] = round(simulate(g, cl, cg.expand(plan)).makespan / 1000, 3)
         rows.append(row)
         print(row, flush=True)

@@ -55,7 +55,7 @@ def bench(rows, reader, out_csv, time_limit, workers, label):
                        "lower_bound": round(plan.lower_bound, 6), "seconds": round(secs, 3),
                        "match": low - 1e-6 <= ms <= high + 1e-6,
                        "proved_optimal": plan.status == "optimal",
-                       "winner": plan.stats.get("winner", "")}
+                       "winner": plan.log.winner if plan.log else ""}
             except Exception as exc:  # record, do not hide
                 row = {"graph": Path(path).name, "processors": p, "low": low, "high": high,
                        "makespan": "", "status": f"error: {type(exc).__name__}: {exc}",
