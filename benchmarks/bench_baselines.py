@@ -19,7 +19,7 @@ import platform
 import time
 
 from pesto.cluster import v100x2_nvlink
-from pesto.random_graphs import layered_dag, lstm_grid, transformer_like
+from benchmarks.generators import layered_dag, lstm_grid, transformer_like
 from solver import get_placer
 
 FAST = ["single", "expert", "metis", "m-topo", "m-etf", "celeritas", "heft"]

@@ -31,7 +31,7 @@ from pathlib import Path
 import coarsen
 from coarsen import verify
 from pesto import OpGraph, simulate, v100x2_nvlink
-from pesto.random_graphs import layered_dag, lstm_grid, transformer_like
+from benchmarks.generators import layered_dag, lstm_grid, transformer_like
 from solver import accepted_options, get_placer
 
 RESULTS = Path(__file__).resolve().parent / "results"

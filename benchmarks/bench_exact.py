@@ -27,7 +27,7 @@ from pathlib import Path
 import ortools
 
 import pesto
-from solver.external import EXTERNAL, classic_cluster, read_gxl, read_stg, sinnen_optima, stg_optima
+from benchmarks.external import EXTERNAL, classic_cluster, read_gxl, read_stg, sinnen_optima, stg_optima
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -149,7 +149,7 @@ def main(argv=None):
             f"{args.workers} worker(s), time limit {args.time_limit:g} s per instance; "
             f"'seconds' is the whole `pesto.solve` call (checks, heuristics, model, search, simulation).",
             "", "Model: identical fully connected processors, contention free, an edge of weight w costs w "
-            "when its tasks are on different processors (`solver.external.classic_cluster`); STG without "
+            "when its tasks are on different processors (`benchmarks.external.classic_cluster`); STG without "
             "communication (entry/exit dummies dropped). A row matches when the makespan equals the optimum "
             "(Sinnen, and STG rows with a proven optimum) or lies in the published range.", "",
             f"Total wall time {total:.0f} s for {len(r_sin) + len(r_stg)} instances"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pesto.cluster import gpus
 from pesto.plan import Plan
-from pesto.random_graphs import layered_dag, lstm_grid, transformer_like
+from benchmarks.generators import layered_dag, lstm_grid, transformer_like
 from pesto.simulate import simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"

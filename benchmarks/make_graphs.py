@@ -29,7 +29,7 @@ GRAPHS = Path(__file__).resolve().parent / "graphs"
 @dataclass(frozen=True)
 class Workload:
     """A benchmark workload: a zoo model and preset, and a synthetic stand-in
-    (a :mod:`pesto.random_graphs` call) used only when the cached graph is
+    (a :mod:`benchmarks.generators` call) used only when the cached graph is
     missing and TensorFlow is not available; results say which was used."""
 
     key: str
@@ -67,7 +67,7 @@ def by_key(key: str) -> Workload:
 
 def standin_graph(w: Workload):
     """The synthetic stand-in graph of ``w`` (deterministic)."""
-    from pesto import random_graphs as rg
+    from benchmarks import generators as rg
 
     gen, *args = w.standin
     g = getattr(rg, gen)(*args)

@@ -78,7 +78,7 @@ def make_cluster(name: str, graph):
 
 def workloads(s: Settings):
     """``[(key, label, graph, source)]`` for the run."""
-    from pesto import random_graphs as rg
+    from benchmarks import generators as rg
 
     if s.quick:
         out = [("quick_lstm", "LSTM-grid 2x4 (quick)", rg.lstm_grid(2, 4), "synthetic"),
@@ -97,7 +97,7 @@ def workloads(s: Settings):
 def large_graph(s: Settings):
     """The placement-time graph: the zoo Transformer if cached at >= 30k ops,
     else ``transformer_like`` sized to about ``s.large_ops`` ops."""
-    from pesto import random_graphs as rg
+    from benchmarks import generators as rg
     from pesto.graph import OpGraph
 
     if s.quick:

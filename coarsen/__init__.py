@@ -10,7 +10,7 @@ Methods: ``"height"`` (Pesto's batch merging, Theorem 3.5), ``"baechi"``
 (Baechi's safe fusion rule) and ``"celeritas"`` (CPD-TOPO order + Kernighan
 breakpoints).
 
->>> from pesto.random_graphs import layered_dag
+>>> from benchmarks.generators import layered_dag
 >>> cg = coarsen(layered_dag(1000, seed=0), 100)
 >>> cg.graph.num_ops <= 100
 True
@@ -89,7 +89,7 @@ def verify(cg: CoarseGraph) -> None:
 
     Examples
     --------
-    >>> from pesto.random_graphs import layered_dag
+    >>> from benchmarks.generators import layered_dag
     >>> cg = coarsen(layered_dag(200, seed=0), 20)
     >>> verify(cg)
     >>> v = next(iter(cg.members))

@@ -200,7 +200,7 @@ def coarsen_celeritas(graph: OpGraph, target_vertices: int = 200, *, range_: int
 
     Examples
     --------
-    >>> from pesto.random_graphs import layered_dag
+    >>> from benchmarks.generators import layered_dag
     >>> cg = coarsen_celeritas(layered_dag(400, seed=2), 40)
     >>> cg.graph.num_ops <= 40
     True

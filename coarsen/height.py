@@ -395,7 +395,7 @@ def coarsen_height(graph: OpGraph, target_vertices: int = 200, *, cluster=None, 
 
     Examples
     --------
-    >>> from pesto.random_graphs import layered_dag
+    >>> from benchmarks.generators import layered_dag
     >>> cg = coarsen_height(layered_dag(500, seed=1), 50)
     >>> cg.graph.num_ops <= 50, sum(map(len, cg.members.values()))
     (True, 500)

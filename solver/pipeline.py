@@ -446,7 +446,7 @@ def solve_fine(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, targ
     skipped, named in ``plan.log.skipped``), ``extra_starts`` joining them,
     then :func:`improve` (``time_limit`` split between CP-SAT and refinement).
 
-    >>> from pesto.random_graphs import layered_dag
+    >>> from benchmarks.generators import layered_dag
     >>> from pesto.cluster import gpus
     >>> g = layered_dag(300, seed=0)
     >>> p = solve_fine(g, gpus(2), time_limit=2, target_vertices=40, workers=1)

@@ -10,7 +10,7 @@ from pesto.cluster import gpus
 from pesto.errors import InfeasibleError, InvalidGraphError
 from pesto.graph import Edge, Op, OpGraph
 from pesto.plan import check_plan
-from pesto.random_graphs import layered_dag
+from benchmarks.generators import layered_dag
 from solver.bounds import lower_bound
 
 

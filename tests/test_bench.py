@@ -74,7 +74,8 @@ def test_no_loss_says_so():
 
 
 def test_failing_and_hanging_placers_are_recorded(monkeypatch):
-    from pesto import random_graphs as rg, v100x2_nvlink
+    from pesto import v100x2_nvlink
+    from benchmarks import generators as rg
 
     g, c = rg.random_dag(8, seed=1), v100x2_nvlink(with_cpu=False)
 

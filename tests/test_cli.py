@@ -9,7 +9,7 @@ import pytest
 
 from pesto import OpGraph, Plan, check_plan, v100x4_pcie
 from pesto.cli import EXIT_INFEASIBLE, EXIT_INPUT, EXIT_OK, main
-from pesto.random_graphs import layered_dag
+from benchmarks.generators import layered_dag
 
 
 @pytest.fixture

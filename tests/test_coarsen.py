@@ -16,7 +16,7 @@ from coarsen.height import MergeState, _merged_path, select_pairs, theorem35_ok
 from pesto import (CycleError, Edge, InvalidPlanError, Op, OpGraph, Plan, Tensor, check_plan, gpus,
                    simulate, v100x4_pcie)
 from pesto.problem import GraphArrays
-from pesto.random_graphs import layered_dag, lstm_grid, transformer_like
+from benchmarks.generators import layered_dag, lstm_grid, transformer_like
 
 METHODS = coarsen.METHODS
 
@@ -396,7 +396,7 @@ def test_verify_raises_coarsen_error_on_defects():
 def test_verify_holds_under_python_O():
     """verify rejects a corrupted CoarseGraph with assertions off (python -O)."""
     code = ("import coarsen, sys\n"
-            "from pesto.random_graphs import layered_dag\n"
+            "from benchmarks.generators import layered_dag\n"
             "assert False  # proves -O is on: this line is skipped\n"
             "cg = coarsen.coarsen(layered_dag(200, seed=0), 20)\n"
             "v = next(iter(cg.members))\n"

@@ -8,7 +8,7 @@ from pesto.cluster import Cluster, Device, Route, gpus, two_hosts, v100x2_nvlink
 from pesto.errors import InfeasibleError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import Plan, check_plan, memory_profile
-from pesto.random_graphs import layered_dag
+from benchmarks.generators import layered_dag
 from pesto.simulate import simulate
 from pesto.memory import check_feasible
 from solver.bounds import greedy_plan, lower_bound

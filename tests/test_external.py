@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import pesto
-from solver.external import EXTERNAL, classic_cluster, read_gxl, read_stg, sinnen_optima, stg_optima
+from benchmarks.external import EXTERNAL, classic_cluster, read_gxl, read_stg, sinnen_optima, stg_optima
 
 pytestmark = pytest.mark.skipif(not (EXTERNAL / "sinnen" / "optima.tsv").exists(),
                                 reason="external benchmark sets not present")

@@ -260,7 +260,7 @@ def test_from_edges_output_bytes():
 
 
 def test_random_graph_generators_are_valid_and_seeded():
-    from pesto.random_graphs import layered_dag, lstm_grid, random_dag, transformer_like
+    from benchmarks.generators import layered_dag, lstm_grid, random_dag, transformer_like
     a = layered_dag(300, width=8, seed=3, cpu_only_prob=0.1, coloc_prob=0.2)
     b = layered_dag(300, width=8, seed=3, cpu_only_prob=0.1, coloc_prob=0.2)
     assert a == b and a.num_ops == 300

@@ -17,7 +17,7 @@ from pesto.graph import Op, OpGraph
 from pesto.memory import MemoryTracker, check_feasible, memory_profile, static_peak
 from pesto.plan import Plan
 from pesto.problem import Problem
-from pesto.random_graphs import random_dag
+from benchmarks.generators import random_dag
 from pesto.simulate import simulate
 from strategies import clusters, dags, placements, random_topo_order
 

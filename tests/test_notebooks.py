@@ -44,6 +44,9 @@ def _kernel_name():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_executes_headless(path, monkeypatch):
     monkeypatch.setenv("PESTO_NB_SMALL", "1")
+    # the notebooks' example graphs come from benchmarks.generators (not installed):
+    # the kernel finds it from the repository root, as `jupyter` started there does
+    monkeypatch.setenv("PYTHONPATH", str(path.parents[1]))
     # conftest sets MPLBACKEND=Agg for the test process; the kernel needs its inline backend
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(path, as_version=4)

@@ -8,7 +8,7 @@ import coarsen
 from coarsen import verify
 from pesto import OpGraph, Plan, check_plan, gpus, simulate
 from pesto.graph import Op
-from pesto.random_graphs import layered_dag, lstm_grid
+from benchmarks.generators import layered_dag, lstm_grid
 from solver import get_placer
 from pesto.problem import Problem
 from solver.pipeline import improve, solve_fine

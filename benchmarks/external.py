@@ -29,7 +29,8 @@ from pathlib import Path
 from pesto.cluster import Cluster, gpus
 from pesto.graph import Edge, Op, OpGraph, Tensor
 
-EXTERNAL = Path(os.environ.get("PESTO_EXTERNAL", "/work/shared/external"))
+# The sets live in shared/external beside the checkout (PESTO_EXTERNAL overrides).
+EXTERNAL = Path(os.environ.get("PESTO_EXTERNAL", Path(__file__).resolve().parents[2] / "shared" / "external"))
 
 __all__ = ["read_gxl", "read_stg", "classic_cluster", "sinnen_optima", "stg_optima", "EXTERNAL"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from .graph import Edge, Op, OpGraph, Tensor
+from pesto.graph import Edge, Op, OpGraph, Tensor
 
 
 def _mk(ops, edge_list, name):
