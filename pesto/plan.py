@@ -183,6 +183,7 @@ class Plan:
     @classmethod
     def from_dict(cls, d: Mapping) -> "Plan":
         _check_header(d, FORMAT, VERSION)
+        _check_fields(d)
         try:
             transfers = d.get("transfers")
             return cls(placement=_field(d, "placement"), order=_field(d, "order"),
@@ -206,6 +207,31 @@ class Plan:
     @classmethod
     def from_json(cls, source) -> "Plan":
         return cls.from_dict(_load_json(source))
+
+
+def _check_fields(d: Mapping) -> None:
+    """Raise SchemaError naming the first field of a plan document of the wrong type."""
+    def bad(field, want, got):
+        raise SchemaError(f"{FORMAT}: field {field!r} must be {want}, got {got!r}")
+
+    for key in ("placement", "order"):
+        if not isinstance(_field(d, key), Mapping):
+            bad(key, "an object", type(d[key]).__name__)
+    for dev, seq in d["order"].items():
+        if not isinstance(seq, (list, tuple)) or not all(isinstance(o, str) for o in seq):
+            bad(f"order[{dev!r}]", "a list of op names", seq)
+    for key in ("start", "finish", "peak_memory"):
+        v = d.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, Mapping):
+            bad(key, "an object", type(v).__name__)
+        for name, x in v.items():
+            if not _finite(x):
+                bad(f"{key}[{name!r}]", "a finite number", x)
+    for key in ("makespan", "lower_bound", "wall_time"):
+        if d.get(key) is not None and not _finite(d[key]):
+            bad(key, "a finite number", d[key])
 
 
 def _jsonable(x):
@@ -344,6 +370,10 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
                 v.append(f"makespan {plan.makespan} differs from the last finish time {end}")
     elif check_memory:
         peak = memory_profile(graph, cluster, pl)
+    if plan.makespan is not None and plan.lower_bound is not None \
+            and plan.lower_bound > plan.makespan + tol * max(1.0, plan.makespan) + tol:
+        v.append(f"lower bound {plan.lower_bound} exceeds the makespan {plan.makespan}: "
+                 "no plan can beat its own lower bound")
     if peak is not None:
         for d in cluster.devices:
             if peak[d.name] > d.memory:

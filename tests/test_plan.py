@@ -343,3 +343,33 @@ def test_plan_is_immutable():
         p.placement["a"] = G1
     with pytest.raises(ValueError, match="status"):
         Plan({"a": G0}, {G0: ["a"]}, status="good")
+
+
+# -- findings (shared/findings/reliability-and-ux.md): malformed plan files and claims --
+def _plan_doc():
+    g = OpGraph.from_edges({"a": 2, "b": 3}, [("a", "b", 100)])
+    c = gpus(2)
+    return g, c, simulate(g, c, {"a": "/GPU:0", "b": "/GPU:1"}).to_plan()
+
+
+@pytest.mark.parametrize("field, mutate", [
+    ("start['a']", lambda d: d["start"].__setitem__("a", "abc")),
+    ("order", lambda d: d.__setitem__("order", ["a", "b"])),
+    ("order['/GPU:0']", lambda d: d["order"].__setitem__("/GPU:0", "a")),
+    ("makespan", lambda d: d.__setitem__("makespan", "x")),
+    ("lower_bound", lambda d: d.__setitem__("lower_bound", float("nan"))),
+    ("placement", lambda d: d.__setitem__("placement", ["a"])),
+])
+def test_malformed_plan_fields_are_named(field, mutate):
+    _, _, p = _plan_doc()
+    d = json.loads(json.dumps(p.to_dict()))
+    mutate(d)
+    with pytest.raises(SchemaError, match=re.escape(repr(field))):
+        Plan.from_dict(d)
+
+
+def test_check_rejects_a_bound_above_the_makespan():
+    g, c, p = _plan_doc()
+    assert check_plan(g, c, p.replace(lower_bound=p.makespan)).ok
+    rep = check_plan(g, c, p.replace(lower_bound=2 * p.makespan))
+    assert not rep.ok and any("lower bound" in v for v in rep.violations)
