@@ -253,8 +253,24 @@ def describe_plan(plan, cluster) -> str:
     return "\n".join(lines)
 
 
+def check_output(path, what: str, suffixes=None) -> None:
+    """Refuse, before any work, an output path whose directory is missing or
+    whose suffix the writer does not know (so no solve is lost at the end)."""
+    if not path:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise CliError(f"{what} {path}: directory {parent} does not exist")
+    if suffixes is not None and Path(path).suffix.lower().lstrip(".") not in suffixes:
+        raise CliError(f"{what} {path}: unknown file type; use one of {', '.join(sorted(suffixes))}")
+
+
+GANTT_SUFFIXES = {"png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp"}
+
+
 # -- commands ------------------------------------------------------------------
 def cmd_place(args) -> int:
+    check_output(args.output, "plan file")
     graph = graph_from_target(args, args.target)
     cluster = make_cluster(graph, args.gpus, args.cluster)
     _say(args, f"graph {graph.name}: {graph.num_ops} ops, {graph.num_edges} edges; "
@@ -282,6 +298,8 @@ def cmd_place(args) -> int:
 
 
 def cmd_simulate(args) -> int:
+    check_output(args.trace, "trace file")
+    check_output(args.gantt, "Gantt chart", GANTT_SUFFIXES)
     graph = load_graph(args.graph)
     plan, saved = load_plan(args.plan)
     cluster = cluster_for_plan(graph, plan, args.cluster, saved)
@@ -326,6 +344,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_profile(args) -> int:
+    check_output(args.output, "graph file")
     graph = profile_model(args, args.model, args.preset, args.costs)
     out = args.output or f"{graph.name}.json"
     graph.to_json(out)

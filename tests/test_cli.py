@@ -190,3 +190,24 @@ def test_place_compare_prints_a_table(capsys, graph_json):
     table = out.split("placer        step (ms)")[1].splitlines()[1:]
     assert [l.split()[0] for l in table] == ["expert", "m-etf", "single"]
     assert table[0].endswith("1.000x")
+
+
+# -- findings: output paths are checked before any work (no solve lost at the end) --
+def test_output_into_a_missing_directory_is_refused_first(tmp_path, capsys, graph_json):
+    _, gpath = graph_json
+    rc, out, err = run(capsys, "place", gpath, "--placer", "m-etf", "-o", tmp_path / "nodir" / "p.json")
+    assert rc == EXIT_INPUT and "does not exist" in err
+    assert "/GPU:0" not in out  # refused before placing
+
+
+@pytest.mark.parametrize("flag, name, why", [
+    ("--gantt", "x.xyz", "unknown file type"),
+    ("--gantt", "nodir/x.png", "does not exist"),
+    ("--trace", "nodir/t.json", "does not exist"),
+])
+def test_simulate_outputs_are_checked(tmp_path, capsys, graph_json, flag, name, why):
+    _, gpath = graph_json
+    plan_path = tmp_path / "plan.json"
+    assert run(capsys, "place", gpath, "--placer", "m-etf", "-o", plan_path)[0] == EXIT_OK
+    rc, out, err = run(capsys, "simulate", gpath, plan_path, flag, tmp_path / name)
+    assert rc == EXIT_INPUT and why in err and "step" not in out
