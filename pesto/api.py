@@ -14,6 +14,7 @@ Examples
 """
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import networkx as nx
 from solver import pipeline as _pipeline
 from solver.pipeline import HEURISTICS
 
-from .cluster import Cluster, gpus as _gpus, v100x2_nvlink
+from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
 from .errors import InvalidGraphError
 from .graph import OpGraph
 from .memory import check_feasible
@@ -64,6 +65,37 @@ def default_cluster(graph: OpGraph | None, n: int = 2) -> Cluster:
     return _gpus(n, with_cpu=needs_cpu(graph), name=f"v100x{n}_nvlink")
 
 
+def _check_int(name: str, value, *, low: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
+    """The cluster to solve on: ``cluster`` (a Cluster, a preset name or a
+    cluster JSON path) when given, else :func:`default_cluster` with ``gpus``.
+
+    Raises
+    ------
+    TypeError
+        ``gpus`` is not an int, or ``cluster`` is neither a Cluster nor a string.
+    InvalidClusterError
+        ``gpus < 1`` or an unknown preset.
+    """
+    if cluster is None:
+        _check_int("gpus", gpus, low=1)
+        return default_cluster(graph, int(gpus))
+    if isinstance(cluster, (str, Path)):
+        return preset(str(cluster))
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be a Cluster, a preset name or a .json path, "
+                        f"got {type(cluster).__name__}")
+    return cluster
+
+
 def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: float = 60,
           target_vertices: int = 200, backend: str = "cpsat", hint: Any = "best-heuristic",
           workers: int | None = None, seed: int = 0, coarsen_method: str = "height",
@@ -75,7 +107,7 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     graph : OpGraph, networkx.DiGraph or str/Path (JSON)
     gpus : int
         Number of GPUs for :func:`default_cluster` (ignored if ``cluster`` is given).
-    cluster : Cluster, optional
+    cluster : Cluster, preset name or cluster JSON path, optional
     time_limit : float
         Seconds for the exact search (paper pipeline) or for exact search and
         local search together (full pipeline: 30 % and 60 %); heuristics and
@@ -123,7 +155,9 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         with the full pipeline on a graph above ``target_vertices``).
     """
     graph = load_graph(graph)
-    cluster = cluster if cluster is not None else default_cluster(graph, gpus)
+    cluster = resolve_cluster(graph, gpus, cluster)
+    _check_int("workers", workers, low=1, optional=True)
+    _check_int("seed", seed, low=0)
     check_feasible(graph, cluster)
     return _pipeline.solve(graph, cluster, time_limit=time_limit, target_vertices=target_vertices,
                            backend=backend, hint=hint, workers=workers, seed=seed,

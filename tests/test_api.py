@@ -194,3 +194,26 @@ def test_import_order_does_not_matter():
         code = f"import {first}; import pesto, solver; print(pesto.solve.__module__)"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == "pesto.api", (first, out.stderr[-800:])
+
+
+# -- findings: bad arguments are named errors, a preset name is a cluster --
+@pytest.mark.parametrize("kw, exc, words", [
+    ({"gpus": 2.5}, TypeError, "gpus must be an int"),
+    ({"gpus": "2"}, TypeError, "gpus must be an int"),
+    ({"gpus": None}, TypeError, "gpus must be an int"),
+    ({"gpus": 0}, ValueError, "gpus must be >= 1"),
+    ({"cluster": 3}, TypeError, "cluster must be a Cluster"),
+    ({"cluster": "nope"}, pesto.InvalidClusterError, "unknown cluster preset 'nope'"),
+    ({"workers": -2}, ValueError, "workers must be >= 1"),
+    ({"seed": "x"}, TypeError, "seed must be an int"),
+])
+def test_bad_arguments_are_named(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        pesto.solve(layered_dag(20, seed=0), time_limit=1, **kw)
+
+
+def test_cluster_may_be_a_preset_name():
+    g = layered_dag(20, seed=0)
+    plan = pesto.solve(g, cluster="v100x4_pcie", time_limit=2, workers=1)
+    assert set(plan.placement.values()) <= set(pesto.v100x4_pcie().names)
+    assert check_plan(g, pesto.v100x4_pcie(), plan).ok
