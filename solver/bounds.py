@@ -30,33 +30,25 @@ from pesto.problem import INF, Problem
 
 from .common import finalize
 
-__all__ = ["allowed_devices", "durations", "lower_bound", "greedy_plan"]
+__all__ = ["lower_bound", "greedy_plan"]
 
 
-def allowed_devices(graph: OpGraph, cluster: Cluster) -> list[list[int]]:
-    """Per op index, the device indices whose kind the op allows."""
-    return [[d for d, x in enumerate(row) if x != INF] for row in Problem.of(graph, cluster).dur]
-
-
-def durations(graph: OpGraph, cluster: Cluster) -> list[dict[int, float]]:
-    """Per op index, {device index: µs} over its allowed devices."""
-    return [{d: x for d, x in enumerate(row) if x != INF} for row in Problem.of(graph, cluster).dur]
-
-
-def lower_bound(graph: OpGraph, cluster: Cluster, dur: list[dict[int, float]] | None = None) -> float:
+def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
     """A makespan lower bound valid for every placement (µs)."""
     if graph.num_ops == 0:
         return 0.0
-    dur = dur if dur is not None else durations(graph, cluster)
-    fastest = [min(d.values()) if d else 0.0 for d in dur]
-    cp = max(top_levels(graph.pred_idx(), fastest, order=graph.topo_idx()))
-    work = sum(fastest) / len(cluster.devices)
+    prob = Problem.of(graph, cluster)
+    # per op, the devices whose kind it allows (its own kinds, not its group's)
+    allowed = [[d for d, x in enumerate(row) if x != INF] for row in prob.dur]
+    fastest = [min(row[d] for d in al) if al else 0.0 for row, al in zip(prob.dur, allowed)]
+    cp = max(top_levels(prob.pred, fastest, order=prob.topo))
+    work = sum(fastest) / prob.nd
     # Work that can only go to devices of one kind shares those devices.
     kinds = [d.kind for d in cluster.devices]
     forced = 0.0
     for kind in set(kinds):
-        mine = [k for k, kk in enumerate(kinds) if kk == kind]
-        w = sum(f for f, d in zip(fastest, dur) if d and set(d) <= set(mine))
+        mine = {k for k, kk in enumerate(kinds) if kk == kind}
+        w = sum(f for f, al in zip(fastest, allowed) if al and set(al) <= mine)
         forced = max(forced, w / len(mine))
     return float(max(cp, work, forced))
 
