@@ -175,9 +175,13 @@ def make_cluster(graph, gpus: int | None, cluster: str | None):
         if cluster.endswith(".json"):
             _need_file(cluster, "cluster")
         try:
-            return C.preset(cluster)
+            cl = C.preset(cluster)
         except PestoError as exc:
             raise CliError(str(exc)) from None
+        n_gpus = sum(1 for d in cl.devices if "GPU" in d.kind.upper())
+        if gpus is not None and gpus != n_gpus:  # one of the two would be dropped silently
+            raise CliError(f"--gpus {gpus} disagrees with --cluster {cluster} ({n_gpus} GPUs); give only one")
+        return cl
     n = 2 if gpus is None else gpus
     if n < 1:
         raise CliError(f"--gpus must be at least 1, got {n}")
@@ -408,13 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("place", cmd_place, "place and schedule a model or an OpGraph JSON on a cluster")
     sp.add_argument("target", help="zoo model (rnnlm, nmt, transformer, nasnet; NAME:PRESET such as "
                                    "rnnlm:2x2048) or an OpGraph .json file")
-    sp.add_argument("--gpus", type=int, default=None, help="number of identical V100s over NVLink (default 2)")
+    sp.add_argument("--gpus", type=_at_least(1), default=None, help="number of identical V100s over NVLink (default 2)")
     sp.add_argument("--cluster", help="cluster preset (v100x2_nvlink, v100x4_pcie, heterogeneous, "
                                       "two_hosts) or a cluster .json file; overrides --gpus")
     sp.add_argument("--placer", default="cpsat", help="cpsat (default, = pesto.solve), mip, or a baseline; "
                                                       "see `pesto placers`")
-    sp.add_argument("--time-limit", type=float, default=60.0, help="solver time limit in seconds (default 60)")
-    sp.add_argument("--target-vertices", type=int, default=200, help="coarse graph size for cpsat/mip (default 200)")
+    sp.add_argument("--time-limit", type=_at_least(0.001, float), default=60.0,
+                    help="solver time limit in seconds (default 60)")
+    sp.add_argument("--target-vertices", type=_at_least(1), default=200, help="coarse graph size for cpsat/mip (default 200)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--costs", default="v100", choices=["v100", "measured"],
                     help="how a zoo model is profiled (default v100: grappler's analytical model)")
@@ -435,7 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("plan")
     sp.add_argument("--cluster", help="preset or .json (default: the cluster saved in the plan)")
     sp.add_argument("--no-memory", action="store_true", help="skip the memory capacity check")
-    sp.add_argument("--max-violations", type=int, default=30)
+    sp.add_argument("--max-violations", type=_at_least(0), default=30,
+                    help="violations listed before '... and N more' (default 30)")
 
     sp = add("profile", cmd_profile, "profile a zoo model into an OpGraph JSON (needs TensorFlow)")
     sp.add_argument("model", help="rnnlm, nmt, transformer, nasnet, optionally NAME:PRESET")
@@ -450,6 +456,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("placers", cmd_placers, "list the placers and whether they are available")
     return p
+
+
+def _at_least(lo: float, kind=int):
+    """An argparse ``type``: a number of ``kind`` not below ``lo`` (NaN rejected),
+    so a bad option is a usage error (exit 2) naming the option."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, "
+                                             f"got {text!r}") from None
+        if not v >= lo:  # also false for nan
+            raise argparse.ArgumentTypeError(f"must be at least {lo:g}, got {text}")
+        return v
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 def main(argv=None) -> int:

@@ -425,7 +425,7 @@ class OpGraph:
         out: dict[str, int] = {}
         for e in edges:
             u, v = e[0], e[1]
-            b = int(e[2]) if len(e) > 2 else 0
+            b = _as_bytes(e[2], f"edge {u!r} -> {v!r}") if len(e) > 2 else 0
             t = f"{u}->{v}"
             tensors.append(Tensor(t, u, b))
             es.append(Edge(u, v, (t,)))
@@ -610,10 +610,11 @@ def _is_real(x) -> bool:
 
 
 def _as_bytes(v, what) -> int:
-    """An integral byte count (``4096.0`` is accepted, ``4096.5`` is not)."""
-    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+    """A non-negative integral byte count (``4096.0`` is accepted, ``4096.5``
+    and ``-5`` are not); ``what`` names the culprit in the error."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0:
         return int(v)
-    if isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer():
+    if isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer() and v >= 0:
         return int(v)
     raise InvalidGraphError(f"{what}: invalid byte count {v!r}")
 

@@ -65,10 +65,33 @@ def test_place_cpsat_on_a_preset_cluster_file(tmp_path, capsys, graph_json):
     assert f"plan from {plan.log.winner}" in out
 
 
-def test_place_rejects_a_bad_solve_option(tmp_path, capsys, graph_json):
+@pytest.mark.parametrize("option, value", [("--target-vertices", 0), ("--target-vertices", -1),
+                                           ("--time-limit", -5), ("--time-limit", "nan"),
+                                           ("--time-limit", "abc"), ("--gpus", 0)])
+def test_place_rejects_a_bad_option_naming_it(capsys, graph_json, option, value):
     _, gpath = graph_json
-    rc, _, err = run(capsys, "place", gpath, "--target-vertices", 0, "--time-limit", 1)
-    assert rc == EXIT_INPUT and "target_vertices" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["place", str(gpath), option, str(value)])
+    err = capsys.readouterr().err
+    assert exc.value.code == EXIT_INPUT and f"argument {option}" in err and str(value) in err
+
+
+def test_gpus_and_cluster_that_disagree_are_refused(capsys, graph_json):
+    _, gpath = graph_json
+    rc, _, err = run(capsys, "place", gpath, "--gpus", 3, "--cluster", "v100x4_pcie", "--placer", "single")
+    assert rc == EXIT_INPUT and "--gpus 3" in err and "4 GPUs" in err
+    rc, out, _ = run(capsys, "place", gpath, "--gpus", 4, "--cluster", "v100x4_pcie", "--placer", "single")
+    assert rc == EXIT_OK and "single" in out
+
+
+def test_check_rejects_negative_max_violations(tmp_path, capsys):
+    g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 8)])
+    gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
+    g.to_json(str(gpath))
+    Plan({"a": "/GPU:0", "b": "/GPU:0"}, {"/GPU:0": ["b", "a"]}).to_json(str(ppath))
+    with pytest.raises(SystemExit) as exc:
+        main(["check", str(gpath), str(ppath), "--max-violations", "-1"])
+    assert exc.value.code == EXIT_INPUT and "--max-violations" in capsys.readouterr().err
 
 
 def test_check_reports_a_broken_plan(tmp_path, capsys):

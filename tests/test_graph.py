@@ -281,3 +281,16 @@ def test_names_and_kinds_must_be_strings():
         OpGraph([Op("k", {None: 1})])
     with pytest.raises(InvalidGraphError, match="tensor name"):
         OpGraph([Op("a", {"GPU": 1})], [], [Tensor(7, "a", 1)])
+
+
+@pytest.mark.parametrize("bytes_", [-5, 2.5, float("nan")])
+def test_a_bad_edge_size_is_reported_against_the_edge(bytes_):
+    # not against the producer's output_bytes, which is derived from it
+    with pytest.raises(InvalidGraphError, match=r"edge 'a' -> 'b': invalid byte count"):
+        OpGraph.from_edges({"a": 1, "b": 2}, [("a", "b", bytes_)])
+    d = nx.DiGraph()
+    d.add_node("a", time=1.0)
+    d.add_node("b", time=1.0)
+    d.add_edge("a", "b", bytes=bytes_)
+    with pytest.raises(InvalidGraphError, match=r"edge 'a' -> 'b': invalid byte count"):
+        OpGraph.from_networkx(d)
