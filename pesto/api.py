@@ -24,9 +24,9 @@ from solver import pipeline as _pipeline
 from solver.pipeline import HEURISTICS
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
-from .errors import InvalidGraphError
+from .errors import InfeasibleError, InvalidGraphError
 from .graph import OpGraph
-from .memory import check_feasible
+from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan
 
 __all__ = ["solve", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
@@ -148,7 +148,10 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     Raises
     ------
     InfeasibleError
-        Before any solving, naming the op, group or "total" that cannot fit.
+        Before any solving, naming the op, group or "total" that cannot fit;
+        or after it, when the best plan found breaks memory: the message names
+        each over-full device, the bytes over and its largest ops or groups,
+        ``culprit`` the first such device, ``plan`` the plan.
     ValueError
         An unknown pipeline or backend, or an unsupported combination
         (``pipeline="full"`` with a backend other than CP-SAT; ``hint=None``
@@ -159,6 +162,20 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     _check_int("workers", workers, low=1, optional=True)
     _check_int("seed", seed, low=0)
     check_feasible(graph, cluster)
-    return _pipeline.solve(graph, cluster, time_limit=time_limit, target_vertices=target_vertices,
+    plan = _pipeline.solve(graph, cluster, time_limit=time_limit, target_vertices=target_vertices,
                            backend=backend, hint=hint, workers=workers, seed=seed,
                            coarsen_method=coarsen_method, pipeline=pipeline, verbose=verbose)
+    if plan.status == "infeasible":
+        raise_overrun(graph, cluster, plan)
+    return plan
+
+
+def raise_overrun(graph: OpGraph, cluster: Cluster, plan: Plan) -> None:
+    """Raise :class:`InfeasibleError` for a plan that breaks memory, naming the
+    over-full devices, the bytes over and the largest ops or groups there."""
+    peak = plan.peak_memory or memory_profile(graph, cluster, plan.placement, plan.start, plan.finish,
+                                              plan.transfers)
+    why = overrun_message(graph, cluster, plan.placement, peak) or "the plan breaks memory"
+    worst = next((d.name for d in cluster.devices if peak.get(d.name, 0) > d.memory), None)
+    raise InfeasibleError(f"no plan found that fits device memory ({plan.placer or 'best plan'}):\n{why}",
+                          culprit=worst, plan=plan)

@@ -37,6 +37,7 @@ from . import cluster as C
 from .api import default_cluster, solve
 from .errors import InfeasibleError, InvalidPlanError, PestoError
 from .graph import OpGraph
+from .memory import fmt_bytes, memory_profile, overrun_message
 from .plan import Plan, check_plan
 from .simulate import simulate
 
@@ -230,16 +231,6 @@ def run_placer(args, graph, cluster, placer: str):
         return fn(graph, cluster, **accepted_options(fn, {"time_limit": args.time_limit, "seed": args.seed}))
 
 
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def describe_plan(plan, cluster) -> str:
     lines = [plan.summary()]
     if plan.log is not None:  # from pesto.solve: the stages and who won
@@ -253,7 +244,7 @@ def describe_plan(plan, cluster) -> str:
         if nops or peak.get(d.name):
             p = peak.get(d.name)
             flag = "  OOM" if p is not None and p > d.memory else ""
-            lines.append(f"  {d.name:>10}: {nops:6d} ops, peak {_fmt_bytes(p)} of {_fmt_bytes(d.memory)}{flag}")
+            lines.append(f"  {d.name:>10}: {nops:6d} ops, peak {fmt_bytes(p)} of {fmt_bytes(d.memory)}{flag}")
     return "\n".join(lines)
 
 
@@ -279,11 +270,19 @@ def cmd_place(args) -> int:
     cluster = make_cluster(graph, args.gpus, args.cluster)
     _say(args, f"graph {graph.name}: {graph.num_ops} ops, {graph.num_edges} edges; "
                f"cluster {cluster.name}: {', '.join(cluster.names)}")
-    plan = run_placer(args, graph, cluster, args.placer)
+    try:
+        plan = run_placer(args, graph, cluster, args.placer)
+    except InfeasibleError as exc:
+        if exc.plan is not None:
+            print(describe_plan(exc.plan, cluster))
+        raise CliError(f"{exc}\nno plan written", EXIT_INFEASIBLE) from None
     print(describe_plan(plan, cluster))
-    code = EXIT_INFEASIBLE if plan.status == "infeasible" else EXIT_OK
-    if code:
-        print("pesto: the plan does not fit device memory (status infeasible)", file=sys.stderr)
+    if plan.status == "infeasible":  # a baseline's over-memory plan: said, not written
+        peak = plan.peak_memory or memory_profile(graph, cluster, plan.placement, plan.start, plan.finish,
+                                                  plan.transfers)
+        raise CliError(f"the {args.placer} plan does not fit device memory:\n"
+                       f"{overrun_message(graph, cluster, plan.placement, peak)}\nno plan written",
+                       EXIT_INFEASIBLE)
     if args.compare:
         rows = [(args.placer, plan.makespan)]
         for name in [c.strip() for c in args.compare.split(",") if c.strip()]:
@@ -298,7 +297,7 @@ def cmd_place(args) -> int:
         data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
         Path(args.output).write_text(json.dumps(data))
         _say(args, f"wrote {args.output}")
-    return code
+    return EXIT_OK
 
 
 def cmd_simulate(args) -> int:
@@ -318,7 +317,7 @@ def cmd_simulate(args) -> int:
     for d in cluster.devices:
         p = sched.peak_memory.get(d.name, 0)
         flag = "  OOM" if p > d.memory else ""
-        print(f"  {d.name:>10}: busy {100 * busy.get(d.name, 0):5.1f}%, peak {_fmt_bytes(p)}{flag}")
+        print(f"  {d.name:>10}: busy {100 * busy.get(d.name, 0):5.1f}%, peak {fmt_bytes(p)}{flag}")
     for link in sorted(k for k in busy if k not in cluster.index):
         print(f"  link {link}: busy {100 * busy[link]:5.1f}%")
     if args.trace:

@@ -62,10 +62,14 @@ class InfeasibleError(PestoError):
     ----------
     culprit : str or None
         The op, colocation group or device to blame, where there is one.
+    plan : Plan or None
+        The best plan found when it breaks memory (``pesto.solve``), for a
+        look at what does not fit; None when no plan exists.
     """
 
-    def __init__(self, message, culprit=None):
+    def __init__(self, message, culprit=None, plan=None):
         self.culprit = culprit
+        self.plan = plan
         super().__init__(message)
 
 

@@ -56,7 +56,7 @@ from .graph import OpGraph
 from .problem import GraphArrays, Problem
 
 __all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair",
-           "check_feasible", "static_bytes", "MEMORY_NOTE"]
+           "check_feasible", "static_bytes", "overrun_message", "fmt_bytes", "MEMORY_NOTE"]
 
 MEMORY_NOTE = ("memory does not fit: ops in memory_forced were put on the device with the most free "
                "memory; memory_over gives the simulated peak per over-full device")
@@ -232,8 +232,8 @@ def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
         cap = max(p.cap[d] for d in p.allowed[i])
         if need > cap:
             raise InfeasibleError(
-                f"op {op.name!r} needs {need} bytes (persistent + output + temporary) but the largest "
-                f"device it may use has {cap}", culprit=op.name)
+                f"op {op.name!r} needs {fmt_bytes(need)} (persistent + output + temporary) but the largest "
+                f"device it may use has {fmt_bytes(cap)}", culprit=op.name)
     for mem in p.members:
         if len(mem) < 2:
             continue
@@ -242,13 +242,60 @@ def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
         if need > cap:
             group = ops[mem[0]].colocation_group
             raise InfeasibleError(
-                f"colocation group {group!r} ({len(mem)} ops) needs at least {need} bytes "
-                f"but the largest device it may use has {cap}", culprit=group)
+                f"colocation group {group!r} ({len(mem)} ops) needs at least {fmt_bytes(need)} "
+                f"but the largest device it may use has {fmt_bytes(cap)}", culprit=group)
     total = sum(p.persistent)
     if total > sum(p.cap):
         raise InfeasibleError(
-            f"persistent bytes of the graph ({total}) exceed the memory of all devices together "
-            f"({sum(p.cap)})", culprit="total")
+            f"persistent bytes of the graph ({fmt_bytes(total)}) exceed the memory of all devices "
+            f"together ({fmt_bytes(sum(p.cap))})", culprit="total")
+
+
+def fmt_bytes(n) -> str:
+    """Bytes for people: ``fmt_bytes(38654705664) == '36.00 GiB'``; None is ``'?'``.
+
+    >>> fmt_bytes(512), fmt_bytes(3 * 2**20), fmt_bytes(None)
+    ('512 B', '3.00 MiB', '?')
+    """
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def overrun_message(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str],
+                    peak: Mapping[str, int], *, top: int = 5) -> str | None:
+    """Why a plan does not fit: per over-full device its peak, capacity and
+    bytes over, and the largest holders there (a colocation group counted as
+    one, persistent + output bytes); None if every device fits.
+
+    Examples
+    --------
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op("w", {"GPU": 1.0}, persistent_bytes=150), Op("v", {"GPU": 1.0}, persistent_bytes=10)])
+    >>> print(overrun_message(g, gpus(2, memory=100), {"w": "/GPU:0", "v": "/GPU:0"}, {"/GPU:0": 160}))
+    /GPU:0 peaks at 160 B of 100 B (60 B over); largest there: op 'w' 150 B, op 'v' 10 B
+    """
+    lines = []
+    for d in cluster.devices:
+        used = peak.get(d.name, 0)
+        if used <= d.memory:
+            continue
+        held: dict[str, int] = {}
+        for op in graph.ops:
+            if placement.get(op.name) == d.name:
+                key = f"group {op.colocation_group!r}" if op.colocation_group else f"op {op.name!r}"
+                held[key] = held.get(key, 0) + op.persistent_bytes + op.output_bytes
+        big = sorted(held.items(), key=lambda kv: -kv[1])[:top]
+        more = f" and {len(held) - top} more" if len(held) > top else ""
+        lines.append(f"{d.name} peaks at {fmt_bytes(used)} of {fmt_bytes(d.memory)} "
+                     f"({fmt_bytes(used - d.memory)} over); largest there: "
+                     + ", ".join(f"{k} {fmt_bytes(b)}" for k, b in big) + more)
+    return "\n".join(lines) or None
 
 
 class MemoryTracker:

@@ -48,13 +48,30 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
         model.set_hint(hint)
     solver = cp_model.CpSolver()
     _parameters(solver.parameters, model, time_limit=time_limit, workers=workers, seed=seed, log=log)
-    code = solver.solve(model.model)
+    code = _search(solver, model)
     if code == cp_model.MODEL_INVALID:  # a bug, not a time-out: say it loudly
         raise RuntimeError(f"CP-SAT model invalid: {model.model.validate()}")
     stats = ({"hint_rejected": rejected} if rejected else {}) | _stats(model, solver, code, hint)
     if STATUS.get(code) in ("optimal", "feasible"):
         return _read_plan(model, solver, code, stats, t0)
     return _fallback(model, hint, STATUS.get(code, "unknown"), stats, t0)
+
+
+def _search(solver, model) -> int:
+    """``solver.solve``; an exception from inside OR-Tools (its presolve raised
+    ``IndexError: raw_hash_map<>::at`` on an infeasible bin-packing of
+    persistent memory, OR-Tools 9.15) is retried once without presolve, and
+    never reaches the user raw."""
+    try:
+        return solver.solve(model.model)
+    except (IndexError, KeyError, ValueError) as exc:
+        first = f"{type(exc).__name__}: {exc}"
+    solver.parameters.cp_model_presolve = False
+    try:
+        return solver.solve(model.model)
+    except (IndexError, KeyError, ValueError) as exc:
+        raise RuntimeError(f"CP-SAT failed inside OR-Tools ({first}; without presolve: "
+                           f"{type(exc).__name__}: {exc})") from None
 
 
 def _parameters(p, model, *, time_limit, workers, seed, log) -> None:

@@ -234,3 +234,29 @@ def test_simulate_outputs_are_checked(tmp_path, capsys, graph_json, flag, name, 
     assert run(capsys, "place", gpath, "--placer", "m-etf", "-o", plan_path)[0] == EXIT_OK
     rc, out, err = run(capsys, "simulate", gpath, plan_path, flag, tmp_path / name)
     assert rc == EXIT_INPUT and why in err and "step" not in out
+
+
+def _bin_packing_graph():
+    # 31 weights of 1 GiB + 1 MiB output on 2 x 16 GiB: they fit all devices together (so no
+    # pre-check refuses them) but at most 15 fit one device. OR-Tools 9.15's presolve raised
+    # IndexError on this model; it must be an InfeasibleError naming the device.
+    Op = __import__("pesto").Op
+    return OpGraph([Op(f"w{i}", {"GPU": 10.0}, persistent_bytes=1 << 30, output_bytes=1 << 20)
+                    for i in range(31)], [], name="bins")
+
+
+def test_memory_infeasible_solve_names_device_bytes_and_ops(tmp_path, capsys):
+    import pesto
+    from pesto.errors import InfeasibleError
+    g = _bin_packing_graph()
+    with pytest.raises(InfeasibleError) as exc:
+        pesto.solve(g, gpus=2, time_limit=5, workers=1)
+    msg = str(exc.value)
+    assert exc.value.culprit in ("/GPU:0", "/GPU:1") and exc.value.plan is not None
+    assert "MiB over)" in msg and "op 'w" in msg and exc.value.culprit in msg
+    gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
+    g.to_json(str(gpath))
+    for placer in ("cpsat", "single"):
+        rc, _, err = run(capsys, "place", gpath, "--placer", placer, "--time-limit", 5, "-o", ppath)
+        assert rc == EXIT_INFEASIBLE and "B over); largest there: op" in err and "no plan written" in err, placer
+        assert not ppath.exists()
