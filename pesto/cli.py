@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -356,12 +357,19 @@ def cmd_profile(args) -> int:
     return EXIT_OK
 
 
+def _first_sentence(doc: str) -> str:
+    """A docstring's first sentence on one line, Sphinx roles and literals
+    made plain (``:func:`x <y>``` -> ``x``, ````x```` -> ``x``)."""
+    para = " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines())
+    para = re.sub(r":\w+:`~?([^`<]+?)\s*(<[^>]*>)?`", r"\1", para).replace("``", "")
+    return re.split(r"(?<! al\.)(?<=\.)\s", para, maxsplit=1)[0]
+
+
 def cmd_placers(args) -> int:
     for name in sorted(PLACERS):
         try:
             fn = get_placer(name)
-            doc = (fn.__doc__ or "").strip().splitlines()
-            status = doc[0] if doc else ""
+            status = _first_sentence(fn.__doc__ or "")
         except Exception as exc:  # report, do not fail: helpers land at different times
             status = f"(not available: {type(exc).__name__}: {exc})"
         print(f"{name:<10} {status}")
@@ -417,9 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--placer", default="cpsat", help="cpsat (default, = pesto.solve), mip, or a baseline; "
                                                       "see `pesto placers`")
     sp.add_argument("--time-limit", type=_at_least(0.001, float), default=60.0,
-                    help="solver time limit in seconds (default 60)")
+                    help="seconds for solving (default 60); loading or profiling the model comes on top")
     sp.add_argument("--target-vertices", type=_at_least(1), default=200, help="coarse graph size for cpsat/mip (default 200)")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=_at_least(0), default=0,
+                    help="random seed of the solver and the heuristics (default 0)")
     sp.add_argument("--costs", default="v100", choices=["v100", "measured"],
                     help="how a zoo model is profiled (default v100: grappler's analytical model)")
     sp.add_argument("--compare", help="comma-separated placers to run too and compare, e.g. expert,m-etf")
@@ -435,8 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gantt", help="write a Gantt chart image (.png, .svg, .pdf)")
 
     sp = add("check", cmd_check, "verify a plan against a graph and cluster (exit 1 if invalid)")
-    sp.add_argument("graph")
-    sp.add_argument("plan")
+    sp.add_argument("graph", help="OpGraph .json")
+    sp.add_argument("plan", help="plan .json (from `pesto place -o`)")
     sp.add_argument("--cluster", help="preset or .json (default: the cluster saved in the plan)")
     sp.add_argument("--no-memory", action="store_true", help="skip the memory capacity check")
     sp.add_argument("--max-violations", type=_at_least(0), default=30,

@@ -159,7 +159,7 @@ class Plan:
 
     def summary(self) -> str:
         ms = "?" if self.makespan is None else f"{self.makespan / 1000:.3f} ms"
-        lb = "" if self.lower_bound is None else f", bound {self.lower_bound / 1000:.3f} ms, gap {100 * (self.gap or 0):.1f}%"
+        lb = "" if self.lower_bound is None else f", bound {self.lower_bound / 1000:.3f} ms, gap {_percent(self.gap or 0)}"
         counts = {d: len(o) for d, o in self.order.items()}
         return f"{self.placer or 'plan'} [{self.status}]: step {ms}{lb}, ops per device {counts}, {self.wall_time:.2f} s"
 
@@ -285,6 +285,12 @@ class Report:
         d = _load_json(source)
         _check_header(d, "pesto.report", 1)
         return cls(list(_field(d, "violations")))
+
+
+def _percent(x: float) -> str:
+    """A ratio as a percentage that is never shown as 0 unless it is 0
+    (``0.0001`` is ``'0.01%'``, not ``'0.0%'``)."""
+    return f"{100 * x:.1f}%" if x == 0 or abs(x) >= 0.001 else f"{100 * x:.2g}%"
 
 
 def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bool = True,

@@ -260,3 +260,16 @@ def test_memory_infeasible_solve_names_device_bytes_and_ops(tmp_path, capsys):
         rc, _, err = run(capsys, "place", gpath, "--placer", placer, "--time-limit", 5, "-o", ppath)
         assert rc == EXIT_INFEASIBLE and "B over); largest there: op" in err and "no plan written" in err, placer
         assert not ppath.exists()
+
+
+def test_placers_prints_one_plain_sentence_each(capsys):
+    rc, out, _ = run(capsys, "placers")
+    assert rc == EXIT_OK
+    for line in out.splitlines():
+        assert "``" not in line and ":func:" not in line, line
+        assert line.rstrip().endswith((".", ")")) or "not available" in line, line
+
+
+def test_summary_never_shows_a_nonzero_gap_as_zero():
+    p = Plan({"a": "/GPU:0"}, {"/GPU:0": ["a"]}, makespan=1512.2, lower_bound=1512.0, status="feasible")
+    assert "gap 0.0%" not in p.summary() and "gap 0.013%" in p.summary()
