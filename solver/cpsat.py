@@ -76,6 +76,7 @@ from __future__ import annotations
 import time
 
 from pesto.cluster import Cluster
+from pesto.deadline import Deadline
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 
@@ -89,7 +90,7 @@ MIN_PHASE_SECONDS = 1.0  # a retry or exact phase gets at least this much search
 def place_cpsat(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, workers: int | None = None,
                 seed: int = 0, hint: Plan | None = None, memory_balance: float | None = None,
                 log: bool = False, contention: bool = True, symmetry: bool = True,
-                aggregate: bool | None = None, memory: bool | str = True) -> Plan:
+                aggregate: bool | None = None, memory: bool | str = True, deadline: Deadline | None = None) -> Plan:
     """Optimal (or best found) placement and schedule by CP-SAT.
 
     Parameters
@@ -111,6 +112,10 @@ def place_cpsat(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, wor
     contention : bool
         Model link congestion (False: contention-free model, faster; the plan is
         still simulated with contention).
+    deadline : pesto.deadline.Deadline, optional
+        The whole solve's clock: the search ends when it does (or when it is
+        interrupted), whatever ``time_limit`` says; Ctrl-C also ends the
+        search (:class:`KeyboardInterrupt` is raised after it stopped).
     symmetry, aggregate, memory : see :class:`CpsatModel`. When the static
         memory model is infeasible, the search is repeated once with
         ``memory="persistent"`` (``stats["memory_model"]`` says which held).
@@ -144,10 +149,11 @@ def place_cpsat(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, wor
     """
     t0 = time.perf_counter()
     build = dict(contention=contention, memory_balance=memory_balance, symmetry=symmetry)
-    search = dict(workers=workers, seed=seed, log=log)
+    search = dict(workers=workers, seed=seed, log=log, deadline=deadline)
 
     def left() -> float:
-        return time_limit - (time.perf_counter() - t0)
+        return time_limit - (time.perf_counter() - t0) if deadline is None else \
+            deadline.budget(time_limit - (time.perf_counter() - t0))
 
     model = CpsatModel(graph, cluster, aggregate=aggregate, memory=memory, **build)
     plan = model.solve(time_limit=time_limit, hint=hint, **search)

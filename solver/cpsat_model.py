@@ -695,9 +695,10 @@ class CpsatModel:
         return cpsat_hint.set_hint(self, plan)
 
     def solve(self, *, time_limit: float = 60, workers: int | None = None, seed: int = 0,
-              hint: Plan | None = None, log: bool = False) -> Plan:
+              hint: Plan | None = None, log: bool = False, deadline=None) -> Plan:
         """Solve (again) and return the Plan; see :func:`solver.cpsat.place_cpsat`."""
-        return cpsat_solve.solve(self, time_limit=time_limit, workers=workers, seed=seed, hint=hint, log=log)
+        return cpsat_solve.solve(self, time_limit=time_limit, workers=workers, seed=seed, hint=hint, log=log,
+                                 deadline=deadline)
 
 
 def _bits(mask: int) -> list[int]:

@@ -7,11 +7,14 @@ nothing, the hint's plan saying why (``stats["fallback"]``).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 
 from ortools.sat.python import cp_model
 
+from pesto.deadline import Deadline
 from pesto.errors import InfeasibleError
 from pesto.plan import Plan
 from pesto.simulate import simulate
@@ -28,7 +31,7 @@ NO_PROBING_ABOVE = 3000  # model variables
 
 
 def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: int = 0,
-          hint: Plan | None = None, log: bool = False) -> Plan:
+          hint: Plan | None = None, log: bool = False, deadline: Deadline | None = None) -> Plan:
     """Hint, search and read ``model``; see :func:`solver.cpsat.place_cpsat`.
 
     Raises
@@ -46,9 +49,13 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
     if hint is None:
         hint = greedy_plan(g, cl)
         model.set_hint(hint)
+    if deadline is not None and deadline.expired():  # stopped or out of time: do not start a search
+        return _fallback(model, hint, "unknown", {"stopped": deadline.reason or "deadline"}, t0)
     solver = cp_model.CpSolver()
+    if deadline is not None:
+        time_limit = deadline.budget(time_limit)
     _parameters(solver.parameters, model, time_limit=time_limit, workers=workers, seed=seed, log=log)
-    code = _search(solver, model)
+    code = _search(solver, model, deadline)
     if code == cp_model.MODEL_INVALID:  # a bug, not a time-out: say it loudly
         raise RuntimeError(f"CP-SAT model invalid: {model.model.validate()}")
     stats = ({"hint_rejected": rejected} if rejected else {}) | _stats(model, solver, code, hint)
@@ -57,7 +64,36 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
     return _fallback(model, hint, STATUS.get(code, "unknown"), stats, t0)
 
 
-def _search(solver, model) -> int:
+def _search(solver, model, deadline: Deadline | None = None) -> int:
+    """``solver.solve`` in a worker thread (CP-SAT releases the GIL), so the
+    main thread stays responsive: Ctrl-C (:class:`KeyboardInterrupt`) or an
+    interrupted ``deadline`` stops the search within a fraction of a second
+    (``stop_search``); the search's own SIGINT catching is off (OR-Tools left
+    its handler installed after a solve, swallowing later Ctrl-Cs)."""
+    out: dict = {}
+
+    def work():
+        try:
+            out["code"] = _solve_once(solver, model)
+        except BaseException as exc:  # re-raised in the calling thread
+            out["error"] = exc
+
+    worker = threading.Thread(target=work, name="pesto-cp-sat", daemon=True)
+    with deadline.stopping(solver.stop_search) if deadline is not None else contextlib.nullcontext():
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.05)
+        except KeyboardInterrupt:
+            solver.stop_search()
+            worker.join()
+            raise
+    if "error" in out:
+        raise out["error"]
+    return out["code"]
+
+
+def _solve_once(solver, model) -> int:
     """``solver.solve``; an exception from inside OR-Tools (its presolve raised
     ``IndexError: raw_hash_map<>::at`` on an infeasible bin-packing of
     persistent memory, OR-Tools 9.15) is retried once without presolve, and
@@ -79,6 +115,7 @@ def _parameters(p, model, *, time_limit, workers, seed, log) -> None:
     p.num_workers = int(workers or os.cpu_count() or 1)
     p.random_seed = int(seed)
     p.log_search_progress = bool(log)
+    p.catch_sigint_signal = False  # interrupts are ours: see _search
     # Stronger cumulative reasoning: closes P|prec|Cmax bounds (STG) that the
     # default propagation leaves open; cheap on these model sizes.
     p.use_timetable_edge_finding_in_cumulative = True
@@ -138,7 +175,8 @@ def _read_plan(model, solver, code, stats: dict, t0: float) -> Plan:
 
 def _fallback(model, hint: Plan, status: str, stats: dict, t0: float) -> Plan:
     """No solution: the hint's plan, saying why."""
-    why = "model proved infeasible" if status == "infeasible" else "no solution within the time limit"
+    why = ("model proved infeasible" if status == "infeasible" else
+           f"not searched: {stats['stopped']}" if "stopped" in stats else "no solution within the time limit")
     if status == "infeasible" and hint is None:
         raise InfeasibleError("no placement satisfies the static memory model", culprit="memory")
     base = hint if hint.has_times else simulate(model.graph, model.cluster, hint).to_plan(placer=hint.placer)

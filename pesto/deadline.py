@@ -1,0 +1,133 @@
+"""One clock for a whole solve: the time left, and whether the user stopped it.
+
+Every stage of ``pesto.solve`` reads the same :class:`Deadline` instead of a
+private time limit, so ``time_limit`` bounds the solve end to end, and an
+interrupt (Ctrl-C, ``SIGTERM``) ends every stage at its next check rather than
+only the one running.
+
+* :meth:`Deadline.left` / :meth:`Deadline.expired` / :meth:`Deadline.budget`
+  -- what a stage may still spend;
+* :meth:`Deadline.interrupt` -- stop: ``expired()`` turns true and the
+  registered stoppers (e.g. a running CP-SAT search's ``stop_search``) are
+  called;
+* :meth:`Deadline.catching_signals` -- while a solve runs, the first SIGINT or
+  SIGTERM interrupts it (the solve returns its best plan with status
+  ``interrupted``); a second SIGINT raises :class:`KeyboardInterrupt` at once;
+* :meth:`Deadline.stopping` -- register a stopper for the duration of a call
+  that cannot look at the clock itself (a C++ search).
+
+Examples
+--------
+>>> d = Deadline(10.0)
+>>> 9.0 < d.left() <= 10.0, d.expired()
+(True, False)
+>>> d.budget(3.0) == 3.0
+True
+>>> stopped = []
+>>> with d.stopping(lambda: stopped.append(True)):
+...     d.interrupt("SIGINT")
+>>> d.expired(), d.reason, stopped
+(True, 'SIGINT', [True])
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from typing import Callable, Iterator
+
+__all__ = ["Deadline"]
+
+
+class Deadline:
+    """Seconds from now until a solve must end (``None``: no limit).
+
+    Parameters
+    ----------
+    seconds : float or None
+        The limit; ``math.inf`` or None for none.
+    clock : callable
+        Seconds as a float (``time.perf_counter``; tests pass a fake clock).
+    """
+
+    def __init__(self, seconds: float | None, *, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.t0 = clock()
+        self.seconds = math.inf if seconds is None else float(seconds)
+        self.reason: str | None = None  # why it ended early: "SIGINT", "SIGTERM", ...
+        self._stoppers: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Deadline({self.seconds:g} s, {self.left():.2f} s left{', ' + self.reason if self.reason else ''})"
+
+    @property
+    def interrupted(self) -> bool:
+        """True once :meth:`interrupt` was called."""
+        return self.reason is not None
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def left(self) -> float:
+        """Seconds left (0 once interrupted; never negative)."""
+        if self.reason is not None:
+            return 0.0
+        return max(0.0, self.seconds - self.elapsed())
+
+    def expired(self) -> bool:
+        return self.left() <= 0.0
+
+    def budget(self, seconds: float) -> float:
+        """What a stage that wants ``seconds`` may spend: ``min(seconds, left())``."""
+        return max(0.0, min(float(seconds), self.left()))
+
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """End the solve early: ``expired()`` turns true, the stoppers run
+        (the first call only; its ``reason`` stays)."""
+        with self._lock:
+            if self.reason is not None:  # the stoppers ran already
+                return
+            self.reason = reason
+            stoppers = list(self._stoppers)
+        for stop in stoppers:
+            stop()
+
+    @contextlib.contextmanager
+    def stopping(self, stop: Callable[[], None]) -> Iterator[None]:
+        """Call ``stop()`` if the deadline is interrupted while inside (at once
+        if it already is)."""
+        with self._lock:
+            self._stoppers.append(stop)
+        try:
+            if self.interrupted:
+                stop()
+            yield
+        finally:
+            with self._lock:
+                self._stoppers.remove(stop)
+
+    @contextlib.contextmanager
+    def catching_signals(self) -> Iterator[None]:
+        """Turn the first SIGINT / SIGTERM into :meth:`interrupt`; a second
+        SIGINT raises :class:`KeyboardInterrupt`. Only in the main thread
+        (elsewhere Python cannot install handlers, and this does nothing);
+        the previous handlers come back on exit."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum, frame):
+            name = signal.Signals(signum).name
+            if self.interrupted and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # the second Ctrl-C: abort now
+            self.interrupt(name)
+
+        saved = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in saved.items():
+                signal.signal(s, h if h is not None else signal.SIG_DFL)

@@ -1,0 +1,81 @@
+"""One clock per solve (pesto.deadline) and CP-SAT stopping on it."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from benchmarks.generators import layered_dag
+from pesto.cluster import gpus
+from pesto.deadline import Deadline
+from solver.cpsat import place_cpsat
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_left_budget_and_expiry_follow_the_clock():
+    clock = FakeClock()
+    d = Deadline(10, clock=clock)
+    assert d.left() == 10 and d.budget(4) == 4 and not d.expired()
+    clock.t += 8
+    assert d.left() == pytest.approx(2) and d.budget(4) == pytest.approx(2)
+    clock.t += 5
+    assert d.left() == 0 and d.budget(4) == 0 and d.expired() and not d.interrupted
+    assert Deadline(None).left() == float("inf")
+
+
+def test_interrupt_runs_stoppers_once_registered_and_at_once_when_late():
+    d = Deadline(10)
+    calls = []
+    with d.stopping(lambda: calls.append("a")):
+        d.interrupt("SIGTERM")
+        d.interrupt("SIGINT")  # the first reason stays
+    with d.stopping(lambda: calls.append("b")):
+        pass
+    d.interrupt("again")  # no stopper left registered
+    assert calls == ["a", "b"] and d.reason == "SIGTERM" and d.left() == 0
+
+
+def test_signals_interrupt_once_then_abort_and_handlers_come_back():
+    before = signal.getsignal(signal.SIGINT)
+    d = Deadline(60)
+    with d.catching_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert d.reason == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_cpsat_search_stops_when_the_deadline_is_interrupted():
+    g = layered_dag(150, width=8, seed=1)
+    d = Deadline(60)
+    threading.Timer(1.0, d.interrupt, args=("SIGINT",)).start()
+    t = time.perf_counter()
+    plan = place_cpsat(g, gpus(2), time_limit=60, workers=2, deadline=d)
+    assert time.perf_counter() - t < 30  # stopped long before its 60 s (generous: shared CI cores)
+    assert plan.makespan is not None and d.reason == "SIGINT"
+    again = place_cpsat(g, gpus(2), time_limit=60, workers=2, deadline=d)  # expired: not searched
+    assert again.stats["fallback"].startswith("not searched")
+
+
+def test_ctrl_c_reaches_the_caller_during_a_cpsat_search():
+    g = layered_dag(150, width=8, seed=1)
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        place_cpsat(g, gpus(2), time_limit=60, workers=2)
+        time.sleep(60)  # if the search ended before the signal, wait for it here
+    assert time.perf_counter() - t < 30
