@@ -14,7 +14,12 @@ only the one running.
   SIGTERM interrupts it (the solve returns its best plan with status
   ``interrupted``); a second SIGINT raises :class:`KeyboardInterrupt` at once;
 * :meth:`Deadline.stopping` -- register a stopper for the duration of a call
-  that cannot look at the clock itself (a C++ search).
+  that cannot look at the clock itself (a C++ search);
+* :meth:`Deadline.charge` -- with ``deterministic=True`` the clock is a
+  :class:`WorkClock` that moves only by the work stages report (CP-SAT's
+  deterministic time, a fixed cost per simulated move), so the same input
+  gives the same plan on a busy or an idle machine; with the wall clock,
+  charging does nothing.
 
 Examples
 --------
@@ -38,7 +43,24 @@ import threading
 import time
 from typing import Callable, Iterator
 
-__all__ = ["Deadline"]
+__all__ = ["Deadline", "WorkClock"]
+
+
+class WorkClock:
+    """A clock that moves only when work is charged to it (deterministic mode).
+
+    >>> c = WorkClock(); c.advance(1.5); c()
+    1.5
+    """
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += max(0.0, float(seconds))
 
 
 class Deadline:
@@ -48,11 +70,16 @@ class Deadline:
     ----------
     seconds : float or None
         The limit; ``math.inf`` or None for none.
-    clock : callable
-        Seconds as a float (``time.perf_counter``; tests pass a fake clock).
+    clock : callable, optional
+        Seconds as a float (default ``time.perf_counter``; tests pass a fake clock).
+    deterministic : bool
+        Use a :class:`WorkClock`: time passes only by :meth:`charge`.
     """
 
-    def __init__(self, seconds: float | None, *, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, seconds: float | None, *, clock: Callable[[], float] | None = None,
+                 deterministic: bool = False):
+        if clock is None:
+            clock = WorkClock() if deterministic else time.perf_counter
         self.clock = clock
         self.t0 = clock()
         self.seconds = math.inf if seconds is None else float(seconds)
@@ -62,6 +89,16 @@ class Deadline:
 
     def __repr__(self) -> str:
         return f"Deadline({self.seconds:g} s, {self.left():.2f} s left{', ' + self.reason if self.reason else ''})"
+
+    @property
+    def deterministic(self) -> bool:
+        """True when time is work charged (:class:`WorkClock`), not the wall clock."""
+        return isinstance(self.clock, WorkClock)
+
+    def charge(self, seconds: float) -> None:
+        """Report ``seconds`` of (deterministic) work; moves a :class:`WorkClock` only."""
+        if isinstance(self.clock, WorkClock):
+            self.clock.advance(seconds)
 
     @property
     def interrupted(self) -> bool:

@@ -79,3 +79,16 @@ def test_ctrl_c_reaches_the_caller_during_a_cpsat_search():
         place_cpsat(g, gpus(2), time_limit=60, workers=2)
         time.sleep(60)  # if the search ended before the signal, wait for it here
     assert time.perf_counter() - t < 30
+
+
+def test_deterministic_deadline_moves_only_by_charged_work():
+    d = Deadline(2.0, deterministic=True)
+    time.sleep(0.05)
+    assert d.deterministic and d.left() == 2.0
+    d.charge(1.5)
+    assert d.left() == pytest.approx(0.5) and not d.expired()
+    d.charge(1.0)
+    assert d.expired()
+    wall = Deadline(2.0)
+    wall.charge(5.0)  # the wall clock ignores charges
+    assert not wall.deterministic and not wall.expired()
