@@ -55,7 +55,11 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
     if deadline is not None:
         time_limit = deadline.budget(time_limit)
     _parameters(solver.parameters, model, time_limit=time_limit, workers=workers, seed=seed, log=log)
+    if deadline is not None and deadline.deterministic:
+        _deterministic(solver.parameters, time_limit)
     code = _search(solver, model, deadline)
+    if deadline is not None:
+        deadline.charge(solver.deterministic_time)
     if code == cp_model.MODEL_INVALID:  # a bug, not a time-out: say it loudly
         raise RuntimeError(f"CP-SAT model invalid: {model.model.validate()}")
     stats = ({"hint_rejected": rejected} if rejected else {}) | _stats(model, solver, code, hint)
@@ -125,6 +129,17 @@ def _parameters(p, model, *, time_limit, workers, seed, log) -> None:
         # on big (coarse DNN) models probing costs seconds before the first
         # solution and rarely pays back within a minute
         p.cp_model_probing_level = 0
+
+
+def _deterministic(p, budget: float) -> None:
+    """Reproducible search: CP-SAT's deterministic time (about a second of
+    one core per unit) bounds it instead of the wall clock, and its workers
+    interleave in a fixed order. The wall limit stays as a safety net, at
+    ten times the budget: if it ever cuts the search, the run is no longer
+    reproducible."""
+    p.max_deterministic_time = float(budget)
+    p.max_time_in_seconds = 10.0 * float(budget) + 1.0
+    p.interleave_search = True
 
 
 def _stats(model, solver, code, hint: Plan) -> dict:

@@ -92,3 +92,14 @@ def test_deterministic_deadline_moves_only_by_charged_work():
     wall = Deadline(2.0)
     wall.charge(5.0)  # the wall clock ignores charges
     assert not wall.deterministic and not wall.expired()
+
+
+def test_cpsat_on_a_deterministic_deadline_repeats_its_plan():
+    g = layered_dag(60, width=6, seed=2)
+    plans = []
+    for _ in range(2):
+        d = Deadline(0.5, deterministic=True)
+        plans.append(place_cpsat(g, gpus(2), time_limit=0.5, workers=2, deadline=d))
+        assert d.clock() > 0  # CP-SAT's deterministic time was charged
+    a, b = plans
+    assert a.placement == b.placement and a.order == b.order and a.makespan == b.makespan
