@@ -16,30 +16,34 @@ import time
 
 from pesto.zoo import build_model
 
-from . import apply, commfit, devices, extract, pipeline, profile  # noqa: F401  (submodules as attributes)
+from . import apply, commfit, devices, extract, function, pipeline, profile  # noqa: F401  (submodules)
 from .apply import apply_plan, check_colocation, verify
 from .commfit import CommFit, fit_transfers
 from .devices import describe, detect, plan_device, session_config, tf_device
-from .extract import allowed_kinds, extract as _extract, step_ops
+from .extract import _as_graph, allowed_kinds, extract as _extract, step_ops
+from .function import function_opgraph, keras_opgraph
 from .pipeline import profile_model, run_placed
 from .profile import Profile, estimate, measure
 
 # No submodule imports TensorFlow at import time: each function that needs it
 # imports it when called, so ``import tf_patch`` works without TensorFlow.
 
-__all__ = ["opgraph_for", "opgraph", "model_opgraph", "measure", "estimate", "apply_plan", "verify",
+__all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "measure", "estimate", "apply_plan", "verify",
            "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "run_placed"]
 
 
 def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead: float = 0.0,
-            progress: bool = False):
+            progress: bool = False, **options):
     """``(OpGraph, Profile)`` of any tf.Graph's training step, with grappler's analytical costs.
 
     Parameters
     ----------
     graph : tf.Graph or GraphDef
-    fetches : the step's fetches (e.g. ``[train_op, loss]``)
+    fetches : the step's fetches (e.g. ``[train_op, loss]``; names such as
+        ``"Identity:0"`` too)
     gpu : "v100", "a100" or "h100": the device grappler models (no GPU needed)
+    options : for :func:`tf_patch.extract.extract` (``batch``,
+        ``tensor_sizes``, ``on_unknown``...)
 
     Examples
     --------
@@ -47,12 +51,13 @@ def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead:
     >>> plan = pesto.solve(g, gpus=2)                  # doctest: +SKIP
     >>> tf_patch.apply_plan(tf_graph, plan)            # doctest: +SKIP
     """
+    graph = _as_graph(graph)  # a GraphDef is imported once, so fetch names resolve in it
     cpu_ops = [op.name for op in step_ops(graph, fetches) if "GPU" not in allowed_kinds(op.type, "GPU")]
     prof = estimate(graph, fetches, gpu, cpu_ops=cpu_ops, overhead=overhead, progress=progress)
     return _extract(graph, fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU",
                    memory={k: {"output_bytes": v["output_bytes"]} for k, v in prof.memory.items()
                            if v.get("output_bytes")},
-                   name=name), prof
+                   name=name, **options), prof
 
 
 def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int = 5,

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
 
+from pesto.errors import InvalidGraphError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 
-__all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY"]
+__all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN"]
 
 # Ops with no GPU kernel in stock TensorFlow (strings, I/O, Python calls, host
 # queues). Used when the installed TF has no GPU kernels to ask.
@@ -45,7 +46,9 @@ _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable", "VarHandleOp
 
 
 def step_ops(graph, fetches) -> list:
-    """The ops run by ``session.run(fetches)``: ancestors of the fetch ops."""
+    """The ops run by ``session.run(fetches)``: ancestors of the fetch ops
+    (``graph``: a tf.Graph or a GraphDef; fetches by name or object)."""
+    graph = _as_graph(graph)
     seen, stack, out = set(), [_as_op(graph, f) for f in _flatten(fetches)], []
     while stack:
         op = stack.pop()
@@ -80,7 +83,10 @@ def tensor_bytes(tensor, batch: int | None = None) -> int:
 
 
 def colocation_groups(ops) -> dict[str, str]:
-    """Op name -> group name, for ops that must share a device (groups of 2+)."""
+    """Op name -> group name, for ops of ``ops`` that must share a device
+    (groups of 2+ of them). A ``loc:@X`` joins its op to X's group even when X
+    is not among ``ops`` (TensorFlow still puts the op with X, so two ops
+    colocated with one outside variable share a device)."""
     import tensorflow as tf
 
     parent: dict[str, str] = {}
@@ -102,7 +108,7 @@ def colocation_groups(ops) -> dict[str, str]:
         try:
             for loc in op.get_attr("_class"):
                 loc = loc.decode() if isinstance(loc, bytes) else loc
-                if loc.startswith("loc:@") and loc[5:] in names:
+                if loc.startswith("loc:@"):  # TF enforces it even when X itself does not run
                     union(op.name, loc[5:])
         except ValueError:
             pass
@@ -110,15 +116,18 @@ def colocation_groups(ops) -> dict[str, str]:
             if t.op.name in names and (t.dtype.base_dtype == tf.resource or t.dtype._is_ref_dtype):
                 union(op.name, t.op.name)
     members: dict[str, list[str]] = {}
-    for n in names:
+    for n in list(parent):
         members.setdefault(find(n), []).append(n)
     types = {op.name: op.type for op in ops}
+    handles = {op.name for op in ops if op.type == "Placeholder" and op.outputs[0].dtype == tf.resource}
     out = {}
-    for root, ms in members.items():
+    for root, every in members.items():
+        ms = [m for m in every if m in names]  # the members that run in the step
         if len(ms) < 2:
             continue
-        var = sorted(m for m in ms if types[m] in _VARIABLE_OPS)
-        label = f"coloc:{var[0] if var else min(ms)}"
+        var = sorted(m for m in every if types.get(m) in _VARIABLE_OPS or m in handles)
+        anchors = sorted(set(every) - names)  # a loc:@X target that does not run: the group is X's
+        label = f"coloc:{var[0] if var else anchors[0] if anchors else min(ms)}"
         for m in ms:
             out[m] = label
     return out
@@ -155,7 +164,8 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
             cpu_costs: Mapping[str, float] | None = None, kind: str = "GPU",
             batch: int | None = None, name: str = "graph", default_cost: float = 0.0,
             memory: Mapping[str, Mapping[str, int]] | None = None,
-            kinds_fn: Callable[[str, str], frozenset] | None = None) -> OpGraph:
+            kinds_fn: Callable[[str, str], frozenset] | None = None,
+            tensor_sizes: Mapping[str, int] | None = None, on_unknown: str = "raise") -> OpGraph:
     """Build the OpGraph of one step of ``graph`` running ``fetches``.
 
     Parameters
@@ -169,10 +179,24 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
     memory : op name -> {"output_bytes", "temporary_bytes", "persistent_bytes"}
         overrides from profiling
     kinds_fn : (op_type, kind) -> allowed kinds; default :func:`allowed_kinds`
+    tensor_sizes : tensor name -> bytes, overriding the static shape (e.g.
+        measured sizes)
+    on_unknown : {"raise", "warn", "ignore"}
+        What to do when more than :data:`MAX_UNKNOWN` of the data tensors
+        have no size from their static shape (nor ``batch`` nor
+        ``tensor_sizes``), or a variable reaches the step without a size (a
+        resource placeholder: a tf.function's captured variable): their bytes
+        would count as 0 and the plan would be solved for the wrong graph.
 
     Returns
     -------
     OpGraph
+
+    Raises
+    ------
+    InvalidGraphError
+        ``on_unknown="raise"`` and sizes are missing; the message names
+        examples and the fix.
     """
     graph = _as_graph(graph)
     costs = costs or {}
@@ -191,11 +215,13 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
     for n, g in groups.items():
         if g in host_groups:
             allowed_of[n] = frozenset({"CPU"})
+    sizes = dict(tensor_sizes or {})
+    _check_sizes(ops, names, sizes, batch, memory, on_unknown)
     tensors, edges, op_objs = [], {}, []
     for op in ops:
         out_bytes = 0
         for t in op.outputs:
-            b = tensor_bytes(t, batch)
+            b = int(sizes[t.name]) if t.name in sizes else tensor_bytes(t, batch)
             out_bytes += b
             consumers = [c for c in t.consumers() if c.name in names]
             if not consumers:
@@ -222,6 +248,51 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
     # a pair with data edges and a control edge: the data edge already orders them
     edge_objs = [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in edges.items()]
     return OpGraph(op_objs, edge_objs, tensors, name=name)
+
+
+MAX_UNKNOWN = 0.01  # share of data tensors allowed without a static size
+
+
+def _sized(t, batch) -> bool:
+    """The static shape gives ``t``'s bytes (a handle, string or variant weighs 0 by design)."""
+    import tensorflow as tf
+
+    if t.dtype.base_dtype in (tf.resource, tf.variant, tf.string):
+        return True
+    dims = t.shape.as_list() if t.shape.rank is not None else None
+    return dims is not None and all(d is not None or (i == 0 and batch) for i, d in enumerate(dims))
+
+
+def _check_sizes(ops, names, sizes, batch, memory, on_unknown: str) -> None:
+    """Refuse (or warn about) a graph whose tensor or variable sizes are unknown."""
+    import tensorflow as tf
+
+    if on_unknown not in ("raise", "warn", "ignore"):
+        raise ValueError(f"on_unknown must be 'raise', 'warn' or 'ignore', got {on_unknown!r}")
+    data = [t for op in ops for t in op.outputs if any(c.name in names for c in t.consumers())]
+    unknown = [t.name for t in data if t.name not in sizes and not _sized(t, batch)]
+    handles = [op.name for op in ops if op.type == "Placeholder" and op.outputs[0].dtype == tf.resource
+               and "persistent_bytes" not in memory.get(op.name, {})]
+    problems = []
+    if data and len(unknown) > MAX_UNKNOWN * len(data):
+        problems.append(f"{len(unknown)} of {len(data)} tensors ({len(unknown) / len(data):.0%}) have no static "
+                        f"size (e.g. {', '.join(unknown[:3])}): their bytes would count as 0 and grappler's costs "
+                        "would be wrong")
+    if handles:
+        problems.append(f"{len(handles)} variables reach the step as resource placeholders with no size "
+                        f"(e.g. {', '.join(handles[:3])}; a tf.function's captured variables): weights would "
+                        "count 0 bytes")
+    if not problems or on_unknown == "ignore":
+        return
+    msg = ("; ".join(problems) + ". Fix: for a tf.function or Keras step use tf_patch.function_opgraph or "
+           "tf_patch.keras_opgraph (they size variables and shapes from the traced step); else give batch= "
+           "for an unknown leading dimension, tensor_sizes= or memory= overrides; on_unknown='warn' goes on "
+           "regardless")
+    if on_unknown == "warn":
+        import warnings
+        warnings.warn(msg, stacklevel=3)
+        return
+    raise InvalidGraphError(msg)
 
 
 def _variable_bytes(op) -> int:
