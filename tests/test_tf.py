@@ -287,3 +287,23 @@ def test_colocation_with_an_op_outside_the_step_is_kept():
     og = extract(g, [out], kind="CPU", default_cost=1.0)
     assert "anchor" not in og
     assert og.op("a").colocation_group == og.op("b").colocation_group == "coloc:anchor"
+
+
+def test_measured_costs_from_run_metadata_and_its_chrome_trace(tiny):
+    from tensorflow.python.client import timeline
+    g, fetches, _, init = tiny
+    mds = []
+    with t1.Session(graph=g) as sess:
+        sess.run(init)
+        for _ in range(3):
+            md = t1.RunMetadata()
+            sess.run(fetches, {"x:0": np.ones((2, 4), np.float32)},
+                     options=t1.RunOptions(trace_level=t1.RunOptions.FULL_TRACE), run_metadata=md)
+            mds.append(md)
+    costs = tf_patch.step_stats_costs(mds)
+    assert "layer/MatMul" in costs and all(v >= 0 for v in costs.values())
+    trace = timeline.Timeline(mds[0].step_stats).generate_chrome_trace_format()
+    from_trace = tf_patch.chrome_trace_costs(trace)
+    assert "layer/MatMul" in from_trace
+    og = extract(g, fetches, costs=costs, kind="CPU", default_cost=0.0)
+    assert og.op("layer/MatMul").compute["CPU"] == costs["layer/MatMul"]

@@ -26,7 +26,8 @@ from pesto.graph import Op, OpGraph
 
 from .devices import detect, plan_device, session_config
 from .extract import extract, step_ops
-from .profile import measure, node_stats
+from .profile import measure
+from .traces import step_times
 from .apply import apply_plan, verify
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -148,8 +149,7 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
     """
 
     seen, start, end, busy = {}, {}, {}, {}
-    for dev, ns in node_stats(run_metadata):
-        name = ns.node_name.split(":")[0]
+    for name, dev, _, ns in step_times(run_metadata):
         try:
             seen[name] = plan_device(dev)
         except ValueError:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from .devices import plan_device, session_config
 from .extract import _as_graph, _as_op, _flatten
+from .traces import step_times
 
 __all__ = ["Profile", "measure", "estimate", "device_properties", "GPUS"]
 
@@ -67,13 +68,6 @@ def _progress(it, total, desc, show):
         return it
 
 
-def node_stats(run_metadata):
-    """Yield ``(device, NodeExecStats)`` of a traced run."""
-    for dev in run_metadata.step_stats.dev_stats:
-        for ns in dev.node_stats:
-            yield dev.device, ns
-
-
 def measure(model=None, *, graph=None, fetches=None, feed_fn=None, init_op=None, session=None,
             n_devices: int = 1, steps: int = 5, warmup: int = 2, config=None,
             progress: bool = True) -> Profile:
@@ -104,10 +98,8 @@ def measure(model=None, *, graph=None, fetches=None, feed_fn=None, init_op=None,
             md = tf.compat.v1.RunMetadata()
             session.run(fetches, feed_fn(warmup + s), options=opts, run_metadata=md)
             lo, hi = float("inf"), 0.0
-            for dev, ns in node_stats(md):
-                name = ns.node_name.split(":")[0]
-                dur = ns.op_end_rel_micros if ns.op_end_rel_micros else ns.all_end_rel_micros
-                times.setdefault(name, []).append(float(dur))
+            for name, dev, dur, ns in step_times(md):
+                times.setdefault(name, []).append(dur)
                 lo = min(lo, ns.all_start_micros)
                 hi = max(hi, ns.all_start_micros + ns.all_end_rel_micros)
                 if "/device:" in dev and "stream" not in dev:
