@@ -307,3 +307,33 @@ def test_measured_costs_from_run_metadata_and_its_chrome_trace(tiny):
     assert "layer/MatMul" in from_trace
     og = extract(g, fetches, costs=costs, kind="CPU", default_cost=0.0)
     assert og.op("layer/MatMul").compute["CPU"] == costs["layer/MatMul"]
+
+
+def test_keras_step_trains_placed_with_the_eager_losses():
+    import pesto
+    tf.keras.utils.set_random_seed(0)
+
+    def make():
+        return tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(256, activation="relu"),
+                                    tf.keras.layers.Dense(10)])
+    model, ref = make(), make()
+    ref.set_weights(model.get_weights())
+    x = tf.random.normal((64, 32), seed=1)
+    y = tf.random.uniform((64,), 0, 10, dtype=tf.int32, seed=2)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.1), x, y)
+    losses = step.run(2)
+    plan = pesto.solve(step.graph, gpus=2, time_limit=5, workers=1)
+    applied = step.apply(plan)
+    assert "/GPU:" in step.note or "running on /GPU" in step.note  # says where the plan's GPUs run
+    losses += step.run(2)
+    eager = tf_patch.function.train_step(ref, loss, tf.keras.optimizers.SGD(0.1))
+    expected = [float(eager(x, y)) for _ in range(4)]
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    assert seen["checked_edges"] == len([e for e in applied.control_edges if e[0] in seen["devices"]
+                                         and e[1] in seen["devices"]])
+    # the trained values are readable by the variables' names
+    assert all(np.isfinite(v).all() for v in step.values().values())
+    step.close()

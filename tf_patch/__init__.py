@@ -21,7 +21,7 @@ from .apply import apply_plan, check_colocation, verify
 from .commfit import CommFit, fit_transfers
 from .devices import describe, detect, plan_device, session_config, tf_device
 from .extract import _as_graph, allowed_kinds, extract as _extract, step_ops
-from .function import function_opgraph, keras_opgraph
+from .function import FunctionStep, function_opgraph, function_step, keras_opgraph, keras_step
 from .traces import chrome_trace_costs, step_stats_costs
 from .pipeline import profile_model, run_placed
 from .profile import Profile, estimate, measure
@@ -29,7 +29,8 @@ from .profile import Profile, estimate, measure
 # No submodule imports TensorFlow at import time: each function that needs it
 # imports it when called, so ``import tf_patch`` works without TensorFlow.
 
-__all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "step_stats_costs",
+__all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "function_step",
+           "keras_step", "FunctionStep", "step_stats_costs",
            "chrome_trace_costs", "measure", "estimate", "apply_plan", "verify",
            "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "run_placed"]
 

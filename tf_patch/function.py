@@ -11,11 +11,18 @@ the function's outputs plus its side effects (optimizer updates).
 * :func:`function_opgraph` -- any ``tf.function`` (or Python function) and
   its example arguments;
 * :func:`keras_opgraph` -- a Keras model, loss, optimizer and a batch: the
-  usual ``GradientTape`` training step.
+  usual ``GradientTape`` training step;
+* :func:`function_step` / :func:`keras_step` -- a :class:`FunctionStep`:
+  ``.graph`` (the OpGraph), ``.run(steps)`` (train, returns the losses),
+  ``.apply(plan)`` (devices and the plan's order enforced), ``.check()``
+  (a traced step compared with the plan).
 
-Placing and running such a step on the planned devices (``.apply``/``.run``)
-is not built yet: apply a plan to a ``tf.compat.v1`` graph
-(:func:`tf_patch.apply_plan`).
+How a step runs placed: its traced graph is rebuilt as a ``tf.compat.v1``
+graph in which every captured variable becomes a real variable handle of the
+same name, initialised from the Python variable's value; devices and control
+dependencies are then set on that graph exactly as for any v1 graph
+(:func:`tf_patch.apply_plan`). The Python variables are not updated: read
+the trained values with :meth:`FunctionStep.values`.
 
 Examples
 --------
@@ -29,7 +36,7 @@ from __future__ import annotations
 from .extract import allowed_kinds, extract, step_ops
 from .profile import estimate
 
-__all__ = ["function_opgraph", "keras_opgraph", "train_step"]
+__all__ = ["function_opgraph", "keras_opgraph", "train_step", "function_step", "keras_step", "FunctionStep"]
 
 
 def _concrete(fn, args):
@@ -40,17 +47,19 @@ def _concrete(fn, args):
     return fn.get_concrete_function(*args)
 
 
+def captured_variables(concrete) -> dict:
+    """Captured placeholder name -> the Python variable behind it."""
+    by_handle = {id(v.handle): v for v in concrete.graph.variables}
+    return {internal.op.name: by_handle[id(ext)] for ext, internal in concrete.graph.captures
+            if id(ext) in by_handle}
+
+
 def variable_sizes(concrete) -> dict[str, int]:
     """Captured placeholder name -> bytes of the variable behind it."""
     import tensorflow as tf
 
-    by_handle = {id(v.handle): v for v in concrete.graph.variables}
-    out = {}
-    for ext, internal in concrete.graph.captures:
-        v = by_handle.get(id(ext))
-        if v is not None and v.shape.is_fully_defined():
-            out[internal.op.name] = int(v.shape.num_elements() * tf.as_dtype(v.dtype).size)
-    return out
+    return {name: int(v.shape.num_elements() * tf.as_dtype(v.dtype).size)
+            for name, v in captured_variables(concrete).items() if v.shape.is_fully_defined()}
 
 
 def function_opgraph(fn, *args, gpu: str = "v100", name: str | None = None, overhead: float = 0.0,
@@ -70,7 +79,12 @@ def function_opgraph(fn, *args, gpu: str = "v100", name: str | None = None, over
         Variables are persistent memory at their real size; fetches are the
         function's outputs and its side effects.
     """
-    concrete = _concrete(fn, args)
+    return _traced_opgraph(_concrete(fn, args), gpu=gpu, overhead=overhead, progress=progress,
+                           name=name or getattr(fn, "__name__", "step"), on_unknown=on_unknown,
+                           tensor_sizes=tensor_sizes)
+
+
+def _traced_opgraph(concrete, *, gpu, overhead, progress, name, on_unknown, tensor_sizes):
     graph = concrete.graph
     fetches = list(concrete.outputs) + list(graph.control_outputs)
     sizes = variable_sizes(concrete)
@@ -80,7 +94,7 @@ def function_opgraph(fn, *args, gpu: str = "v100", name: str | None = None, over
     for op, b in sizes.items():
         memory[op] = {**memory.get(op, {}), "persistent_bytes": b}
     og = extract(graph, fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU", memory=memory,
-                 name=name or getattr(fn, "__name__", "step"), on_unknown=on_unknown, tensor_sizes=tensor_sizes)
+                 name=name, on_unknown=on_unknown, tensor_sizes=tensor_sizes)
     return og, prof
 
 
@@ -108,3 +122,168 @@ def keras_opgraph(model, loss, optimizer, x, y, *, gpu: str = "v100", name: str 
     (:func:`train_step`, then :func:`function_opgraph`; ``options`` go there)."""
     step = train_step(model, loss, optimizer)
     return function_opgraph(step, x, y, gpu=gpu, name=name or getattr(model, "name", "keras"), **options)
+
+
+def _rebuild(concrete, args):
+    """The traced step as a tf.compat.v1 graph: captured variables become
+    ``VarHandleOp`` s of the same names, with assign ops fed from values."""
+    import numpy as np
+    import tensorflow as tf
+
+    variables = captured_variables(concrete)
+    gd = concrete.graph.as_graph_def()
+    for node in gd.node:
+        v = variables.get(node.name)
+        if v is None:
+            continue
+        node.op = "VarHandleOp"
+        del node.input[:]
+        node.attr.clear()
+        node.attr["dtype"].type = tf.as_dtype(v.dtype).as_datatype_enum
+        node.attr["shape"].shape.CopyFrom(tf.TensorShape(v.shape).as_proto())
+        node.attr["shared_name"].s = node.name.encode()
+        node.attr["container"].s = b""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+        init, reads = {}, {}
+        with tf.name_scope("pesto_init"):
+            for name, v in variables.items():
+                h = graph.get_tensor_by_name(name + ":0")
+                ph = tf.compat.v1.placeholder(tf.as_dtype(v.dtype), v.shape)
+                init[name] = (ph.name, tf.raw_ops.AssignVariableOp(resource=h, value=ph).name)
+                reads[name] = tf.raw_ops.ReadVariableOp(resource=h, dtype=tf.as_dtype(v.dtype)).name
+    inputs = [t.name for t in concrete.inputs[:len(concrete.inputs) - len(concrete.graph.captures)]]
+    feed = {n: np.asarray(a) for n, a in zip(inputs, args)}
+    values = {name: np.asarray(v.numpy()) for name, v in variables.items()}
+    return graph, feed, init, reads, values
+
+
+class FunctionStep:
+    """A traced training step that trains, takes a plan, and reports.
+
+    Build it with :func:`function_step` or :func:`keras_step`.
+
+    Attributes
+    ----------
+    graph : OpGraph
+        What Pesto places: full static shapes, variables as persistent
+        memory at their real size, TF's colocation groups.
+    profile : Profile
+        Grappler's cost estimate behind ``graph``.
+    tf_graph : tf.Graph
+        The runnable v1 copy of the step (see the module docstring).
+    n_devices : int
+        Devices the step runs on (real GPUs if there are that many, else
+        logical CPU devices).
+    note : str
+        How plan devices were mapped onto this machine (after :meth:`apply`).
+    """
+
+    def __init__(self, concrete, args, *, gpu: str = "v100", name: str = "step", n_devices: int = 2,
+                 on_unknown: str = "raise"):
+        self.graph, self.profile = _traced_opgraph(concrete, gpu=gpu, overhead=0.0, progress=False, name=name,
+                                                   on_unknown=on_unknown, tensor_sizes=None)
+        self.tf_graph, self.feed, self._init, self._reads, self._values = _rebuild(concrete, args)
+        self.loss = concrete.outputs[0].name if concrete.outputs else None
+        self.updates = [op.name for op in concrete.graph.control_outputs]
+        self.n_devices, self.plan, self.applied, self.note = n_devices, None, None, ""
+        self._sess = None
+
+    def _session(self):
+        import tensorflow as tf
+        from .devices import detect, session_config
+
+        if self._sess is None:
+            self._sess = tf.compat.v1.Session(graph=self.tf_graph,
+                                              config=session_config(self.n_devices, kind=detect(self.n_devices)[0]))
+            feed = {ph: self._values[n] for n, (ph, _) in self._init.items()}
+            self._sess.run([op for _, op in self._init.values()], feed)
+        return self._sess
+
+    def run(self, steps: int = 1) -> list[float]:
+        """Train ``steps`` steps on the example batch; the losses."""
+        sess, out = self._session(), []
+        fetches = ([self.loss] if self.loss else []) + self.updates
+        for _ in range(steps):
+            res = sess.run(fetches, self.feed)
+            out.append(float(res[0]) if self.loss else float("nan"))
+        return out
+
+    def values(self) -> dict:
+        """Current variable values, by captured name (numpy arrays)."""
+        if self._sess is None:
+            return dict(self._values)
+        return dict(zip(self._reads, self._sess.run(list(self._reads.values()))))
+
+    def apply(self, plan):
+        """Place the step: ``plan``'s devices and order on :attr:`tf_graph`.
+
+        Plan devices are mapped onto this machine: ``/GPU:k`` stays when
+        there are enough GPUs, else it becomes logical CPU device ``/CPU:k``
+        (after ``/CPU:0`` when the plan uses that too); :attr:`note` says
+        which. Training goes on from the current values. Returns what
+        :func:`tf_patch.apply_plan` did.
+        """
+        from .apply import apply_plan
+        from .devices import detect
+
+        mapped, self.note, n = map_devices(plan, self.n_devices, detect)
+        self._values = self.values()
+        self.close()
+        self.n_devices = n
+        self.plan = plan.replace(placement=mapped, order={}) if mapped != dict(plan.placement) else plan
+        if self.plan is not plan:  # the order travels with the op names, not the device names
+            back = {d: mapped[ops[0]] for d, ops in plan.order.items() if ops}
+            self.plan = self.plan.replace(order={back[d]: list(ops) for d, ops in plan.order.items() if ops})
+        self.applied = apply_plan(self.tf_graph, self.plan)
+        return self.applied
+
+    def check(self) -> dict:
+        """One traced training step compared with the applied plan
+        (:func:`tf_patch.pipeline.trace_check`: ``misplaced`` ops,
+        ``order_violations``); it trains that step too."""
+        import tensorflow as tf
+        from .pipeline import trace_check
+
+        md = tf.compat.v1.RunMetadata()
+        opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        self._session().run(([self.loss] if self.loss else []) + self.updates, self.feed, options=opts,
+                            run_metadata=md)
+        return trace_check(md, self.plan, self.applied)
+
+    def close(self) -> None:
+        if self._sess is not None:
+            self._sess.close()
+            self._sess = None
+
+
+def map_devices(plan, n_devices: int, detect) -> tuple[dict, str, int]:
+    """``(placement on this machine, one line saying so, devices needed)``."""
+    used = sorted(set(plan.placement.values()))
+    gpus = [d for d in used if "GPU" in d.upper()]
+    kind, _ = detect(max(n_devices, len(gpus)))
+    if kind == "GPU" or not gpus:
+        return dict(plan.placement), f"running on {', '.join(used)}", max(n_devices, len(used))
+    shift = 1 if any(d.upper().endswith("CPU:0") for d in used) else 0
+    to = {d: f"/CPU:{int(d.rsplit(':', 1)[1]) + shift}" if d in gpus else d for d in used}
+    note = ("no GPU here: plan devices " + ", ".join(f"{d} -> {to[d]}" for d in gpus)
+            + " (logical CPU devices of one physical CPU)")
+    need = max(int(v.rsplit(":", 1)[1]) for v in to.values()) + 1
+    return {op: to[d] for op, d in plan.placement.items()}, note, max(n_devices, need)
+
+
+def function_step(fn, *args, gpu: str = "v100", name: str | None = None, n_devices: int = 2,
+                  on_unknown: str = "raise") -> FunctionStep:
+    """A :class:`FunctionStep` of ``fn(*args)`` (``fn`` a tf.function or a
+    Python function; ``args`` the example batch it trains on)."""
+    return FunctionStep(_concrete(fn, args), args, gpu=gpu, name=name or getattr(fn, "__name__", "step"),
+                        n_devices=n_devices, on_unknown=on_unknown)
+
+
+def keras_step(model, loss, optimizer, x, y, *, gpu: str = "v100", name: str | None = None,
+               n_devices: int = 2) -> FunctionStep:
+    """A :class:`FunctionStep` of the usual Keras training step
+    (:func:`train_step`) on the batch ``(x, y)``."""
+    return function_step(train_step(model, loss, optimizer), x, y, gpu=gpu,
+                         name=name or getattr(model, "name", "keras"), n_devices=n_devices)
