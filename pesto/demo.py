@@ -1,6 +1,6 @@
 """``make demo`` / ``make train``: place and train a zoo model on N devices.
 
-    python -m pesto.demo [--model rnnlm|nmt|transformer|nasnet] [--gpus 2] [--steps 20]
+    python -m pesto.demo [--model rnnlm|nmt|transformer|nasnet|keras:NAME] [--gpus 2] [--steps 20]
 
 Build the model -> profile it here (FULL_TRACE step stats) -> fit the
 transfer cost between devices -> ``pesto.solve`` -> enforce the plan on the
@@ -9,6 +9,11 @@ predicted and measured step time for Pesto, Expert and TF's default
 placement, and Pesto's loss curve. Without GPUs it uses N logical CPU
 devices and says so (the timings then show the pipeline, not GPU speedups:
 logical devices share this machine's cores).
+
+``keras:NAME`` (:data:`KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
+``keras.applications`` model offline (``weights=None``, a synthetic batch),
+traces its training step (:func:`tf_patch.keras_step`) with grappler's V100
+costs, places it, trains it placed and checks the trace.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import time
 
 from solver import get_placer
 
-from .api import solve
+from .api import default_cluster, solve
 from .simulate import simulate
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,7 +32,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pesto.demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="rnnlm", choices=["rnnlm", "nmt", "transformer", "nasnet"])
+    ap.add_argument("--model", default="rnnlm", type=_model_name,
+                    help="rnnlm, nmt, transformer, nasnet, or keras:NAME with NAME one of " + ", ".join(KERAS_MODELS))
     ap.add_argument("--preset", default="small")
     ap.add_argument("--gpus", type=int, default=2, help="number of devices (logical if no GPU)")
     ap.add_argument("--steps", type=int, default=20, help="training steps under the Pesto plan")
@@ -44,6 +50,8 @@ def main(argv=None) -> int:
 
     n = args.gpus
     print(describe(n))
+    if args.model.startswith("keras:"):
+        return keras_demo(args)
 
     def build():
         return build_model(args.model, args.preset, seed=args.seed)
@@ -93,6 +101,60 @@ def main(argv=None) -> int:
     print("  Pesto loss curve: " + ", ".join(f"step {i}: {curve[i]:.3f}" for i in pts))
     if curve[-1] >= curve[0]:
         print("  (loss did not fall: try more --steps)")
+    return 0
+
+
+#: keras.applications models the demo builds: name -> (constructor, input size, batch)
+KERAS_MODELS = {"mobilenetv2": ("MobileNetV2", 64, 16), "resnet50": ("ResNet50", 64, 8)}
+ZOO_MODELS = ("rnnlm", "nmt", "transformer", "nasnet")
+
+
+def _model_name(text: str) -> str:
+    if text in ZOO_MODELS or (text.startswith("keras:") and text[6:] in KERAS_MODELS):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose one of {', '.join(ZOO_MODELS)} or "
+                                     + ", ".join(f"keras:{k}" for k in KERAS_MODELS))
+
+
+def keras_model(name: str, seed: int = 0):
+    """``(model, x, y)``: a keras.applications model with random weights and a
+    synthetic batch (nothing downloaded)."""
+    import tensorflow as tf
+
+    ctor, size, batch = KERAS_MODELS[name]
+    tf.keras.utils.set_random_seed(seed)
+    model = getattr(tf.keras.applications, ctor)(weights=None, input_shape=(size, size, 3), classes=10)
+    x = tf.random.normal((batch, size, size, 3), seed=seed)
+    y = tf.random.uniform((batch,), 0, 10, dtype=tf.int32, seed=seed)
+    return model, x, y
+
+
+def keras_demo(args) -> int:
+    """Trace, place, train placed and check a Keras model's training step."""
+    import tensorflow as tf
+    import tf_patch
+
+    t0 = time.perf_counter()
+    model, x, y = keras_model(args.model[6:], args.seed)
+    step = tf_patch.keras_step(model, "sparse_categorical_crossentropy", tf.keras.optimizers.SGD(0.01), x, y,
+                               n_devices=args.gpus)
+    g = step.graph
+    print(f"[1/4] {args.model}: {g.num_ops} ops, weights {sum(o.persistent_bytes for o in g.ops) / 2**20:.1f} MiB, "
+          f"grappler V100 serial work {g.total_work('GPU') / 1000:.2f} ms; traced in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    plan = solve(g, gpus=args.gpus, time_limit=args.time_limit, workers=1, seed=args.seed)
+    single = simulate(g, default_cluster(g, args.gpus), {o: "/GPU:0" for o in g.names}).makespan
+    print(f"[2/4] {plan.summary()}; placed in {time.perf_counter() - t0:.1f} s "
+          f"(one V100: {single / 1000:.3f} ms predicted)")
+    before = step.run(2)
+    applied = step.apply(plan)
+    print(f"[3/4] {step.note}; {len(applied.control_edges)} control edges added")
+    losses = before + step.run(args.steps)
+    seen = step.check()
+    step.close()
+    print(f"[4/4] trace: {len(seen['misplaced'])} ops off-plan, {len(seen['order_violations'])}/"
+          f"{seen['checked_edges']} order violations; losses " + ", ".join(f"{v:.3f}" for v in losses[:3])
+          + f" ... {losses[-1]:.3f}")
     return 0
 
 

@@ -337,3 +337,13 @@ def test_keras_step_trains_placed_with_the_eager_losses():
     # the trained values are readable by the variables' names
     assert all(np.isfinite(v).all() for v in step.values().values())
     step.close()
+
+
+def test_demo_knows_keras_models_and_refuses_others(capsys):
+    from pesto import demo
+    assert demo._model_name("keras:mobilenetv2") == "keras:mobilenetv2"
+    with pytest.raises(SystemExit):
+        demo.main(["--model", "keras:vgg99"])
+    assert "keras:mobilenetv2" in capsys.readouterr().err
+    model, x, y = demo.keras_model("mobilenetv2")
+    assert model.count_params() > 1_000_000 and x.shape[0] == y.shape[0]
