@@ -55,6 +55,12 @@ WORKLOADS = (
     # refuses the full batch-64 224x224 step (it sums > 16 GB of tensors on one V100).
     Workload("nasnet_b16", "NASNet-like (b16, 64px)", "nasnet", "paper", ("layered_dag", 2000),
              (("batch", 16), ("image", 64))),
+    # keras.applications training steps traced as a user would (tf_patch.keras_opgraph):
+    # random weights, a synthetic batch of 32 224px images, 10 classes
+    Workload("keras_mobilenetv2", "MobileNetV2 (Keras, b32, 224px)", "keras:mobilenetv2", "b32-224px",
+             ("layered_dag", 4800), (("batch", 32), ("size", 224))),
+    Workload("keras_resnet50", "ResNet50 (Keras, b32, 224px)", "keras:resnet50", "b32-224px",
+             ("layered_dag", 5000), (("batch", 32), ("size", 224))),
 )
 
 
@@ -88,9 +94,16 @@ def load(w: Workload):
 
 def make(w: Workload, costs: str = "v100"):
     """Profile ``w`` and write its JSON; returns the graph."""
-    from tf_patch import opgraph_for
+    from tf_patch import keras_opgraph, opgraph_for
 
-    g = opgraph_for(w.model, w.preset, costs=costs, **dict(w.overrides))
+    if w.model.startswith("keras:"):
+        if costs != "v100":
+            raise ValueError(f"{w.key}: Keras workloads are costed with grappler's V100 model only")
+        from pesto.zoo.keras_apps import keras_model
+        model, x, y = keras_model(w.model[6:], **dict(w.overrides))
+        g, _ = keras_opgraph(model, "sparse_categorical_crossentropy", "sgd", x, y, name=w.key)
+    else:
+        g = opgraph_for(w.model, w.preset, costs=costs, **dict(w.overrides))
     GRAPHS.mkdir(parents=True, exist_ok=True)
     g.to_json(str(w.path))
     return g

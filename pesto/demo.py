@@ -10,7 +10,7 @@ placement, and Pesto's loss curve. Without GPUs it uses N logical CPU
 devices and says so (the timings then show the pipeline, not GPU speedups:
 logical devices share this machine's cores).
 
-``keras:NAME`` (:data:`KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
+``keras:NAME`` (:data:`pesto.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
 traces its training step (:func:`tf_patch.keras_step`) with grappler's V100
 costs, places it, trains it placed and checks the trace.
@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pesto.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="rnnlm", type=_model_name,
-                    help="rnnlm, nmt, transformer, nasnet, or keras:NAME with NAME one of " + ", ".join(KERAS_MODELS))
+                    help="rnnlm, nmt, transformer, nasnet, or keras:NAME (keras:mobilenetv2, keras:resnet50)")
     ap.add_argument("--preset", default="small")
     ap.add_argument("--gpus", type=int, default=2, help="number of devices (logical if no GPU)")
     ap.add_argument("--steps", type=int, default=20, help="training steps under the Pesto plan")
@@ -104,38 +104,26 @@ def main(argv=None) -> int:
     return 0
 
 
-#: keras.applications models the demo builds: name -> (constructor, input size, batch)
-KERAS_MODELS = {"mobilenetv2": ("MobileNetV2", 64, 16), "resnet50": ("ResNet50", 64, 8)}
 ZOO_MODELS = ("rnnlm", "nmt", "transformer", "nasnet")
 
 
 def _model_name(text: str) -> str:
+    from pesto.zoo.keras_apps import KERAS_MODELS
+
     if text in ZOO_MODELS or (text.startswith("keras:") and text[6:] in KERAS_MODELS):
         return text
     raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose one of {', '.join(ZOO_MODELS)} or "
                                      + ", ".join(f"keras:{k}" for k in KERAS_MODELS))
 
 
-def keras_model(name: str, seed: int = 0):
-    """``(model, x, y)``: a keras.applications model with random weights and a
-    synthetic batch (nothing downloaded)."""
-    import tensorflow as tf
-
-    ctor, size, batch = KERAS_MODELS[name]
-    tf.keras.utils.set_random_seed(seed)
-    model = getattr(tf.keras.applications, ctor)(weights=None, input_shape=(size, size, 3), classes=10)
-    x = tf.random.normal((batch, size, size, 3), seed=seed)
-    y = tf.random.uniform((batch,), 0, 10, dtype=tf.int32, seed=seed)
-    return model, x, y
-
-
 def keras_demo(args) -> int:
     """Trace, place, train placed and check a Keras model's training step."""
     import tensorflow as tf
     import tf_patch
+    from pesto.zoo.keras_apps import keras_model
 
     t0 = time.perf_counter()
-    model, x, y = keras_model(args.model[6:], args.seed)
+    model, x, y = keras_model(args.model[6:], seed=args.seed)
     step = tf_patch.keras_step(model, "sparse_categorical_crossentropy", tf.keras.optimizers.SGD(0.01), x, y,
                                n_devices=args.gpus)
     g = step.graph

@@ -345,5 +345,6 @@ def test_demo_knows_keras_models_and_refuses_others(capsys):
     with pytest.raises(SystemExit):
         demo.main(["--model", "keras:vgg99"])
     assert "keras:mobilenetv2" in capsys.readouterr().err
-    model, x, y = demo.keras_model("mobilenetv2")
+    from pesto.zoo.keras_apps import keras_model
+    model, x, y = keras_model("mobilenetv2")
     assert model.count_params() > 1_000_000 and x.shape[0] == y.shape[0]
