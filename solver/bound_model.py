@@ -1,10 +1,17 @@
-"""A communication-aware makespan lower bound: a CP-SAT relaxation of the fine problem.
+"""A communication-aware makespan lower bound on the fine graph.
 
-:func:`comm_bound` builds :class:`RelaxedModel` on every op (or, on large
-graphs, on the ``max_ops`` longest ops) and returns CP-SAT's proven objective
-bound after a short time limit, never less than :func:`solver.bounds.lower_bound`.
+:func:`comm_bound` returns the best of four valid bounds, each a relaxation
+of the exact problem (so never above its optimum), and says which one won:
 
-The relaxation keeps, of the exact model (:mod:`solver.cpsat_model`):
+1. :func:`solver.bounds.lower_bound`: critical path / work per device;
+2. :func:`solver.bounds.energetic_bound`: energetic reasoning on heads and tails;
+3. :func:`colocation_bound`: an edge whose longest path with its transfer
+   exceeds the makespan cannot be split; ops so joined share a device, and
+   must fit on it one after another;
+4. CP-SAT's proven objective bound on :class:`RelaxedModel` (every op, or the
+   ``max_ops`` longest on large graphs) after a short time limit.
+
+The relaxation (4) keeps, of the exact model (:mod:`solver.cpsat_model`):
 
 * placement: one literal per (colocation unit, allowed device), exactly one true;
 * compute: per device, a no-overlap of the optional run intervals;
@@ -58,17 +65,19 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from pesto.cluster import Cluster
-from pesto.dag import bottom_levels, top_levels
+from pesto.dag import UnionFind, bottom_levels, top_levels
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.problem import INF, Problem
 
 from .bounds import energetic_bound, lower_bound
 
-__all__ = ["Bound", "RelaxedModel", "comm_bound", "reduced_edges", "SIMPLE_SOURCE", "ENERGY_SOURCE"]
+__all__ = ["Bound", "RelaxedModel", "comm_bound", "colocation_bound", "edge_delay", "reduced_edges", "SIMPLE_SOURCE", "ENERGY_SOURCE",
+           "COLOCATION_SOURCE"]
 
 SIMPLE_SOURCE = "critical path / work"
 ENERGY_SOURCE = "energetic reasoning (heads/tails)"
+COLOCATION_SOURCE = "forced colocation (transfer delays)"
 MAX_OPS = 400           # above: the relaxation keeps the longest ops only
 HORIZON_UNITS = 10 ** 6  # the incumbent (or a safe horizon) in model units
 RECV_BUDGET = 20_000     # receive literals of the link energy rows
@@ -92,6 +101,110 @@ class Bound:
     seconds: float
     proven: bool
     simple: float
+
+
+def edge_delay(prob: Problem, i: int, j: int, tensors) -> float:
+    """Least time (µs) between the end of ``i`` and the arrival of all the
+    edge's ``tensors`` at ``j`` when the two run on different devices: over
+    allowed device pairs, the largest transfer (their sum where the route's
+    links are contended: they queue on the same links).
+
+    >>> from pesto.graph import OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 100)])
+    >>> p = Problem.of(g, gpus(2, beta=(1.0, 0.01)))
+    >>> edge_delay(p, 0, 1, p.ins[1][0][1])
+    2.0
+    """
+    best = None
+    for a in prob.allowed[i]:
+        for b in prob.allowed[j]:
+            if a == b:
+                continue
+            times = [prob.comm(a, b, nb) for _, nb in tensors if nb > 0]
+            t = sum(times) if prob.links[a][b] else max(times, default=0.0)
+            best = t if best is None or t < best else best
+    return best or 0.0
+
+
+def colocation_bound(prob: Problem, lower: float, upper: float, *, time_limit: float = 5.0) -> float:
+    """The largest makespan ``T`` in ``[lower, upper)`` refuted by forced
+    colocation, else ``lower`` (µs).
+
+    For a candidate ``T``: an edge ``i -> j`` whose longest path through it,
+    with its transfer (:func:`edge_delay`), exceeds ``T`` (``head[i] + p[i] +
+    delay + p[j] + tail[j] > T``; fastest times, communication-free heads and
+    tails) cannot be split, so its ends share a device; colocation units do
+    too. ``T`` is refuted when a set so joined has no device every member
+    allows, cannot run its ops one after another within ``T`` (for each
+    threshold ``t`` on heads: ``t + work of members with head >= t + least
+    tail among them > T``; the same on tails), or when more than ``devices``
+    sets each hold over half of ``T`` of work. Refutation is monotone enough
+    for a bisection; every returned value was refuted.
+    """
+    t0 = time.perf_counter()
+    n = prob.n
+    fast = [prob.fastest(i) for i in range(n)]
+    head = [h - f for h, f in zip(top_levels(prob.pred, fast, order=prob.topo), fast)]
+    tail = [t - f for t, f in zip(bottom_levels(prob.succ, fast, order=prob.topo), fast)]
+    edges = []
+    for j in range(n):
+        for i, tensors in prob.ins[j]:
+            if prob.unit[i] != prob.unit[j]:
+                c = edge_delay(prob, i, j, tensors)
+                if c > 0:
+                    edges.append((head[i] + fast[i] + c + fast[j] + tail[j], i, j))
+    edges.sort(reverse=True)
+    masks = [sum(1 << d for d in prob.allowed[i]) for i in range(n)]
+    ctx = (prob, fast, head, tail, edges, masks)
+    lo, hi = lower, upper
+    if hi <= lo or not _colocation_refutes(lo, *ctx):
+        return lower
+    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit:
+        mid = 0.5 * (lo + hi)
+        if _colocation_refutes(mid, *ctx):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _colocation_refutes(T, prob, fast, head, tail, edges, masks) -> bool:
+    """Whether forced colocation shows that no schedule ends by ``T``."""
+    uf = UnionFind(prob.n, masks=masks)
+    for mem in prob.members:
+        for i in mem[1:]:
+            uf.union(mem[0], i)
+    slack = 1e-9 * max(1.0, T)
+    for length, i, j in edges:  # longest first: stop at the first that fits
+        if length <= T + slack:
+            break
+        uf.union(i, j)
+    groups: dict[int, list[int]] = {}
+    for i in range(prob.n):
+        groups.setdefault(uf.find(i), []).append(i)
+    big = 0
+    for root, mem in groups.items():
+        if uf.mask[root] == 0:
+            return True
+        work = sum(fast[i] for i in mem)
+        big += work > 0.5 * T + slack
+        if len(mem) > 1 and work > 0.5 * T and _one_device_refutes(T + slack, mem, fast, head, tail):
+            return True
+    return big > prob.nd
+
+
+def _one_device_refutes(T, mem, fast, head, tail) -> bool:
+    """Ops ``mem`` on one device one after another cannot all fit in ``[0, T]``."""
+    for first, last in ((head, tail), (tail, head)):
+        order = sorted(mem, key=lambda i: first[i])
+        work, least = 0.0, float("inf")
+        for i in reversed(order):  # suffixes by ``first``: the set starting no earlier than first[i]
+            work += fast[i]
+            least = min(least, last[i])
+            if first[i] + work + least > T:
+                return True
+    return False
 
 
 def reduced_edges(prob: Problem, keep: list[bool], weight: list[int], *,
@@ -207,17 +320,6 @@ class RelaxedModel:
             if len(ivs) > 1:
                 m.add_no_overlap(ivs)
 
-    def edge_delay(self, i: int, j: int, tensors) -> int:
-        """Least arrival delay of the edge's tensors over placements that split it."""
-        p, best = self.p, None
-        for a in p.allowed[i]:
-            for b in p.allowed[j]:
-                if a == b:
-                    continue
-                times = [p.comm(a, b, nb) for _, nb in tensors if nb > 0]
-                t = (sum(times) if p.links[a][b] else max(times, default=0.0))
-                best = t if best is None else min(best, t)
-        return self.units(best or 0.0)
 
     def apart(self, i: int, j: int):
         """A literal forced true when ops ``i`` and ``j`` are on different devices."""
@@ -238,7 +340,7 @@ class RelaxedModel:
                 m.add(self.start[j] >= self.end[i])
                 if p.unit[i] == p.unit[j]:
                     continue
-                c = self.edge_delay(i, j, tensors)
+                c = self.units(edge_delay(p, i, j, tensors))
                 if c > 0:
                     m.add(self.start[j] >= self.end[i] + c).only_enforce_if(self.apart(i, j))
         if len(self.ops) < p.n:
@@ -344,9 +446,10 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
     """A makespan lower bound that counts communication (module docstring).
 
     The best of: :func:`~solver.bounds.lower_bound`, :func:`~solver.bounds.energetic_bound`
-    (up to 30 % of ``time_limit``) and CP-SAT's bound on :class:`RelaxedModel`
-    (the rest; the model on every op up to ``max_ops`` ops, else on the
-    ``max_ops`` longest).
+    (up to 25 % of ``time_limit``), :func:`colocation_bound` (up to 15 %) and
+    CP-SAT's bound on :class:`RelaxedModel` (the rest; the model on every op
+    up to ``max_ops`` ops, else on the ``max_ops`` longest), each started
+    from the best before it.
 
     Parameters
     ----------
@@ -370,9 +473,12 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
     upper = _horizon(prob) if incumbent is None or incumbent.makespan is None else incumbent.makespan
     best, source = simple, SIMPLE_SOURCE
     if upper > simple:
-        energy = energetic_bound(graph, cluster, upper=upper, time_limit=0.3 * time_limit)
+        energy = energetic_bound(graph, cluster, upper=upper, time_limit=0.25 * time_limit)
         if energy > best:
             best, source = energy, ENERGY_SOURCE
+        coloc = colocation_bound(prob, best, upper, time_limit=0.15 * time_limit)
+        if coloc > best:
+            best, source = coloc, COLOCATION_SOURCE
     proven = False
     if upper > best:
         keep = None if prob.n <= max_ops else _subset(prob, max_ops)

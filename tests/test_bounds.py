@@ -25,7 +25,7 @@ from pesto.graph import OpGraph
 from pesto.plan import check_plan
 from pesto.problem import Problem
 from pesto.simulate import simulate
-from solver.bound_model import SIMPLE_SOURCE, Bound, comm_bound, reduced_edges
+from solver.bound_model import SIMPLE_SOURCE, Bound, colocation_bound, comm_bound, reduced_edges
 from solver.bounds import energetic_bound, lower_bound
 from solver.registry import run_placers
 from strategies import clusters, dags, plans
@@ -66,6 +66,7 @@ def test_never_above_the_oracle(kind, seed, n, shape):
     _assert_valid(b, opt, g, c)
     assert b.proven  # a handful of ops: the relaxation is solved
     assert energetic_bound(g, c) <= opt + TOL
+    assert colocation_bound(Problem.of(g, c), lower_bound(g, c), 10 * opt) <= opt + TOL
     # the subset relaxation (the longest ops only) is valid too
     _assert_valid(comm_bound(g, c, time_limit=5, max_ops=3), opt, g, c)
 
@@ -102,6 +103,14 @@ def test_energetic_reasoning_counts_queues():
     assert energetic_bound(g, c) == pytest.approx(10.0, abs=1e-4)
     b = comm_bound(g, c, time_limit=5)
     assert b.value == pytest.approx(10.0, abs=1e-4) and b.value <= oracle(g, c)
+
+
+def test_forced_colocation():
+    g, c = _fork_join(), gpus(2, beta=(1.0, 1e-6))
+    p = Problem.of(g, c)
+    assert colocation_bound(p, 102.0, 1000.0) == pytest.approx(202.0, rel=1e-5)   # all on one device
+    assert colocation_bound(p, 102.0, 1000.0) <= 202.0
+    assert colocation_bound(Problem.of(g, gpus(2, beta=(0.0, 0.0))), 102.0, 1000.0) == 102.0  # free transfers
 
 
 def test_bound_edge_cases():
@@ -161,6 +170,8 @@ def test_never_above_any_plan(data):
     spans += [p.makespan for p in made.values()]
     assert b.value <= min(spans) + TOL * max(1.0, min(spans))
     assert energetic_bound(g, c) <= min(spans) + TOL * max(1.0, min(spans))
+    assert colocation_bound(Problem.of(g, c), lower_bound(g, c), 2 * min(spans) + 1) \
+        <= min(spans) + TOL * max(1.0, min(spans))
 
 
 def _placement_csv_best() -> dict:
