@@ -442,7 +442,7 @@ def _subset(prob: Problem, max_ops: int) -> list[bool]:
 
 
 def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, incumbent: Plan | None = None,
-               workers: int = 1, seed: int = 0, max_ops: int = MAX_OPS) -> Bound:
+               upper: float | None = None, workers: int = 1, seed: int = 0, max_ops: int = MAX_OPS) -> Bound:
     """A makespan lower bound that counts communication (module docstring).
 
     The best of: :func:`~solver.bounds.lower_bound`, :func:`~solver.bounds.energetic_bound`
@@ -456,6 +456,8 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
     time_limit : seconds in all (a large model's presolve may overrun it a little)
     incumbent : a plan of the graph: its makespan caps the model's horizon
         and its placement and starts are the hint
+    upper : a makespan some plan achieves (µs), when no ``incumbent`` is given
+        (default: a safe horizon)
     workers, seed : CP-SAT's
     max_ops : the most ops the CP-SAT relaxation holds
 
@@ -470,7 +472,10 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
     if graph.num_ops == 0:
         return Bound(0.0, SIMPLE_SOURCE, 0.0, True, 0.0)
     prob = Problem.of(graph, cluster)
-    upper = _horizon(prob) if incumbent is None or incumbent.makespan is None else incumbent.makespan
+    if incumbent is not None and incumbent.makespan is not None:
+        upper = incumbent.makespan
+    elif upper is None:
+        upper = _horizon(prob)
     best, source = simple, SIMPLE_SOURCE
     if upper > simple:
         energy = energetic_bound(graph, cluster, upper=upper, time_limit=0.25 * time_limit)
