@@ -27,6 +27,7 @@ from pesto.problem import Problem
 from pesto.simulate import simulate
 from solver.bound_model import SIMPLE_SOURCE, Bound, colocation_bound, comm_bound, reduced_edges
 from solver.bounds import energetic_bound, lower_bound
+from solver.pipeline import Settings, run_pipeline
 from solver.registry import run_placers
 from strategies import clusters, dags, plans
 from test_oracle import bus_cluster, oracle, random_graph, wide_graph
@@ -220,3 +221,16 @@ def test_pipeline_reports_the_bound_and_its_source():
     check_plan(g, c, plan).raise_if_invalid()
     assert plan.lower_bound <= plan.makespan
     assert plan.log.bound == plan.lower_bound and plan.log.bound_source
+
+
+def test_upper_caps_and_bound_time_zero_keeps_the_simple_bound():
+    stages = ("baselines", "reschedule", "status")  # a heuristic plan, then the bound
+    g, c = _fork_join(), gpus(2, beta=(1.0, 1e-6))
+    capped = comm_bound(g, c, time_limit=5, upper=202.0)
+    assert capped.value == pytest.approx(202.0)
+    assert comm_bound(g, c, time_limit=5, upper=102.0).value == 102.0  # an upper at the simple bound: nothing to prove
+    plain = run_pipeline(g, c, stages, Settings(exact_time=0.0, bound_time=0.0, hint="m-topo"))
+    assert plain.log.bound_source == SIMPLE_SOURCE and plain.lower_bound == 102.0
+    counted = run_pipeline(g, c, stages, Settings(exact_time=0.0, bound_time=2.0, hint="m-topo"))
+    assert counted.lower_bound == pytest.approx(202.0, rel=1e-6) and counted.lower_bound <= counted.makespan
+    assert counted.log.bound_source != SIMPLE_SOURCE
