@@ -2,7 +2,7 @@
 
 Runs :mod:`benchmarks.placement` (the placement comparison) and then, when
 present, the area benchmarks ``bench_simulate``, ``bench_coarsen``,
-``bench_baselines``, ``bench_exact`` and ``bench_tf`` (each a module with a
+``bench_baselines``, ``bench_exact``, ``bench_tf`` and ``bench_bound`` (each a module with a
 ``main()``). ``--quick`` runs only a small placement run into a temporary
 directory: a CI check of the pipeline, not of the figures. A full placement
 run also rewrites the results table in README.md (:mod:`benchmarks.readme`).
@@ -18,7 +18,7 @@ import inspect
 import sys
 import time
 
-AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_exact", "bench_tf")
+AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_exact", "bench_tf", "bench_bound")
 
 
 def _call_main(module_name: str) -> int:

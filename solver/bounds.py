@@ -7,6 +7,11 @@ the exact solvers and :func:`pesto.solve` before any search.
   device, total fastest work / number of devices, work forced onto one kind /
   number of devices of that kind). Communication is ignored, so it is valid
   for every placement and every link model.
+* :func:`energetic_bound` strengthens it by energetic reasoning: for a
+  makespan ``T``, each op must run between its head (longest path before it)
+  and ``T`` minus its tail; if, in some time window, the parts of the ops that
+  must fall inside exceed what the devices can do there, no schedule of
+  length ``T`` exists (still communication free, so valid for every link model).
 * :func:`greedy_plan` is a small earliest-finish-time list scheduler used as a
   fallback hint when nothing better is given.
 
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from pesto.cluster import Cluster
 from pesto.dag import bottom_levels, priority_order, top_levels
 from pesto.engine import Timeline
@@ -30,7 +37,10 @@ from pesto.problem import INF, Problem
 
 from .common import finalize
 
-__all__ = ["lower_bound", "greedy_plan"]
+__all__ = ["lower_bound", "energetic_bound", "greedy_plan"]
+
+ENERGY_OPS = 3000         # energetic reasoning keeps the longest ops (dropping ops only relaxes)
+ENERGY_TERMS = 4_000_000  # (window, op) terms per makespan test
 
 
 def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
@@ -51,6 +61,74 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
         w = sum(f for f, al in zip(fastest, allowed) if al and set(al) <= mine)
         forced = max(forced, w / len(mine))
     return float(max(cp, work, forced))
+
+
+def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = None,
+                    time_limit: float = 5.0) -> float:
+    """The smallest makespan not refuted by energetic reasoning, at least :func:`lower_bound` (µs).
+
+    For a candidate makespan ``T``, op ``i`` (its fastest time ``p``) starts
+    no earlier than its head ``r`` (longest path of fastest times before it)
+    and no later than ``T - q - p`` (``q``: its tail). Its *mandatory* part in a
+    window ``[a, b)`` is its least overlap with the window over those starts
+    (at one of the two extreme starts: the overlap is concave in the start).
+    If the mandatory parts in a window exceed ``devices * (b - a)``, no schedule
+    of length ``T`` exists. A bisection between the simple bound and
+    ``upper`` (default: the total work) returns the largest ``T`` so refuted,
+    or the simple bound. Windows are taken between quantiles of the ops'
+    extreme start and end times; on large graphs only the ``ENERGY_OPS``
+    longest ops count (fewer ops and windows only weaken the test).
+
+    >>> from pesto.graph import OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph.from_edges({"a": 4, "b": 4, "c": 4, "d": 1, "e": 1},
+    ...                        [("a", "d"), ("b", "d"), ("c", "d"), ("d", "e")])
+    >>> lower_bound(g, gpus(3)), round(energetic_bound(g, gpus(3)), 3)   # a, b, c end at 4 at best
+    (6.0, 6.0)
+    >>> lower_bound(g, gpus(2)), round(energetic_bound(g, gpus(2)), 3)   # two of them run in turn
+    (7.0, 10.0)
+    """
+    t0 = time.perf_counter()
+    simple = lower_bound(graph, cluster)
+    if graph.num_ops == 0:
+        return simple
+    prob = Problem.of(graph, cluster)
+    fastest = [prob.fastest(i) for i in range(prob.n)]
+    top = top_levels(prob.pred, fastest, order=prob.topo)
+    bot = bottom_levels(prob.succ, fastest, order=prob.topo)
+    keep = sorted(range(prob.n), key=lambda i: -fastest[i])[:ENERGY_OPS]
+    p = np.array([fastest[i] for i in keep])
+    r = np.array([top[i] for i in keep]) - p
+    q = np.array([bot[i] for i in keep]) - p
+    grid = max(4, min(96, int((2 * ENERGY_TERMS / max(1, len(keep))) ** 0.5)))
+    lo, hi = simple, float(upper) if upper is not None else float(sum(fastest))
+    if hi <= lo or not _refuted(lo, r, p, q, prob.nd, grid):
+        return simple
+    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit:
+        mid = 0.5 * (lo + hi)
+        if _refuted(mid, r, p, q, prob.nd, grid):
+            lo = mid
+        else:
+            hi = mid
+    return float(lo)
+
+
+def _refuted(T: float, r, p, q, devices: int, grid: int) -> bool:
+    """Whether energetic reasoning shows that no schedule ends by ``T``."""
+    late = T - q - p
+    if np.any(late < r - 1e-9 * T):
+        return True
+    pts = np.unique(np.concatenate([r, late, r + p, late + p]).clip(0.0, T))
+    if len(pts) > grid:
+        pts = np.unique(np.quantile(pts, np.linspace(0.0, 1.0, grid)))
+    for k, a in enumerate(pts[:-1]):
+        b = pts[k + 1:, None]
+        early = np.maximum(0.0, np.minimum(b, r + p) - np.maximum(a, r))
+        lazy = np.maximum(0.0, np.minimum(b, late + p) - np.maximum(a, late))
+        need = np.minimum(early, lazy).sum(axis=1)
+        if np.any(need > devices * (b[:, 0] - a) + 1e-9 * T):
+            return True
+    return False
 
 
 def greedy_plan(graph: OpGraph, cluster: Cluster, *, placer: str = "greedy"):

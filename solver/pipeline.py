@@ -46,6 +46,7 @@ from pesto.plan import Plan, check_plan
 from pesto.solvelog import SolveLog, Stage
 
 from .registry import PLACERS, accepted_options, get_placer, run_placers
+from .bound_model import SIMPLE_SOURCE, comm_bound
 from .bounds import lower_bound
 from .common import finalize
 from .search import better, refine, reschedule
@@ -70,6 +71,9 @@ class Settings:
     coarsen_options : for :func:`coarsen.coarsen` (e.g. ``{"method": "height"}``)
     partitions : the best start placements the coarsening keeps representable
     max_starts : plans the reschedule stage re-orders
+    bound_time : seconds for the communication-aware lower bound
+        (:func:`solver.bound_model.comm_bound`) in the status stage; None:
+        ``min(10, 0.1 * (exact_time + search_time))``; 0: the simple bound only
     """
 
     exact_time: float
@@ -85,6 +89,7 @@ class Settings:
     partitions: int = 1
     max_starts: int = 4
     verbose: bool = False
+    bound_time: float | None = None
 
     def baseline_names(self, as_starts: bool) -> list[str]:
         """The baselines to run: every heuristic, or the one named by ``hint``;
@@ -316,18 +321,25 @@ def local_search(run: Run) -> None:
 
 
 def status(run: Run) -> None:
-    """The winner, its lower bound (critical path / work, or the exact
-    solver's when it solved the graph itself) and status; checked."""
+    """The winner, its lower bound and status; checked. The bound is the
+    exact solver's when it solved the graph itself and proved more, else
+    :func:`~solver.bound_model.comm_bound` (communication-aware, for
+    ``bound_time`` seconds; critical path / work when that is 0)."""
     t = time.perf_counter()
     graph, s, solved = run.graph, run.s, run.solved
     if not run.pool:
         raise ValueError(f"no candidate plan: the stages {list(run.stage_names)} made none")
     winner, best = choose(run.pool)
-    bound, source = lower_bound(graph, run.cluster), "critical path / work"
+    bound, source = lower_bound(graph, run.cluster), SIMPLE_SOURCE
     on_graph = solved is not None and run.cg is None
     if on_graph and solved.lower_bound is not None and solved.status != "infeasible" \
             and solved.lower_bound > bound:
         bound, source = solved.lower_bound, s.backend
+    bound_time = min(10.0, 0.1 * (s.exact_time + s.search_time)) if s.bound_time is None else s.bound_time
+    if bound_time > 0 and best.makespan is not None and best.makespan > bound + TOLERANCE * max(1.0, bound):
+        cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1, seed=s.seed)
+        if cb.value > bound:  # (never above the makespan: the incumbent caps the model)
+            bound, source = min(cb.value, best.makespan), cb.source
     st = final_status(best, bound, exact_ran=solved is not None,
                       proved_optimal=on_graph and winner == s.backend and best.status == "optimal")
     check_plan(graph, run.cluster, best, check_memory=best.status != "infeasible").raise_if_invalid()
