@@ -26,11 +26,11 @@ __version__ = "0.1.0"
 
 # The facade last: pesto.api imports solver.pipeline, which imports the core
 # modules above (whichever of ``import pesto`` / ``import solver`` comes first).
-from .api import solve  # noqa: E402
+from .api import evaluate, solve  # noqa: E402
 
 
 __all__ = ["PestoError", "InvalidGraphError", "CycleError", "InvalidClusterError", "SchemaError",
            "InvalidPlanError", "InfeasibleError", "Op", "Tensor", "Edge", "OpGraph", "Device",
            "Route", "Cluster", "gpus", "v100x2_nvlink", "v100x4_pcie", "heterogeneous",
            "two_hosts", "logical_cpus", "preset", "Plan", "Transfer", "Report", "check_plan",
-           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve"]
+           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve", "evaluate"]

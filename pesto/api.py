@@ -14,22 +14,28 @@ Examples
 """
 from __future__ import annotations
 
+import json
 import numbers
+import re
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import networkx as nx
 
 from solver import pipeline as _pipeline
+from solver.common import finalize
 from solver.pipeline import HEURISTICS
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
-from .errors import InfeasibleError, InvalidGraphError
+from .errors import InfeasibleError, InvalidGraphError, InvalidPlanError
 from .graph import OpGraph
 from .memory import check_feasible, memory_profile, overrun_message
-from .plan import Plan
+from .plan import Plan, check_plan
 
-__all__ = ["solve", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
+__all__ = ["solve", "evaluate", "load_placement", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
+
+_DEVICE = re.compile(r"(?:^|/|device:)(CPU|GPU):(\d+)$", re.I)
 
 
 def load_graph(graph) -> OpGraph:
@@ -179,3 +185,87 @@ def raise_overrun(graph: OpGraph, cluster: Cluster, plan: Plan) -> None:
     worst = next((d.name for d in cluster.devices if peak.get(d.name, 0) > d.memory), None)
     raise InfeasibleError(f"no plan found that fits device memory ({plan.placer or 'best plan'}):\n{why}",
                           culprit=worst, plan=plan)
+
+
+def load_placement(placement, graph: OpGraph, cluster: Cluster) -> dict[str, str]:
+    """A user's placement as ``{op: device of cluster}``.
+
+    ``placement`` is a mapping ``{op: device}``, a Plan, or a JSON file (or
+    text) holding either that mapping or a plan (its ``"placement"``). TF
+    device strings are accepted: ``/job:worker/replica:0/task:0/device:GPU:1``
+    and ``GPU:1`` mean ``/GPU:1``.
+
+    Raises
+    ------
+    InvalidPlanError
+        An op of the graph without a device, an op the graph does not have,
+        or a device the cluster does not have (each named).
+
+    Examples
+    --------
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph.from_edges({"a": 1.0, "b": 1.0}, [("a", "b", 8)])
+    >>> load_placement({"a": "/job:localhost/replica:0/task:0/device:GPU:1", "b": "GPU:0"}, g, gpus(2))
+    {'a': '/GPU:1', 'b': '/GPU:0'}
+    """
+    if isinstance(placement, Plan):
+        placement = placement.placement
+    elif isinstance(placement, (str, Path)):
+        text = str(placement)
+        data = json.loads(text if text.lstrip().startswith("{") else Path(text).read_text())
+        placement = data.get("placement", data) if isinstance(data, dict) else data
+    if not isinstance(placement, Mapping):
+        raise InvalidPlanError([f"a placement is a mapping op -> device, got {type(placement).__name__}"])
+    names, out, unknown, off = set(cluster.names), {}, [], {}
+    for op, dev in placement.items():
+        if op not in graph:
+            unknown.append(op)
+            continue
+        m = _DEVICE.search(str(dev))
+        d = dev if dev in names else (f"/{m.group(1).upper()}:{m.group(2)}" if m else None)
+        if d not in names:
+            off.setdefault(str(dev), []).append(op)
+        out[op] = d
+    bad = [f"{len(ops)} ops are placed on {dev!r}, not a device of {cluster.name} ({', '.join(cluster.names)}), "
+           f"e.g. {', '.join(map(repr, ops[:3]))}" for dev, ops in off.items()]
+    if unknown:
+        bad.append(f"the placement names {len(unknown)} ops the graph does not have, e.g. "
+                   f"{', '.join(map(repr, unknown[:3]))}")
+    missing = [op for op in graph.names if op not in placement]
+    if missing:
+        bad.append(f"{len(missing)} ops have no device (e.g. {', '.join(map(repr, missing[:5]))})")
+    if bad:
+        raise InvalidPlanError(bad)
+    return out
+
+
+def evaluate(graph, placement, *, gpus: int = 2, cluster: Cluster | None = None,
+             order: Any = None) -> Plan:
+    """Score a placement you already have (your own, another tool's) exactly
+    as Pesto scores its own: simulated, memory-checked and verified.
+
+    Parameters
+    ----------
+    graph : OpGraph, networkx.DiGraph or str/Path (JSON)
+    placement : mapping op -> device, a Plan, or a JSON path (see :func:`load_placement`)
+    gpus, cluster : as for :func:`solve`
+    order : per-device op lists, one global op sequence, or None for
+        TensorFlow's default (a FIFO ready queue per device)
+
+    Returns
+    -------
+    Plan
+        ``placer="given"``; ``status`` ``"infeasible"`` if it breaks memory.
+
+    Examples
+    --------
+    >>> g = OpGraph.from_edges({"a": 10.0, "b": 10.0}, [("a", "b", 8)])
+    >>> evaluate(g, {"a": "/GPU:0", "b": "/GPU:0"}).makespan
+    20.0
+    """
+    graph = load_graph(graph)
+    cluster = resolve_cluster(graph, gpus, cluster)
+    t0 = time.perf_counter()
+    plan = finalize(graph, cluster, load_placement(placement, graph, cluster), order=order, placer="given", t0=t0)
+    check_plan(graph, cluster, plan, check_memory=plan.status != "infeasible").raise_if_invalid()
+    return plan

@@ -11,6 +11,7 @@ Place a graph you exported (``OpGraph.to_json``) with a baseline, then replay it
     pesto place graph.json --cluster v100x4_pcie --placer m-etf -o plan.json
     pesto simulate graph.json plan.json --gantt step.png --trace step.json
     pesto check graph.json plan.json
+    pesto evaluate graph.json placement.json --cluster v100x4_pcie
 
 Exit codes
 ----------
@@ -35,7 +36,7 @@ from solver import PLACERS, accepted_options, get_placer
 
 from . import __version__
 from . import cluster as C
-from .api import default_cluster, solve
+from .api import default_cluster, evaluate, solve
 from .errors import InfeasibleError, InvalidPlanError, PestoError
 from .graph import OpGraph
 from .memory import fmt_bytes, memory_profile, overrun_message
@@ -331,6 +332,23 @@ def cmd_simulate(args) -> int:
     return EXIT_INFEASIBLE if over else EXIT_OK
 
 
+def cmd_evaluate(args) -> int:
+    check_output(args.output, "plan file")
+    graph = load_graph(args.graph)
+    _need_file(args.placement, "placement")
+    cluster = make_cluster(graph, args.gpus, args.cluster)
+    try:
+        plan = evaluate(graph, args.placement, cluster=cluster)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{args.placement}: not valid JSON ({exc})") from None
+    print(describe_plan(plan, cluster))
+    if args.output:
+        data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
+        Path(args.output).write_text(json.dumps(data))
+        _say(args, f"wrote {args.output}")
+    return EXIT_INFEASIBLE if plan.status == "infeasible" else EXIT_OK
+
+
 def cmd_check(args) -> int:
     graph = load_graph(args.graph)
     plan, saved = load_plan(args.plan)
@@ -442,6 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="follow the plan's order (default) or TF's FIFO ready queue")
     sp.add_argument("--trace", help="write a Chrome trace JSON (Perfetto, chrome://tracing)")
     sp.add_argument("--gantt", help="write a Gantt chart image (.png, .svg, .pdf)")
+
+    sp = add("evaluate", cmd_evaluate, "score a placement you already have (simulated, checked), under "
+                                       "TensorFlow's default order")
+    sp.add_argument("graph", help="OpGraph .json")
+    sp.add_argument("placement", help="JSON {op: device} (TF device strings accepted) or a plan .json")
+    sp.add_argument("--gpus", type=_at_least(1), default=None, help="number of identical V100s over NVLink (default 2)")
+    sp.add_argument("--cluster", help="cluster preset or .json file")
+    sp.add_argument("-o", "--output", help="write the scored plan JSON here")
 
     sp = add("check", cmd_check, "verify a plan against a graph and cluster (exit 1 if invalid)")
     sp.add_argument("graph", help="OpGraph .json")

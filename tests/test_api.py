@@ -217,3 +217,21 @@ def test_cluster_may_be_a_preset_name():
     plan = pesto.solve(g, cluster="v100x4_pcie", time_limit=2, workers=1)
     assert set(plan.placement.values()) <= set(pesto.v100x4_pcie().names)
     assert check_plan(g, pesto.v100x4_pcie(), plan).ok
+
+
+def test_evaluate_scores_a_given_placement_like_the_simulator():
+    import pesto
+    from pesto.errors import InvalidPlanError
+    g = OpGraph.from_edges({"a": 10.0, "b": 20.0, "c": 30.0}, [("a", "b", 1000), ("a", "c", 1000)])
+    tf_names = {"a": "/job:localhost/replica:0/task:0/device:GPU:0", "b": "GPU:0", "c": "/GPU:1"}
+    plan = pesto.evaluate(g, tf_names)
+    assert plan.placement == {"a": "/GPU:0", "b": "/GPU:0", "c": "/GPU:1"} and plan.placer == "given"
+    sim = pesto.simulate(g, pesto.v100x2_nvlink(), plan.placement)
+    assert plan.makespan == sim.makespan and pesto.check_plan(g, pesto.v100x2_nvlink(), plan).ok
+    ordered = pesto.evaluate(g, plan.placement, order={"/GPU:0": ["a", "b"], "/GPU:1": ["c"]})
+    assert list(ordered.order["/GPU:0"]) == ["a", "b"]
+    for bad, culprit in (({"a": "/GPU:0", "b": "/GPU:0"}, "1 ops have no device"),
+                         ({**plan.placement, "zz": "/GPU:0"}, "'zz'"),
+                         ({**plan.placement, "c": "/GPU:5"}, "'/GPU:5'")):
+        with pytest.raises(InvalidPlanError, match=culprit):
+            pesto.evaluate(g, bad)

@@ -273,3 +273,17 @@ def test_placers_prints_one_plain_sentence_each(capsys):
 def test_summary_never_shows_a_nonzero_gap_as_zero():
     p = Plan({"a": "/GPU:0"}, {"/GPU:0": ["a"]}, makespan=1512.2, lower_bound=1512.0, status="feasible")
     assert "gap 0.0%" not in p.summary() and "gap 0.013%" in p.summary()
+
+
+def test_evaluate_scores_a_placement_file(tmp_path, capsys, graph_json):
+    g, gpath = graph_json
+    placement = {op: f"/job:localhost/replica:0/task:0/device:GPU:{i % 2}" for i, op in enumerate(g.names)}
+    ppath, out_path = tmp_path / "mine.json", tmp_path / "scored.json"
+    ppath.write_text(json.dumps(placement))
+    rc, out, _ = run(capsys, "evaluate", gpath, ppath, "-o", out_path)
+    assert rc == EXIT_OK and "given" in out
+    plan = Plan.from_json(str(out_path))
+    assert set(plan.placement.values()) == {"/GPU:0", "/GPU:1"}
+    ppath.write_text(json.dumps({g.names[0]: "/GPU:0"}))
+    rc, _, err = run(capsys, "evaluate", gpath, ppath)
+    assert rc == EXIT_INFEASIBLE and "have no device" in err
