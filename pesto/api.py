@@ -122,10 +122,13 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         Coarsen when the graph has more ops than this.
     backend : {"cpsat", "mip"} or any placer name
         The exact stage's placer.
-    hint : "best-heuristic", None, a placer name, or a Plan
+    hint : "best-heuristic", None, a placer name, a Plan, or a placement
         What the exact solver starts from (paper) or the starts (full): every
         heuristic, none, that placer only, or a plan (of the graph: it joins
-        the starts; of the coarse graph: the exact solver's hint).
+        the starts, and the result is never slower than it; of the coarse
+        graph: the exact solver's hint). A placement (``{op: device}``, TF
+        device strings accepted, or a JSON path) is scored with
+        :func:`evaluate` (TensorFlow's default order) and used as that plan.
     workers : int, optional
         CP-SAT workers (default all CPUs).
     seed : int
@@ -168,6 +171,8 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     _check_int("workers", workers, low=1, optional=True)
     _check_int("seed", seed, low=0)
     check_feasible(graph, cluster)
+    if isinstance(hint, Mapping) or (isinstance(hint, (str, Path)) and str(hint).endswith(".json")):
+        hint = evaluate(graph, hint, cluster=cluster)
     plan = _pipeline.solve(graph, cluster, time_limit=time_limit, target_vertices=target_vertices,
                            backend=backend, hint=hint, workers=workers, seed=seed,
                            coarsen_method=coarsen_method, pipeline=pipeline, verbose=verbose)

@@ -235,3 +235,13 @@ def test_evaluate_scores_a_given_placement_like_the_simulator():
                          ({**plan.placement, "c": "/GPU:5"}, "'/GPU:5'")):
         with pytest.raises(InvalidPlanError, match=culprit):
             pesto.evaluate(g, bad)
+
+
+def test_solve_takes_a_placement_as_hint_and_is_never_slower():
+    import pesto
+    from benchmarks.generators import layered_dag
+    g = layered_dag(400, width=8, seed=5)
+    mine = {op: f"/job:localhost/replica:0/task:0/device:GPU:{i % 2}" for i, op in enumerate(g.names)}
+    given = pesto.evaluate(g, mine)
+    plan = pesto.solve(g, gpus=2, hint=mine, time_limit=3, workers=1, target_vertices=50)
+    assert plan.makespan <= given.makespan + 1e-6
