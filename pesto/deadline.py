@@ -83,9 +83,27 @@ class Deadline:
         self.clock = clock
         self.t0 = clock()
         self.seconds = math.inf if seconds is None else float(seconds)
-        self.reason: str | None = None  # why it ended early: "SIGINT", "SIGTERM", ...
+        self._reason: str | None = None  # why it ended early: "SIGINT", "SIGTERM", ...
+        self._root = self  # a stage's deadline shares its solve's interrupts (sub)
         self._stoppers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+
+    def sub(self, seconds: float) -> "Deadline":
+        """A stage's deadline: ``seconds`` or what is left, whichever ends
+        first, on the same clock; interrupting the solve interrupts it.
+
+        >>> d = Deadline(10.0); s = d.sub(3.0)
+        >>> s.left() <= 3.0, d.interrupt("SIGINT"), s.expired(), s.reason
+        (True, None, True, 'SIGINT')
+        """
+        child = Deadline(min(float(seconds), self.left()), clock=self.clock)
+        child._root = self._root
+        return child
+
+    @property
+    def reason(self) -> str | None:
+        """Why the solve was stopped early, or None."""
+        return self._root._reason
 
     def __repr__(self) -> str:
         return f"Deadline({self.seconds:g} s, {self.left():.2f} s left{', ' + self.reason if self.reason else ''})"
@@ -124,11 +142,12 @@ class Deadline:
     def interrupt(self, reason: str = "interrupted") -> None:
         """End the solve early: ``expired()`` turns true, the stoppers run
         (the first call only; its ``reason`` stays)."""
-        with self._lock:
-            if self.reason is not None:  # the stoppers ran already
+        root = self._root
+        with root._lock:
+            if root._reason is not None:  # the stoppers ran already
                 return
-            self.reason = reason
-            stoppers = list(self._stoppers)
+            root._reason = reason
+            stoppers = list(root._stoppers)
         for stop in stoppers:
             stop()
 
@@ -136,15 +155,16 @@ class Deadline:
     def stopping(self, stop: Callable[[], None]) -> Iterator[None]:
         """Call ``stop()`` if the deadline is interrupted while inside (at once
         if it already is)."""
-        with self._lock:
-            self._stoppers.append(stop)
+        root = self._root
+        with root._lock:
+            root._stoppers.append(stop)
         try:
             if self.interrupted:
                 stop()
             yield
         finally:
-            with self._lock:
-                self._stoppers.remove(stop)
+            with root._lock:
+                root._stoppers.remove(stop)
 
     @contextlib.contextmanager
     def catching_signals(self) -> Iterator[None]:

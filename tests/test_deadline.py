@@ -103,3 +103,18 @@ def test_cpsat_on_a_deterministic_deadline_repeats_its_plan():
         assert d.clock() > 0  # CP-SAT's deterministic time was charged
     a, b = plans
     assert a.placement == b.placement and a.order == b.order and a.makespan == b.makespan
+
+
+def test_a_stage_deadline_ends_with_its_share_or_the_solve():
+    clock = FakeClock()
+    solve = Deadline(10, clock=clock)
+    stage = solve.sub(4)
+    assert stage.left() == 4
+    clock.t += 5
+    assert stage.expired() and not solve.expired()
+    late = solve.sub(20)  # never beyond the solve's own end
+    assert late.left() == pytest.approx(5)
+    calls = []
+    with late.stopping(lambda: calls.append(1)):
+        solve.interrupt("SIGTERM")
+    assert late.expired() and late.reason == "SIGTERM" and calls == [1]
