@@ -1,0 +1,191 @@
+"""The engine's replay pinned down: golden results of 20 seeded random graphs
+(recorded from the pure-Python engine before it was compiled, so the compiled
+loop is proven to give identical times, orders, transfers and tie-breaks) and
+hand-checkable invariants on a few hundred more.
+
+Regenerate the golden file only on purpose (a behaviour change):
+``python tests/test_engine_golden.py --record``.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import sys
+
+import pytest
+
+from pesto.cluster import Cluster, Device, Route, gpus, two_hosts, v100x4_pcie
+from pesto.engine import replay
+from pesto.graph import Edge, Op, OpGraph, Tensor
+from pesto.problem import Problem
+
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "engine_golden.json.gz")
+COMBOS = [(policy, links) for policy in ("order", "fifo", "priority") for links in ("fcfs", "free")]
+
+
+def _bus() -> Cluster:
+    """3 GPUs and a CPU whose every transfer holds one shared bus (integer
+    costs: many equal times, so tie-breaks matter)."""
+    names = ["/GPU:0", "/GPU:1", "/GPU:2", "/CPU:0"]
+    devs = [Device(nm, "CPU" if "CPU" in nm else "GPU") for nm in names]
+    routes = [Route(a, b, ("bus",) if "CPU" not in a + b else ("bus", f"host:{b}"), 1.0, 0.01)
+              for a in names for b in names if a != b]
+    return Cluster(devs, routes, name="bus")
+
+
+def _cluster(rnd: random.Random) -> Cluster:
+    which = rnd.randrange(4)
+    if which == 0:
+        return gpus(3, beta=(1.0, 0.01), with_cpu=True, cpu_beta=(2.0, 0.02))
+    if which == 1:
+        return v100x4_pcie(with_cpu=True)
+    if which == 2:
+        return two_hosts(with_cpu=True)
+    return _bus()
+
+
+def random_graph(rnd: random.Random, n: int) -> OpGraph:
+    """Integer durations (many ties), GPU/CPU/either ops, 1-3 tensors per op
+    (some of 0 bytes), tensors shared by several consumers, control edges."""
+    ops = []
+    for i in range(n):
+        t = float(rnd.randint(0, 10))
+        r = rnd.random()
+        compute = {"CPU": t} if r < 0.1 else {"GPU": t, "CPU": 2 * t} if r < 0.3 else {"GPU": t}
+        ops.append(compute)
+    produced = {i: [Tensor(f"o{i}:{k}", f"o{i}", rnd.choice([0, 100, 100, 300, 1000]))
+                    for k in range(rnd.choice([1, 1, 2, 3]))] for i in range(n)}
+    p = rnd.choice([0.05, 0.1, 0.2])
+    edges = []
+    for j in range(n):
+        for i in range(max(0, j - 15), j):
+            if rnd.random() < p:
+                if rnd.random() < 0.1:
+                    edges.append(Edge(f"o{i}", f"o{j}", ()))
+                else:
+                    outs = produced[i]
+                    edges.append(Edge(f"o{i}", f"o{j}", tuple(
+                        t.name for t in rnd.sample(outs, rnd.randint(1, len(outs))))))
+    tensors = [t for i in range(n) for t in produced[i]]
+    op_list = [Op(f"o{i}", ops[i], output_bytes=sum(t.bytes for t in produced[i])) for i in range(n)]
+    return OpGraph(op_list, edges, tensors, name="golden")
+
+
+def case(seed: int, n_lo: int = 20, n_hi: int = 80):
+    """(problem, placement, order, priority) of one seeded random case."""
+    rnd = random.Random(seed)
+    g = random_graph(rnd, rnd.randint(n_lo, n_hi))
+    c = _cluster(rnd)
+    prob = Problem.of(g, c)
+    dev = [rnd.choice(prob.allowed[i]) for i in range(prob.n)]
+    order: list[list[int]] = [[] for _ in range(prob.nd)]
+    for i in _random_topo(prob, rnd):
+        order[dev[i]].append(i)
+    priority = [float(rnd.randint(0, 5)) for _ in range(prob.n)]
+    return prob, dev, order, priority
+
+
+def _random_topo(prob: Problem, rnd: random.Random) -> list[int]:
+    indeg = [len(p) for p in prob.pred]
+    ready = [i for i in range(prob.n) if indeg[i] == 0]
+    out = []
+    while ready:
+        i = ready.pop(rnd.randrange(len(ready)))
+        out.append(i)
+        for j in prob.succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    return out
+
+
+def run_case(prob, dev, order, priority, policy, links):
+    kw = {"order": order} if policy == "order" else {"priority": priority} if policy == "priority" else {}
+    return replay(prob, dev, policy=policy, links=links, **kw)
+
+
+def as_json(run) -> dict:
+    return {"start": list(run.start), "finish": list(run.finish), "ran": [list(r) for r in run.ran],
+            "xfers": [[i, t, b, d, s, f, list(js)] for i, t, b, d, s, f, js in run.xfers],
+            "finished": list(run.finished), "makespan": run.makespan}
+
+
+def record() -> None:
+    out = {}
+    for seed in range(20):
+        prob, dev, order, priority = case(seed)
+        for policy, links in COMBOS:
+            out[f"{seed}/{policy}/{links}"] = as_json(run_case(prob, dev, order, priority, policy, links))
+    os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
+    with gzip.open(GOLDEN, "wt") as f:
+        json.dump(out, f, separators=(",", ":"))
+
+
+@pytest.fixture(scope="module")
+def golden():
+    with gzip.open(GOLDEN, "rt") as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_replay_matches_golden(golden, seed):
+    prob, dev, order, priority = case(seed)
+    for policy, links in COMBOS:
+        got = as_json(run_case(prob, dev, order, priority, policy, links))
+        assert got == golden[f"{seed}/{policy}/{links}"], (seed, policy, links)
+
+
+def _ready_time(prob, dev, run, j) -> float:
+    """When op ``j``'s last input is on its device (from the run's transfers)."""
+    arrive = {}
+    for i, t, b, d, s, f, js in run.xfers:
+        for k in js:
+            arrive[k] = max(arrive.get(k, 0.0), f)
+    r = arrive.get(j, 0.0)
+    for q in prob.pred[j]:
+        r = max(r, run.finish[q])
+    return r
+
+
+@pytest.mark.parametrize("seed", range(100, 400))
+def test_replay_invariants(seed):
+    prob, dev, order, priority = case(seed, 5, 40)
+    policy, links = COMBOS[seed % len(COMBOS)]
+    run = run_case(prob, dev, order, priority, policy, links)
+    n = prob.n
+    assert sorted(run.finished) == list(range(n)) and sorted(i for r in run.ran for i in r) == list(range(n))
+    for d, seq in enumerate(run.ran):
+        assert all(dev[i] == d for i in seq)
+        prev = 0.0
+        for i in seq:
+            assert run.finish[i] == run.start[i] + prob.dur[i][d]
+            ready = _ready_time(prob, dev, run, i)
+            # no device idles while the op it runs next is ready (order: the next in line)
+            assert run.start[i] == max(prev, ready)
+            prev = run.finish[i]
+    if policy == "order":
+        assert run.ran == order
+    # one transfer per (tensor, remote device with consumers), after the producer, of the route's time
+    want = set()
+    for t, (_, i, b, cons) in enumerate(prob.tensors):
+        if b > 0:
+            want |= {(t, dev[j]) for j in cons if dev[j] != dev[i]}
+    assert sorted((t, d) for _, t, _, d, _, _, _ in run.xfers) == sorted(want)
+    per_link: dict = {}
+    for i, t, b, d, s, f, js in run.xfers:
+        a = dev[i]
+        assert s >= run.finish[i] and f == s + (prob.beta0[a][d] + prob.beta1[a][d] * b)
+        if links == "free":
+            assert s == run.finish[i]
+        for l in prob.route_links[a][d] if links == "fcfs" else ():
+            per_link.setdefault(l, []).append((s, f))
+    for spans in per_link.values():
+        spans.sort()
+        assert all(f0 <= s1 for (_, f0), (s1, _) in zip(spans, spans[1:]))
+    assert run.makespan == max([*run.finish, *(x[5] for x in run.xfers)], default=0.0)
+
+
+if __name__ == "__main__" and "--record" in sys.argv:
+    record()
