@@ -9,6 +9,7 @@ Regenerate the golden file only on purpose (a behaviour change):
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -16,6 +17,7 @@ import sys
 
 import pytest
 
+from benchmarks.generators import layered_dag, transformer_like
 from pesto.cluster import Cluster, Device, Route, gpus, two_hosts, v100x4_pcie
 from pesto.engine import replay
 from pesto.graph import Edge, Op, OpGraph, Tensor
@@ -135,6 +137,42 @@ def test_replay_matches_golden(golden, seed):
     for policy, links in COMBOS:
         got = as_json(run_case(prob, dev, order, priority, policy, links))
         assert got == golden[f"{seed}/{policy}/{links}"], (seed, policy, links)
+
+
+def _big(name: str):
+    """A few-thousand-op generator graph on two hosts (shared NICs), seeded
+    random placement, order = a random topological order, priority = placed rank."""
+    g = layered_dag(3000, width=16, seed=1) if name == "layered" else transformer_like(8)
+    prob = Problem.of(g, two_hosts())
+    rnd = random.Random(7)
+    dev = [rnd.choice(prob.allowed[i]) for i in range(prob.n)]
+    order: list[list[int]] = [[] for _ in range(prob.nd)]
+    for i in _random_topo(prob, rnd):
+        order[dev[i]].append(i)
+    return prob, dev, order, prob.placed_bottom_levels(dev)
+
+
+def digest(run) -> str:
+    return hashlib.sha256(json.dumps(as_json(run)).encode()).hexdigest()[:16]
+
+
+# sha256 of the results recorded from the pure-Python engine
+BIG = {
+    "layered": {"fifo/fcfs": "93364310073d4a4c", "fifo/free": "fc1e3960cd1c0a39",
+                "order/fcfs": "07bff49838ef6ab7", "order/free": "84bb0899a775b93e",
+                "priority/fcfs": "6b8a26f0c0fa052a", "priority/free": "490eef1bd6194151"},
+    "transformer": {"fifo/fcfs": "41fbec2835b2952a", "fifo/free": "d4a3935340072775",
+                    "order/fcfs": "483fdde389db0f06", "order/free": "41857e3ce9d85144",
+                    "priority/fcfs": "18197b71d78acd14", "priority/free": "db07acbc3b7cc7b6"},
+}
+
+
+@pytest.mark.parametrize("name", ["layered", "transformer"])
+def test_replay_matches_golden_digest_on_bigger_graphs(name):
+    prob, dev, order, priority = _big(name)
+    got = {f"{policy}/{links}": digest(run_case(prob, dev, order, priority, policy, links))
+           for policy, links in COMBOS}
+    assert got == BIG[name]
 
 
 def _ready_time(prob, dev, run, j) -> float:
