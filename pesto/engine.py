@@ -49,6 +49,7 @@ import numpy as np
 from numba import njit
 
 from .errors import InvalidPlanError
+from .kernels import FlatArrays, csr
 from .problem import Problem
 
 __all__ = ["Run", "replay", "Timeline", "POLICIES", "LINK_MODELS", "INSERTION_SCAN"]
@@ -115,31 +116,30 @@ class _Arrays:
     """A Problem's graph as flat arrays for the compiled engine (built once
     per Problem and link model, cached on the Problem).
 
-    CSR tables: successors per op; per producer its tensors that cost a
+    On top of :class:`~pesto.kernels.FlatArrays` (adjacency, durations, comm
+    fits), CSR tables: per producer its tensors that cost a
     transfer (positive bytes, some consumer; ascending tensor id); consumers
     per tensor; the links of each (src, dst) route under the link model.
     """
 
     def __init__(self, prob: Problem, links: str | None):
         self.n, self.nd = prob.n, prob.nd
-        self.dur = np.array(prob.dur, dtype=np.float64).reshape(prob.n, prob.nd)
-        self.succ_ptr, self.succ_idx = _csr(prob.succ)
-        self.npred = np.array([len(p) for p in prob.pred], dtype=np.int64)
+        self.flat = flat = FlatArrays.of(prob)
+        self.dur, self.succ_ptr, self.succ_idx, self.npred = flat.dur, flat.succ_ptr, flat.succ_idx, flat.npred
+        self.b0, self.b1 = flat.b0, flat.b1
         tens = prob.tensors
         self.producer = [i for _, i, _, _ in tens]
         self.tbytes = [b for _, _, b, _ in tens]
         self.tbytes_f = np.array(self.tbytes, dtype=np.float64)
-        self.cons_ptr, self.cons_idx = _csr([c for _, _, _, c in tens])
+        self.cons_ptr, self.cons_idx = csr([c for _, _, _, c in tens])
         by_prod: list[list[int]] = [[] for _ in range(prob.n)]
         for t, (_, i, b, cons) in enumerate(tens):
             if b > 0 and cons:
                 by_prod[i].append(t)
-        self.tp_ptr, self.tp_idx = _csr(by_prod)
-        self.b0 = np.array(prob.beta0, dtype=np.float64).reshape(prob.nd, prob.nd)
-        self.b1 = np.array(prob.beta1, dtype=np.float64).reshape(prob.nd, prob.nd)
+        self.tp_ptr, self.tp_idx = csr(by_prod)
         route = _route_links(prob, links)
         self.route = route
-        self.r_ptr, self.r_idx = _csr([route[a][b] for a in range(prob.nd) for b in range(prob.nd)])
+        self.r_ptr, self.r_idx = csr([route[a][b] for a in range(prob.nd) for b in range(prob.nd)])
         self.n_links = prob.n_links
 
     @staticmethod
@@ -154,14 +154,6 @@ class _Arrays:
         """The compiled :func:`_group_sends` tables of placement ``dev``."""
         return _group_sends(dev, self.nd, self.tp_ptr, self.tp_idx, self.tbytes_f, self.cons_ptr,
                             self.cons_idx, self.b0, self.b1)
-
-
-def _csr(rows) -> tuple[np.ndarray, np.ndarray]:
-    """(ptr, idx) int64 arrays of a list of int sequences."""
-    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rows], out=ptr[1:])
-    idx = np.fromiter((x for r in rows for x in r), dtype=np.int64, count=int(ptr[-1]))
-    return ptr, idx
 
 
 def _route_links(prob: Problem, links: str | None):

@@ -39,10 +39,11 @@ from typing import Mapping, Sequence
 import coarsen
 from pesto.cluster import Cluster
 from pesto.dag import UnionFind
+from pesto.engine import Run, replay
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.problem import Problem
-from pesto.simulate import simulate
+from pesto.simulate import run_peak, simulate
 
 from .common import finalize
 
@@ -67,16 +68,22 @@ def slack(graph: OpGraph, cluster: Cluster, sched) -> list[float]:
     [0.0, 0.0, 4.0]
     """
     prob = Problem.of(graph, cluster)
-    n, idx = prob.n, prob.index
+    idx = prob.index
     dev = prob.placement_index(sched.placement)
     st = [sched.start[nm] for nm in prob.names]
     fi = [sched.finish[nm] for nm in prob.names]
+    ran = [[idx[o] for o in seq] for seq in sched.order.values()]
+    return _slack(prob, dev, st, fi, ran, sched.makespan)
+
+
+def _slack(prob: Problem, dev, st, fi, ran, end: float) -> list[float]:
+    """:func:`slack` on index arrays (``ran``: per device, the ops in the order they ran)."""
+    n = prob.n
     nxt = [-1] * n
-    for seq in sched.order.values():
+    for seq in ran:
         for a, b in zip(seq, seq[1:]):
-            nxt[idx[a]] = idx[b]
+            nxt[a] = b
     outs = [[(j, prob.comm(dev[i], dev[j], nb)) for j, nb in prob.outs[i]] for i in range(n)]
-    end = sched.makespan
     latest = [0.0] * n  # latest finish
     topo_pos = [0] * n
     for r, i in enumerate(prob.topo):
@@ -288,7 +295,7 @@ class _Search:
         self.deadline, self.max_evals, self.with_fifo = deadline, max_evals, with_fifo
         self.work = [prob.fastest(i) for i in range(prob.n)]
         self.place = place
-        self.best_sched = self.score(place)
+        self.best_sched, self.sched_place = self.score(place), place[:]
         self.best = min(self.best_sched.makespan, start.makespan)
         self.base_over = self.over(start.peak_memory)
         self.evals, self.accepted, self.kicks = 1, 0, 0
@@ -305,16 +312,19 @@ class _Search:
         return float(sum(max(0, peak[d.name] - d.memory) for d in self.cluster.devices))
 
     def memory_over(self, place: list[int]) -> float:
-        return self.over(simulate(self.graph, self.cluster, self.placement(place), mode="fifo").peak_memory)
+        """Bytes over capacity under TF's FIFO schedule of ``place``."""
+        return self.over(run_peak(self.prob, place, replay(self.prob, place, policy="fifo")))
 
-    def score(self, place: list[int]):
-        """The schedule of ``place`` by placed rank (with ``with_fifo``, or TF's FIFO if shorter)."""
-        pl = self.placement(place)
-        a = simulate(self.graph, self.cluster, pl, mode="fifo", memory=False,
-                     priority=self.prob.placed_bottom_levels(place))
+    def score(self, place: list[int]) -> Run:
+        """The schedule of ``place`` by placed rank (with ``with_fifo``, or TF's FIFO if shorter).
+
+        The engine's compiled replay straight on the index arrays: no names,
+        no Schedule, so a move on a 36k-op graph costs milliseconds."""
+        prob = self.prob
+        a = replay(prob, place, policy="priority", priority=prob.placed_bottom_levels(place))
         if not self.with_fifo:
             return a
-        b = simulate(self.graph, self.cluster, pl, mode="fifo", memory=False)
+        b = replay(prob, place, policy="fifo")
         return a if a.makespan <= b.makespan else b
 
     def targets(self, ms: list[int]) -> list[int]:
@@ -340,7 +350,8 @@ class _Search:
     def sweep(self, lv: int, units) -> bool:
         """Try every unit of one level on every other device; True if a move was kept."""
         # least slack first (critical units), then the heaviest, random among equals
-        sl = slack(self.graph, self.cluster, self.best_sched)
+        run = self.best_sched
+        sl = _slack(self.prob, self.sched_place, run.start, run.finish, run.ran, run.makespan)
         key = [(round(min(sl[i] for i in ms), 3), -sum(self.work[i] for i in ms)) for ms in units]
         seq = list(range(len(units)))
         self.rng.shuffle(seq)
@@ -372,7 +383,7 @@ class _Search:
         if new < self.best - 1e-6 * max(1.0, self.best):
             o = self.memory_over(place)
             if o <= self.base_over:
-                self.best, self.base_over, self.best_sched = new, o, sched
+                self.best, self.base_over, self.best_sched, self.sched_place = new, o, sched, place[:]
                 self.accepted += 1
                 self.per_level[lv] += 1
                 return True
@@ -401,7 +412,7 @@ class _Search:
             self.place = self.glob_place[:]
             return
         self.place = place
-        self.best_sched = self.score(place)
+        self.best_sched, self.sched_place = self.score(place), place[:]
         self.evals += 1
         self.best, self.base_over = self.best_sched.makespan, o
 
