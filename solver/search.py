@@ -36,11 +36,14 @@ import random
 import time
 from typing import Mapping, Sequence
 
+import numpy as np
+
 import coarsen
 from pesto.cluster import Cluster
 from pesto.dag import UnionFind
 from pesto.engine import Run, replay
 from pesto.graph import OpGraph
+from pesto.kernels import placed_ranks
 from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.simulate import run_peak, simulate
@@ -285,43 +288,44 @@ def move_groups(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str], 
 
 class _Search:
     """The state of one :func:`refine` run: the placement as a device index
-    per op, the best step found from it, and the best placement ever seen."""
+    per op (an int64 array, what the compiled engine reads without a copy),
+    the best step found from it, and the best placement ever seen."""
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, place: list[int], start: Plan, *, seed: int,
+    def __init__(self, graph: OpGraph, cluster: Cluster, place, start: Plan, *, seed: int,
                  deadline: float, max_evals: int | None, with_fifo: bool):
         self.graph, self.cluster = graph, cluster
         self.prob = prob = Problem.of(graph, cluster)
         self.rng = random.Random(seed)
         self.deadline, self.max_evals, self.with_fifo = deadline, max_evals, with_fifo
         self.work = [prob.fastest(i) for i in range(prob.n)]
-        self.place = place
-        self.best_sched, self.sched_place = self.score(place), place[:]
+        self.place = place = np.array(place, dtype=np.int64)
+        self.best_sched, self.sched_place = self.score(place), place.copy()
         self.best = min(self.best_sched.makespan, start.makespan)
         self.base_over = self.over(start.peak_memory)
         self.evals, self.accepted, self.kicks = 1, 0, 0
         self.per_level: list[int] = []
         self.stop = False
-        self.glob, self.glob_place, self.glob_over = self.best, place[:], self.base_over
+        self.glob, self.glob_place, self.glob_over = self.best, place.copy(), self.base_over
 
-    def placement(self, place: list[int]) -> dict[str, str]:
+    def placement(self, place) -> dict[str, str]:
         dn = self.prob.dev_names
-        return dict(zip(self.prob.names, [dn[k] for k in place]))
+        return dict(zip(self.prob.names, [dn[k] for k in place.tolist()]))
 
     def over(self, peak) -> float:
         """Bytes over capacity, summed over devices."""
         return float(sum(max(0, peak[d.name] - d.memory) for d in self.cluster.devices))
 
-    def memory_over(self, place: list[int]) -> float:
+    def memory_over(self, place) -> float:
         """Bytes over capacity under TF's FIFO schedule of ``place``."""
         return self.over(run_peak(self.prob, place, replay(self.prob, place, policy="fifo")))
 
-    def score(self, place: list[int]) -> Run:
+    def score(self, place) -> Run:
         """The schedule of ``place`` by placed rank (with ``with_fifo``, or TF's FIFO if shorter).
 
         The engine's compiled replay straight on the index arrays: no names,
         no Schedule, so a move on a 36k-op graph costs milliseconds."""
         prob = self.prob
-        a = replay(prob, place, policy="priority", priority=prob.placed_bottom_levels(place))
+        a = replay(prob, place, policy="priority", priority=placed_ranks(prob, place))
         if not self.with_fifo:
             return a
         b = replay(prob, place, policy="fifo")
@@ -351,7 +355,7 @@ class _Search:
         """Try every unit of one level on every other device; True if a move was kept."""
         # least slack first (critical units), then the heaviest, random among equals
         run = self.best_sched
-        sl = _slack(self.prob, self.sched_place, run.start, run.finish, run.ran, run.makespan)
+        sl = _slack(self.prob, self.sched_place.tolist(), run.start, run.finish, run.ran, run.makespan)
         key = [(round(min(sl[i] for i in ms), 3), -sum(self.work[i] for i in ms)) for ms in units]
         seq = list(range(len(units)))
         self.rng.shuffle(seq)
@@ -360,7 +364,7 @@ class _Search:
         for u in seq:
             ms = units[u]
             for d in self.targets(ms):
-                if all(self.place[i] == d for i in ms):
+                if (self.place[ms] == d).all():
                     continue
                 if time.perf_counter() >= self.deadline or (
                         self.max_evals is not None and self.evals >= self.max_evals):
@@ -374,26 +378,24 @@ class _Search:
     def try_move(self, ms: list[int], d: int, lv: int) -> bool:
         """Move unit ``ms`` to device ``d``; keep it if the step drops and memory still fits."""
         place = self.place
-        old = [place[i] for i in ms]
-        for i in ms:
-            place[i] = d
+        old = place[ms]  # a copy (fancy indexing)
+        place[ms] = d
         sched = self.score(place)
         self.evals += 1
         new = sched.makespan
         if new < self.best - 1e-6 * max(1.0, self.best):
             o = self.memory_over(place)
             if o <= self.base_over:
-                self.best, self.base_over, self.best_sched, self.sched_place = new, o, sched, place[:]
+                self.best, self.base_over, self.best_sched, self.sched_place = new, o, sched, place.copy()
                 self.accepted += 1
                 self.per_level[lv] += 1
                 return True
-        for i, p in zip(ms, old):
-            place[i] = p
+        place[ms] = old
         return False
 
     def keep_if_best(self) -> None:
         if self.best < self.glob - 1e-6 * max(1.0, self.glob):
-            self.glob, self.glob_place, self.glob_over = self.best, self.place[:], self.base_over
+            self.glob, self.glob_place, self.glob_over = self.best, self.place.copy(), self.base_over
 
     def kick(self, levels) -> None:
         """Move 1-3 random units of the best placement ever seen; search on from there
@@ -401,18 +403,17 @@ class _Search:
         rng = self.rng
         pool = [u for u in levels if len(u) >= 4] or levels
         units = pool[rng.randrange(len(pool))]
-        place = self.glob_place[:]
+        place = self.glob_place.copy()
         for u in rng.sample(range(len(units)), min(len(units), rng.randint(1, 3))):
             d = rng.choice(self.targets(units[u]))
-            for i in units[u]:
-                place[i] = d
+            place[units[u]] = d
         self.kicks += 1
         o = self.memory_over(place)
         if o > self.glob_over:
-            self.place = self.glob_place[:]
+            self.place = self.glob_place.copy()
             return
         self.place = place
-        self.best_sched, self.sched_place = self.score(place), place[:]
+        self.best_sched, self.sched_place = self.score(place), place.copy()
         self.evals += 1
         self.best, self.base_over = self.best_sched.makespan, o
 
