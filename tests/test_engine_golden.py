@@ -13,13 +13,16 @@ import hashlib
 import json
 import os
 import random
+import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from benchmarks.generators import layered_dag, transformer_like
 from pesto.cluster import Cluster, Device, Route, gpus, two_hosts, v100x4_pcie
 from pesto.engine import replay
+from pesto.errors import InvalidPlanError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.problem import Problem
 
@@ -227,3 +230,71 @@ def test_replay_invariants(seed):
 
 if __name__ == "__main__" and "--record" in sys.argv:
     record()
+
+
+# -- the compiled engine's surroundings ------------------------------------------------
+def test_placed_ranks_is_the_dag_longest_path():
+    from pesto.dag import bottom_levels
+    from pesto.kernels import placed_ranks
+    for seed in range(30):
+        prob, dev, _, _ = case(seed)
+        nb = {(i, j): b for i in range(prob.n) for j, b in prob.outs[i]}
+
+        def edge(i, j):
+            a, b = dev[i], dev[j]
+            return prob.beta0[a][b] + prob.beta1[a][b] * nb[i, j] if a != b and nb[i, j] > 0 else 0.0
+
+        want = bottom_levels(prob.succ, [prob.dur[i][dev[i]] for i in range(prob.n)], edge=edge,
+                             order=prob.topo)
+        assert placed_ranks(prob, dev).tolist() == want == prob.placed_bottom_levels(dev)
+
+
+def test_run_lists_and_arrays_agree():
+    prob, dev, order, priority = case(3)
+    run = replay(prob, dev, policy="priority", priority=priority)
+    assert isinstance(run.start, list) and all(type(x) is float for x in run.start)
+    assert run.start == run.start_array.tolist() and run.finish == run.finish_array.tolist()
+    assert type(run.makespan) is float
+    assert all(type(j) is int for r in run.ran for j in r)
+    # a numpy placement gives the same run as a list
+    assert as_json(replay(prob, np.array(dev), policy="order", order=order)) == \
+        as_json(replay(prob, dev, policy="order", order=order))
+
+
+def test_replay_rejects_bad_orders_and_placements():
+    prob, dev, order, _ = case(5)
+    moved = [list(q) for q in order]
+    d0 = next(d for d, q in enumerate(moved) if q)
+    d1 = (d0 + 1) % prob.nd
+    moved[d1].append(moved[d0].pop())
+    with pytest.raises(InvalidPlanError, match="another device"):
+        replay(prob, dev, policy="order", order=moved)
+    twice = [list(q) for q in order]
+    twice[d0][-1] = twice[d0][0]  # one op twice, another missing
+    with pytest.raises(InvalidPlanError, match="exactly once"):
+        replay(prob, dev, policy="order", order=twice)
+    with pytest.raises(ValueError, match="devices for"):
+        replay(prob, dev[:-1])
+    with pytest.raises(ValueError, match="outside"):
+        replay(prob, [prob.nd] * prob.n)
+    with pytest.raises(ValueError, match="values for"):
+        replay(prob, dev, policy="priority", priority=[0.0])
+    # a deadlocking order names the heads it waits on
+    g = OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b", 0)])
+    p = Problem.of(g, gpus(1))
+    with pytest.raises(InvalidPlanError, match="deadlocks.*b"):
+        replay(p, [0, 0], policy="order", order=[[1, 0]])
+
+
+def test_disabled_jit_runs_the_same_engine_as_plain_python():
+    """``NUMBA_DISABLE_JIT=1`` (for a debugger) runs the one engine as Python:
+    same results as compiled."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys, json; sys.path.insert(0, 'tests'); import test_engine_golden as t\n"
+            "prob, dev, order, prio = t.case(7)\n"
+            "print(json.dumps([t.as_json(t.run_case(prob, dev, order, prio, p, l)) for p, l in t.COMBOS]))\n")
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    prob, dev, order, prio = case(7)
+    assert json.loads(out) == [as_json(run_case(prob, dev, order, prio, p, l)) for p, l in COMBOS]
