@@ -186,7 +186,9 @@ def write(args, load, jit, rows, evals) -> None:
         lines.append(f"| {r['graph']} | {r['ops']} | {r['edges']} | {r['mode']} | {r['best_s']:.3f} | "
                      f"{r['cold_s'] if r['cold_s'] == '' else format(r['cold_s'], '.3f')} | {r['makespan_ms']} | "
                      f"{r['transfers']} | {'yes' if r['within_target'] else 'NO'} |")
-    lines += ["", "`cold` is the first call on a graph (it also builds the graph's cached tensor tables).", "",
+    lines += ["", "`cold` is the first call on a graph (it also builds the graph's cached tensor tables). "
+              "With the compiled engine, `simulate`'s time is naming the Schedule (dicts by op name, "
+              "Transfer records) and peak memory, not the event loop (next table).", "",
               f"## One evaluation: compiled `replay` on index arrays (target <= {TARGET_EVAL_S * 1000:g} ms)",
               "",
               "| graph | ops | evaluation | best (ms) | cold (s) | step (ms) | <= target |",
