@@ -41,13 +41,15 @@ Examples
 """
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
-from collections import deque
-from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
+import numpy as np
+from numba import njit
+
 from .errors import InvalidPlanError
+from .kernels import FlatArrays, csr
 from .problem import Problem
 
 __all__ = ["Run", "replay", "Timeline", "POLICIES", "LINK_MODELS", "INSERTION_SCAN"]
@@ -58,27 +60,100 @@ INSERTION_SCAN = 256  # idle gaps examined per insertion before appending (keeps
 EPS = 1e-9
 
 
-@dataclass
 class Run:
-    """What :func:`replay` returns (index arrays; times in µs).
+    """What :func:`replay` returns (times in µs).
+
+    The engine fills numpy arrays; the list views below are built on first
+    read (a search that only needs ``makespan`` or the arrays never pays for
+    them).
 
     Attributes
     ----------
-    start, finish : per op
-    ran : per device, the ops in the order they ran
-    xfers : per transfer ``(producer, tensor, bytes, dst device, start, finish,
-        consumers on dst)``, in the order they were requested
-    finished : ops in the order their finish was processed (the order
+    start, finish : list, per op
+    ran : list, per device, the ops in the order they ran
+    xfers : list, per transfer ``(producer, tensor, bytes, dst device, start,
+        finish, consumers on dst)``, in the order they were requested
+    finished : list, ops in the order their finish was processed (the order
         transfers were requested in)
-    makespan : when the last op or transfer ends
+    makespan : float, when the last op or transfer ends
+    start_array, finish_array : the same times as float64 arrays
     """
 
-    start: list
-    finish: list
-    ran: list
-    xfers: list
-    finished: list
-    makespan: float
+    def __init__(self, arrays: "_Arrays", send: tuple, out: tuple):
+        (self.start_array, self.finish_array, ran, self._ran_ptr, self._fin,
+         self._xk, self._xs, self._xf, makespan) = out
+        self._ran = ran
+        self._arrays, self._send = arrays, send
+        self.makespan = float(makespan)
+
+    @cached_property
+    def start(self) -> list:
+        return self.start_array.tolist()
+
+    @cached_property
+    def finish(self) -> list:
+        return self.finish_array.tolist()
+
+    @cached_property
+    def ran(self) -> list:
+        ran, ptr = self._ran.tolist(), self._ran_ptr.tolist()
+        return [ran[a:b] for a, b in zip(ptr, ptr[1:])]
+
+    @cached_property
+    def finished(self) -> list:
+        return self._fin.tolist()
+
+    @cached_property
+    def xfers(self) -> list:
+        ptr, t, dst, jptr, js = (a.tolist() for a in self._send[:5])
+        del ptr
+        nbytes = self._arrays.tbytes
+        return [(self._arrays.producer[t[k]], t[k], nbytes[t[k]], dst[k], s, f, js[jptr[k]:jptr[k + 1]])
+                for k, s, f in zip(self._xk.tolist(), self._xs.tolist(), self._xf.tolist())]
+
+
+class _Arrays:
+    """A Problem's graph as flat arrays for the compiled engine (built once
+    per Problem and link model, cached on the Problem).
+
+    On top of :class:`~pesto.kernels.FlatArrays` (adjacency, durations, comm
+    fits), CSR tables: per producer its tensors that cost a
+    transfer (positive bytes, some consumer; ascending tensor id); consumers
+    per tensor; the links of each (src, dst) route under the link model.
+    """
+
+    def __init__(self, prob: Problem, links: str | None):
+        self.n, self.nd = prob.n, prob.nd
+        self.flat = flat = FlatArrays.of(prob)
+        self.dur, self.succ_ptr, self.succ_idx, self.npred = flat.dur, flat.succ_ptr, flat.succ_idx, flat.npred
+        self.b0, self.b1 = flat.b0, flat.b1
+        tens = prob.tensors
+        self.producer = [i for _, i, _, _ in tens]
+        self.tbytes = [b for _, _, b, _ in tens]
+        self.tbytes_f = np.array(self.tbytes, dtype=np.float64)
+        self.cons_ptr, self.cons_idx = csr([c for _, _, _, c in tens])
+        by_prod: list[list[int]] = [[] for _ in range(prob.n)]
+        for t, (_, i, b, cons) in enumerate(tens):
+            if b > 0 and cons:
+                by_prod[i].append(t)
+        self.tp_ptr, self.tp_idx = csr(by_prod)
+        route = _route_links(prob, links)
+        self.route = route
+        self.r_ptr, self.r_idx = csr([route[a][b] for a in range(prob.nd) for b in range(prob.nd)])
+        self.n_links = prob.n_links
+
+    @staticmethod
+    def of(prob: Problem, links: str | None) -> "_Arrays":
+        cache = prob.__dict__.setdefault("_engine_arrays", {})
+        hit = cache.get(links)
+        if hit is None:
+            hit = cache[links] = _Arrays(prob, links)
+        return hit
+
+    def sends(self, dev: np.ndarray) -> tuple:
+        """The compiled :func:`_group_sends` tables of placement ``dev``."""
+        return _group_sends(dev, self.nd, self.tp_ptr, self.tp_idx, self.tbytes_f, self.cons_ptr,
+                            self.cons_idx, self.b0, self.b1)
 
 
 def _route_links(prob: Problem, links: str | None):
@@ -92,33 +167,72 @@ def _route_links(prob: Problem, links: str | None):
     raise ValueError(f"links must be one of {LINK_MODELS} or None, got {links!r}")
 
 
+def _dev_array(prob: Problem, dev) -> np.ndarray:
+    d = np.asarray(dev, dtype=np.int64)
+    if d.shape != (prob.n,):
+        raise ValueError(f"placement has {d.size} devices for {prob.n} ops")
+    if prob.n and (d.min() < 0 or d.max() >= prob.nd):
+        raise ValueError(f"placement names a device index outside 0..{prob.nd - 1}")
+    return d
+
+
+@njit(cache=True)
+def _group_sends(dev, nd, tp_ptr, tp_idx, tbytes, cons_ptr, cons_idx, b0, b1):
+    """What each producer sends where, once per (tensor, remote device), in
+    request order (tensor order, then devices in the order their first
+    consumer is listed). Returns CSR tables: ``ptr`` (per producer, its
+    transfers), per transfer ``tensor, dst, jptr`` (its consumers
+    ``js[jptr[k]:jptr[k + 1]]``, listed order) and ``length`` (route time)."""
+    n = dev.shape[0]
+    cap = cons_idx.shape[0]
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    ten = np.empty(cap, dtype=np.int64)
+    dst = np.empty(cap, dtype=np.int64)
+    length = np.empty(cap, dtype=np.float64)
+    jptr = np.zeros(cap + 1, dtype=np.int64)
+    js = np.empty(cap, dtype=np.int64)
+    mark = np.full(nd, -1, dtype=np.int64)
+    seen = np.empty(nd, dtype=np.int64)
+    k = 0
+    m = 0
+    for i in range(n):
+        di = dev[i]
+        for a in range(tp_ptr[i], tp_ptr[i + 1]):
+            t = tp_idx[a]
+            found = 0
+            for b in range(cons_ptr[t], cons_ptr[t + 1]):
+                dj = dev[cons_idx[b]]
+                if dj != di and mark[dj] != t:
+                    mark[dj] = t
+                    seen[found] = dj
+                    found += 1
+            for q in range(found):
+                dj = seen[q]
+                ten[k] = t
+                dst[k] = dj
+                length[k] = b0[di, dj] + b1[di, dj] * tbytes[t]
+                for b in range(cons_ptr[t], cons_ptr[t + 1]):
+                    if dev[cons_idx[b]] == dj:
+                        js[m] = cons_idx[b]
+                        m += 1
+                k += 1
+                jptr[k] = m
+        ptr[i + 1] = k
+    return ptr, ten[:k], dst[:k], jptr[:k + 1], js[:m], length[:k]
+
+
 def sends(prob: Problem, dev: Sequence[int], links: str | None = None) -> list:
     """What each producer sends where under placement ``dev``, once per
     (tensor, remote device): ``sends[i]`` is None or a list of ``(tensor,
     bytes, dst, consumers there, duration, link indices)`` in request order
     (tensor order, then the order consumers are listed)."""
-    route = _route_links(prob, links)
-    b0, b1 = prob.beta0, prob.beta1
+    ar = _Arrays.of(prob, links)
+    ptr, ten, dst, jptr, js, length = (a.tolist() for a in ar.sends(_dev_array(prob, dev)))
     out: list = [None] * prob.n
-    for t, (_, i, nbytes, cons) in enumerate(prob.tensors):
-        if nbytes <= 0 or not cons:
-            continue
-        di = dev[i]
-        by_dev: dict[int, list[int]] = {}
-        for j in cons:
-            dj = dev[j]
-            if dj != di:
-                lst = by_dev.get(dj)
-                if lst is None:
-                    by_dev[dj] = [j]
-                else:
-                    lst.append(j)
-        if by_dev:
-            lst = out[i]
-            if lst is None:
-                lst = out[i] = []
-            for dj, js in by_dev.items():
-                lst.append((t, nbytes, dj, js, b0[di][dj] + b1[di][dj] * nbytes, route[di][dj]))
+    for i in range(prob.n):
+        if ptr[i] < ptr[i + 1]:
+            out[i] = [(ten[k], ar.tbytes[ten[k]], dst[k], js[jptr[k]:jptr[k + 1]], length[k],
+                       ar.route[dev[i]][dst[k]]) for k in range(ptr[i], ptr[i + 1])]
     return out
 
 
@@ -127,8 +241,13 @@ def replay(prob: Problem, dev: Sequence[int], *, policy: str = "fifo",
            links: str | None = None) -> Run:
     """Replay one step of ``prob`` under placement ``dev`` (device index per op).
 
+    The event loop is compiled (numba; ``NUMBA_DISABLE_JIT=1`` runs it as
+    plain Python); the problem's flat arrays are built on the first call and
+    cached on the Problem.
+
     Parameters
     ----------
+    dev : sequence or int array, device index per op
     policy : {"order", "fifo", "priority"}
         How a free device picks its next op (see the module docstring).
     order : per device, op indices (``policy="order"``): each op exactly once,
@@ -141,7 +260,8 @@ def replay(prob: Problem, dev: Sequence[int], *, policy: str = "fifo",
     Raises
     ------
     InvalidPlanError
-        The order does not list every op exactly once, or deadlocks.
+        The order does not list every op exactly once on its own device, or
+        deadlocks.
 
     Examples
     --------
@@ -160,145 +280,214 @@ def replay(prob: Problem, dev: Sequence[int], *, policy: str = "fifo",
         raise ValueError("order= goes with policy='order' (and only with it)")
     if (priority is not None) != (policy == "priority"):
         raise ValueError("priority= goes with policy='priority' (and only with it)")
-    n = prob.n
-    dur = [row[d] for row, d in zip(prob.dur, dev)]
-    if policy == "order":
-        queues = [list(q) for q in order]
-        if sum(map(len, queues)) != n or len({j for q in queues for j in q}) != n:
-            raise InvalidPlanError(["the plan's order does not list every op exactly once"])
-    elif policy == "fifo":
-        queues = [deque() for _ in range(prob.nd)]
-    else:
-        if len(priority) != n:
-            raise ValueError(f"priority has {len(priority)} values for {n} ops")
-        queues = [[] for _ in range(prob.nd)]
-    prio = None if priority is None else [-float(x) for x in priority]
-    return _run(prob, dev, dur, sends(prob, dev, links), policy, queues, prio)
-
-
-def _run(prob: Problem, dev, dur, send, policy, queues, prio) -> Run:
-    # The hot loop of the simulator, kept in one function (about 110 lines):
-    # 40k-op graphs replay in well under a second only with every per-event
-    # step inlined and every array bound to a local.
     n, nd = prob.n, prob.nd
-    by_order = policy == "order"
-    if by_order:
-        qpos = [0] * nd
-        qlen = [len(q) for q in queues]
+    ar = _Arrays.of(prob, links)
+    d = _dev_array(prob, dev)
+    q_ptr = np.zeros(nd + 1, dtype=np.int64)
+    np.cumsum(np.bincount(d, minlength=nd), out=q_ptr[1:])
+    if policy == "order":
+        q_idx = _order_array(order, d, q_ptr, n, nd)
+    else:
+        q_idx = np.empty(n, dtype=np.int64)
+    if policy == "priority":
+        prio = -np.asarray(priority, dtype=np.float64)
+        if prio.shape != (n,):
+            raise ValueError(f"priority has {prio.size} values for {n} ops")
+    else:
+        prio = np.empty(0, dtype=np.float64)
+    send = ar.sends(d)
+    out = _run(POLICIES.index(policy), d, ar.dur[np.arange(n), d], ar.succ_ptr, ar.succ_idx, ar.npred,
+               send[0], send[2], send[5], send[3], send[4], ar.r_ptr, ar.r_idx, ar.n_links,
+               q_ptr, q_idx, prio)
+    nfin, qhead = out[-2], out[-1]
+    if nfin < n:
+        names = prob.names
+        stuck = [f"{prob.dev_names[k]}: {names[q_idx[q_ptr[k] + qhead[k]]]}" for k in range(nd)
+                 if policy == "order" and q_ptr[k] + qhead[k] < q_ptr[k + 1]]
+        raise InvalidPlanError([f"the order deadlocks (it contradicts the graph); waiting heads: {stuck[:4]}"])
+    return Run(ar, send, out[:-2])
+
+
+def _order_array(order, d: np.ndarray, q_ptr: np.ndarray, n: int, nd: int) -> np.ndarray:
+    """The per-device order flattened (device 0's ops, then device 1's ...),
+    checked: every op exactly once, in its own device's list."""
+    queues = [np.asarray(q, dtype=np.int64).ravel() for q in order]
+    bad = InvalidPlanError(["the plan's order does not list every op exactly once"])
+    if len(queues) > nd or sum(q.size for q in queues) != n:
+        raise bad
+    q_idx = np.concatenate(queues + [np.empty(0, dtype=np.int64)])
+    if n and (q_idx.min() < 0 or q_idx.max() >= n or np.bincount(q_idx, minlength=n).max() > 1):
+        raise bad
+    owner = np.repeat(np.arange(len(queues)), [q.size for q in queues])
+    if not np.array_equal(d[q_idx], owner):
+        raise InvalidPlanError(["the plan's order lists an op on another device than its own"])
+    return q_idx
+
+
+@njit(cache=True)
+def _hpush(hk, hs, hi, base, size, k, s, i):
+    """Push ``(k, s, i)`` on the binary heap ``h*[base:base + size]`` (the
+    order of Python tuples); returns the new size."""
+    pos = size
+    while pos > 0:
+        up = (pos - 1) >> 1
+        pk, ps, pi = hk[base + up], hs[base + up], hi[base + up]
+        if k < pk or (k == pk and (s < ps or (s == ps and i < pi))):
+            hk[base + pos], hs[base + pos], hi[base + pos] = pk, ps, pi
+            pos = up
+        else:
+            break
+    hk[base + pos], hs[base + pos], hi[base + pos] = k, s, i
+    return size + 1
+
+
+@njit(cache=True)
+def _hpop(hk, hs, hi, base, size):
+    """Drop the smallest entry (read it at ``h*[base]`` first); returns the new size."""
+    size -= 1
+    k, s, i = hk[base + size], hs[base + size], hi[base + size]
+    pos = 0
+    while True:
+        c = 2 * pos + 1
+        if c >= size:
+            break
+        r = c + 1
+        if r < size:
+            rk, ck = hk[base + r], hk[base + c]
+            if rk < ck or (rk == ck and (hs[base + r] < hs[base + c] or (
+                    hs[base + r] == hs[base + c] and hi[base + r] < hi[base + c]))):
+                c = r
+        ck, cs, ci = hk[base + c], hs[base + c], hi[base + c]
+        if ck < k or (ck == k and (cs < s or (cs == s and ci < i))):
+            hk[base + pos], hs[base + pos], hi[base + pos] = ck, cs, ci
+            pos = c
+        else:
+            break
+    if size > 0:
+        hk[base + pos], hs[base + pos], hi[base + pos] = k, s, i
+    return size
+
+
+@njit(cache=True)
+def _run(policy, dev, dur, succ_ptr, succ_idx, npred, s_ptr, s_dst, s_len, s_jptr, s_js,
+         r_ptr, r_idx, n_links, q_ptr, q_idx, prio):
+    # The hot loop of the simulator, kept in one compiled function (about 120
+    # lines): every per-event step inlined on flat arrays is what makes a 40k-op
+    # replay take milliseconds. policy: 0 order, 1 fifo, 2 priority.
+    # Device k's segment q_ptr[k]:q_ptr[k + 1] of q_idx is its order (policy 0)
+    # or its FIFO queue (1); of the pk/ps/pi arrays, its heap of ready ops (2).
+    n = dev.shape[0]
+    nd = q_ptr.shape[0] - 1
+    qhead = np.zeros(nd, dtype=np.int64)  # order: position; fifo: queue head
+    qtail = np.zeros(nd, dtype=np.int64)  # fifo: queue tail; priority: heap size
+    pk = np.empty(n if policy == 2 else 0, dtype=np.float64)
+    ps = np.empty(pk.shape[0], dtype=np.int64)
+    pi = np.empty(pk.shape[0], dtype=np.int64)
     seq_no = 0
-    is_ready = [False] * n
-    dev_free = [True] * nd
-    start = [0.0] * n
-    finish = [0.0] * n
-    ran: list[list[int]] = [[] for _ in range(nd)]
-    xfers: list = []
-    fin: list = []
-    succ = prob.succ
-    waiting = [len(p) for p in prob.pred]
-    arrive = [0.0] * n  # latest remote input arrival per op
-    link_free = [0.0] * prob.n_links
-    # events: (time, kind, op); kind 0 = finish, 1 = ready, 2 = a device picks
+    is_ready = np.zeros(n, dtype=np.bool_)
+    dev_free = np.ones(nd, dtype=np.bool_)
+    start = np.zeros(n, dtype=np.float64)
+    finish = np.zeros(n, dtype=np.float64)
+    ran = np.empty(n, dtype=np.int64)
+    nran = q_ptr[:-1].copy()  # next free slot of device k's run list
+    fin = np.empty(n, dtype=np.int64)
+    nfin = 0
+    nx_cap = s_dst.shape[0]
+    xk = np.empty(nx_cap, dtype=np.int64)
+    xs = np.empty(nx_cap, dtype=np.float64)
+    xf = np.empty(nx_cap, dtype=np.float64)
+    nx = 0
+    waiting = npred.copy()
+    arrive = np.zeros(n, dtype=np.float64)  # latest remote input arrival per op
+    link_free = np.zeros(n_links, dtype=np.float64)
+    # events (time, kind, op); kind 0 = finish, 1 = ready, 2 = a device picks
     # (priority policy): at equal times finishes come first, so a freed device
     # sees every op ready by then, and picks after every op ready then is queued
-    push, pop = heapq.heappush, heapq.heappop
-    events: list = [(0.0, 1, i) for i in range(n) if waiting[i] == 0]
-    heapq.heapify(events)
-    append_fin = fin.append
+    cap = 4 * n + nd + 1
+    ek = np.empty(cap, dtype=np.float64)
+    es = np.empty(cap, dtype=np.int64)
+    ei = np.empty(cap, dtype=np.int64)
+    ne = 0
+    for i in range(n):
+        if waiting[i] == 0:
+            ne = _hpush(ek, es, ei, 0, ne, 0.0, 1, i)
 
-    while events:
-        now, kind, i = pop(events)
+    while ne > 0:
+        now, kind, i = ek[0], es[0], ei[0]
+        ne = _hpop(ek, es, ei, 0, ne)
+        j = -1  # the op device d starts now, if any
         if kind == 2:  # priority: device i picks its best ready op
-            q = queues[i]
-            if dev_free[i] and q:
-                j = pop(q)[2]
-                dev_free[i] = False
-                start[j] = now
-                f = now + dur[j]
-                finish[j] = f
-                ran[i].append(j)
-                push(events, (f, 0, j))
-            continue
-        if kind:
+            d = i
+            if dev_free[d] and qtail[d] > 0:
+                j = pi[q_ptr[d]]
+                qtail[d] = _hpop(pk, ps, pi, q_ptr[d], qtail[d])
+        elif kind == 1:
             d = dev[i]
-            if prio is not None:
-                push(queues[d], (prio[i], seq_no, i))
+            if policy == 2:
+                qtail[d] = _hpush(pk, ps, pi, q_ptr[d], qtail[d], prio[i], seq_no, i)
                 seq_no += 1
                 if dev_free[d]:
-                    push(events, (now, 2, d))
-                continue
-            if by_order:
+                    ne = _hpush(ek, es, ei, 0, ne, now, 2, d)
+            elif policy == 0:
                 is_ready[i] = True
-                if not dev_free[d] or queues[d][qpos[d]] != i:
-                    continue
-                qpos[d] += 1
-            elif not dev_free[d]:
-                queues[d].append(i)
-                continue
-            dev_free[d] = False
-            start[i] = now
-            f = now + dur[i]
-            finish[i] = f
-            ran[d].append(i)
-            push(events, (f, 0, i))
-            continue
-        append_fin(i)
-        d = dev[i]
-        lst = send[i]
-        if lst is not None:
-            for t, nbytes, dd, js, length, route in lst:
-                s = now
-                for l in route:
-                    if link_free[l] > s:
-                        s = link_free[l]
-                f = s + length
-                for l in route:
-                    link_free[l] = f
-                xfers.append((i, t, nbytes, dd, s, f, js))
-                for j in js:
-                    if f > arrive[j]:
-                        arrive[j] = f
-        for j in succ[i]:
-            w = waiting[j] - 1
-            waiting[j] = w
-            if w == 0:
-                a = arrive[j]
-                push(events, (a if a > now else now, 1, j))
-        # the device is free: start the next op it may run
-        if by_order:
-            p = qpos[d]
-            if p < qlen[d] and is_ready[queues[d][p]]:
-                j = queues[d][p]
-                qpos[d] = p + 1
+                if dev_free[d] and q_idx[q_ptr[d] + qhead[d]] == i:
+                    qhead[d] += 1
+                    j = i
+            elif dev_free[d]:
+                j = i
             else:
-                dev_free[d] = True
-                continue
-        elif prio is not None:
-            dev_free[d] = True
-            if queues[d]:
-                push(events, (now, 2, d))
-            continue
+                q_idx[q_ptr[d] + qtail[d]] = i
+                qtail[d] += 1
         else:
-            q = queues[d]
-            if not q:
-                dev_free[d] = True
-                continue
-            j = q.popleft()
-        start[j] = now
-        f = now + dur[j]
-        finish[j] = f
-        ran[d].append(j)
-        push(events, (f, 0, j))
+            fin[nfin] = i
+            nfin += 1
+            d = dev[i]
+            for k in range(s_ptr[i], s_ptr[i + 1]):
+                dd = s_dst[k]
+                s = now
+                for m in range(r_ptr[d * nd + dd], r_ptr[d * nd + dd + 1]):
+                    if link_free[r_idx[m]] > s:
+                        s = link_free[r_idx[m]]
+                f = s + s_len[k]
+                for m in range(r_ptr[d * nd + dd], r_ptr[d * nd + dd + 1]):
+                    link_free[r_idx[m]] = f
+                xk[nx], xs[nx], xf[nx] = k, s, f
+                nx += 1
+                for m in range(s_jptr[k], s_jptr[k + 1]):
+                    if f > arrive[s_js[m]]:
+                        arrive[s_js[m]] = f
+            for m in range(succ_ptr[i], succ_ptr[i + 1]):
+                c = succ_idx[m]
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    ne = _hpush(ek, es, ei, 0, ne, max(arrive[c], now), 1, c)
+            # the device is free: start the next op it may run
+            dev_free[d] = True
+            if policy == 0:
+                p = q_ptr[d] + qhead[d]
+                if p < q_ptr[d + 1] and is_ready[q_idx[p]]:
+                    j = q_idx[p]
+                    qhead[d] += 1
+            elif policy == 2:
+                if qtail[d] > 0:
+                    ne = _hpush(ek, es, ei, 0, ne, now, 2, d)
+            elif qhead[d] < qtail[d]:
+                j = q_idx[q_ptr[d] + qhead[d]]
+                qhead[d] += 1
+        if j >= 0:
+            dev_free[d] = False
+            start[j] = now
+            finish[j] = now + dur[j]
+            ran[nran[d]] = j
+            nran[d] += 1
+            ne = _hpush(ek, es, ei, 0, ne, finish[j], 0, j)
 
-    if len(fin) < n:
-        names = prob.names
-        stuck = [f"{prob.dev_names[d]}: {names[queues[d][qpos[d]]]}" for d in range(nd)
-                 if by_order and qpos[d] < qlen[d]]
-        raise InvalidPlanError([f"the order deadlocks (it contradicts the graph); waiting heads: {stuck[:4]}"])
-    makespan = max(finish, default=0.0)
-    for x in xfers:
-        if x[5] > makespan:
-            makespan = x[5]
-    return Run(start, finish, ran, xfers, fin, makespan)
+    makespan = 0.0
+    for i in range(n):
+        makespan = max(makespan, finish[i])
+    for k in range(nx):
+        makespan = max(makespan, xf[k])
+    return start, finish, ran, q_ptr, fin[:nfin], xk[:nx], xs[:nx], xf[:nx], makespan, nfin, qhead
 
 
 class Timeline:

@@ -26,6 +26,7 @@ from .cluster import Cluster
 from .dag import bottom_levels
 from .errors import InfeasibleError
 from .graph import OpGraph
+from .kernels import placed_ranks
 
 __all__ = ["Problem", "GraphArrays"]
 
@@ -206,20 +207,7 @@ class Problem:
         """Longest path from each op's start to a sink under placement ``dev``
         (device index per op): compute on its device, a transfer on every edge
         whose ends differ (``beta0 + beta1 * bytes``, no queueing)."""
-        dur, b0, b1, outs = self.dur, self.beta0, self.beta1, self.outs
-        rank = [0.0] * self.n
-        for i in reversed(self.topo):
-            best = 0.0
-            a = dev[i]
-            for j, nb in outs[i]:
-                v = rank[j]
-                b = dev[j]
-                if a != b and nb > 0:
-                    v += b0[a][b] + b1[a][b] * nb
-                if v > best:
-                    best = v
-            rank[i] = dur[i][a] + best
-        return rank
+        return placed_ranks(self, dev).tolist()  # compiled: a search calls it per move
 
 
 def _no_device(ops, mem, kinds, devs):

@@ -41,7 +41,7 @@ from .memory import timed_peak
 from .plan import Plan, Transfer
 from .problem import INF, Problem
 
-__all__ = ["Schedule", "simulate"]
+__all__ = ["Schedule", "simulate", "run_peak"]
 
 
 @dataclass
@@ -313,9 +313,15 @@ def _schedule(prob: Problem, dev, run, mode: str, memory: bool) -> Schedule:
                  for i, t, nbytes, dd, s, f, js in run.xfers]
     sched = Schedule(prob.graph, prob.cluster, pl, st, fi, transfers, run.makespan, order_out, mode)
     if memory:
-        sched.peak_memory = timed_peak(prob.graph, prob.cluster, dev, run.start, run.finish,
-                                        [(i, nbytes, dd, s, f, js) for i, t, nbytes, dd, s, f, js in run.xfers])
+        sched.peak_memory = run_peak(prob, dev, run)
     return sched
+
+
+def run_peak(prob: Problem, dev, run) -> dict[str, int]:
+    """Peak memory per device name of an engine :class:`~pesto.engine.Run`
+    under placement ``dev`` (what :func:`simulate` reports with ``memory=True``)."""
+    return timed_peak(prob.graph, prob.cluster, dev, run.start, run.finish,
+                      [(i, nbytes, dd, s, f, js) for i, t, nbytes, dd, s, f, js in run.xfers])
 
 
 simulate.__doc__ = _simulate.__doc__

@@ -36,13 +36,17 @@ import random
 import time
 from typing import Mapping, Sequence
 
+import numpy as np
+
 import coarsen
 from pesto.cluster import Cluster
 from pesto.dag import UnionFind
+from pesto.engine import Run, replay
 from pesto.graph import OpGraph
+from pesto.kernels import placed_ranks
 from pesto.plan import Plan
 from pesto.problem import Problem
-from pesto.simulate import simulate
+from pesto.simulate import run_peak, simulate
 
 from .common import finalize
 
@@ -67,16 +71,22 @@ def slack(graph: OpGraph, cluster: Cluster, sched) -> list[float]:
     [0.0, 0.0, 4.0]
     """
     prob = Problem.of(graph, cluster)
-    n, idx = prob.n, prob.index
+    idx = prob.index
     dev = prob.placement_index(sched.placement)
     st = [sched.start[nm] for nm in prob.names]
     fi = [sched.finish[nm] for nm in prob.names]
+    ran = [[idx[o] for o in seq] for seq in sched.order.values()]
+    return _slack(prob, dev, st, fi, ran, sched.makespan)
+
+
+def _slack(prob: Problem, dev, st, fi, ran, end: float) -> list[float]:
+    """:func:`slack` on index arrays (``ran``: per device, the ops in the order they ran)."""
+    n = prob.n
     nxt = [-1] * n
-    for seq in sched.order.values():
+    for seq in ran:
         for a, b in zip(seq, seq[1:]):
-            nxt[idx[a]] = idx[b]
+            nxt[a] = b
     outs = [[(j, prob.comm(dev[i], dev[j], nb)) for j, nb in prob.outs[i]] for i in range(n)]
-    end = sched.makespan
     latest = [0.0] * n  # latest finish
     topo_pos = [0] * n
     for r, i in enumerate(prob.topo):
@@ -278,43 +288,48 @@ def move_groups(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str], 
 
 class _Search:
     """The state of one :func:`refine` run: the placement as a device index
-    per op, the best step found from it, and the best placement ever seen."""
+    per op (an int64 array, what the compiled engine reads without a copy),
+    the best step found from it, and the best placement ever seen."""
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, place: list[int], start: Plan, *, seed: int,
+    def __init__(self, graph: OpGraph, cluster: Cluster, place, start: Plan, *, seed: int,
                  deadline: float, max_evals: int | None, with_fifo: bool):
         self.graph, self.cluster = graph, cluster
         self.prob = prob = Problem.of(graph, cluster)
         self.rng = random.Random(seed)
         self.deadline, self.max_evals, self.with_fifo = deadline, max_evals, with_fifo
         self.work = [prob.fastest(i) for i in range(prob.n)]
-        self.place = place
-        self.best_sched = self.score(place)
+        self.place = place = np.array(place, dtype=np.int64)
+        self.best_sched, self.sched_place = self.score(place), place.copy()
         self.best = min(self.best_sched.makespan, start.makespan)
         self.base_over = self.over(start.peak_memory)
         self.evals, self.accepted, self.kicks = 1, 0, 0
         self.per_level: list[int] = []
         self.stop = False
-        self.glob, self.glob_place, self.glob_over = self.best, place[:], self.base_over
+        self._slack_of: tuple = (None, None)
+        self.glob, self.glob_place, self.glob_over = self.best, place.copy(), self.base_over
 
-    def placement(self, place: list[int]) -> dict[str, str]:
+    def placement(self, place) -> dict[str, str]:
         dn = self.prob.dev_names
-        return dict(zip(self.prob.names, [dn[k] for k in place]))
+        return dict(zip(self.prob.names, [dn[k] for k in place.tolist()]))
 
     def over(self, peak) -> float:
         """Bytes over capacity, summed over devices."""
         return float(sum(max(0, peak[d.name] - d.memory) for d in self.cluster.devices))
 
-    def memory_over(self, place: list[int]) -> float:
-        return self.over(simulate(self.graph, self.cluster, self.placement(place), mode="fifo").peak_memory)
+    def memory_over(self, place) -> float:
+        """Bytes over capacity under TF's FIFO schedule of ``place``."""
+        return self.over(run_peak(self.prob, place, replay(self.prob, place, policy="fifo")))
 
-    def score(self, place: list[int]):
-        """The schedule of ``place`` by placed rank (with ``with_fifo``, or TF's FIFO if shorter)."""
-        pl = self.placement(place)
-        a = simulate(self.graph, self.cluster, pl, mode="fifo", memory=False,
-                     priority=self.prob.placed_bottom_levels(place))
+    def score(self, place) -> Run:
+        """The schedule of ``place`` by placed rank (with ``with_fifo``, or TF's FIFO if shorter).
+
+        The engine's compiled replay straight on the index arrays: no names,
+        no Schedule, so a move on a 36k-op graph costs milliseconds."""
+        prob = self.prob
+        a = replay(prob, place, policy="priority", priority=placed_ranks(prob, place))
         if not self.with_fifo:
             return a
-        b = simulate(self.graph, self.cluster, pl, mode="fifo", memory=False)
+        b = replay(prob, place, policy="fifo")
         return a if a.makespan <= b.makespan else b
 
     def targets(self, ms: list[int]) -> list[int]:
@@ -340,7 +355,11 @@ class _Search:
     def sweep(self, lv: int, units) -> bool:
         """Try every unit of one level on every other device; True if a move was kept."""
         # least slack first (critical units), then the heaviest, random among equals
-        sl = slack(self.graph, self.cluster, self.best_sched)
+        run = self.best_sched
+        if self._slack_of[0] is not run:  # slack costs more than a move: once per schedule
+            self._slack_of = (run, _slack(self.prob, self.sched_place.tolist(), run.start, run.finish,
+                                          run.ran, run.makespan))
+        sl = self._slack_of[1]
         key = [(round(min(sl[i] for i in ms), 3), -sum(self.work[i] for i in ms)) for ms in units]
         seq = list(range(len(units)))
         self.rng.shuffle(seq)
@@ -349,7 +368,7 @@ class _Search:
         for u in seq:
             ms = units[u]
             for d in self.targets(ms):
-                if all(self.place[i] == d for i in ms):
+                if (self.place[ms] == d).all():
                     continue
                 if time.perf_counter() >= self.deadline or (
                         self.max_evals is not None and self.evals >= self.max_evals):
@@ -363,26 +382,24 @@ class _Search:
     def try_move(self, ms: list[int], d: int, lv: int) -> bool:
         """Move unit ``ms`` to device ``d``; keep it if the step drops and memory still fits."""
         place = self.place
-        old = [place[i] for i in ms]
-        for i in ms:
-            place[i] = d
+        old = place[ms]  # a copy (fancy indexing)
+        place[ms] = d
         sched = self.score(place)
         self.evals += 1
         new = sched.makespan
         if new < self.best - 1e-6 * max(1.0, self.best):
             o = self.memory_over(place)
             if o <= self.base_over:
-                self.best, self.base_over, self.best_sched = new, o, sched
+                self.best, self.base_over, self.best_sched, self.sched_place = new, o, sched, place.copy()
                 self.accepted += 1
                 self.per_level[lv] += 1
                 return True
-        for i, p in zip(ms, old):
-            place[i] = p
+        place[ms] = old
         return False
 
     def keep_if_best(self) -> None:
         if self.best < self.glob - 1e-6 * max(1.0, self.glob):
-            self.glob, self.glob_place, self.glob_over = self.best, self.place[:], self.base_over
+            self.glob, self.glob_place, self.glob_over = self.best, self.place.copy(), self.base_over
 
     def kick(self, levels) -> None:
         """Move 1-3 random units of the best placement ever seen; search on from there
@@ -390,18 +407,17 @@ class _Search:
         rng = self.rng
         pool = [u for u in levels if len(u) >= 4] or levels
         units = pool[rng.randrange(len(pool))]
-        place = self.glob_place[:]
+        place = self.glob_place.copy()
         for u in rng.sample(range(len(units)), min(len(units), rng.randint(1, 3))):
             d = rng.choice(self.targets(units[u]))
-            for i in units[u]:
-                place[i] = d
+            place[units[u]] = d
         self.kicks += 1
         o = self.memory_over(place)
         if o > self.glob_over:
-            self.place = self.glob_place[:]
+            self.place = self.glob_place.copy()
             return
         self.place = place
-        self.best_sched = self.score(place)
+        self.best_sched, self.sched_place = self.score(place), place.copy()
         self.evals += 1
         self.best, self.base_over = self.best_sched.makespan, o
 
@@ -445,7 +461,8 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
     -------
     Plan
         ``placer="refine"``; ``stats["refine"]`` has the evaluations, accepted
-        moves and the step before and after (a diagnostic).
+        moves, the step before and after, and ``search_seconds`` (the time
+        spent moving units, after building the levels; a diagnostic).
     """
     t0 = time.perf_counter()
     # the start, as a fixed-order plan
@@ -455,12 +472,14 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
     search = _Search(graph, cluster, place, start, seed=seed, deadline=t0 + time_limit,
                      max_evals=max_evals, with_fifo=with_fifo)
     levels = move_groups(graph, cluster, plan.placement, groups, targets=targets)
+    t_search = time.perf_counter()
     while True:
         search.descend(levels)
         search.keep_if_best()
         if search.stop or search.kicks >= kicks:
             break
         search.kick(levels)  # converged: kick the best placement and search again
+    t_search = time.perf_counter() - t_search
     out = reschedule(graph, cluster, search.placement(search.glob_place), placer="refine",
                      candidates=[c for c in candidates if c in ("fifo", "rank")])
     if better(start, out):
@@ -472,5 +491,6 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
     stats["refine"] = {"evaluations": search.evals, "accepted": search.accepted,
                        "start_makespan": start.makespan, "makespan": out.makespan,
                        "levels": [len(u) for u in levels], "accepted_per_level": search.per_level,
-                       "kicks": search.kicks, "seconds": time.perf_counter() - t0}
+                       "kicks": search.kicks, "seconds": time.perf_counter() - t0,
+                       "search_seconds": t_search}
     return out.replace(placer="refine", wall_time=time.perf_counter() - t0, stats={**out.stats, **stats})

@@ -2,6 +2,7 @@
 scheduling, the local search (reschedule, refine) and the improve pipeline."""
 import random
 
+import numpy as np
 import pytest
 
 import coarsen
@@ -272,3 +273,34 @@ def test_module_doctests():
     for mod in (solver.search, solver.pipeline, coarsen.base, coarsen.height):
         res = doctest.testmod(mod)
         assert res.failed == 0 and res.attempted > 0, mod.__name__
+
+
+def test_refine_scores_moves_with_the_compiled_engine_as_simulate_would():
+    """refine's per-move score (compiled replay on index arrays) is the
+    makespan `simulate` reports for the placed-rank list schedule (and TF's
+    FIFO with ``with_fifo``), and its slack is :func:`slack`'s."""
+    from solver.search import _Search, _slack
+
+    g, cl = _graph(seed=3, n=400), _cluster()
+    prob = Problem.of(g, cl)
+    start = reschedule(g, cl, get_placer("m-etf")(g, cl), candidates=("fifo",))
+    place = prob.placement_index(start.placement)
+    for fifo in (False, True):
+        search = _Search(g, cl, place, start, seed=0, deadline=float("inf"), max_evals=None, with_fifo=fifo)
+        rnd = random.Random(1)
+        for _ in range(10):
+            trial = list(place)
+            for i in rnd.sample(range(prob.n), 20):
+                if prob.unit[i] < 0 or len(prob.members[prob.unit[i]]) == 1:
+                    trial[i] = rnd.choice(prob.allowed[i])
+            pl = {nm: prob.dev_names[d] for nm, d in zip(prob.names, trial)}
+            want = simulate(g, cl, pl, mode="fifo", memory=False, priority=placed_ranks(g, cl, pl))
+            if fifo:
+                b = simulate(g, cl, pl, mode="fifo", memory=False)
+                want = want if want.makespan <= b.makespan else b
+            run = search.score(np.array(trial))
+            assert run.makespan == want.makespan
+            assert run.start == [want.start[nm] for nm in prob.names]
+            assert _slack(prob, trial, run.start, run.finish, run.ran, run.makespan) == slack(g, cl, want)
+            assert search.memory_over(np.array(trial)) == search.over(
+                simulate(g, cl, pl, mode="fifo").peak_memory)
