@@ -94,8 +94,9 @@ class _Frame:
 
 def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], finish: Sequence[float],
                  tail: Sequence[float], window: Sequence[int], *, devices: Sequence[int] | None = None,
-                 order: Sequence[Sequence[int]] | None = None, time_limit: float = 2.0,
-                 workers: int = 1, seed: int = 0, log: bool = False) -> WindowResult:
+                 order: Sequence[Sequence[int]] | None = None, time_limit: float = 1.0,
+                 wall_limit: float | None = None, workers: int = 1, seed: int = 0,
+                 log: bool = False) -> WindowResult:
     """Place and time the ``window`` ops of an incumbent schedule exactly.
 
     Parameters
@@ -107,16 +108,18 @@ def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], fini
     devices : the devices window ops may move to (default: all they allow)
     order : the incumbent's per-device order (default: by start time); the
         first op after the window on each device gives that device's tail
-    time_limit : seconds (also the deterministic time limit, so that
-        ``workers=1`` and a fixed ``seed`` give the same answer when the
-        deterministic limit is what stops the search)
+    time_limit : CP-SAT's deterministic time limit (about seconds; what
+        makes ``workers=1`` with a fixed ``seed`` repeatable)
+    wall_limit : seconds, a safety net (default ``10 * time_limit``); when it
+        stops the search first, the answer may vary from run to run
 
     Returns
     -------
     WindowResult
     """
     wm = _WindowModel(prob, dev, start, finish, tail, window, devices, order)
-    return wm.solve(time_limit=time_limit, workers=workers, seed=seed, log=log)
+    wall = 10 * time_limit if wall_limit is None else wall_limit
+    return wm.solve(time_limit=time_limit, wall_limit=wall, workers=workers, seed=seed, log=log)
 
 
 class _WindowModel:
@@ -294,10 +297,11 @@ class _WindowModel:
         m.add_hint(self.obj, inc)
         self.incumbent_us = f.us(inc)
 
-    def solve(self, *, time_limit: float, workers: int, seed: int, log: bool) -> WindowResult:
+    def solve(self, *, time_limit: float, wall_limit: float, workers: int, seed: int,
+              log: bool) -> WindowResult:
         solver = cp_model.CpSolver()
         prm = solver.parameters
-        prm.max_time_in_seconds = float(time_limit)
+        prm.max_time_in_seconds = float(wall_limit)
         prm.max_deterministic_time = float(time_limit)
         prm.num_workers = int(workers)
         prm.random_seed = int(seed)
