@@ -75,6 +75,14 @@ class _Incumbent:
         self.fi = [sched.finish[nm] for nm in names]
         self.order = [[prob.index[o] for o in sched.order.get(d, ())] for d in dn]
         self.makespan = sched.makespan
+        tid = {t[0]: k for k, t in enumerate(prob.tensors)}
+        di = prob.dev_index
+        self.xfers = []  # the engine's form: (producer, tensor, bytes, dst, start, finish, consumers there)
+        for x in sched.transfers:
+            k = tid[x.tensor]
+            _, i, nbytes, cons = prob.tensors[k]
+            d = di[x.dst]
+            self.xfers.append((i, k, nbytes, d, x.start, x.finish, [j for j in cons if self.dev[j] == d]))
         self.over = sum(max(0, sched.peak_memory[d.name] - d.memory) for d in prob.cluster.devices)
         self.slack = slack(prob.graph, prob.cluster, sched)
         self.tail = [max(0.0, self.makespan - self.st[i] - self.slack[i]) for i in range(prob.n)]
@@ -181,7 +189,7 @@ def _compose(prob: Problem, inc: _Incumbent, window: list[int], res, topo_pos) -
 
 def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, window: int = WINDOW,
         seed: int = 0, workers: int = 1, window_time: float = 1.0, max_windows: int | None = None,
-        kinds: Sequence[str] = KINDS, log: bool = False) -> Plan:
+        kinds: Sequence[str] = KINDS, links: bool = True, log: bool = False) -> Plan:
     """Large-neighbourhood search with CP-SAT windows on the full graph.
 
     Parameters
@@ -204,6 +212,9 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
     max_windows : int, optional
         Stop after this many windows.
     kinds : window kinds to rotate through (see the module docstring)
+    links : bool
+        On a cluster whose links contend, transfers hold their links in the
+        window model (no-overlap per link); False: precedence delays only.
     log : bool
         CP-SAT's search log.
 
@@ -243,6 +254,7 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
             continue
         per[kind]["tried"] += 1
         res = solve_window(prob, inc.dev, inc.st, inc.fi, inc.tail, w, devices=devices, order=inc.order,
+                           xfers=inc.xfers if links else None,
                            time_limit=window_time, wall_limit=min(WALL_FACTOR * window_time, left), workers=workers,
                            seed=seed + tried, log=log)
         cpsat[res.status] = cpsat.get(res.status, 0) + 1

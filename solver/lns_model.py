@@ -94,7 +94,8 @@ class _Frame:
 
 def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], finish: Sequence[float],
                  tail: Sequence[float], window: Sequence[int], *, devices: Sequence[int] | None = None,
-                 order: Sequence[Sequence[int]] | None = None, time_limit: float = 1.0,
+                 order: Sequence[Sequence[int]] | None = None, xfers: Sequence | None = None,
+                 time_limit: float = 1.0,
                  wall_limit: float | None = None, workers: int = 1, seed: int = 0,
                  log: bool = False) -> WindowResult:
     """Place and time the ``window`` ops of an incumbent schedule exactly.
@@ -108,6 +109,9 @@ def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], fini
     devices : the devices window ops may move to (default: all they allow)
     order : the incumbent's per-device order (default: by start time); the
         first op after the window on each device gives that device's tail
+    xfers : the incumbent's transfers ``(producer, tensor, bytes, dst, start,
+        finish, consumers)`` (:class:`pesto.engine.Run`); with them, and a
+        cluster whose links contend, transfers hold their route's links
     time_limit : CP-SAT's deterministic time limit (about seconds; what
         makes ``workers=1`` with a fixed ``seed`` repeatable)
     wall_limit : seconds, a safety net (default ``10 * time_limit``); when it
@@ -117,13 +121,13 @@ def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], fini
     -------
     WindowResult
     """
-    wm = _WindowModel(prob, dev, start, finish, tail, window, devices, order)
+    wm = _WindowModel(prob, dev, start, finish, tail, window, devices, order, xfers)
     wall = 10 * time_limit if wall_limit is None else wall_limit
     return wm.solve(time_limit=time_limit, wall_limit=wall, workers=workers, seed=seed, log=log)
 
 
 class _WindowModel:
-    def __init__(self, prob, dev, start, finish, tail, window, devices, order):
+    def __init__(self, prob, dev, start, finish, tail, window, devices, order, xfers=None):
         self.p, self.dev, self.st, self.fi, self.tail = prob, dev, start, finish, tail
         self.W = list(window)
         self.inw = set(self.W)
@@ -137,6 +141,10 @@ class _WindowModel:
         self._variables()
         self._devices(order)
         self._precedences()
+        self.obj = self.m.new_int_var(0, 2 * self.horizon + self.f.size(max(tail)) + 10, "obj")
+        self.link_hints: list = []
+        if xfers is not None and prob.n_links:
+            self._links(xfers)
         self._objective()
 
     def _choices(self) -> None:
@@ -258,6 +266,93 @@ class _WindowModel:
                 full = {a: dl.get(a, self.horizon) for a in self.x[i]}
                 self._bounded(i, self.e[i], full, lower=False)
 
+    def _links(self, xfers) -> None:
+        """Transfers on contended links: the incumbent's transfers that no window
+        op sends or receives are fixed intervals; a producer with a window end
+        on some out-edge gets, per device pair with a route, one optional
+        interval (present when it is there and a consumer is on the other
+        device) after its end and before each such consumer (a fixed consumer:
+        its deadline; a later one: its tail)."""
+        p, f, m, inw = self.p, self.f, self.m, self.inw
+        ivs: dict[int, list] = {l: [] for l in range(p.n_links)}
+        sent: dict[tuple, tuple] = {}  # (producer, dst) -> incumbent (first start, last finish)
+        for i, t, nb, dd, s0, f0, js in xfers:
+            a0, b0 = sent.get((i, dd), (s0, f0))
+            sent[(i, dd)] = (min(a0, s0), max(b0, f0))
+            if i in inw or self.st[i] > self.hi or f0 <= self.lo or any(j in inw for j in js):
+                continue
+            a, b = max(0, f.t(s0)), f.t(f0)
+            if b > a:
+                for l in p.links[self.dev[i]][dd]:
+                    ivs[l].append(m.new_fixed_size_interval_var(a, b - a, f"xfer[{i}:{t}>{dd}]"))
+        producers = sorted(set(self.W) | {i for j in self.W for i, _ in p.ins[j]})
+        for i in producers:
+            outs = [(j, b) for j, b in p.outs[i] if b > 0 and (i in inw or j in inw)]
+            if outs:
+                self._sends(i, outs, sent, ivs)
+        for l, lst in ivs.items():
+            if len(lst) > 1:
+                m.add_no_overlap(lst)
+
+    def _sends(self, i: int, outs, sent: dict, ivs: dict) -> None:
+        p, f, m, inw = self.p, self.f, self.m, self.inw
+        xi = self.x[i] if i in inw else {self.dev[i]: None}
+        for a, la in xi.items():
+            for c in range(p.nd):
+                cons = [(j, (self.x[j] if j in inw else {self.dev[j]: None})[c], b) for j, b in outs
+                        if c in (self.x[j] if j in inw else (self.dev[j],))]
+                size = f.size(p.comm(a, c, max((b for _, _, b in cons), default=0)))
+                if a == c or not cons or size <= 0 or not p.links[a][c]:
+                    continue
+                old = sent.get((i, c)) if a == self.dev[i] else None
+                if i not in inw and old is not None:  # a fixed producer's transfer: kept, a release
+                    for j, lc, _ in cons:
+                        ct = m.add(self.s[j] >= f.t(old[1]))
+                        if lc is not None:
+                            ct.only_enforce_if(lc)
+                    continue
+                on = self._present(la, [lc for _, lc, _ in cons], f"send[{i}@{a}>{c}]")
+                lo = 0 if i in inw else max(0, f.t(self.fi[i]))
+                st = m.new_int_var(lo, self.horizon, f"xs[{i}@{a}>{c}]")
+                en = m.new_int_var(lo, self.horizon + size, f"xe[{i}@{a}>{c}]")
+                iv = (m.new_interval_var(st, size, en, "xfer") if on is None
+                      else m.new_optional_interval_var(st, size, en, on, "xfer"))
+                for l in p.links[a][c]:
+                    ivs[l].append(iv)
+                if i in inw:
+                    self._when(m.add(st >= self.e[i]), [on])
+                for j, lc, _ in cons:
+                    if j in inw:
+                        self._when(m.add(self.s[j] >= en), [on, lc])
+                    elif self.st[j] <= self.hi:
+                        self._when(m.add(en <= f.t(self.st[j]) + DEADLINE_SLACK), [on])
+                    else:
+                        self._when(m.add(self.obj >= en + f.size(self.tail[j])), [on])
+                here = a == self.dev[i] and any(self.dev[j] == c for j, _, _ in cons)
+                self.link_hints.append((on, here, st, en, size, f.t(old[0]) if here and old else None, i))
+
+    def _present(self, la, lcs: list, name: str):
+        """A literal true iff ``la`` and some of ``lcs`` (None: always true); None if always true."""
+        if la is None and any(lc is None for lc in lcs):
+            return None
+        if la is not None and all(lc is None for lc in lcs):
+            return la
+        m = self.m
+        on = m.new_bool_var(name)
+        for lc in lcs:
+            m.add_bool_or([x.Not() for x in (la, lc) if x is not None] + [on])
+        if la is not None:
+            m.add_implication(on, la)
+        if all(lc is not None for lc in lcs):
+            m.add_bool_or([on.Not()] + lcs)
+        return on
+
+    @staticmethod
+    def _when(ct, lits) -> None:
+        lits = [x for x in lits if x is not None]
+        if lits:
+            ct.only_enforce_if(lits)
+
     def _bounded(self, i: int, var, bound: dict, *, lower: bool) -> None:
         """``var >= / <= bound[device of i]``."""
         expr = self._pick(i, bound)
@@ -268,7 +363,6 @@ class _WindowModel:
 
     def _objective(self) -> None:
         f, m = self.f, self.m
-        self.obj = m.new_int_var(0, 2 * self.horizon + f.size(max(self.tail)) + 10, "obj")
         self.tails = {}
         for i in self.W:
             tails = self.tails[i] = {}
@@ -284,6 +378,7 @@ class _WindowModel:
         f, m = self.f, self.m
         f, inc = self.f, 0
         hinted = set()  # a unit's literals are shared by its members
+        ends: dict[int, int] = {}
         for i in self.W:
             for d, lit in self.x[i].items():
                 if lit is not None and lit.index not in hinted:
@@ -291,9 +386,17 @@ class _WindowModel:
                     m.add_hint(lit, d == self.dev[i])
             s = max(0, min(self.horizon, f.t(self.st[i])))
             m.add_hint(self.s[i], s)
-            e = min(self.horizon, s + self.dur[i][self.dev[i]])
+            e = ends[i] = min(self.horizon, s + self.dur[i][self.dev[i]])
             m.add_hint(self.e[i], e)
             inc = max(inc, e + self.tails[i][self.dev[i]])
+        for on, here, st, en, size, hint, i in self.link_hints:
+            if on is not None and on.index not in hinted:
+                hinted.add(on.index)
+                m.add_hint(on, here)
+            if hint is None:  # not sent in the incumbent: right after its producer
+                hint = ends.get(i, max(0, self.f.t(self.fi[i])))
+            m.add_hint(st, hint)
+            m.add_hint(en, hint + size)
         m.add_hint(self.obj, inc)
         self.incumbent_us = f.us(inc)
 
