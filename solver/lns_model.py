@@ -138,7 +138,7 @@ class _WindowModel:
         self.devset = set(range(prob.nd)) if devices is None else set(devices)
         self.m = cp_model.CpModel()
         self._choices()
-        self._variables()
+        self._variables(max((x[5] for x in xfers or ()), default=0.0))
         self._devices(order)
         self._precedences()
         self.obj = self.m.new_int_var(0, 2 * self.horizon + self.f.size(max(tail)) + 10, "obj")
@@ -156,11 +156,12 @@ class _WindowModel:
             ds = [d for d in p.allowed[i] if d in self.devset] if whole else []
             self.choice[i] = ds if ds and dev[i] in ds else [dev[i]]
 
-    def _variables(self) -> None:
+    def _variables(self, last_xfer: float) -> None:
         p, f, m = self.p, self.f, self.m
         self.dur = {i: {d: f.size(p.dur[i][d]) for d in self.choice[i]} for i in self.W}
         work = sum(max(ds.values()) for ds in self.dur.values())
-        self.horizon = f.t(max(max(self.fi), self.hi)) + work + f.size(self._max_comm_total()) + 10
+        # room for every window op and transfer after the last fixed op or transfer
+        self.horizon = f.t(max(max(self.fi), last_xfer)) + work + 2 * f.size(self._max_comm_total()) + 10
         self.x: dict[int, dict[int, object]] = {}
         unit_lits: dict[int, dict[int, object]] = {}
         self.s, self.e = {}, {}

@@ -458,8 +458,7 @@ def improve(graph: OpGraph, cluster: Cluster, starts: Sequence[Plan], *, target_
     Never worse than the best rescheduled start.
     """
     settings = Settings(exact_time=cpsat_time, search_time=refine_time, lns_time=lns_time,
-                        target_vertices=target_vertices,
-                        workers=workers, seed=seed, coarsen_options=dict(coarsen_options or {}),
+                        target_vertices=target_vertices, workers=workers, seed=seed, coarsen_options=dict(coarsen_options or {}),
                         partitions=partitions, max_starts=max_starts)
     return run_pipeline(graph, cluster, PIPELINES["full"][1:], settings, name="full", starts=starts)
 
@@ -481,6 +480,7 @@ def solve_fine(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, targ
     True
     """
     settings = Settings(exact_time=cpsat_share * time_limit, search_time=refine_share * time_limit,
-                        lns_time=lns_share * time_limit, heuristic_time=time_limit, target_vertices=target_vertices, heuristics=tuple(heuristics),
-                        workers=workers, seed=seed, coarsen_options=dict(coarsen_options or {}))
+                        lns_time=lns_share * time_limit, heuristic_time=time_limit,
+                        target_vertices=target_vertices, heuristics=tuple(heuristics), workers=workers,
+                        seed=seed, coarsen_options=dict(coarsen_options or {}))
     return run_pipeline(graph, cluster, PIPELINES["full"], settings, name="full", starts=extra_starts)

@@ -41,12 +41,13 @@ def _chains(k=6, coloc=False):
     return OpGraph(ops, edges, tensors)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_never_worse_than_its_start_and_valid(seed):
+@pytest.mark.parametrize("seed, links", [(0, True), (1, False), (2, "alternate")])
+def test_never_worse_than_its_start_and_valid(seed, links):
     g = layered_dag(250, seed=seed, coloc_prob=0.1)
     cl = gpus(2, beta=(20.0, 2e-5), with_cpu=True)
     start = _random_start(g, cl, seed)
-    out = lns(g, cl, start, time_limit=600, window=60, window_time=0.2, max_windows=6, seed=seed)
+    assert not cl.contention_free  # links=True: transfers hold their links in the window model
+    out = lns(g, cl, start, time_limit=600, window=60, window_time=0.2, max_windows=6, seed=seed, links=links)
     again = simulate(g, cl, start, mode="order").makespan
     assert out.makespan <= again + 1e-9
     assert out.placer == "lns"
@@ -115,6 +116,8 @@ def test_bad_options_raise():
         lns(g, cl, start, time_limit=1, kinds=("nope",))
     with pytest.raises(ValueError, match="window"):
         lns(g, cl, start, time_limit=1, window=0)
+    with pytest.raises(ValueError, match="links"):
+        lns(g, cl, start, time_limit=1, links="sometimes")
 
 
 def test_the_full_pipeline_runs_the_lns_stage():
