@@ -13,6 +13,8 @@ exact          CP-SAT (or the MIP) on the (coarse) graph, hinted with the
                incumbent's projection, else the best valid baseline
 expand         plans of the coarse graph mapped to every op (re-ordered when the
                pipeline reschedules); an invalid baseline plan is dropped, and said
+lns            CP-SAT windows of about a hundred ops on the full graph
+               (:func:`solver.lns.lns <solver.lns.lns>`) from the best plan
 local search   :func:`search.refine <solver.search.refine>` from the best plan
 status         the winner among the candidates, the lower bound and the status
 =============  =================================================================
@@ -49,14 +51,18 @@ from .registry import PLACERS, accepted_options, get_placer, run_placers
 from .bound_model import SIMPLE_SOURCE, comm_bound
 from .bounds import lower_bound
 from .common import finalize
+from .lns import lns
 from .search import better, refine, reschedule
 
-__all__ = ["HEURISTICS", "PIPELINES", "STAGES", "Settings", "Run", "run_pipeline", "solve", "improve",
+__all__ = ["HEURISTICS", "SHARES", "PIPELINES", "STAGES", "Settings", "Run", "run_pipeline", "solve", "improve",
            "solve_fine", "choose", "final_status"]
 
 #: The baselines every pipeline runs, in the order that breaks ties between equal plans.
 HEURISTICS = ("expert", "metis", "m-etf", "m-sct", "heft", "celeritas", "m-topo", "single")
 TOLERANCE = 1e-6  # relative; a plan within it of the lower bound is optimal
+#: The full pipeline's split of ``time_limit``: exact solver, LNS, local search
+#: (the rest goes to the baselines and rescheduling); see benchmarks/results/lns.md.
+SHARES = (0.2, 0.4, 0.3)
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class Settings:
     """The options of one pipeline run.
 
     exact_time : seconds for the exact solver (0 skips coarsen, exact, expand)
+    lns_time : seconds for the large-neighbourhood search (0 skips it)
     search_time : seconds for the local search (0 skips it)
     heuristic_time : the ``time_limit`` the baselines get (m-SCT's LP gets 15 %)
     hint : "best-heuristic", None, a placer name (the only baseline), or a Plan
@@ -78,6 +85,7 @@ class Settings:
 
     exact_time: float
     search_time: float = 0.0
+    lns_time: float = 0.0
     heuristic_time: float = 60.0
     target_vertices: int = 200
     backend: str = "cpsat"
@@ -309,6 +317,20 @@ def expand(run: Run) -> None:
     run.record("expand", t, new[0][1].makespan, f"{s.backend} on every op")
 
 
+def lns_stage(run: Run) -> None:
+    """:func:`~solver.lns.lns` from the best candidate for ``lns_time`` seconds."""
+    t = time.perf_counter()
+    if run.s.lns_time <= 0 or not run.pool:
+        run.record("lns", t, None, "skipped")
+        return
+    best = choose(run.pool)[1]
+    out = lns(run.graph, run.cluster, best, time_limit=run.s.lns_time, seed=run.s.seed,
+              workers=run.s.workers or 1, log=run.s.verbose)
+    run.pool.append(("lns", out))
+    st = out.stats["lns"]
+    run.record("lns", t, out.makespan, f"{st['kept']} of {st['windows']} windows kept")
+
+
 def local_search(run: Run) -> None:
     """:func:`~solver.search.refine` from the best candidate for ``search_time`` seconds."""
     t = time.perf_counter()
@@ -357,9 +379,9 @@ def status(run: Run) -> None:
 
 STAGES: dict[str, Callable[[Run], None]] = {
     "baselines": baselines, "reschedule": reschedule_starts, "coarsen": coarsen_graph, "exact": exact,
-    "expand": expand, "local search": local_search, "status": status}
+    "expand": expand, "lns": lns_stage, "local search": local_search, "status": status}
 PIPELINES = {"paper": ("coarsen", "baselines", "exact", "expand", "status"),
-             "full": ("baselines", "reschedule", "coarsen", "exact", "expand", "local search", "status")}
+             "full": ("baselines", "reschedule", "coarsen", "exact", "expand", "lns", "local search", "status")}
 
 
 def run_pipeline(graph: OpGraph, cluster: Cluster, stages: Sequence[str], settings: Settings, *,
@@ -415,7 +437,7 @@ def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_ve
     ``pipeline=None`` means ``"full"`` for CP-SAT and ``"paper"`` for another
     backend; graphs of at most ``target_vertices`` ops run the paper list
     (solved exactly, nothing to coarsen). ``"full"`` splits ``time_limit``
-    30 % exact solver, 60 % local search.
+    by :data:`SHARES`: 20 % exact solver, 40 % LNS, 30 % local search.
 
     Raises
     ------
@@ -428,35 +450,39 @@ def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_ve
     """
     name = _check_combination(graph, pipeline, backend, hint, target_vertices, time_limit)
     full = name == "full"
-    settings = Settings(exact_time=0.3 * time_limit if full else time_limit,
-                        search_time=0.6 * time_limit if full else 0.0, heuristic_time=time_limit,
+    exact, lns_share, search = SHARES if full else (1.0, 0.0, 0.0)
+    settings = Settings(exact_time=exact * time_limit, lns_time=lns_share * time_limit,
+                        search_time=search * time_limit, heuristic_time=time_limit,
                         target_vertices=target_vertices, backend=backend, hint=hint, workers=workers,
                         seed=seed, coarsen_options={"method": coarsen_method}, verbose=verbose)
     return run_pipeline(graph, cluster, PIPELINES[name], settings, name=name)
 
 
 def improve(graph: OpGraph, cluster: Cluster, starts: Sequence[Plan], *, target_vertices: int = 200,
-            cpsat_time: float = 20, refine_time: float = 20, workers: int | None = None, seed: int = 0,
-            coarsen_options: Mapping | None = None, partitions: int = 1, max_starts: int = 4) -> Plan:
+            cpsat_time: float = 20, refine_time: float = 20, lns_time: float = 0.0, workers: int | None = None,
+            seed: int = 0, coarsen_options: Mapping | None = None, partitions: int = 1,
+            max_starts: int = 4) -> Plan:
     """The full pipeline after its baselines, from given ``starts`` (plans of
     ``graph``): reschedule the ``max_starts`` best, coarsen keeping the
     incumbent (and the next ``partitions - 1``) representable, CP-SAT for
-    ``cpsat_time`` (0 skips it), expand, refine for ``refine_time`` (0 skips it).
+    ``cpsat_time`` (0 skips it), expand, LNS for ``lns_time`` (0, the default,
+    skips it), refine for ``refine_time`` (0 skips it).
     Never worse than the best rescheduled start.
     """
-    settings = Settings(exact_time=cpsat_time, search_time=refine_time, target_vertices=target_vertices,
-                        workers=workers, seed=seed, coarsen_options=dict(coarsen_options or {}),
+    settings = Settings(exact_time=cpsat_time, search_time=refine_time, lns_time=lns_time,
+                        target_vertices=target_vertices, workers=workers, seed=seed, coarsen_options=dict(coarsen_options or {}),
                         partitions=partitions, max_starts=max_starts)
     return run_pipeline(graph, cluster, PIPELINES["full"][1:], settings, name="full", starts=starts)
 
 
 def solve_fine(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_vertices: int = 200,
                workers: int | None = None, seed: int = 0, extra_starts: Sequence[Plan] = (),
-               heuristics: Sequence[str] = HEURISTICS, cpsat_share: float = 0.3, refine_share: float = 0.6,
+               heuristics: Sequence[str] = HEURISTICS, cpsat_share: float = SHARES[0],
+               lns_share: float = SHARES[1], refine_share: float = SHARES[2],
                coarsen_options: Mapping | None = None) -> Plan:
     """The full pipeline: ``heuristics`` on the full graph (one that raises is
     skipped, named in ``plan.log.skipped``), ``extra_starts`` joining them,
-    then :func:`improve` (``time_limit`` split between CP-SAT and refinement).
+    then :func:`improve` (``time_limit`` split between CP-SAT, LNS and refinement).
 
     >>> from benchmarks.generators import layered_dag
     >>> from pesto.cluster import gpus
@@ -466,6 +492,7 @@ def solve_fine(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, targ
     True
     """
     settings = Settings(exact_time=cpsat_share * time_limit, search_time=refine_share * time_limit,
-                        heuristic_time=time_limit, target_vertices=target_vertices, heuristics=tuple(heuristics),
-                        workers=workers, seed=seed, coarsen_options=dict(coarsen_options or {}))
+                        lns_time=lns_share * time_limit, heuristic_time=time_limit,
+                        target_vertices=target_vertices, heuristics=tuple(heuristics), workers=workers,
+                        seed=seed, coarsen_options=dict(coarsen_options or {}))
     return run_pipeline(graph, cluster, PIPELINES["full"], settings, name="full", starts=extra_starts)

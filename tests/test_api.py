@@ -82,7 +82,7 @@ def test_full_pipeline_never_loses_to_its_starts_and_uses_a_full_graph_hint():
     p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1, hint=paper)
     assert p.log.pipeline == "full"
     assert [s.name for s in p.log.stages] == ["baselines", "reschedule", "coarsen", "exact", "expand",
-                                              "local search", "status"]
+                                              "lns", "local search", "status"]
     starts = p.log.candidates  # the rescheduled starts, cpsat and refine
     assert p.makespan <= min(starts.values()) + 1e-6
     assert p.makespan <= paper.makespan + 1e-6
