@@ -43,7 +43,11 @@ import threading
 import time
 from typing import Callable, Iterator
 
-__all__ = ["Deadline", "WorkClock"]
+__all__ = ["Deadline", "WorkClock", "REPLAY_COST_PER_OP"]
+
+#: Work charged per op for one replay of a plan in deterministic mode (seconds;
+#: about what the compiled engine takes, so charged time tracks wall time).
+REPLAY_COST_PER_OP = 2e-7
 
 
 class WorkClock:

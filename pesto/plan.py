@@ -43,7 +43,7 @@ from .solvelog import SolveLog
 
 FORMAT = "pesto.plan"
 VERSION = 1
-STATUSES = ("optimal", "feasible", "heuristic", "infeasible", "unknown")
+STATUSES = ("optimal", "feasible", "heuristic", "infeasible", "unknown", "interrupted")
 EPS = 1e-6  # µs; tolerance for float schedules
 
 __all__ = ["Transfer", "Plan", "Report", "check_plan", "memory_profile", "STATUSES"]
@@ -77,7 +77,8 @@ class Plan:
     status : str
         One of ``optimal``, ``feasible`` (exact solver stopped early),
         ``heuristic``, ``infeasible`` (plan exists but breaks memory, or no plan),
-        ``unknown``.
+        ``unknown``, ``interrupted`` (the best plan when a solve was stopped
+        by Ctrl-C / SIGTERM).
     placer : str
     wall_time : float
         Seconds the placer took.

@@ -67,6 +67,11 @@ class SolveLog:
         ``lower_bound`` (valid for the coarse graph only).
     hint : str
         What the exact solver started from (a placer name), or why none.
+    stopped : str
+        Why the run ended before its stages' budgets: ``"time limit"``,
+        ``"SIGINT"``, ``"SIGTERM"``; empty if it did not.
+    deterministic : bool
+        Budgets were counted in charged work, not wall seconds.
     skipped : mapping name -> str
         Placers that failed or whose plan was invalid, and why.
     """
@@ -81,6 +86,8 @@ class SolveLog:
     coarse: Mapping[str, Any] = field(default_factory=dict)
     hint: str = ""
     skipped: Mapping[str, str] = field(default_factory=dict)
+    stopped: str = ""
+    deterministic: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -95,7 +102,8 @@ class SolveLog:
         return {"pipeline": self.pipeline, "stages": [s.__dict__.copy() for s in self.stages],
                 "candidates": dict(self.candidates), "winner": self.winner, "bound": self.bound,
                 "bound_source": self.bound_source, "vertices": self.vertices,
-                "coarse": dict(self.coarse), "hint": self.hint, "skipped": dict(self.skipped)}
+                "coarse": dict(self.coarse), "hint": self.hint, "skipped": dict(self.skipped),
+                "stopped": self.stopped, "deterministic": self.deterministic}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SolveLog":

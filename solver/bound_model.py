@@ -127,7 +127,8 @@ def edge_delay(prob: Problem, i: int, j: int, tensors) -> float:
     return best or 0.0
 
 
-def colocation_bound(prob: Problem, lower: float, upper: float, *, time_limit: float = 5.0) -> float:
+def colocation_bound(prob: Problem, lower: float, upper: float, *, time_limit: float = 5.0,
+                     max_steps: int | None = None) -> float:
     """The largest makespan ``T`` in ``[lower, upper)`` refuted by forced
     colocation, else ``lower`` (µs).
 
@@ -160,7 +161,9 @@ def colocation_bound(prob: Problem, lower: float, upper: float, *, time_limit: f
     lo, hi = lower, upper
     if hi <= lo or not _colocation_refutes(lo, *ctx):
         return lower
-    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit:
+    steps = 0
+    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit and steps != max_steps:
+        steps += 1
         mid = 0.5 * (lo + hi)
         if _colocation_refutes(mid, *ctx):
             lo = mid
@@ -416,10 +419,16 @@ class RelaxedModel:
                 if s is not None:
                     self.m.add_hint(self.start[i], max(self.head[i], self.units(s)))
 
-    def solve(self, *, time_limit: float, workers: int = 1, seed: int = 0) -> tuple[float, bool]:
-        """(proven lower bound in µs, solved to optimality)."""
+    def solve(self, *, time_limit: float, workers: int = 1, seed: int = 0,
+              deterministic: bool = False) -> tuple[float, bool]:
+        """(proven lower bound in µs, solved to optimality); ``deterministic``:
+        ``time_limit`` is CP-SAT's deterministic time (a wall limit ten times
+        longer is the safety net)."""
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+        if deterministic:
+            solver.parameters.max_deterministic_time = max(0.01, time_limit)
+            solver.parameters.interleave_search = True
+        solver.parameters.max_time_in_seconds = max(0.01, time_limit) * (10 if deterministic else 1)
         solver.parameters.num_workers = max(1, workers)
         solver.parameters.random_seed = seed
         code = solver.solve(self.m)
@@ -441,8 +450,12 @@ def _subset(prob: Problem, max_ops: int) -> list[bool]:
     return keep
 
 
+DETERMINISTIC_STEPS = 24  # bisection steps of the energetic and colocation bounds in deterministic mode
+
+
 def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, incumbent: Plan | None = None,
-               upper: float | None = None, workers: int = 1, seed: int = 0, max_ops: int = MAX_OPS) -> Bound:
+               upper: float | None = None, workers: int = 1, seed: int = 0, max_ops: int = MAX_OPS,
+               deterministic: bool = False) -> Bound:
     """A makespan lower bound that counts communication (module docstring).
 
     The best of: :func:`~solver.bounds.lower_bound`, :func:`~solver.bounds.energetic_bound`
@@ -460,6 +473,8 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
         (default: a safe horizon)
     workers, seed : CP-SAT's
     max_ops : the most ops the CP-SAT relaxation holds
+    deterministic : the same value on any machine: the bisections take a
+        fixed number of steps and CP-SAT runs on deterministic time
 
     Returns
     -------
@@ -478,10 +493,11 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
         upper = _horizon(prob)
     best, source = simple, SIMPLE_SOURCE
     if upper > simple:
-        energy = energetic_bound(graph, cluster, upper=upper, time_limit=0.25 * time_limit)
+        steps = dict(time_limit=math.inf, max_steps=DETERMINISTIC_STEPS) if deterministic else {}
+        energy = energetic_bound(graph, cluster, upper=upper, **({"time_limit": 0.25 * time_limit} | steps))
         if energy > best:
             best, source = energy, ENERGY_SOURCE
-        coloc = colocation_bound(prob, best, upper, time_limit=0.15 * time_limit)
+        coloc = colocation_bound(prob, best, upper, **({"time_limit": 0.15 * time_limit} | steps))
         if coloc > best:
             best, source = coloc, COLOCATION_SOURCE
     proven = False
@@ -491,9 +507,9 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
         model = RelaxedModel(prob, keep=keep, scale=scale, lower=best, upper=upper)
         if incumbent is not None:
             model.hint(incumbent)
-        left = time_limit - (time.perf_counter() - t0)
+        left = 0.6 * time_limit if deterministic else time_limit - (time.perf_counter() - t0)
         if left > 0:
-            value, proven = model.solve(time_limit=left, workers=workers, seed=seed)
+            value, proven = model.solve(time_limit=left, workers=workers, seed=seed, deterministic=deterministic)
             proven = proven and keep is None
             if value > best:
                 best = value

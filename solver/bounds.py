@@ -64,7 +64,7 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
 
 
 def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = None,
-                    time_limit: float = 5.0) -> float:
+                    time_limit: float = 5.0, max_steps: int | None = None) -> float:
     """The smallest makespan not refuted by energetic reasoning, at least :func:`lower_bound` (µs).
 
     For a candidate makespan ``T``, op ``i`` (its fastest time ``p``) starts
@@ -104,7 +104,9 @@ def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = N
     lo, hi = simple, float(upper) if upper is not None else float(sum(fastest))
     if hi <= lo or not _refuted(lo, r, p, q, prob.nd, grid):
         return simple
-    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit:
+    steps = 0
+    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit and steps != max_steps:
+        steps += 1
         mid = 0.5 * (lo + hi)
         if _refuted(mid, r, p, q, prob.nd, grid):
             lo = mid

@@ -22,7 +22,7 @@ from pesto.simulate import simulate
 from .bounds import greedy_plan
 from .common import finalize
 
-__all__ = ["solve", "colour_intervals"]
+__all__ = ["solve", "search", "colour_intervals"]
 
 STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
           cp_model.INFEASIBLE: "infeasible", cp_model.MODEL_INVALID: "unknown",
@@ -57,7 +57,7 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
     _parameters(solver.parameters, model, time_limit=time_limit, workers=workers, seed=seed, log=log)
     if deadline is not None and deadline.deterministic:
         _deterministic(solver.parameters, time_limit)
-    code = _search(solver, model, deadline)
+    code = search(solver, model.model, deadline)
     if deadline is not None:
         deadline.charge(solver.deterministic_time)
     if code == cp_model.MODEL_INVALID:  # a bug, not a time-out: say it loudly
@@ -68,17 +68,18 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
     return _fallback(model, hint, STATUS.get(code, "unknown"), stats, t0)
 
 
-def _search(solver, model, deadline: Deadline | None = None) -> int:
+def search(solver, cp: cp_model.CpModel, deadline: Deadline | None = None) -> int:
     """``solver.solve`` in a worker thread (CP-SAT releases the GIL), so the
     main thread stays responsive: Ctrl-C (:class:`KeyboardInterrupt`) or an
     interrupted ``deadline`` stops the search within a fraction of a second
-    (``stop_search``); the search's own SIGINT catching is off (OR-Tools left
-    its handler installed after a solve, swallowing later Ctrl-Cs)."""
+    (``stop_search``). Set ``catch_sigint_signal = False`` on the solver
+    first (OR-Tools otherwise leaves its handler installed after a solve,
+    swallowing later Ctrl-Cs). Every CP-SAT search of Pesto goes through here."""
     out: dict = {}
 
     def work():
         try:
-            out["code"] = _solve_once(solver, model)
+            out["code"] = _solve_once(solver, cp)
         except BaseException as exc:  # re-raised in the calling thread
             out["error"] = exc
 
@@ -97,18 +98,18 @@ def _search(solver, model, deadline: Deadline | None = None) -> int:
     return out["code"]
 
 
-def _solve_once(solver, model) -> int:
+def _solve_once(solver, cp) -> int:
     """``solver.solve``; an exception from inside OR-Tools (its presolve raised
     ``IndexError: raw_hash_map<>::at`` on an infeasible bin-packing of
     persistent memory, OR-Tools 9.15) is retried once without presolve, and
     never reaches the user raw."""
     try:
-        return solver.solve(model.model)
+        return solver.solve(cp)
     except (IndexError, KeyError, ValueError) as exc:
         first = f"{type(exc).__name__}: {exc}"
     solver.parameters.cp_model_presolve = False
     try:
-        return solver.solve(model.model)
+        return solver.solve(cp)
     except (IndexError, KeyError, ValueError) as exc:
         raise RuntimeError(f"CP-SAT failed inside OR-Tools ({first}; without presolve: "
                            f"{type(exc).__name__}: {exc})") from None

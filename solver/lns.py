@@ -48,6 +48,7 @@ from pesto.engine import replay
 from pesto.errors import InvalidPlanError
 from pesto.graph import OpGraph
 from pesto.plan import Plan
+from pesto.deadline import REPLAY_COST_PER_OP, Deadline
 from pesto.problem import Problem
 from pesto.simulate import simulate
 
@@ -189,7 +190,8 @@ def _compose(prob: Problem, inc: _Incumbent, window: list[int], res, topo_pos) -
 
 def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, window: int = WINDOW,
         seed: int = 0, workers: int = 1, window_time: float = 1.0, max_windows: int | None = None,
-        kinds: Sequence[str] = KINDS, links: bool | str = "alternate", log: bool = False) -> Plan:
+        kinds: Sequence[str] = KINDS, links: bool | str = "alternate", log: bool = False,
+        deadline: Deadline | None = None) -> Plan:
     """Large-neighbourhood search with CP-SAT windows on the full graph.
 
     Parameters
@@ -220,6 +222,11 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
     log : bool
         CP-SAT's search log.
 
+    deadline : pesto.deadline.Deadline, optional
+        The whole solve's clock: the search ends at ``time_limit`` or when it
+        does (an interrupt included); in deterministic mode windows are
+        bounded by deterministic time only, and their work is charged to it.
+
     Returns
     -------
     Plan
@@ -228,6 +235,7 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
         tried and kept and the gain per kind.
     """
     t0 = time.perf_counter()
+    clock = deadline.sub(time_limit) if deadline is not None else Deadline(time_limit)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         raise ValueError(f"unknown window kinds {unknown}; choose among {KINDS}")
@@ -247,7 +255,7 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
     cpsat: dict[str, int] = {}
     tried = 0
     while max_windows is None or tried < max_windows:
-        left = time_limit - (time.perf_counter() - t0)
+        left = clock.left()
         if left <= 0.05:
             break
         kind = kinds[tried % len(kinds)]
@@ -259,10 +267,13 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
         per[kind]["tried"] += 1
         res = solve_window(prob, inc.dev, inc.st, inc.fi, inc.tail, w, devices=devices, order=inc.order,
                            xfers=inc.xfers if links is True or (links and tried % 2 == 0) else None,
-                           time_limit=window_time, wall_limit=min(WALL_FACTOR * window_time, left), workers=workers,
-                           seed=seed + tried, log=log)
+                           time_limit=min(window_time, left),
+                           wall_limit=(WALL_FACTOR * window_time + 1.0 if clock.deterministic
+                                       else min(WALL_FACTOR * window_time, left)),
+                           workers=workers, seed=seed + tried, log=log, deadline=clock)
         cpsat[res.status] = cpsat.get(res.status, 0) + 1
         if res.dev:
+            clock.charge(REPLAY_COST_PER_OP * prob.n)
             new = _try(prob, inc, w, res, topo_pos)
             if new is not None:
                 per[kind]["kept"] += 1

@@ -46,7 +46,10 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from pesto.deadline import Deadline
 from pesto.problem import Problem
+
+from .cpsat_solve import search
 
 __all__ = ["WindowResult", "solve_window", "RESOLUTION"]
 
@@ -97,7 +100,7 @@ def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], fini
                  order: Sequence[Sequence[int]] | None = None, xfers: Sequence | None = None,
                  time_limit: float = 1.0,
                  wall_limit: float | None = None, workers: int = 1, seed: int = 0,
-                 log: bool = False) -> WindowResult:
+                 log: bool = False, deadline: Deadline | None = None) -> WindowResult:
     """Place and time the ``window`` ops of an incumbent schedule exactly.
 
     Parameters
@@ -116,6 +119,9 @@ def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], fini
         makes ``workers=1`` with a fixed ``seed`` repeatable)
     wall_limit : seconds, a safety net (default ``10 * time_limit``); when it
         stops the search first, the answer may vary from run to run
+    deadline : pesto.deadline.Deadline, optional
+        The solve's clock: an interrupt stops the search at once, and the
+        search's deterministic time is charged to it
 
     Returns
     -------
@@ -123,7 +129,7 @@ def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], fini
     """
     wm = _WindowModel(prob, dev, start, finish, tail, window, devices, order, xfers)
     wall = 10 * time_limit if wall_limit is None else wall_limit
-    return wm.solve(time_limit=time_limit, wall_limit=wall, workers=workers, seed=seed, log=log)
+    return wm.solve(time_limit=time_limit, wall_limit=wall, workers=workers, seed=seed, log=log, deadline=deadline)
 
 
 class _WindowModel:
@@ -402,7 +408,7 @@ class _WindowModel:
         self.incumbent_us = f.us(inc)
 
     def solve(self, *, time_limit: float, wall_limit: float, workers: int, seed: int,
-              log: bool) -> WindowResult:
+              log: bool, deadline: Deadline | None = None) -> WindowResult:
         solver = cp_model.CpSolver()
         prm = solver.parameters
         prm.max_time_in_seconds = float(wall_limit)
@@ -410,7 +416,10 @@ class _WindowModel:
         prm.num_workers = int(workers)
         prm.random_seed = int(seed)
         prm.log_search_progress = bool(log)
-        code = solver.solve(self.m)
+        prm.catch_sigint_signal = False
+        code = search(solver, self.m, deadline)
+        if deadline is not None:
+            deadline.charge(solver.deterministic_time)
         name = solver.status_name(code)
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return WindowResult(name, {}, {}, None, self.incumbent_us)

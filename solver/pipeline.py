@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import coarsen
 from pesto.cluster import Cluster
+from pesto.deadline import REPLAY_COST_PER_OP, Deadline
 from pesto.graph import OpGraph
 from pesto.plan import Plan, check_plan
 from pesto.solvelog import SolveLog, Stage
@@ -54,7 +55,7 @@ from .common import finalize
 from .lns import lns
 from .search import better, refine, reschedule
 
-__all__ = ["HEURISTICS", "SHARES", "PIPELINES", "STAGES", "Settings", "Run", "run_pipeline", "solve", "improve",
+__all__ = ["HEURISTICS", "SHARES", "stage_shares", "PIPELINES", "STAGES", "Settings", "Run", "run_pipeline", "solve", "improve",
            "solve_fine", "choose", "final_status"]
 
 #: The baselines every pipeline runs, in the order that breaks ties between equal plans.
@@ -63,6 +64,21 @@ TOLERANCE = 1e-6  # relative; a plan within it of the lower bound is optimal
 #: The full pipeline's split of ``time_limit``: exact solver, LNS, local search
 #: (the rest goes to the baselines and rescheduling); see benchmarks/results/lns.md.
 SHARES = (0.2, 0.4, 0.3)
+PAPER_EXACT_SHARE = 0.9  # the paper pipeline's exact solve; the rest: heuristics and the bound
+
+
+def stage_shares(stages: Sequence[str]) -> dict[str, float]:
+    """Settings fields -> share of a budget for the search stages in
+    ``stages`` (:data:`SHARES`, renormalised over those present), so a stage
+    list without a stage gives its time to the others (the ablation).
+
+    >>> stage_shares(["reschedule", "local search", "status"])
+    {'exact_time': 0.0, 'lns_time': 0.0, 'search_time': 1.0}
+    """
+    fields = {"exact": "exact_time", "lns": "lns_time", "local search": "search_time"}
+    weights = dict(zip(fields, SHARES))
+    total = sum(w for k, w in weights.items() if k in stages)
+    return {f: (weights[k] / total if k in stages and total else 0.0) for k, f in fields.items()}
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,12 @@ class Settings:
     bound_time : seconds for the communication-aware lower bound
         (:func:`solver.bound_model.comm_bound`) in the status stage; None:
         ``min(10, 0.1 * (exact_time + search_time))``; 0: the simple bound only
+    time_limit : seconds for the whole run, every stage included (a
+        :class:`~pesto.deadline.Deadline`); None: the stages' own budgets only
+    deterministic : budgets counted in charged work (CP-SAT's deterministic
+        time, a fixed cost per simulated move) instead of wall seconds, so the
+        same input, seed and limit give the same plan on any load
+    progress : called with a line per stage (the CLI prints them)
     """
 
     exact_time: float
@@ -98,6 +120,9 @@ class Settings:
     max_starts: int = 4
     verbose: bool = False
     bound_time: float | None = None
+    time_limit: float | None = None
+    deterministic: bool = False
+    progress: Callable[[str], None] | None = None
 
     def baseline_names(self, as_starts: bool) -> list[str]:
         """The baselines to run: every heuristic, or the one named by ``hint``;
@@ -136,10 +161,15 @@ class Run:
         self.stages: list[Stage] = []
         self.skipped: dict[str, str] = {}
         self.result: Plan | None = None
+        self.deadline = Deadline(settings.time_limit, deterministic=settings.deterministic)
+        self.stopped = ""  # why stages were skipped or cut: "time limit", "SIGINT"...
 
     def say(self, msg: str) -> None:
+        line = f"[pesto {time.perf_counter() - self.t0:7.2f}s] {msg}"
         if self.s.verbose:
-            print(f"[pesto {time.perf_counter() - self.t0:7.2f}s] {msg}", flush=True)
+            print(line, flush=True)
+        if self.s.progress is not None:
+            self.s.progress(line)
 
     def record(self, name: str, t: float, makespan: float | None = None, note: str = "") -> None:
         self.stages.append(Stage(name, time.perf_counter() - t, makespan, note))
@@ -166,11 +196,13 @@ def choose(pool: Sequence[tuple[str, Plan]]) -> tuple[str, Plan]:
     return name, best
 
 
-def final_status(plan: Plan, bound: float, *, proved_optimal: bool, exact_ran: bool) -> str:
+def final_status(plan: Plan, bound: float, *, proved_optimal: bool, exact_ran: bool,
+                 interrupted: bool = False) -> str:
     """The one status rule: ``infeasible`` if the plan breaks memory;
     ``optimal`` if an exact solver proved it on the graph itself or its step
     is within :data:`TOLERANCE` of ``bound``; else ``feasible`` when an exact
-    stage ran, ``heuristic`` when none did.
+    stage ran, ``heuristic`` when none did; ``interrupted`` instead of these
+    two when the user stopped the solve.
 
     >>> final_status(Plan({}, {}, makespan=10.0), 10.0, proved_optimal=False, exact_ran=False)
     'optimal'
@@ -181,6 +213,8 @@ def final_status(plan: Plan, bound: float, *, proved_optimal: bool, exact_ran: b
         return "infeasible"
     if proved_optimal or plan.makespan <= bound + TOLERANCE * max(1.0, bound):
         return "optimal"
+    if interrupted:
+        return "interrupted"
     return "feasible" if exact_ran else "heuristic"
 
 
@@ -195,9 +229,11 @@ def baselines(run: Run) -> None:
         else:
             run.hint_note = "given plan does not cover the graph; ignored"
     # m-SCT's LP grows quadratically; cap it so the heuristics stay a small share
+    limit = max(0.1, run.deadline.budget(s.heuristic_time))
     plans, errors = run_placers(run.work, run.cluster, s.baseline_names(run.reorders()), say=run.say,
-                                time_limit=s.heuristic_time, seed=s.seed,
-                                extra={"m-sct": {"lp_time_limit": max(1.0, 0.15 * s.heuristic_time)}})
+                                time_limit=limit, seed=s.seed, stop=run.deadline.expired,
+                                extra={"m-sct": {"lp_time_limit": max(1.0, 0.15 * limit)}})
+    run.deadline.charge(HEURISTIC_COST * REPLAY_COST_PER_OP * run.work.num_ops * (len(plans) + len(errors)))
     run.baselines = plans
     run.skipped.update(errors)
     best = min((p.makespan for p in plans.values()), default=None)
@@ -279,7 +315,8 @@ def exact(run: Run) -> None:
     if hint is not None:
         run.hint_note = hint.placer or "plan"
     fn = get_placer(s.backend)
-    opts = {"time_limit": s.exact_time, "seed": s.seed, "workers": s.workers, "hint": hint, "log": s.verbose}
+    opts = {"time_limit": max(0.01, run.deadline.budget(s.exact_time)), "seed": s.seed, "workers": s.workers,
+            "hint": hint, "log": s.verbose, "deadline": run.deadline}
     run.solved = fn(run.work, run.cluster, **accepted_options(fn, opts))
     run.record("exact", t, run.solved.makespan, f"{s.backend} {run.solved.status} on {run.work.num_ops} vertices")
 
@@ -325,7 +362,7 @@ def lns_stage(run: Run) -> None:
         return
     best = choose(run.pool)[1]
     out = lns(run.graph, run.cluster, best, time_limit=run.s.lns_time, seed=run.s.seed,
-              workers=run.s.workers or 1, log=run.s.verbose)
+              workers=run.s.workers or 1, log=run.s.verbose, deadline=run.deadline)
     run.pool.append(("lns", out))
     st = out.stats["lns"]
     run.record("lns", t, out.makespan, f"{st['kept']} of {st['windows']} windows kept")
@@ -337,7 +374,8 @@ def local_search(run: Run) -> None:
     if run.s.search_time <= 0 or not run.pool:
         run.record("local search", t, None, "skipped")
         return
-    ref = refine(run.graph, run.cluster, choose(run.pool)[1], time_limit=run.s.search_time, seed=run.s.seed)
+    ref = refine(run.graph, run.cluster, choose(run.pool)[1], time_limit=run.s.search_time, seed=run.s.seed,
+                 deadline=run.deadline)
     run.pool.append(("refine", ref))
     run.record("local search", t, ref.makespan, f"{ref.stats['refine']['accepted']} moves kept")
 
@@ -349,20 +387,26 @@ def status(run: Run) -> None:
     ``bound_time`` seconds; critical path / work when that is 0)."""
     t = time.perf_counter()
     graph, s, solved = run.graph, run.s, run.solved
+    if isinstance(s.hint, Plan) and s.hint.has_times and set(s.hint.placement) == set(graph.names) \
+            and not any(p is s.hint for _, p in run.pool):
+        run.pool.append((s.hint.placer or "hint", s.hint))  # never slower than the user's own plan
     if not run.pool:
         raise ValueError(f"no candidate plan: the stages {list(run.stage_names)} made none")
     winner, best = choose(run.pool)
+    dl = run.deadline
     bound, source = lower_bound(graph, run.cluster), SIMPLE_SOURCE
     on_graph = solved is not None and run.cg is None
     if on_graph and solved.lower_bound is not None and solved.status != "infeasible" \
             and solved.lower_bound > bound:
         bound, source = solved.lower_bound, s.backend
     bound_time = min(10.0, 0.1 * (s.exact_time + s.search_time)) if s.bound_time is None else s.bound_time
-    if bound_time > 0 and best.makespan is not None and best.makespan > bound + TOLERANCE * max(1.0, bound):
-        cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1, seed=s.seed)
+    bound_time = 0.0 if dl.interrupted else dl.budget(bound_time)
+    if bound_time > 0.05 and best.makespan is not None and best.makespan > bound + TOLERANCE * max(1.0, bound):
+        cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1, seed=s.seed,
+                        deterministic=dl.deterministic)
         if cb.value > bound:  # (never above the makespan: the incumbent caps the model)
             bound, source = min(cb.value, best.makespan), cb.source
-    st = final_status(best, bound, exact_ran=solved is not None,
+    st = final_status(best, bound, exact_ran=solved is not None, interrupted=dl.interrupted,
                       proved_optimal=on_graph and winner == s.backend and best.status == "optimal")
     check_plan(graph, run.cluster, best, check_memory=best.status != "infeasible").raise_if_invalid()
     coarse = {}
@@ -371,7 +415,8 @@ def status(run: Run) -> None:
     run.record("status", t, best.makespan, st)
     log = SolveLog(pipeline=run.pipeline, stages=run.stages, candidates={k: p.makespan for k, p in run.pool},
                    winner=winner, bound=bound, bound_source=source, vertices=run.work.num_ops,
-                   coarse=coarse, hint=run.hint_note, skipped=run.skipped)
+                   coarse=coarse, hint=run.hint_note, skipped=run.skipped, stopped=dl.reason or run.stopped,
+                   deterministic=dl.deterministic)
     run.result = best.replace(placer="pesto", lower_bound=bound, status=st, log=log,
                               wall_time=time.perf_counter() - run.t0)
     run.say(run.result.summary())
@@ -380,6 +425,10 @@ def status(run: Run) -> None:
 STAGES: dict[str, Callable[[Run], None]] = {
     "baselines": baselines, "reschedule": reschedule_starts, "coarsen": coarsen_graph, "exact": exact,
     "expand": expand, "lns": lns_stage, "local search": local_search, "status": status}
+#: Stages skipped once the deadline has passed (the others are quick and needed for a plan).
+SEARCH_STAGES = ("coarsen", "exact", "lns", "local search")
+#: Work charged per heuristic run in deterministic mode, in replays of the graph.
+HEURISTIC_COST = 20
 PIPELINES = {"paper": ("coarsen", "baselines", "exact", "expand", "status"),
              "full": ("baselines", "reschedule", "coarsen", "exact", "expand", "lns", "local search", "status")}
 
@@ -397,8 +446,13 @@ def run_pipeline(graph: OpGraph, cluster: Cluster, stages: Sequence[str], settin
     if unknown:
         raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
     run = Run(graph, cluster, settings, name, stages, starts)
-    for st in stages:
-        STAGES[st](run)
+    with run.deadline.catching_signals():
+        for st in stages:
+            if st in SEARCH_STAGES and run.deadline.expired():
+                run.stopped = run.deadline.reason or "time limit"
+                run.record(st, time.perf_counter(), None, f"skipped: {run.stopped}")
+                continue
+            STAGES[st](run)
     return run.result
 
 
@@ -430,14 +484,19 @@ def _check_combination(graph: OpGraph, pipeline: str | None, backend: str, hint,
 
 def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_vertices: int = 200,
           backend: str = "cpsat", hint: Any = "best-heuristic", workers: int | None = None, seed: int = 0,
-          coarsen_method: str = "height", pipeline: str | None = None, verbose: bool = False) -> Plan:
+          coarsen_method: str = "height", pipeline: str | None = None, verbose: bool = False,
+          deterministic: bool = False, progress: Callable[[str], None] | None = None) -> Plan:
     """Choose the stage list and run it (``pesto.solve`` without loading or
     pre-checks; see :func:`pesto.api.solve` for the options).
 
     ``pipeline=None`` means ``"full"`` for CP-SAT and ``"paper"`` for another
     backend; graphs of at most ``target_vertices`` ops run the paper list
-    (solved exactly, nothing to coarsen). ``"full"`` splits ``time_limit``
-    by :data:`SHARES`: 20 % exact solver, 40 % LNS, 30 % local search.
+    (solved exactly, nothing to coarsen). ``time_limit`` bounds the whole run
+    (one :class:`~pesto.deadline.Deadline`); ``"full"`` gives its search
+    stages :data:`SHARES` of it (20 % exact solver, 40 % LNS, 30 % local
+    search), ``"paper"`` 90 % to the exact solver; the heuristics, the
+    re-ordering and the lower bound use the rest, and a stage never runs
+    past the deadline.
 
     Raises
     ------
@@ -450,11 +509,12 @@ def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_ve
     """
     name = _check_combination(graph, pipeline, backend, hint, target_vertices, time_limit)
     full = name == "full"
-    exact, lns_share, search = SHARES if full else (1.0, 0.0, 0.0)
+    exact, lns_share, search = SHARES if full else (PAPER_EXACT_SHARE, 0.0, 0.0)
     settings = Settings(exact_time=exact * time_limit, lns_time=lns_share * time_limit,
                         search_time=search * time_limit, heuristic_time=time_limit,
                         target_vertices=target_vertices, backend=backend, hint=hint, workers=workers,
-                        seed=seed, coarsen_options={"method": coarsen_method}, verbose=verbose)
+                        seed=seed, coarsen_options={"method": coarsen_method}, verbose=verbose,
+                        time_limit=time_limit, deterministic=deterministic, progress=progress)
     return run_pipeline(graph, cluster, PIPELINES[name], settings, name=name)
 
 

@@ -51,7 +51,7 @@ def accepted_options(fn: Callable, options: Mapping) -> dict:
     return {k: v for k, v in options.items() if k in names}
 
 
-def run_placers(graph, cluster, names, *, extra=None, say=None, **options):
+def run_placers(graph, cluster, names, *, extra=None, say=None, stop=None, **options):
     """Run the placers ``names`` on ``graph``; a missing or failing one is
     skipped, never fatal (a broken baseline must not break a pipeline).
 
@@ -61,6 +61,9 @@ def run_placers(graph, cluster, names, *, extra=None, say=None, **options):
         Options for one placer only (e.g. ``{"m-sct": {"lp_time_limit": 5}}``).
     say : callable, optional
         Called with a line per placer that ran.
+    stop : callable, optional
+        Asked before each placer once one plan exists; when it returns True
+        the rest are skipped (a deadline passed or the user interrupted).
     options : for every placer (``time_limit``, ``seed``...); each placer gets
         those its signature declares (:func:`accepted_options`), as it does
         the ``extra`` ones.
@@ -72,6 +75,9 @@ def run_placers(graph, cluster, names, *, extra=None, say=None, **options):
     """
     plans, errors = {}, {}
     for name in names:
+        if stop is not None and plans and stop():
+            errors[name] = "skipped: out of time"
+            continue
         try:
             fn = get_placer(name)
         except (ImportError, AttributeError, ValueError) as exc:

@@ -45,6 +45,7 @@ from pesto.engine import Run, replay
 from pesto.graph import OpGraph
 from pesto.kernels import placed_ranks
 from pesto.plan import Plan
+from pesto.deadline import REPLAY_COST_PER_OP, Deadline
 from pesto.problem import Problem
 from pesto.simulate import run_peak, simulate
 
@@ -292,11 +293,12 @@ class _Search:
     the best step found from it, and the best placement ever seen."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster, place, start: Plan, *, seed: int,
-                 deadline: float, max_evals: int | None, with_fifo: bool):
+                 deadline: Deadline, max_evals: int | None, with_fifo: bool):
         self.graph, self.cluster = graph, cluster
         self.prob = prob = Problem.of(graph, cluster)
         self.rng = random.Random(seed)
         self.deadline, self.max_evals, self.with_fifo = deadline, max_evals, with_fifo
+        self.eval_cost = REPLAY_COST_PER_OP * len(place) * (2 if with_fifo else 1)
         self.work = [prob.fastest(i) for i in range(prob.n)]
         self.place = place = np.array(place, dtype=np.int64)
         self.best_sched, self.sched_place = self.score(place), place.copy()
@@ -370,7 +372,7 @@ class _Search:
             for d in self.targets(ms):
                 if (self.place[ms] == d).all():
                     continue
-                if time.perf_counter() >= self.deadline or (
+                if self.deadline.expired() or (
                         self.max_evals is not None and self.evals >= self.max_evals):
                     self.stop = True
                     break
@@ -386,6 +388,7 @@ class _Search:
         place[ms] = d
         sched = self.score(place)
         self.evals += 1
+        self.deadline.charge(self.eval_cost)
         new = sched.makespan
         if new < self.best - 1e-6 * max(1.0, self.best):
             o = self.memory_over(place)
@@ -424,7 +427,8 @@ class _Search:
 
 def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_limit: float = 10,
            seed: int = 0, max_evals: int | None = None, targets: Sequence[int] = (2, 8, 32, 128, 512, 2048),
-           candidates: Sequence[str] = CANDIDATES, with_fifo: bool = False, kicks: int = 1000) -> Plan:
+           candidates: Sequence[str] = CANDIDATES, with_fifo: bool = False, kicks: int = 1000,
+           deadline: Deadline | None = None) -> Plan:
     """Local search on the full graph: move groups of ops to other devices.
 
     Each move sends one unit (see :func:`move_groups`) to another device whose
@@ -456,6 +460,10 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
     targets : vertex counts of the partition-aware coarsenings giving the move
         units (see :func:`move_groups`); ignored with ``groups``.
     candidates : orders for the final :func:`reschedule`.
+    deadline : pesto.deadline.Deadline, optional
+        The whole solve's clock: the search ends at ``time_limit`` or when it
+        does (an interrupt included); in deterministic mode each scored
+        placement is charged to it, so the same input makes the same moves.
 
     Returns
     -------
@@ -469,14 +477,15 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
     start = finalize(graph, cluster, dict(plan.placement), order={d: list(s) for d, s in plan.order.items()},
                      placer="refine", t0=t0, status="heuristic")
     place = Problem.of(graph, cluster).placement_index(plan.placement)
-    search = _Search(graph, cluster, place, start, seed=seed, deadline=t0 + time_limit,
+    clock = deadline.sub(time_limit) if deadline is not None else Deadline(time_limit)
+    search = _Search(graph, cluster, place, start, seed=seed, deadline=clock,
                      max_evals=max_evals, with_fifo=with_fifo)
     levels = move_groups(graph, cluster, plan.placement, groups, targets=targets)
     t_search = time.perf_counter()
     while True:
         search.descend(levels)
         search.keep_if_best()
-        if search.stop or search.kicks >= kicks:
+        if search.stop or search.kicks >= kicks or clock.expired():
             break
         search.kick(levels)  # converged: kick the best placement and search again
     t_search = time.perf_counter() - t_search
