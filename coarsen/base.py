@@ -38,7 +38,7 @@ from pesto.plan import Plan
 from pesto.problem import GraphArrays
 
 __all__ = ["CoarseGraph", "CoarsenReport", "build_coarse", "coarse_edges", "ccr", "DEFAULT_BETA",
-           "kahn_heights"]
+           "kahn_heights", "path_levels", "critical_path"]
 
 # NVLink V100 fit of the Pesto paper (µs, µs/byte), used when no cluster is given.
 DEFAULT_BETA = (40.77, 2.0757e-5)
@@ -109,6 +109,38 @@ def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
     return H, flat, off
 
 
+def path_levels(m, flat, off, H, t):
+    """Top level (earliest start) and bottom level (longest compute path from the
+    vertex's start to a sink) of every vertex, compute only."""
+    order = np.argsort(np.asarray(H), kind="stable").tolist()  # edges go up in H
+    top = [0.0] * m
+    for u in order:
+        fu = top[u] + t[u]
+        for w in flat[off[u]:off[u + 1]]:
+            if top[w] < fu:
+                top[w] = fu
+    bottom = [0.0] * m
+    for u in reversed(order):
+        b = 0.0
+        for w in flat[off[u]:off[u + 1]]:
+            if bottom[w] > b:
+                b = bottom[w]
+        bottom[u] = t[u] + b
+    return np.array(top), np.array(bottom)
+
+
+def critical_path(ga: GraphArrays, label: np.ndarray, m: int, times=None) -> float:
+    """Longest compute-only path of the partition ``label`` (vertex time = sum of
+    its members' fastest-kind compute, or ``times`` per vertex); raises
+    :class:`CycleError` if the quotient graph has a cycle."""
+    eu, ev, _ = coarse_edges(ga, label, m)
+    H, flat, off = kahn_heights(m, eu, ev)
+    if times is None:
+        times = np.bincount(label, weights=ga.time, minlength=m)
+    top, bottom = path_levels(m, flat, off, H, np.asarray(times, dtype=float).tolist())
+    return float((top + bottom).max(initial=0.0))
+
+
 def ccr(ga: GraphArrays, label: np.ndarray, m: int, beta=DEFAULT_BETA) -> float:
     """Communication-to-computation ratio of the partition ``label``.
 
@@ -157,15 +189,40 @@ class CoarsenReport:
     reached: bool = False
     rounds: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    work: float = 0.0
+    cp_before: float = 0.0
+    cp_after: float = 0.0
+    keep: float | None = None
+    kept_at: int | None = None
+
+    @property
+    def parallelism_before(self) -> float:
+        """Work / critical path of the fine graph (compute only, fastest kind)."""
+        return self.work / self.cp_before if self.cp_before > 0 else 1.0
+
+    @property
+    def parallelism_after(self) -> float:
+        """Work / critical path of the coarse graph (compute only, fastest kind)."""
+        return self.work / self.cp_after if self.cp_after > 0 else 1.0
+
+    @property
+    def parallelism_kept(self) -> float:
+        """``parallelism_after / parallelism_before`` (= fine / coarse critical path)."""
+        return self.cp_before / self.cp_after if self.cp_after > 0 else 1.0
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d.update(parallelism_before=self.parallelism_before, parallelism_after=self.parallelism_after,
+                 parallelism_kept=self.parallelism_kept)
+        return d
 
     def __str__(self):
         return (f"coarsen[{self.method}]: {self.vertices_before} ops/{self.edges_before} edges -> "
                 f"{self.vertices} vertices/{self.edges} edges (target {self.target}"
                 f"{'' if self.reached else ', not reached'}) in {len(self.rounds)} rounds, "
-                f"{self.seconds:.3f} s; CCR {self.ccr_before:.3f} -> {self.ccr_after:.3f}")
+                f"{self.seconds:.3f} s; CCR {self.ccr_before:.3f} -> {self.ccr_after:.3f}; parallelism "
+                f"{self.parallelism_before:.2f} -> {self.parallelism_after:.2f} "
+                f"({self.parallelism_kept:.0%} kept)")
 
 
 class CoarseGraph:
@@ -440,6 +497,10 @@ def build_coarse(ga: GraphArrays, label: np.ndarray, report: CoarsenReport, *, b
     report.reached = cg.num_ops <= report.target
     report.ccr_before = ccr(ga, np.arange(ga.n), ga.n, beta)
     report.ccr_after = ccr(ga, label, m, beta)
+    report.work = float(ga.time.sum())
+    if not report.cp_before:
+        report.cp_before = critical_path(ga, np.arange(ga.n), ga.n)
+    report.cp_after = critical_path(ga, label, m)
     if t0 is not None:
         report.seconds = time.perf_counter() - t0
     return CoarseGraph(cg, graph, {vnames[c]: [names[i] for i in ms] for c, ms in enumerate(members)},

@@ -1,0 +1,253 @@
+"""Parallelism-preserving coarsening: acyclic matchings under a critical-path budget.
+
+Multilevel in the spirit of Herrmann et al., "Multilevel algorithms for
+acyclic partitioning of directed acyclic graphs" (SIAM J. Sci. Comput. 2019):
+every round contracts a matching of edges (u, v) that keeps the coarse graph
+acyclic and does not lengthen its compute critical path beyond a budget.
+
+* Acyclic: the matching obeys the same sufficient conditions as
+  :mod:`coarsen.height` (Theorem 3.5 of the Pesto paper; Herrmann's "top
+  level" rule H(v) = H(u) + 1 is one of them), and the coarse heights are
+  recomputed by a Kahn pass every round, which would raise
+  :class:`~pesto.errors.CycleError` if that ever failed.
+* Critical path: a merge is a candidate only if the longest compute path
+  through the merged vertex stays <= ``(1 + eps) * C`` (C = the fine graph's
+  critical path, compute only, fastest kind). Merges of one round interact
+  (two merges on one path each use its slack), so the round is checked as a
+  whole: if the coarse critical path exceeds the budget, the round is undone
+  and its first half (by priority) tried again, down to one merge, which is
+  exact.
+* Order: by the transfer time a merge hides (``beta0 + beta1 * bytes``:
+  heavy edges) minus the growth of the critical path it causes
+  (``order="gain"``, the default; ``order="bytes"``: heaviest edge first,
+  which spends the budget early and keeps much less parallelism, see
+  benchmarks/results/coarsen.md).
+* Balanced vertices: merged compute <= ``cap * work / target``.
+* ``partition=`` and colocation groups exactly as :mod:`coarsen.height`.
+
+When a round merges (almost) nothing, the budget grows: ``eps`` doubles up
+to ``1 / keep - 1`` (the slack that still keeps ``keep`` of the parallelism),
+then ``cap`` doubles up to ``max_cap``, then (unless ``strict``) ``eps`` and
+``cap`` keep doubling together until the target is reached. The report's
+``kept_at`` is the smallest vertex count at which the coarse graph still had
+``keep`` of the fine graph's parallelism (work / critical path); with
+``strict=True`` the run stops there instead of going below it.
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+
+from pesto.graph import OpGraph
+from pesto.problem import GraphArrays
+
+from .base import (DEFAULT_BETA, CoarsenReport, beta_of, build_coarse, coarse_edges, critical_path, kahn_heights,
+                   path_levels)
+from .height import MergeState, _select, _select_siblings, partition_ids
+
+__all__ = ["coarsen_parallel"]
+
+_TOL = 1e-9
+
+
+class _Budget:
+    """The critical-path slack ``eps`` and the vertex cap, relaxed step by step."""
+
+    def __init__(self, eps, keep, cap, max_cap, growth, strict, late=1.25):
+        self.eps, self.cap, self.max_cap, self.growth, self.strict = eps, cap, max_cap, growth, strict
+        self.late = late
+        self.limit = 1.0 / keep - 1.0
+        self.eps = min(eps, self.limit)
+
+    def relax(self) -> bool:
+        """Grow one knob; False when nothing may grow any more."""
+        if self.eps < self.limit:
+            self.eps = min(self.limit, self.eps * self.growth)
+        elif self.cap < self.max_cap:
+            self.cap = min(self.max_cap, self.cap * self.growth)
+        elif self.strict or self.eps > 1e9:
+            return False
+        else:  # past the keep limit: grow gently, so the critical path grows as little as it must
+            self.eps *= self.late
+            self.cap *= self.late
+        return True
+
+
+def _snapshot(st: MergeState) -> MergeState:
+    """A copy of the partition state that later merges and group unions leave alone."""
+    new = copy.copy(st)
+    for a in ("label", "part", "comp", "mask", "cnt", "grp"):
+        setattr(new, a, getattr(st, a).copy())
+    new.uf = copy.copy(st.uf)
+    new.uf.parent = list(st.uf.parent)
+    new.uf.mask = None if st.uf.mask is None else list(st.uf.mask)
+    return new
+
+
+def _round(ga, st, target, budget, C, avg, siblings, order, only_siblings, beta):
+    """One round's merges, settled under the budget: edges, else (``siblings``)
+    equal-height pairs; never both in one round (the no-cycle argument needs
+    it). Returns (U, V, critical path after, kind)."""
+    eu, ev, eb = coarse_edges(ga, st.label, st.m)
+    H, flat, off = kahn_heights(st.m, eu, ev)  # raises CycleError if a round broke the DAG
+    cap_time, limit = budget.cap * avg, (1 + budget.eps) * C * (1 + _TOL)
+    uf = _snapshot(st).uf
+    if only_siblings:
+        U = V = np.zeros(0, dtype=np.int64)
+        cp = None
+    else:
+        U, V = _select(st, eu, ev, eb, H, flat, off, rule="height", cap_time=cap_time, cap_ops=1 << 62,
+                       budget=st.m - target, order=order, beta=beta, path_limit=limit)
+        U, V, cp = _settled(ga, st, U, V, limit, uf)
+    if len(U) or not siblings:
+        return U, V, cp, "edges"
+    levels = path_levels(st.m, flat, off, H, st.times(np.arange(st.m)).tolist())
+    U, V = _select_siblings(st, H, cap_time=cap_time, cap_ops=1 << 62, budget=st.m - target,
+                            levels=levels, path_limit=limit)
+    return (*_settled(ga, st, U, V, limit, uf), "siblings")
+
+
+def _settled(ga, st, U, V, limit, uf):
+    """:func:`_settle` the selected merges; redo the colocation unions if some were undone."""
+    n_sel = len(U)
+    U, V, cp = _settle(ga, st, U, V, limit)
+    if len(U) < n_sel:
+        _regroup(st, uf, U, V)
+    return U, V, cp
+
+
+def _regroup(st, uf, U, V) -> None:
+    """Colocation unions of the kept merges only (selection united the groups of
+    every selected pair; some were undone)."""
+    st.uf = uf
+    if (st.grp >= 0).any():
+        for u, v in zip(U.tolist(), V.tolist()):
+            st.group_ok(u, v)
+
+
+def _through(ga, st):
+    """Per vertex: the longest compute path through it; and the critical path."""
+    eu, ev, _ = coarse_edges(ga, st.label, st.m)
+    H, flat, off = kahn_heights(st.m, eu, ev)  # raises CycleError if a round broke the DAG
+    top, bottom = path_levels(st.m, flat, off, H, st.times(np.arange(st.m)).tolist())
+    through = top + bottom
+    return through, float(through.max(initial=0.0))
+
+
+def _settle(ga, st, U, V, limit, tries: int = 4):
+    """The merges of (U, V) (priority order) to keep so the critical path stays <= ``limit``.
+
+    Each merge was checked alone; together they may overrun (two merges on
+    one path each use its slack). Merging is monotone (fewer merges never
+    lengthen a path), so undoing every merged vertex that lies on a path over
+    the limit always settles; first, up to ``tries`` times, only the worse
+    half (by priority) of those is undone. Returns (U, V, critical path).
+    """
+    keep = np.ones(len(U), dtype=bool)
+    for k in range(tries + 1):
+        trial = _snapshot(st)
+        trial.merge(U[keep], V[keep])
+        through, cp = _through(ga, trial)
+        if cp <= limit:
+            return U[keep], V[keep], cp
+        alive = np.ones(st.m, dtype=bool)
+        alive[V[keep]] = False
+        newid = np.cumsum(alive) - 1
+        idx = np.flatnonzero(keep)
+        bad = idx[through[newid[U[idx]]] > limit]
+        keep[bad if k == tries or len(bad) == 1 else bad[len(bad) // 2:]] = False
+    trial = _snapshot(st)
+    trial.merge(U[keep], V[keep])
+    return U[keep], V[keep], _through(ga, trial)[1]
+
+
+def run_parallel(ga: GraphArrays, target: int, report: CoarsenReport, *, part=None, keep: float = 0.9,
+                 eps: float = 0.01, cap: float = 1.0, max_cap: float = 4.0, growth: float = 2.0,
+                 strict: bool = False, siblings: bool = True, min_gain: float = 0.02,
+                 order: str = "gain", patience: int = 8, max_rounds: int = 1000,
+                 beta=DEFAULT_BETA) -> np.ndarray:
+    """Merge rounds until ``target`` vertices (see the module docstring); returns the labels."""
+    st = MergeState(ga, part)
+    C = critical_path(ga, st.label, st.m, times=ga.time)
+    report.cp_before, report.keep = C, keep
+    avg = float(ga.time.sum()) / max(1, target)
+    budget = _Budget(eps, keep, cap, max_cap, growth, strict)
+    report.kept_at = st.m
+    stalls, want_siblings = 0, False
+    for rnd in range(max_rounds):
+        if st.m <= target:
+            break
+        t = time.perf_counter()
+        U, V, cp, kind = _round(ga, st, target, budget, C, avg, siblings, order, want_siblings, beta)
+        before = st.m
+        if len(U):
+            st.merge(U, V)
+        if len(U) and cp * keep <= C * (1 + _TOL):
+            report.kept_at = st.m
+        report.rounds.append({"round": rnd + 1, "kind": kind, "vertices": before, "merged": int(len(U)),
+                              "eps": budget.eps, "cap_time_us": budget.cap * avg,
+                              "seconds": round(time.perf_counter() - t, 5)})
+        if len(U) >= max(1, int(min_gain * (before - target))) or st.m <= target:
+            stalls, want_siblings = 0, False
+            continue
+        if kind == "edges" and siblings and not want_siblings:
+            want_siblings = True  # a small edge round: try equal-height pairs under the same budget
+            continue
+        want_siblings = False
+        if budget.relax():
+            stalls = 0
+            continue
+        stalls += 1
+        if not len(U) or stalls >= patience:
+            report.notes.append(f"stopped at {st.m} vertices: " + (
+                f"budget spent (eps {budget.eps:.3g}, cap {budget.cap:.3g} x mean vertex)" if not len(U)
+                else f"{patience} rounds in a row merged less than {min_gain:.0%} of the excess"))
+            break
+    else:
+        report.notes.append(f"stopped at {st.m} vertices after {max_rounds} rounds")
+    return st.label
+
+
+def coarsen_parallel(graph: OpGraph, target_vertices: int = 200, *, cluster=None, beta=None, partition=None,
+                     **options):
+    """Coarsen ``graph`` to about ``target_vertices``, keeping its parallelism.
+
+    Parameters
+    ----------
+    graph : OpGraph
+    target_vertices : int
+    cluster, beta : for the report's CCR, as :func:`coarsen.height.coarsen_height`.
+    partition : mapping op -> label, or a list of them, optional
+        Never merge ops whose labels differ (see :func:`coarsen.height.coarsen_height`).
+    **options
+        ``keep`` (0.9: the parallelism fraction to keep; ``report.kept_at``
+        says down to which size it was kept), ``eps`` (0.01: first critical
+        path slack), ``cap`` (1.0) and ``max_cap`` (4.0): merged compute cap
+        in mean vertex times (work / target), ``growth`` (2.0), ``strict``
+        (False; True: stop at the smallest size keeping ``keep`` instead of
+        going on to the target), ``siblings`` (True: equal-height merges when
+        an edge round merges little), ``order`` ("gain" or "bytes"),
+        ``min_gain`` (0.02), ``patience`` (8), ``max_rounds`` (1000).
+
+    Examples
+    --------
+    >>> from benchmarks.generators import layered_dag
+    >>> cg = coarsen_parallel(layered_dag(500, seed=1), 50)
+    >>> cg.graph.num_ops <= 50, sum(map(len, cg.members.values()))
+    (True, 500)
+    >>> r = cg.report
+    >>> r.parallelism_after <= r.parallelism_before + 1e-9
+    True
+    """
+    t0 = time.perf_counter()
+    ga = GraphArrays.of(graph)
+    report = CoarsenReport("parallel", int(target_vertices), graph.num_ops, graph.num_edges)
+    beta = beta or beta_of(cluster)
+    part = partition_ids(graph, partition)
+    label = run_parallel(ga, max(1, int(target_vertices)), report, part=part, beta=beta, **options)
+    if part is not None:
+        report.method += "/partition"
+        report.notes.append(f"merges restricted to {int(part.max()) + 1 if len(part) else 0} partition classes")
+    return build_coarse(ga, label, report, beta=beta, t0=t0)
