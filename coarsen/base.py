@@ -75,12 +75,14 @@ def uniq(a: np.ndarray) -> np.ndarray:
     return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
 
 
-def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
+def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray, times=None):
     """Heights by Kahn's pass removing all sources at once (roots have height 1).
 
     Returns ``(H, succ_flat, succ_off)`` with ``H`` a list, or raises
     :class:`CycleError` (with coarse vertex ids) if the edges close a cycle.
-    H(v) = 1 + max H(pred): every edge goes strictly up in height.
+    H(v) = 1 + max H(pred): every edge goes strictly up in height. With
+    ``times`` (compute per vertex) it also returns the top and bottom levels
+    (as :func:`path_levels`), from the same pass: ``(H, flat, off, top, bottom)``.
 
     Kahn's pass and the longest path (in edges) in one loop over flat CSR
     arrays: it runs once per merge round on a fresh coarse edge list, where
@@ -93,12 +95,16 @@ def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
     off = np.searchsorted(eu[order], np.arange(m + 1)).tolist()
     indeg = np.bincount(ev, minlength=m).tolist()
     H = [1] * m
+    t = [0.0] * m if times is None else np.asarray(times, dtype=float).tolist()
+    top = [0.0] * m
     queue = [i for i in range(m) if indeg[i] == 0]
     for u in queue:  # the list grows while we walk it
-        hu = H[u] + 1
+        hu, fu = H[u] + 1, top[u] + t[u]
         for w in flat[off[u]:off[u + 1]]:
             if H[w] < hu:
                 H[w] = hu
+            if top[w] < fu:
+                top[w] = fu
             indeg[w] -= 1
             if indeg[w] == 0:
                 queue.append(w)
@@ -106,7 +112,16 @@ def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
         succ = [flat[off[i]:off[i + 1]] for i in range(m)]
         cycle = find_cycle(succ, {i for i in range(m) if indeg[i] > 0})
         raise CycleError([f"v{k}" for k in cycle], what="coarse graph")
-    return H, flat, off
+    if times is None:
+        return H, flat, off
+    bottom = [0.0] * m
+    for u in reversed(queue):
+        b = 0.0
+        for w in flat[off[u]:off[u + 1]]:
+            if bottom[w] > b:
+                b = bottom[w]
+        bottom[u] = t[u] + b
+    return H, flat, off, np.array(top), np.array(bottom)
 
 
 def path_levels(m, flat, off, H, t):
@@ -134,10 +149,9 @@ def critical_path(ga: GraphArrays, label: np.ndarray, m: int, times=None) -> flo
     its members' fastest-kind compute, or ``times`` per vertex); raises
     :class:`CycleError` if the quotient graph has a cycle."""
     eu, ev, _ = coarse_edges(ga, label, m)
-    H, flat, off = kahn_heights(m, eu, ev)
     if times is None:
         times = np.bincount(label, weights=ga.time, minlength=m)
-    top, bottom = path_levels(m, flat, off, H, np.asarray(times, dtype=float).tolist())
+    _, _, _, top, bottom = kahn_heights(m, eu, ev, times)
     return float((top + bottom).max(initial=0.0))
 
 

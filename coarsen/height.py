@@ -152,13 +152,13 @@ def _other_min(m, eu, ev, H):
     return _excl_min(m, eu, ev, H[ev])
 
 
-def _merged_path(st, eu, ev, H, flat, off, tcomb):
+def _merged_path(st, eu, ev, H, flat, off, tcomb, levels=None):
     """Per edge (u, v): length of the longest compute path through the vertex
     that merging u and v would make (other vertices unchanged); and the
-    current critical path."""
+    current critical path. ``levels``: the (top, bottom) levels if known."""
     m = st.m
     t = st.times(np.arange(m))
-    top, bottom = path_levels(m, flat, off, H, t.tolist())
+    top, bottom = path_levels(m, flat, off, H, t.tolist()) if levels is None else levels
     # start: u's own, or the latest other input of v
     fin = top + t
     v_in = -_excl_min(m, ev, eu, -fin[eu])
@@ -170,7 +170,7 @@ def _merged_path(st, eu, ev, H, flat, off, tcomb):
 
 
 def _select(st: MergeState, eu, ev, eb, H, flat, off, *, rule, cap_time, cap_ops, budget,
-            order="bytes", beta=DEFAULT_BETA, path_limit=None):
+            order="bytes", beta=DEFAULT_BETA, path_limit=None, levels=None):
     """Greedy matching for one round. Returns arrays (U, V).
 
     ``order="bytes"``: candidates by transfer bytes, largest first (ties:
@@ -178,7 +178,8 @@ def _select(st: MergeState, eu, ev, eb, H, flat, off, *, rule, cap_time, cap_ops
     (``beta0 + beta1 * bytes``) minus the growth of the critical path that the
     merge would cause, largest first. ``path_limit``: only edges whose merged
     vertex lies on no compute path longer than this (each merge judged alone;
-    :mod:`coarsen.parallel` checks the round as a whole).
+    :mod:`coarsen.parallel` checks the round as a whole). ``levels``: the
+    current (top, bottom) levels, if known.
     """
     m = st.m
     Ha = np.asarray(H, dtype=np.int64)
@@ -196,14 +197,14 @@ def _select(st: MergeState, eu, ev, eb, H, flat, off, *, rule, cap_time, cap_ops
         raise ValueError(f"unknown rule {rule!r}")
     pw = cp = None
     if path_limit is not None:
-        pw, cp = _merged_path(st, eu, ev, H, flat, off, tcomb)
+        pw, cp = _merged_path(st, eu, ev, H, flat, off, tcomb, levels)
         ok &= pw <= path_limit
     cand = np.flatnonzero(ok & cond)
     if len(cand) == 0 or budget <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if order == "gain":
         if pw is None:
-            pw, cp = _merged_path(st, eu, ev, H, flat, off, tcomb)
+            pw, cp = _merged_path(st, eu, ev, H, flat, off, tcomb, levels)
         comm = np.where(eb[cand] > 0, beta[0] + beta[1] * eb[cand], 0.0)
         gain = comm - np.maximum(0.0, pw[cand] - cp)
         o = np.lexsort((tcomb[cand], -gain))

@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import copy
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from pesto.graph import OpGraph
 from pesto.problem import GraphArrays
 
-from .base import (DEFAULT_BETA, CoarsenReport, beta_of, build_coarse, coarse_edges, critical_path, kahn_heights,
-                   path_levels)
+from .base import DEFAULT_BETA, CoarsenReport, beta_of, build_coarse, coarse_edges, kahn_heights
 from .height import MergeState, _select, _select_siblings, partition_ids
 
 __all__ = ["coarsen_parallel"]
@@ -75,92 +75,91 @@ class _Budget:
         return True
 
 
+def _copy_uf(uf):
+    new = copy.copy(uf)
+    new.parent = list(uf.parent)
+    new.mask = None if uf.mask is None else list(uf.mask)
+    return new
+
+
 def _snapshot(st: MergeState) -> MergeState:
     """A copy of the partition state that later merges and group unions leave alone."""
     new = copy.copy(st)
     for a in ("label", "part", "comp", "mask", "cnt", "grp"):
         setattr(new, a, getattr(st, a).copy())
-    new.uf = copy.copy(st.uf)
-    new.uf.parent = list(st.uf.parent)
-    new.uf.mask = None if st.uf.mask is None else list(st.uf.mask)
+    new.uf = _copy_uf(st.uf)
     return new
 
 
-def _round(ga, st, target, budget, C, avg, siblings, order, only_siblings, beta):
-    """One round's merges, settled under the budget: edges, else (``siblings``)
-    equal-height pairs; never both in one round (the no-cycle argument needs
-    it). Returns (U, V, critical path after, kind)."""
+class _Levels(NamedTuple):
+    """The coarse graph of a partition state: edges, heights, CSR successors,
+    vertex times, top and bottom levels and the critical path."""
+    eu: np.ndarray
+    ev: np.ndarray
+    eb: np.ndarray
+    H: list
+    flat: list
+    off: list
+    top: np.ndarray
+    bottom: np.ndarray
+    cp: float
+
+
+def _levels(ga, st) -> _Levels:
     eu, ev, eb = coarse_edges(ga, st.label, st.m)
-    H, flat, off = kahn_heights(st.m, eu, ev)  # raises CycleError if a round broke the DAG
+    # raises CycleError if a round broke the DAG
+    H, flat, off, top, bottom = kahn_heights(st.m, eu, ev, st.times(np.arange(st.m)))
+    return _Levels(eu, ev, eb, H, flat, off, top, bottom, float((top + bottom).max(initial=0.0)))
+
+
+def _round(ga, st, lv, target, budget, C, avg, opts, only_siblings):
+    """One round: select merges (edges, else equal-height pairs; never both in
+    one round, the no-cycle argument needs it) and settle them under the
+    budget. Returns (new state, its levels, merges kept, kind)."""
     cap_time, limit = budget.cap * avg, (1 + budget.eps) * C * (1 + _TOL)
-    uf = _snapshot(st).uf
-    if only_siblings:
-        U = V = np.zeros(0, dtype=np.int64)
-        cp = None
-    else:
-        U, V = _select(st, eu, ev, eb, H, flat, off, rule="height", cap_time=cap_time, cap_ops=1 << 62,
-                       budget=st.m - target, order=order, beta=beta, path_limit=limit)
-        U, V, cp = _settled(ga, st, U, V, limit, uf)
-    if len(U) or not siblings:
-        return U, V, cp, "edges"
-    levels = path_levels(st.m, flat, off, H, st.times(np.arange(st.m)).tolist())
-    U, V = _select_siblings(st, H, cap_time=cap_time, cap_ops=1 << 62, budget=st.m - target,
-                            levels=levels, path_limit=limit)
-    return (*_settled(ga, st, U, V, limit, uf), "siblings")
+    uf0 = _copy_uf(st.uf)  # selection unites groups as it goes; settling may undo some merges
+    if not only_siblings:
+        U, V = _select(st, lv.eu, lv.ev, lv.eb, lv.H, lv.flat, lv.off, rule="height", cap_time=cap_time,
+                       cap_ops=1 << 62, budget=st.m - target, order=opts["order"], beta=opts["beta"],
+                       path_limit=limit, levels=(lv.top, lv.bottom))
+        new, nlv, k = _settle(ga, st, uf0, U, V, limit)
+        if k or not opts["siblings"]:
+            return new, nlv, k, "edges"
+        st.uf = _copy_uf(uf0)
+    U, V = _select_siblings(st, lv.H, cap_time=cap_time, cap_ops=1 << 62, budget=st.m - target,
+                            levels=(lv.top, lv.bottom), path_limit=limit)
+    return (*_settle(ga, st, uf0, U, V, limit), "siblings")
 
 
-def _settled(ga, st, U, V, limit, uf):
-    """:func:`_settle` the selected merges; redo the colocation unions if some were undone."""
-    n_sel = len(U)
-    U, V, cp = _settle(ga, st, U, V, limit)
-    if len(U) < n_sel:
-        _regroup(st, uf, U, V)
-    return U, V, cp
-
-
-def _regroup(st, uf, U, V) -> None:
-    """Colocation unions of the kept merges only (selection united the groups of
-    every selected pair; some were undone)."""
-    st.uf = uf
-    if (st.grp >= 0).any():
-        for u, v in zip(U.tolist(), V.tolist()):
-            st.group_ok(u, v)
-
-
-def _through(ga, st):
-    """Per vertex: the longest compute path through it; and the critical path."""
-    eu, ev, _ = coarse_edges(ga, st.label, st.m)
-    H, flat, off = kahn_heights(st.m, eu, ev)  # raises CycleError if a round broke the DAG
-    top, bottom = path_levels(st.m, flat, off, H, st.times(np.arange(st.m)).tolist())
-    through = top + bottom
-    return through, float(through.max(initial=0.0))
-
-
-def _settle(ga, st, U, V, limit, tries: int = 4):
-    """The merges of (U, V) (priority order) to keep so the critical path stays <= ``limit``.
+def _settle(ga, st, uf0, U, V, limit, tries: int = 4):
+    """Merge the pairs (U, V) (priority order) that keep the critical path <= ``limit``.
 
     Each merge was checked alone; together they may overrun (two merges on
     one path each use its slack). Merging is monotone (fewer merges never
     lengthen a path), so undoing every merged vertex that lies on a path over
     the limit always settles; first, up to ``tries`` times, only the worse
-    half (by priority) of those is undone. Returns (U, V, critical path).
+    half (by priority) of those is undone. ``uf0``: the colocation union-find
+    before the selection (the kept merges' unions are redone on a copy).
+    ``st`` is left alone. Returns (new state, its levels, merges kept).
     """
     keep = np.ones(len(U), dtype=bool)
-    for k in range(tries + 1):
+    for k in range(tries + 2):
         trial = _snapshot(st)
+        if (st.grp >= 0).any():
+            trial.uf = _copy_uf(uf0)
+            for u, v in zip(U[keep].tolist(), V[keep].tolist()):
+                trial.group_ok(u, v)
         trial.merge(U[keep], V[keep])
-        through, cp = _through(ga, trial)
-        if cp <= limit:
-            return U[keep], V[keep], cp
+        lv = _levels(ga, trial)
+        if lv.cp <= limit or not keep.any():
+            return trial, lv, int(keep.sum())
         alive = np.ones(st.m, dtype=bool)
         alive[V[keep]] = False
         newid = np.cumsum(alive) - 1
         idx = np.flatnonzero(keep)
-        bad = idx[through[newid[U[idx]]] > limit]
-        keep[bad if k == tries or len(bad) == 1 else bad[len(bad) // 2:]] = False
-    trial = _snapshot(st)
-    trial.merge(U[keep], V[keep])
-    return U[keep], V[keep], _through(ga, trial)[1]
+        bad = idx[(lv.top + lv.bottom)[newid[U[idx]]] > limit]
+        keep[bad if k >= tries or len(bad) == 1 else bad[len(bad) // 2:]] = False
+    raise AssertionError("unreachable: undoing every merge on a path over the limit settles")
 
 
 def run_parallel(ga: GraphArrays, target: int, report: CoarsenReport, *, part=None, keep: float = 0.9,
@@ -169,27 +168,28 @@ def run_parallel(ga: GraphArrays, target: int, report: CoarsenReport, *, part=No
                  order: str = "gain", patience: int = 8, max_rounds: int = 1000,
                  beta=DEFAULT_BETA) -> np.ndarray:
     """Merge rounds until ``target`` vertices (see the module docstring); returns the labels."""
+    if not 0 < keep <= 1:
+        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
     st = MergeState(ga, part)
-    C = critical_path(ga, st.label, st.m, times=ga.time)
-    report.cp_before, report.keep = C, keep
+    lv = _levels(ga, st)
+    C = lv.cp
+    report.cp_before, report.keep, report.kept_at = C, keep, st.m
     avg = float(ga.time.sum()) / max(1, target)
     budget = _Budget(eps, keep, cap, max_cap, growth, strict)
-    report.kept_at = st.m
+    opts = {"order": order, "beta": beta, "siblings": siblings}
     stalls, want_siblings = 0, False
     for rnd in range(max_rounds):
         if st.m <= target:
             break
         t = time.perf_counter()
-        U, V, cp, kind = _round(ga, st, target, budget, C, avg, siblings, order, want_siblings, beta)
         before = st.m
-        if len(U):
-            st.merge(U, V)
-        if len(U) and cp * keep <= C * (1 + _TOL):
+        st, lv, merged, kind = _round(ga, st, lv, target, budget, C, avg, opts, want_siblings)
+        if merged and lv.cp * keep <= C * (1 + _TOL):
             report.kept_at = st.m
-        report.rounds.append({"round": rnd + 1, "kind": kind, "vertices": before, "merged": int(len(U)),
+        report.rounds.append({"round": rnd + 1, "kind": kind, "vertices": before, "merged": merged,
                               "eps": budget.eps, "cap_time_us": budget.cap * avg,
                               "seconds": round(time.perf_counter() - t, 5)})
-        if len(U) >= max(1, int(min_gain * (before - target))) or st.m <= target:
+        if merged >= max(1, int(min_gain * (before - target))) or st.m <= target:
             stalls, want_siblings = 0, False
             continue
         if kind == "edges" and siblings and not want_siblings:
@@ -200,9 +200,9 @@ def run_parallel(ga: GraphArrays, target: int, report: CoarsenReport, *, part=No
             stalls = 0
             continue
         stalls += 1
-        if not len(U) or stalls >= patience:
+        if not merged or stalls >= patience:
             report.notes.append(f"stopped at {st.m} vertices: " + (
-                f"budget spent (eps {budget.eps:.3g}, cap {budget.cap:.3g} x mean vertex)" if not len(U)
+                f"budget spent (eps {budget.eps:.3g}, cap {budget.cap:.3g} x mean vertex)" if not merged
                 else f"{patience} rounds in a row merged less than {min_gain:.0%} of the excess"))
             break
     else:
