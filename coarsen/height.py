@@ -106,13 +106,15 @@ class MergeState:
         return True
 
     def merge(self, U: np.ndarray, V: np.ndarray) -> None:
-        """Merge each V[i] into U[i] (a matching) and relabel 0..m'-1."""
+        """Merge each V[i] into U[i] and relabel 0..m'-1. The V are distinct and
+        no U is a V; a U may repeat (a whole cluster merged into one vertex)."""
         m = self.m
-        self.comp[U] += self.comp[V]
-        self.mask[U] &= self.mask[V]
-        self.cnt[U] += self.cnt[V]
-        gU, gV = self.grp[U], self.grp[V]
-        self.grp[U] = np.where(gU >= 0, gU, gV)
+        np.add.at(self.comp, U, self.comp[V])
+        np.bitwise_and.at(self.mask, U, self.mask[V])
+        np.add.at(self.cnt, U, self.cnt[V])
+        gV = self.grp[V]
+        take = gV >= 0  # a vertex keeps one group id (the groups were united by group_ok)
+        self.grp[U[take]] = np.where(self.grp[U[take]] >= 0, self.grp[U[take]], gV[take])
         rep = np.arange(m)
         rep[V] = U
         keep = np.ones(m, dtype=bool)

@@ -25,6 +25,11 @@ acyclic and does not lengthen its compute critical path beyond a budget.
 * Balanced vertices: merged compute <= ``cap * work / target``.
 * ``partition=`` and colocation groups exactly as :mod:`coarsen.height`.
 
+Before the rounds, every run of links u -> v with succ(u) = {v} and
+pred(v) = {u} is contracted at once (up to the vertex cap): it changes no
+path length and cannot close a cycle, and it takes RNN cells and other
+op chains out of the rounds.
+
 When a round merges (almost) nothing, the budget grows: ``eps`` doubles up
 to ``1 / keep - 1`` (the slack that still keeps ``keep`` of the parallelism),
 then ``cap`` doubles up to ``max_cap``, then (unless ``strict``) ``eps`` and
@@ -50,6 +55,7 @@ from .height import MergeState, _select, _select_siblings, partition_ids
 __all__ = ["coarsen_parallel"]
 
 _TOL = 1e-9
+CHAIN_CAP = 0.5  # chain segments up to half the vertex cap: big vertices early cost freedom later
 
 
 class _Budget:
@@ -112,6 +118,40 @@ def _levels(ga, st) -> _Levels:
     return _Levels(eu, ev, eb, H, flat, off, top, bottom, float((top + bottom).max(initial=0.0)))
 
 
+def _chains(ga, st, lv, cap_time) -> tuple:
+    """Contract every run of links u -> v with succ(u) = {v} and pred(v) = {u}
+    (segments up to ``cap_time`` of compute, one kind mask, partition label
+    and group): no path changes length, none can close a cycle (a run is
+    entered only at its head and left only at its tail). Returns the
+    pairs (U, V) merging each segment into its head."""
+    m = st.m
+    outdeg = np.bincount(lv.eu, minlength=m)
+    indeg = np.bincount(lv.ev, minlength=m)
+    link = (outdeg[lv.eu] == 1) & (indeg[lv.ev] == 1) & (st.part[lv.eu] == st.part[lv.ev])
+    nxt = np.full(m, -1, dtype=np.int64)
+    nxt[lv.eu[link]] = lv.ev[link]
+    has_prev = np.zeros(m, dtype=bool)
+    has_prev[lv.ev[link]] = True
+    t = st.times(np.arange(m)).tolist()
+    mask = st.mask  # the head's mask is narrowed as the segment grows (group_ok reads it)
+    nx = nxt.tolist()
+    has_groups = bool((st.grp >= 0).any())
+    U, V = [], []
+    for head in np.flatnonzero((nxt >= 0) & ~has_prev).tolist():
+        h, th, x = head, t[head], nx[head]
+        while x >= 0:
+            both = int(mask[h]) & int(mask[x])
+            if both and th + t[x] <= cap_time and (not has_groups or st.group_ok(h, x)):
+                mask[h] = both
+                th += t[x]
+                U.append(h)
+                V.append(x)
+            else:
+                h, th = x, t[x]
+            x = nx[x]
+    return np.array(U, dtype=np.int64), np.array(V, dtype=np.int64)
+
+
 def _round(ga, st, lv, target, budget, C, avg, opts, only_siblings):
     """One round: select merges (edges, else equal-height pairs; never both in
     one round, the no-cycle argument needs it) and settle them under the
@@ -165,7 +205,7 @@ def _settle(ga, st, uf0, U, V, limit, tries: int = 4):
 def run_parallel(ga: GraphArrays, target: int, report: CoarsenReport, *, part=None, keep: float = 0.9,
                  eps: float = 0.01, cap: float = 1.0, max_cap: float = 4.0, growth: float = 2.0,
                  strict: bool = False, siblings: bool = True, min_gain: float = 0.02,
-                 order: str = "gain", patience: int = 8, max_rounds: int = 1000,
+                 order: str = "gain", patience: int = 8, max_rounds: int = 1000, chains: bool = True,
                  beta=DEFAULT_BETA) -> np.ndarray:
     """Merge rounds until ``target`` vertices (see the module docstring); returns the labels."""
     if not 0 < keep <= 1:
@@ -177,6 +217,17 @@ def run_parallel(ga: GraphArrays, target: int, report: CoarsenReport, *, part=No
     avg = float(ga.time.sum()) / max(1, target)
     budget = _Budget(eps, keep, cap, max_cap, growth, strict)
     opts = {"order": order, "beta": beta, "siblings": siblings}
+    if chains:
+        t = time.perf_counter()
+        st = _snapshot(st)
+        U, V = _chains(ga, st, lv, budget.cap * avg * CHAIN_CAP)
+        if len(U):
+            st.merge(U, V)
+            lv = _levels(ga, st)
+            report.kept_at = st.m
+        report.rounds.append({"round": 0, "kind": "chains", "vertices": ga.n, "merged": int(len(U)),
+                              "eps": 0.0, "cap_time_us": budget.cap * avg,
+                              "seconds": round(time.perf_counter() - t, 5)})
     stalls, want_siblings = 0, False
     for rnd in range(max_rounds):
         if st.m <= target:
@@ -229,6 +280,8 @@ def coarsen_parallel(graph: OpGraph, target_vertices: int = 200, *, cluster=None
         (False; True: stop at the smallest size keeping ``keep`` instead of
         going on to the target), ``siblings`` (True: equal-height merges when
         an edge round merges little), ``order`` ("gain" or "bytes"),
+        ``chains`` (True: first contract every run of ops that only feed
+        each other, which changes no path),
         ``min_gain`` (0.02), ``patience`` (8), ``max_rounds`` (1000).
 
     Examples
