@@ -266,8 +266,9 @@ def _select_siblings(st: MergeState, H, *, cap_time, cap_ops, budget, levels=Non
     if path_limit is not None:
         top, bottom = levels
 
-        def fits(a, b):
-            return max(top[a], top[b]) + t[a] + t[b] + max(bottom[a] - t[a], bottom[b] - t[b]) <= path_limit
+        def fits(a, b):  # the merged time is on the pair's common fastest kind
+            tab = float(st.times(np.array([a]), np.array([b]))[0])
+            return max(top[a], top[b]) + tab + max(bottom[a] - t[a], bottom[b] - t[b]) <= path_limit
     else:
         def fits(a, b):
             return True

@@ -137,17 +137,22 @@ def _chains(ga, st, lv, cap_time) -> tuple:
     nx = nxt.tolist()
     has_groups = bool((st.grp >= 0).any())
     U, V = [], []
+    comp, bits = st.comp, st._bits
     for head in np.flatnonzero((nxt >= 0) & ~has_prev).tolist():
-        h, th, x = head, t[head], nx[head]
+        h, th, ch, x = head, t[head], comp[head].copy(), nx[head]
         while x >= 0:
             both = int(mask[h]) & int(mask[x])
-            if both and th + t[x] <= cap_time and (not has_groups or st.group_ok(h, x)):
+            cx = ch + comp[x]
+            # the segment's time on its fastest common kind must be the plain sum: a
+            # narrower kind set that makes it slower would lengthen paths
+            tx = float(np.where((both & bits) != 0, cx, np.inf).min()) if both else np.inf
+            if tx <= (th + t[x]) * (1 + _TOL) and tx <= cap_time and (not has_groups or st.group_ok(h, x)):
                 mask[h] = both
-                th += t[x]
+                th, ch = tx, cx
                 U.append(h)
                 V.append(x)
             else:
-                h, th = x, t[x]
+                h, th, ch = x, t[x], comp[x].copy()
             x = nx[x]
     return np.array(U, dtype=np.int64), np.array(V, dtype=np.int64)
 
@@ -177,13 +182,13 @@ def _settle(ga, st, uf0, U, V, limit, tries: int = 4):
     Each merge was checked alone; together they may overrun (two merges on
     one path each use its slack). Merging is monotone (fewer merges never
     lengthen a path), so undoing every merged vertex that lies on a path over
-    the limit always settles; first, up to ``tries`` times, only the worse
-    half (by priority) of those is undone. ``uf0``: the colocation union-find
+    the limit settles (the state before the round meets it); first, up to
+    ``tries`` times, only the worse half (by priority) of those is undone. ``uf0``: the colocation union-find
     before the selection (the kept merges' unions are redone on a copy).
     ``st`` is left alone. Returns (new state, its levels, merges kept).
     """
     keep = np.ones(len(U), dtype=bool)
-    for k in range(tries + 2):
+    for k in range(tries + 3):
         trial = _snapshot(st)
         if (st.grp >= 0).any():
             trial.uf = _copy_uf(uf0)
@@ -199,7 +204,8 @@ def _settle(ga, st, uf0, U, V, limit, tries: int = 4):
         idx = np.flatnonzero(keep)
         bad = idx[(lv.top + lv.bottom)[newid[U[idx]]] > limit]
         keep[bad if k >= tries or len(bad) == 1 else bad[len(bad) // 2:]] = False
-    raise AssertionError("unreachable: undoing every merge on a path over the limit settles")
+        if k > tries:  # unreachable while every state meets the limit; never loop on a defect
+            keep[:] = False
 
 
 def run_parallel(ga: GraphArrays, target: int, report: CoarsenReport, *, part=None, keep: float = 0.9,
