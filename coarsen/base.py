@@ -514,7 +514,11 @@ def build_coarse(ga: GraphArrays, label: np.ndarray, report: CoarsenReport, *, b
     report.work = float(ga.time.sum())
     if not report.cp_before:
         report.cp_before = critical_path(ga, np.arange(ga.n), ga.n)
-    report.cp_after = critical_path(ga, label, m)
+    # a vertex runs on its members' common fastest kind (>= the sum of their fastest)
+    comp, mask = aggregates[0], aggregates[1]
+    allowed = (mask[:, None] >> np.arange(ga.K)[None, :]) & 1 == 1
+    vtime = np.where(allowed, comp, np.inf).min(axis=1, initial=np.inf) if ga.K else np.zeros(m)
+    report.cp_after = critical_path(ga, label, m, times=vtime)
     if t0 is not None:
         report.seconds = time.perf_counter() - t0
     return CoarseGraph(cg, graph, {vnames[c]: [names[i] for i in ms] for c, ms in enumerate(members)},
