@@ -189,6 +189,12 @@ class CoarsenReport:
 
     ``rounds`` is a list of dicts (``round``, ``vertices``, ``edges``,
     ``merged``, ``seconds``, plus method-specific keys such as caps).
+    ``work``, ``cp_before``, ``cp_after``: total compute and the compute-only
+    critical paths of the fine and the coarse graph (fastest kind; a coarse
+    vertex on its members' common fastest kind), from which
+    ``parallelism_before/after/kept``. ``keep`` and ``kept_at`` (method
+    "parallel"; None otherwise): the parallelism fraction aimed at and the
+    smallest vertex count at which the run still kept it.
     """
 
     method: str
