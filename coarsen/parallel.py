@@ -14,9 +14,9 @@ acyclic and does not lengthen its compute critical path beyond a budget.
   through the merged vertex stays <= ``(1 + eps) * C`` (C = the fine graph's
   critical path, compute only, fastest kind). Merges of one round interact
   (two merges on one path each use its slack), so the round is checked as a
-  whole: if the coarse critical path exceeds the budget, the round is undone
-  and its first half (by priority) tried again, down to one merge, which is
-  exact.
+  whole: while the coarse critical path exceeds the budget, the merged
+  vertices on over-long paths are undone (the lower-priority half of them,
+  a few times, then all: merging is monotone, so that always settles).
 * Order: by the transfer time a merge hides (``beta0 + beta1 * bytes``:
   heavy edges) minus the growth of the critical path it causes
   (``order="gain"``, the default; ``order="bytes"``: heaviest edge first,
@@ -30,10 +30,12 @@ pred(v) = {u} is contracted at once (up to the vertex cap): it changes no
 path length and cannot close a cycle, and it takes RNN cells and other
 op chains out of the rounds.
 
-When a round merges (almost) nothing, the budget grows: ``eps`` doubles up
-to ``1 / keep - 1`` (the slack that still keeps ``keep`` of the parallelism),
-then ``cap`` doubles up to ``max_cap``, then (unless ``strict``) ``eps`` and
-``cap`` keep doubling together until the target is reached. The report's
+When an edge round merges (almost) nothing, a round of equal-height pairs
+(siblings, same budget) is tried; then the budget grows: ``eps`` doubles
+from 1% up to ``1 / keep - 1`` (the slack that still keeps ``keep`` of the
+parallelism), then ``cap`` doubles up to ``max_cap``, then (unless
+``strict``) ``eps`` and ``cap`` grow together by 25% a step, so the critical
+path grows no more than it must, until the target is reached. The report's
 ``kept_at`` is the smallest vertex count at which the coarse graph still had
 ``keep`` of the fine graph's parallelism (work / critical path); with
 ``strict=True`` the run stops there instead of going below it.
