@@ -199,7 +199,7 @@ def markdown(rows, target, repeat, traces=None, qrows=(), erows=()) -> str:
         lines.append(f"| {r['graph']} | {r['ops']} | {r['edges']} | {r['method']} | {r['vertices']} | "
                      f"{r['coarse_edges']} | {r['seconds']:.3f} | {r['rounds']} | {r['ccr_before']:.3f} | "
                      f"{r['ccr_after']:.3f} | {r['par_before']:.2f} | {r['par_after']:.2f} | "
-                     f"{r['kept']:.0%} | {r['kept_90_at']} | {'yes' if r['reached'] else 'no'} |")
+                     f"{r['kept']:.1%} | {r['kept_90_at']} | {'yes' if r['reached'] else 'no'} |")
     big = [r for r in rows if r["method"] == "height" and r["ops"] >= 30000]
     if big:
         worst = max(big, key=lambda r: r["seconds"])
@@ -252,7 +252,7 @@ def markdown(rows, target, repeat, traces=None, qrows=(), erows=()) -> str:
                         + "; better than its hint alone: "
                         f"{sum(e['expanded_ms'] < e['hint_ms'] - 1e-3 for e in erows)}/{len(erows)}.", ""]
         for e in erows:
-            lines.append(f"| {e['graph']} | {e['ops']} | {e['method']} | {e['vertices']} | {e['kept']:.0%} | "
+            lines.append(f"| {e['graph']} | {e['ops']} | {e['method']} | {e['vertices']} | {e['kept']:.1%} | "
                          f"{e['incumbent']} | {e['incumbent_ms']:.2f} | {e['hint_ms']:.2f} | {e['cpsat_status']} | "
                          f"{e['cpsat_coarse_ms']:.2f} | {e['expanded_ms']:.2f} |")
     if qrows:
