@@ -7,8 +7,10 @@
 which turns a plan of the coarse graph into a plan for every op.
 
 Methods: ``"height"`` (Pesto's batch merging, Theorem 3.5), ``"baechi"``
-(Baechi's safe fusion rule) and ``"celeritas"`` (CPD-TOPO order + Kernighan
-breakpoints).
+(Baechi's safe fusion rule), ``"celeritas"`` (CPD-TOPO order + Kernighan
+breakpoints) and ``"parallel"`` (acyclic matchings under a critical-path
+budget: keeps the parallelism work / critical path; ``report.kept_at`` says
+down to which size 90% of it was kept).
 
 >>> from benchmarks.generators import layered_dag
 >>> cg = coarsen(layered_dag(1000, seed=0), 100)
@@ -24,11 +26,13 @@ from .baechi import coarsen_baechi
 from .base import CoarseGraph, CoarsenReport
 from .celeritas import coarsen_celeritas
 from .height import coarsen_height
+from .parallel import coarsen_parallel
 
 __all__ = ["coarsen", "verify", "CoarseGraph", "CoarsenReport", "CoarsenError", "METHODS"]
 
-METHODS = ("height", "baechi", "celeritas")
-_FUNCTIONS = {"height": coarsen_height, "baechi": coarsen_baechi, "celeritas": coarsen_celeritas}
+METHODS = ("height", "baechi", "celeritas", "parallel")
+_FUNCTIONS = {"height": coarsen_height, "baechi": coarsen_baechi, "celeritas": coarsen_celeritas,
+              "parallel": coarsen_parallel}
 
 
 def coarsen(graph: OpGraph, target_vertices: int = 200, method: str = "height", **options) -> CoarseGraph:
@@ -40,14 +44,16 @@ def coarsen(graph: OpGraph, target_vertices: int = 200, method: str = "height", 
     target_vertices : int
         Stop when at most this many vertices remain (a method may stop above
         it when nothing more can be merged safely; see ``report.reached``).
-    method : {"height", "baechi", "celeritas"}
+    method : {"height", "baechi", "celeritas", "parallel"}
     **options
         Passed to the method: ``cluster`` or ``beta`` (for the CCR in the
         report); height/baechi: ``cap_time``, ``cap_ops``, ``cap_growth``,
         ``max_cap_growth``, ``siblings``, ``order`` ("bytes"/"gain"),
         ``partition`` (op -> label mapping, or a list of them: never merge ops
         whose labels differ, so that placement stays exactly representable;
-        see :meth:`CoarseGraph.project`); celeritas: ``range_``,
+        see :meth:`CoarseGraph.project`); parallel: ``partition``, ``keep``,
+        ``eps``, ``cap``, ``max_cap``, ``strict``, ``order`` (see
+        :func:`coarsen.parallel.coarsen_parallel`); celeritas: ``range_``,
         ``memory_limit``, ``fuse``. ``check=True`` re-verifies the result
         (partition, conservation, acyclicity) and raises on any defect.
 
@@ -64,7 +70,7 @@ def coarsen(graph: OpGraph, target_vertices: int = 200, method: str = "height", 
         raise ValueError(f"unknown coarsening method {method!r}; choose one of {METHODS}")
     if method == "celeritas":
         if options.get("partition") is not None:
-            raise ValueError("partition= is supported by the 'height' and 'baechi' methods only")
+            raise ValueError("partition= is supported by the 'height', 'baechi' and 'parallel' methods only")
         options.pop("partition", None)
     cg = fn(graph, target_vertices, **options)
     if check:

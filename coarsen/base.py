@@ -38,7 +38,7 @@ from pesto.plan import Plan
 from pesto.problem import GraphArrays
 
 __all__ = ["CoarseGraph", "CoarsenReport", "build_coarse", "coarse_edges", "ccr", "DEFAULT_BETA",
-           "kahn_heights"]
+           "kahn_heights", "path_levels", "critical_path"]
 
 # NVLink V100 fit of the Pesto paper (µs, µs/byte), used when no cluster is given.
 DEFAULT_BETA = (40.77, 2.0757e-5)
@@ -75,12 +75,14 @@ def uniq(a: np.ndarray) -> np.ndarray:
     return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
 
 
-def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
+def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray, times=None):
     """Heights by Kahn's pass removing all sources at once (roots have height 1).
 
     Returns ``(H, succ_flat, succ_off)`` with ``H`` a list, or raises
     :class:`CycleError` (with coarse vertex ids) if the edges close a cycle.
-    H(v) = 1 + max H(pred): every edge goes strictly up in height.
+    H(v) = 1 + max H(pred): every edge goes strictly up in height. With
+    ``times`` (compute per vertex) it also returns the top and bottom levels
+    (as :func:`path_levels`), from the same pass: ``(H, flat, off, top, bottom)``.
 
     Kahn's pass and the longest path (in edges) in one loop over flat CSR
     arrays: it runs once per merge round on a fresh coarse edge list, where
@@ -93,12 +95,16 @@ def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
     off = np.searchsorted(eu[order], np.arange(m + 1)).tolist()
     indeg = np.bincount(ev, minlength=m).tolist()
     H = [1] * m
+    t = [0.0] * m if times is None else np.asarray(times, dtype=float).tolist()
+    top = [0.0] * m
     queue = [i for i in range(m) if indeg[i] == 0]
     for u in queue:  # the list grows while we walk it
-        hu = H[u] + 1
+        hu, fu = H[u] + 1, top[u] + t[u]
         for w in flat[off[u]:off[u + 1]]:
             if H[w] < hu:
                 H[w] = hu
+            if top[w] < fu:
+                top[w] = fu
             indeg[w] -= 1
             if indeg[w] == 0:
                 queue.append(w)
@@ -106,7 +112,47 @@ def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray):
         succ = [flat[off[i]:off[i + 1]] for i in range(m)]
         cycle = find_cycle(succ, {i for i in range(m) if indeg[i] > 0})
         raise CycleError([f"v{k}" for k in cycle], what="coarse graph")
-    return H, flat, off
+    if times is None:
+        return H, flat, off
+    bottom = [0.0] * m
+    for u in reversed(queue):
+        b = 0.0
+        for w in flat[off[u]:off[u + 1]]:
+            if bottom[w] > b:
+                b = bottom[w]
+        bottom[u] = t[u] + b
+    return H, flat, off, np.array(top), np.array(bottom)
+
+
+def path_levels(m, flat, off, H, t):
+    """Top level (earliest start) and bottom level (longest compute path from the
+    vertex's start to a sink) of every vertex, compute only."""
+    order = np.argsort(np.asarray(H), kind="stable").tolist()  # edges go up in H
+    top = [0.0] * m
+    for u in order:
+        fu = top[u] + t[u]
+        for w in flat[off[u]:off[u + 1]]:
+            if top[w] < fu:
+                top[w] = fu
+    bottom = [0.0] * m
+    for u in reversed(order):
+        b = 0.0
+        for w in flat[off[u]:off[u + 1]]:
+            if bottom[w] > b:
+                b = bottom[w]
+        bottom[u] = t[u] + b
+    return np.array(top), np.array(bottom)
+
+
+def critical_path(ga: GraphArrays, label: np.ndarray, m: int, times=None) -> float:
+    """Longest compute-only path of the partition ``label`` (vertex time = sum of
+    its members' fastest-kind compute, or ``times`` per vertex); raises
+    :class:`CycleError` if the quotient graph has a cycle."""
+    eu, ev, _ = coarse_edges(ga, label, m)
+    if times is None:
+        times = np.bincount(label, weights=ga.time, minlength=m)
+    _, _, _, top, bottom = kahn_heights(m, eu, ev, times)
+    return float((top + bottom).max(initial=0.0))
 
 
 def ccr(ga: GraphArrays, label: np.ndarray, m: int, beta=DEFAULT_BETA) -> float:
@@ -143,6 +189,12 @@ class CoarsenReport:
 
     ``rounds`` is a list of dicts (``round``, ``vertices``, ``edges``,
     ``merged``, ``seconds``, plus method-specific keys such as caps).
+    ``work``, ``cp_before``, ``cp_after``: total compute and the compute-only
+    critical paths of the fine and the coarse graph (fastest kind; a coarse
+    vertex on its members' common fastest kind), from which
+    ``parallelism_before/after/kept``. ``keep`` and ``kept_at`` (method
+    "parallel"; None otherwise): the parallelism fraction aimed at and the
+    smallest vertex count at which the run still kept it.
     """
 
     method: str
@@ -157,15 +209,40 @@ class CoarsenReport:
     reached: bool = False
     rounds: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    work: float = 0.0
+    cp_before: float = 0.0
+    cp_after: float = 0.0
+    keep: float | None = None
+    kept_at: int | None = None
+
+    @property
+    def parallelism_before(self) -> float:
+        """Work / critical path of the fine graph (compute only, fastest kind)."""
+        return self.work / self.cp_before if self.cp_before > 0 else 1.0
+
+    @property
+    def parallelism_after(self) -> float:
+        """Work / critical path of the coarse graph (compute only, fastest kind)."""
+        return self.work / self.cp_after if self.cp_after > 0 else 1.0
+
+    @property
+    def parallelism_kept(self) -> float:
+        """``parallelism_after / parallelism_before`` (= fine / coarse critical path)."""
+        return self.cp_before / self.cp_after if self.cp_after > 0 else 1.0
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d.update(parallelism_before=self.parallelism_before, parallelism_after=self.parallelism_after,
+                 parallelism_kept=self.parallelism_kept)
+        return d
 
     def __str__(self):
         return (f"coarsen[{self.method}]: {self.vertices_before} ops/{self.edges_before} edges -> "
                 f"{self.vertices} vertices/{self.edges} edges (target {self.target}"
                 f"{'' if self.reached else ', not reached'}) in {len(self.rounds)} rounds, "
-                f"{self.seconds:.3f} s; CCR {self.ccr_before:.3f} -> {self.ccr_after:.3f}")
+                f"{self.seconds:.3f} s; CCR {self.ccr_before:.3f} -> {self.ccr_after:.3f}; parallelism "
+                f"{self.parallelism_before:.2f} -> {self.parallelism_after:.2f} "
+                f"({self.parallelism_kept:.0%} kept)")
 
 
 class CoarseGraph:
@@ -440,6 +517,14 @@ def build_coarse(ga: GraphArrays, label: np.ndarray, report: CoarsenReport, *, b
     report.reached = cg.num_ops <= report.target
     report.ccr_before = ccr(ga, np.arange(ga.n), ga.n, beta)
     report.ccr_after = ccr(ga, label, m, beta)
+    report.work = float(ga.time.sum())
+    if not report.cp_before:
+        report.cp_before = critical_path(ga, np.arange(ga.n), ga.n)
+    # a vertex runs on its members' common fastest kind (>= the sum of their fastest)
+    comp, mask = aggregates[0], aggregates[1]
+    allowed = (mask[:, None] >> np.arange(ga.K)[None, :]) & 1 == 1
+    vtime = np.where(allowed, comp, np.inf).min(axis=1, initial=np.inf) if ga.K else np.zeros(m)
+    report.cp_after = critical_path(ga, label, m, times=vtime)
     if t0 is not None:
         report.seconds = time.perf_counter() - t0
     return CoarseGraph(cg, graph, {vnames[c]: [names[i] for i in ms] for c, ms in enumerate(members)},

@@ -52,7 +52,7 @@ from pesto.dag import UnionFind
 from pesto.graph import OpGraph
 from pesto.problem import GraphArrays
 
-from .base import DEFAULT_BETA, CoarsenReport, beta_of, build_coarse, coarse_edges, kahn_heights
+from .base import DEFAULT_BETA, CoarsenReport, beta_of, build_coarse, coarse_edges, kahn_heights, path_levels
 
 __all__ = ["coarsen_height", "select_pairs", "theorem35_ok", "MergeState"]
 
@@ -106,13 +106,15 @@ class MergeState:
         return True
 
     def merge(self, U: np.ndarray, V: np.ndarray) -> None:
-        """Merge each V[i] into U[i] (a matching) and relabel 0..m'-1."""
+        """Merge each V[i] into U[i] and relabel 0..m'-1. The V are distinct and
+        no U is a V; a U may repeat (a whole cluster merged into one vertex)."""
         m = self.m
-        self.comp[U] += self.comp[V]
-        self.mask[U] &= self.mask[V]
-        self.cnt[U] += self.cnt[V]
-        gU, gV = self.grp[U], self.grp[V]
-        self.grp[U] = np.where(gU >= 0, gU, gV)
+        np.add.at(self.comp, U, self.comp[V])
+        np.bitwise_and.at(self.mask, U, self.mask[V])
+        np.add.at(self.cnt, U, self.cnt[V])
+        gV = self.grp[V]
+        take = gV >= 0  # a vertex keeps one group id (the groups were united by group_ok)
+        self.grp[U[take]] = np.where(self.grp[U[take]] >= 0, self.grp[U[take]], gV[take])
         rep = np.arange(m)
         rep[V] = U
         keep = np.ones(m, dtype=bool)
@@ -152,33 +154,13 @@ def _other_min(m, eu, ev, H):
     return _excl_min(m, eu, ev, H[ev])
 
 
-def _path_levels(m, flat, off, H, t):
-    """Top level (earliest start) and bottom level (longest compute path from the
-    vertex's start to a sink) of every vertex, compute only."""
-    order = np.argsort(np.asarray(H), kind="stable").tolist()  # edges go up in H
-    top = [0.0] * m
-    for u in order:
-        fu = top[u] + t[u]
-        for w in flat[off[u]:off[u + 1]]:
-            if top[w] < fu:
-                top[w] = fu
-    bottom = [0.0] * m
-    for u in reversed(order):
-        b = 0.0
-        for w in flat[off[u]:off[u + 1]]:
-            if bottom[w] > b:
-                b = bottom[w]
-        bottom[u] = t[u] + b
-    return np.array(top), np.array(bottom)
-
-
-def _merged_path(st, eu, ev, H, flat, off, tcomb):
+def _merged_path(st, eu, ev, H, flat, off, tcomb, levels=None):
     """Per edge (u, v): length of the longest compute path through the vertex
     that merging u and v would make (other vertices unchanged); and the
-    current critical path."""
+    current critical path. ``levels``: the (top, bottom) levels if known."""
     m = st.m
     t = st.times(np.arange(m))
-    top, bottom = _path_levels(m, flat, off, H, t.tolist())
+    top, bottom = path_levels(m, flat, off, H, t.tolist()) if levels is None else levels
     # start: u's own, or the latest other input of v
     fin = top + t
     v_in = -_excl_min(m, ev, eu, -fin[eu])
@@ -190,13 +172,16 @@ def _merged_path(st, eu, ev, H, flat, off, tcomb):
 
 
 def _select(st: MergeState, eu, ev, eb, H, flat, off, *, rule, cap_time, cap_ops, budget,
-            order="bytes", beta=DEFAULT_BETA):
+            order="bytes", beta=DEFAULT_BETA, path_limit=None, levels=None):
     """Greedy matching for one round. Returns arrays (U, V).
 
     ``order="bytes"``: candidates by transfer bytes, largest first (ties:
     smaller merged compute). ``order="gain"``: by the transfer time saved
     (``beta0 + beta1 * bytes``) minus the growth of the critical path that the
-    merge would cause, largest first.
+    merge would cause, largest first. ``path_limit``: only edges whose merged
+    vertex lies on no compute path longer than this (each merge judged alone;
+    :mod:`coarsen.parallel` checks the round as a whole). ``levels``: the
+    current (top, bottom) levels, if known.
     """
     m = st.m
     Ha = np.asarray(H, dtype=np.int64)
@@ -212,11 +197,16 @@ def _select(st: MergeState, eu, ev, eb, H, flat, off, *, rule, cap_time, cap_ops
         cond = simple
     else:
         raise ValueError(f"unknown rule {rule!r}")
+    pw = cp = None
+    if path_limit is not None:
+        pw, cp = _merged_path(st, eu, ev, H, flat, off, tcomb, levels)
+        ok &= pw <= path_limit
     cand = np.flatnonzero(ok & cond)
     if len(cand) == 0 or budget <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if order == "gain":
-        pw, cp = _merged_path(st, eu, ev, H, flat, off, tcomb)
+        if pw is None:
+            pw, cp = _merged_path(st, eu, ev, H, flat, off, tcomb, levels)
         comm = np.where(eb[cand] > 0, beta[0] + beta[1] * eb[cand], 0.0)
         gain = comm - np.maximum(0.0, pw[cand] - cp)
         o = np.lexsort((tcomb[cand], -gain))
@@ -264,10 +254,24 @@ def _select(st: MergeState, eu, ev, eb, H, flat, off, *, rule, cap_time, cap_ops
     return np.array(U, dtype=np.int64), np.array(V, dtype=np.int64)
 
 
-def _select_siblings(st: MergeState, H, *, cap_time, cap_ops, budget):
-    """Pairs of vertices at the same height with compatible kinds, smallest first."""
+def _select_siblings(st: MergeState, H, *, cap_time, cap_ops, budget, levels=None, path_limit=None):
+    """Pairs of vertices at the same height with compatible kinds, smallest first.
+
+    ``levels=(top, bottom)`` and ``path_limit``: only pairs whose merged
+    vertex (start at the later top level) lies on no compute path longer than
+    ``path_limit``, each pair judged alone.
+    """
     Ha = np.asarray(H)
     t = st.times(np.arange(st.m))
+    if path_limit is not None:
+        top, bottom = levels
+
+        def fits(a, b):  # the merged time is on the pair's common fastest kind
+            tab = float(st.times(np.array([a]), np.array([b]))[0])
+            return max(top[a], top[b]) + tab + max(bottom[a] - t[a], bottom[b] - t[b]) <= path_limit
+    else:
+        def fits(a, b):
+            return True
     part = st.part
     o = np.lexsort((t, part, Ha))  # equal partition labels adjacent within a height
     U, V = [], []
@@ -277,7 +281,7 @@ def _select_siblings(st: MergeState, H, *, cap_time, cap_ops, budget):
     for i in o.tolist():
         if prev >= 0 and H[prev] == H[i] and part[prev] == part[i] and mask[prev] & mask[i] \
                 and cnt[prev] + cnt[i] <= cap_ops \
-                and t[prev] + t[i] <= cap_time and (not has_groups or st.group_ok(prev, i)):
+                and t[prev] + t[i] <= cap_time and fits(prev, i) and (not has_groups or st.group_ok(prev, i)):
             U.append(prev)
             V.append(i)
             prev = -1

@@ -418,3 +418,89 @@ def test_kahn_cycle_is_reported_by_find_cycle():
     # 0 -> 1 -> 2 -> 1 (cycle 1, 2) and 3 isolated
     with pytest.raises(CycleError, match="coarse graph has a cycle: v1 -> v2 -> v1"):
         kahn_heights(4, np.array([0, 1, 2]), np.array([1, 2, 1]))
+
+
+# -- method="parallel": parallelism-preserving coarsening ---------------------------------
+ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
+
+
+def _zoo(name):
+    p = ZOO / f"{name}.json.gz"
+    if not p.exists():
+        pytest.skip(f"{p.name} not cached")
+    return OpGraph.from_json(p)
+
+
+@pytest.mark.parametrize("make", [lambda: lstm_grid(4, 25), lambda: _zoo("rnnlm_2x2048"),
+                                  lambda: _zoo("transformer_6")], ids=["lstm_grid", "rnnlm_2x2048", "transformer_6"])
+def test_parallel_keeps_90_percent_where_height_does_not(make):
+    g = make()
+    par = coarsen.coarsen(g, 200, method="parallel", check=True).report
+    height = coarsen.coarsen(g, 200, method="height").report
+    assert par.vertices <= 200 and height.vertices <= 200
+    assert par.parallelism_kept >= 0.9
+    assert height.parallelism_kept < 0.9
+    assert par.kept_at == par.vertices
+    # the report's parallelism is the coarse graph's own (fastest kind = GPU here)
+    assert par.parallelism_before == pytest.approx(g.total_work() / g.critical_path())
+
+
+def test_parallel_says_where_90_percent_is_kept():
+    """layered_dag(2000) is layer-synchronous (every op within 1% of the critical
+    path): 90% cannot be kept at 200 vertices; the report says down to which size
+    it was, and strict=True stops there."""
+    g = layered_dag(2000, seed=0)
+    free = coarsen.coarsen(g, 200, method="parallel").report
+    assert free.vertices <= 200 and free.parallelism_kept < 0.9
+    assert 200 < free.kept_at < 2000
+    strict = coarsen.coarsen(g, 200, method="parallel", strict=True, check=True).report
+    assert not strict.reached and strict.parallelism_kept >= 0.9
+    assert strict.kept_at == strict.vertices and free.kept_at <= strict.vertices
+    assert "not reached" in str(strict) and "kept" in str(strict)
+    loose = coarsen.coarsen(g, 200, method="parallel", keep=0.5, strict=True).report
+    assert loose.parallelism_kept >= 0.5 and loose.vertices < strict.vertices
+
+
+def test_parallel_report_for_every_method():
+    g = lstm_grid(2, 10)
+    for method in METHODS:
+        r = coarsen.coarsen(g, 40, method=method).report
+        assert r.cp_after >= r.cp_before - 1e-6 > 0
+        assert 0 < r.parallelism_kept <= 1 + 1e-9
+        assert r.parallelism_after <= r.parallelism_before + 1e-9
+        d = r.to_dict()
+        assert d["parallelism_kept"] == r.parallelism_kept and "parallelism" in str(r)
+
+
+def test_parallel_partition_keeps_a_plan_representable():
+    g = layered_dag(600, seed=4, coloc_prob=0.05)
+    cl = v100x4_pcie()
+    fine = simulate(g, cl, coarsen_free_plan(g, cl)).to_plan()
+    cg = coarsen.coarsen(g, 60, method="parallel", partition=fine.placement, check=True)
+    assert cg.report.method == "parallel/partition"
+    for ms in cg.members.values():
+        assert len({fine.placement[o] for o in ms}) == 1
+    assert cg.expand(cg.project(fine, cl)).placement == fine.placement
+
+
+def coarsen_free_plan(g, cl):
+    """Chunks of the topological order on the GPUs (colocation groups together)."""
+    gpus_ = [d.name for d in cl.devices if d.kind == "GPU"]
+    order = g.topological_order()
+    placement, by_group = {}, {}
+    for k, op in enumerate(order):
+        grp = g.op(op).colocation_group
+        d = by_group.setdefault(grp, gpus_[k * len(gpus_) // len(order)]) if grp else \
+            gpus_[k * len(gpus_) // len(order)]
+        placement[op] = d
+    return placement
+
+
+def test_parallel_options_are_checked():
+    g = lstm_grid(2, 5)
+    with pytest.raises(TypeError):
+        coarsen.coarsen(g, 10, method="parallel", cap_ops=3)
+    with pytest.raises(ValueError):
+        coarsen.coarsen(g, 10, method="parallel", keep=0.0)
+    with pytest.raises(ValueError):
+        coarsen.coarsen(g, 10, method="parallel", order="nope")

@@ -160,10 +160,63 @@ def test_selection_satisfies_theorem_and_stays_acyclic():
 def test_hypothesis_random_dags(seed, n, shape, method, frac, caps):
     g = random_graph(seed, n, shape)
     target = max(1, int(frac * n))
-    opts = caps if method != "celeritas" else {}
+    opts = caps if method in ("height", "baechi") else {}
+    if method == "parallel":  # its own knobs, same four shapes of run
+        opts = [{}, {"cap": 0.5, "max_cap": 1.0}, {"strict": True}, {"order": "bytes"}][
+            [{}, {"cap_ops": 3}, {"cap_time": 20.0, "max_cap_growth": 2}, {"order": "gain"}].index(caps)]
     cg = coarsen.coarsen(g, target, method=method, check=True, **opts)
     check_all(g, cg, sim=True)
     assert cg.report.vertices == cg.graph.num_ops
     if method == "height" and opts in ({}, {"order": "gain"}) and not any(op.colocation_group for op in g.ops) \
             and all(op.kinds == {"GPU"} for op in g.ops):
         assert cg.graph.num_ops <= target  # GPU-only, no groups: sibling merges always reach it
+
+
+def _ops_per_label(cg, labels):
+    return [{labels.get(op) for op in ms} for ms in cg.members.values()]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 50), shape=st.sampled_from(SHAPES),
+       frac=st.floats(0.0, 1.0), nlabels=st.integers(0, 3), keep=st.sampled_from([0.5, 0.9, 1.0]),
+       strict=st.booleans())
+def test_parallel_properties(seed, n, shape, frac, nlabels, keep, strict):
+    """method="parallel": acyclic (the coarse OpGraph is built), ops partitioned,
+    compute/bytes conserved, colocation groups whole (``verify``); partition=
+    respected; the report's critical paths are the graphs' own; with
+    ``strict=True`` the kept parallelism is at least ``keep``."""
+    g = random_graph(seed, n, shape)
+    target = max(1, int(frac * n))
+    rng = random.Random(seed)
+    labels = {op: rng.randrange(nlabels) for op in g.names} if nlabels else None
+    cg = coarsen.coarsen(g, target, method="parallel", partition=labels, keep=keep, strict=strict,
+                         check=True)
+    check_all(g, cg, sim=True)
+    if labels:
+        assert all(len(s) == 1 for s in _ops_per_label(cg, labels))
+    rep = cg.report
+    fastest = {op.name: min(op.compute.values()) for op in g.ops}
+    # a vertex runs on its members' common fastest kind
+    coarse_fast = OpGraph.from_edges({v: min(cg.graph.op(v).compute.values()) for v in cg.members},
+                                     [(e.src, e.dst) for e in cg.graph.edges])
+    fine_fast = OpGraph.from_edges(fastest, [(e.src, e.dst) for e in g.edges])
+    assert abs(rep.cp_before - fine_fast.critical_path()) <= 1e-6 * max(1.0, rep.cp_before)
+    assert abs(rep.cp_after - coarse_fast.critical_path()) <= 1e-6 * max(1.0, rep.cp_after)
+    assert rep.cp_after >= rep.cp_before - 1e-6  # merging never shortens a path
+    assert rep.parallelism_after <= rep.parallelism_before + 1e-9
+    assert rep.kept_at is not None and rep.kept_at <= g.num_ops
+    if strict:
+        assert rep.parallelism_kept >= keep - 1e-9
+        assert rep.kept_at == rep.vertices or rep.vertices == g.num_ops
+    if rep.parallelism_kept >= keep - 1e-9:
+        assert rep.kept_at <= rep.vertices
+
+
+def test_parallel_on_seeded_dags():
+    """300 seeded graphs at random targets through method="parallel", every 25th simulated."""
+    rng = random.Random(11)
+    for seed in range(300):
+        g = random_graph(seed)
+        cg = coarsen.coarsen(g, rng.randint(1, g.num_ops), method="parallel")
+        assert cg.graph.num_ops <= g.num_ops
+        check_all(g, cg, sim=seed % 25 == 0)
