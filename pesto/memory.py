@@ -55,7 +55,7 @@ from .errors import InfeasibleError, InvalidPlanError
 from .graph import OpGraph
 from .problem import GraphArrays, Problem
 
-__all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair",
+__all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair", "peak_repair",
            "check_feasible", "static_bytes", "overrun_message", "fmt_bytes", "MEMORY_NOTE"]
 
 MEMORY_NOTE = ("memory does not fit: ops in memory_forced were put on the device with the most free "
@@ -301,8 +301,13 @@ def overrun_message(graph: OpGraph, cluster: Cluster, placement: Mapping[str, st
 class MemoryTracker:
     """Baechi-style memory accounting while ops are placed one by one.
 
-    ``fits(i, d)`` says whether op ``i`` can go on device ``d`` now;
-    ``commit(i, d)`` records it. ``used[d]`` is the bytes held on ``d``,
+    ``fits(i, d)`` says whether op ``i`` can go on device ``d`` now (for the
+    first member of a colocation unit: whether ``d`` holds the unit's
+    persistent bytes plus its largest member's output + temporary, since the
+    whole unit is pinned there, and whether ``d``'s persistent bytes stay
+    within ``pers_limit[d]``: its share of the graph's persistent bytes plus
+    half of the memory that share leaves free); ``commit(i, d)`` records it.
+    Placers fall back to :meth:`best_effort` when no device fits. ``used[d]`` is the bytes held on ``d``,
     ``peak[d]`` the most ever held (temporaries included), ``forced`` the ops
     committed although they did not fit.
     """
@@ -317,13 +322,25 @@ class MemoryTracker:
         self.copies: list = [None] * p.n
         self.sent: set = set()
         self.forced: list[int] = []
+        # pinning a unit pins all its members: its first member must leave room
+        # for the unit's persistent bytes and for its largest member's output + temporary
+        self.unit_peak = [max(p.out[i] + p.temp[i] for i in mem) for mem in p.members]
+        # persistent bytes per device are capped at the device's share of all
+        # persistent bytes plus half of what that share leaves free: greedy
+        # placers (m-ETF places every zero-time variable first) otherwise fill
+        # one device with weights and leave no room for activations there
+        share = sum(p.persistent) / max(1, sum(p.cap))
+        self.pers_limit = [c * (1 + min(1.0, share)) / 2 for c in p.cap]
+        self.pers_used = [0] * p.nd
 
     def need(self, i: int, d: int) -> int:
         """Bytes ``d`` must hold at once to place op ``i`` there now."""
         p = self.p
         u = p.unit[i]
-        extra = p.unit_persistent[u] if self.unit_dev[u] < 0 else 0
-        extra += p.out[i] + p.temp[i]
+        if self.unit_dev[u] < 0:
+            extra = p.unit_persistent[u] + self.unit_peak[u]
+        else:
+            extra = p.out[i] + p.temp[i]
         sent, place = self.sent, self.place
         for q, ts in p.ins[i]:
             if place[q] != d:
@@ -333,6 +350,9 @@ class MemoryTracker:
         return extra
 
     def fits(self, i: int, d: int) -> bool:
+        u = self.p.unit[i]
+        if self.unit_dev[u] < 0 and self.pers_used[d] + self.p.unit_persistent[u] > self.pers_limit[d]:
+            return False
         return self.used[d] + self.need(i, d) <= self.p.cap[d]
 
     def free_bytes(self, d: int) -> int:
@@ -351,6 +371,7 @@ class MemoryTracker:
         if self.unit_dev[u] < 0:
             self.unit_dev[u] = d
             used[d] += p.unit_persistent[u]
+            self.pers_used[d] += p.unit_persistent[u]
         self.place[i] = d
         used[d] += p.out[i]
         for q, ts in p.ins[i]:
@@ -422,3 +443,88 @@ def static_repair(problem: Problem, place: list[int]) -> list[int]:
             temp[e] = max(temp[e], tmax[u])
             # temp[d] is left as is: conservative, and avoids an O(n) rescan per move
     return stuck
+
+
+def peak_repair(problem: Problem, place: list[int], peak: Mapping[str, int], *,
+                max_moves: int | None = None, skip=frozenset()) -> int:
+    """Move whole colocation units off devices whose simulated ``peak``
+    exceeds capacity, to allowed devices with headroom; returns how many
+    units moved (0: no move can help). ``place`` is modified in place.
+
+    A move of unit ``u`` from ``d`` to ``e`` is priced in the static model
+    (persistent bytes + each tensor once on every device that produces or
+    consumes it): what it frees on ``d`` (its persistent bytes, its outputs,
+    the copies it alone received there, less the copies of its outputs that
+    ``d`` must now receive) and what it costs ``e`` likewise. From each
+    over-full device, while over, the move with the smallest cost on its
+    target among those freeing the whole overrun (else the one freeing most)
+    is made, if its target has the headroom (capacity minus simulated peak,
+    less what it took this round). At most ``max_moves`` moves; units in
+    ``skip`` stay. Callers simulate again and repeat while the plan is over
+    capacity and units still move (a timed peak can move against the static
+    estimate, so they keep the best placement seen).
+
+    Examples
+    --------
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op(x, {"GPU": 1.0}, persistent_bytes=40) for x in "abc"])
+    >>> prob = Problem.of(g, gpus(2, memory=100))
+    >>> place = [0, 0, 0]
+    >>> peak_repair(prob, place, {"/GPU:0": 120, "/GPU:1": 0}), place
+    (1, [1, 0, 0])
+    """
+    p = problem
+    room = [p.cap[d] - int(peak.get(p.dev_names[d], 0)) for d in range(p.nd)]
+    over = [d for d in range(p.nd) if room[d] < 0]
+    if not over:
+        return 0
+    touch: list[list[int]] = [[] for _ in range(p.n)]  # tensors each op produces or reads
+    for t, (_, q, nbytes, cons) in enumerate(p.tensors):
+        if nbytes:
+            for i in {q, *cons}:
+                touch[i].append(t)
+    moved = 0
+    for d in sorted(over, key=lambda d: room[d]):
+        left = {u for u in range(len(p.members)) if place[p.members[u][0]] == d and u not in skip}
+        while room[d] < 0 and left and (max_moves is None or moved < max_moves):
+            best = None
+            for u in sorted(left):
+                for e in p.allowed[p.members[u][0]]:
+                    if e == d or room[e] <= 0:
+                        continue
+                    gain, cost = _move_delta(p, place, touch, u, d, e)
+                    if gain <= 0 or cost > room[e]:
+                        continue
+                    key = (0, cost, u, e) if gain >= -room[d] else (1, -gain, u, e)
+                    if best is None or key < best[0]:
+                        best = (key, u, e, gain, cost)
+            if best is None:
+                break
+            _, u, e, gain, cost = best
+            for i in p.members[u]:
+                place[i] = e
+            left.discard(u)
+            room[d] += gain
+            room[e] -= cost
+            moved += 1
+    return moved
+
+
+def _move_delta(p: Problem, place: list[int], touch, u: int, d: int, e: int) -> tuple[int, int]:
+    """Static bytes freed on ``d`` and added on ``e`` by moving unit ``u`` from ``d`` to ``e``."""
+    members = set(p.members[u])
+    gain = cost = p.unit_persistent[u]
+    seen = set()
+    for i in members:
+        for t in touch[i]:
+            if t in seen:
+                continue
+            seen.add(t)
+            _, q, nbytes, cons = p.tensors[t]
+            ends = [q, *cons]
+            before = {place[j] for j in ends}
+            after = {e if j in members else place[j] for j in ends}
+            gain += nbytes * ((d in before) - (d in after))
+            cost += nbytes * ((e in after) - (e in before))
+    return gain, cost

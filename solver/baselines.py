@@ -26,10 +26,10 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 
 from .common import finalize
-from pesto.memory import MEMORY_NOTE, static_repair
+from pesto.memory import MEMORY_NOTE, peak_repair, static_repair
 from pesto.problem import Problem
 
-__all__ = ["place_single", "place_expert", "place_metis", "expert_assignment"]
+__all__ = ["place_single", "place_expert", "place_metis", "expert_assignment", "fit_memory"]
 
 
 def _main_gpus(prob: Problem) -> list[int]:
@@ -70,15 +70,77 @@ def _fix_units(prob: Problem, place: list[int], weight=None) -> list[int]:
 
 def _done(graph, cluster, prob, place, placer, t0, stats=None, repair=True):
     stats = dict(stats or {})
-    if repair:
-        stuck = static_repair(prob, place)
-        if stuck:
-            names = graph.names
-            stats["memory_forced"] = [names[i] for i in stuck[:50]]
-            stats["memory_forced_count"] = len(stuck)
-            stats["memory_note"] = MEMORY_NOTE
-    placement = {graph.names[i]: prob.dev_names[place[i]] for i in range(prob.n)}
-    return finalize(graph, cluster, placement, order=None, placer=placer, t0=t0, stats=stats)
+    forced = static_repair(prob, place) if repair else []
+    return fit_memory(graph, cluster, place, order=None, placer=placer, t0=t0, stats=stats,
+                      forced=forced, repair=repair)
+
+
+MEMORY_ROUNDS = 10  # at most this many re-simulations in fit_memory
+
+
+def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, placer: str, t0: float,
+               stats: dict, forced=(), repair: bool = True) -> Plan:
+    """The plan of ``place`` (simulated by :func:`solver.common.finalize`),
+    repaired while its simulated peak is over capacity.
+
+    Whole colocation units move off over-full devices
+    (:func:`pesto.memory.peak_repair`) and the placement is simulated again,
+    at most ``MEMORY_ROUNDS`` times: first every move the static estimate
+    asks for, then, once a round makes the overrun worse (timed peaks move
+    with the schedule), one move at a time from the best placement so far,
+    never retrying a unit whose move did not help. Returns the first plan
+    that fits, else the one least over capacity, with its
+    ``stats["memory_forced"]`` (the op indices ``forced`` by the placer, as
+    names) and ``stats["memory_note"]``: a baseline returns an over-memory
+    plan only when no repair fits. ``stats["memory_moved_units"]`` counts the
+    units moved in the plan returned. ``place`` ends as that plan's placement.
+
+    Examples
+    --------
+    >>> import time
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op(x, {"GPU": 1.0}, persistent_bytes=40) for x in "abc"])
+    >>> p = fit_memory(g, gpus(2, memory=100), [0, 0, 0], order=None, placer="demo",
+    ...                t0=time.perf_counter(), stats={})
+    >>> p.status, p.stats["memory_moved_units"]
+    ('heuristic', 1)
+    """
+    prob = Problem.of(graph, cluster)
+    names = graph.names
+    seq = None if order is None else [names[i] for i in order]
+    start = list(place)
+
+    def run():
+        placement = {names[i]: prob.dev_names[place[i]] for i in range(prob.n)}
+        plan = finalize(graph, cluster, placement, order=seq, placer=placer, t0=t0, stats=dict(stats))
+        return sum(max(0, b - prob.cap[prob.dev_index[d]]) for d, b in plan.peak_memory.items()), plan
+
+    best = (*run(), list(place))
+    skip: set = set()
+    one = None  # None: all moves per round; 1 after a round that did not help
+    for _ in range(MEMORY_ROUNDS if repair else 0):
+        if best[0] == 0:
+            break
+        place[:] = best[2]
+        if not peak_repair(prob, place, best[1].peak_memory, max_moves=one, skip=skip):
+            break
+        over, plan = run()
+        if over < best[0]:
+            best = (over, plan, list(place))
+        else:
+            skip.update(prob.unit[i] for i in range(prob.n) if place[i] != best[2][i])
+            one = 1
+    over, plan, place[:] = best
+    extra = dict(plan.stats)
+    moved = len({prob.unit[i] for i in range(prob.n) if place[i] != start[i]})
+    if moved:
+        extra["memory_moved_units"] = moved
+    if over and (forced or repair):
+        extra["memory_forced"] = [names[i] for i in list(forced)[:50]]
+        extra["memory_forced_count"] = len(forced)
+        extra["memory_note"] = MEMORY_NOTE
+    return plan.replace(stats=extra) if extra != plan.stats else plan
 
 
 # -- single device ---------------------------------------------------------------
