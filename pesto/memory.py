@@ -329,8 +329,8 @@ class MemoryTracker:
         # persistent bytes plus half of what that share leaves free: greedy
         # placers (m-ETF places every zero-time variable first) otherwise fill
         # one device with weights and leave no room for activations there
-        share = sum(p.persistent) / max(1, sum(p.cap))
-        self.pers_limit = [c * (1 + min(1.0, share)) / 2 for c in p.cap]
+        share = min(1.0, sum(p.persistent) / max(1, sum(p.cap)))
+        self.pers_limit = [c * (1 + share) / 2 for c in p.cap]
         self.pers_used = [0] * p.nd
 
     def need(self, i: int, d: int) -> int:
@@ -456,10 +456,12 @@ def peak_repair(problem: Problem, place: list[int], peak: Mapping[str, int], *,
     consumes it): what it frees on ``d`` (its persistent bytes, its outputs,
     the copies it alone received there, less the copies of its outputs that
     ``d`` must now receive) and what it costs ``e`` likewise. From each
-    over-full device, while over, the move with the smallest cost on its
-    target among those freeing the whole overrun (else the one freeing most)
-    is made, if its target has the headroom (capacity minus simulated peak,
-    less what it took this round). At most ``max_moves`` moves; units in
+    over-full device, moves are taken while it is over, cheapest first among
+    those freeing the whole overrun, then those freeing most, each priced
+    again when its turn comes and made if its target has the headroom
+    (capacity minus simulated peak, less what it took this round). When no
+    target has room, moves that free more on their device than they cost
+    their target are made instead, largest saving first. At most ``max_moves`` moves; units in
     ``skip`` stay. Callers simulate again and repeat while the plan is over
     capacity and units still move (a timed peak can move against the static
     estimate, so they keep the best placement seen).
@@ -484,29 +486,65 @@ def peak_repair(problem: Problem, place: list[int], peak: Mapping[str, int], *,
         if nbytes:
             for i in {q, *cons}:
                 touch[i].append(t)
+    units_on: list[list[int]] = [[] for _ in range(p.nd)]
+    for u, mem in enumerate(p.members):
+        if u not in skip:
+            units_on[place[mem[0]]].append(u)
     moved = 0
     for d in sorted(over, key=lambda d: room[d]):
-        left = {u for u in range(len(p.members)) if place[p.members[u][0]] == d and u not in skip}
-        while room[d] < 0 and left and (max_moves is None or moved < max_moves):
-            best = None
-            for u in sorted(left):
-                for e in p.allowed[p.members[u][0]]:
-                    if e == d or room[e] <= 0:
-                        continue
+        cands = []
+        for u in units_on[d]:
+            for e in p.allowed[p.members[u][0]]:
+                if e != d and room[e] > 0:
                     gain, cost = _move_delta(p, place, touch, u, d, e)
-                    if gain <= 0 or cost > room[e]:
-                        continue
-                    key = (0, cost, u, e) if gain >= -room[d] else (1, -gain, u, e)
-                    if best is None or key < best[0]:
-                        best = (key, u, e, gain, cost)
-            if best is None:
+                    if gain > 0 and cost <= room[e]:
+                        key = (0, cost) if gain >= -room[d] else (1, -gain)
+                        cands.append((key, u, e))
+        # one pass in that order, each move priced again when its turn comes
+        for _, u, e in sorted(cands):
+            if room[d] >= 0 or (max_moves is not None and moved >= max_moves):
                 break
-            _, u, e, gain, cost = best
+            if place[p.members[u][0]] != d:
+                continue
+            gain, cost = _move_delta(p, place, touch, u, d, e)
+            if gain <= 0 or cost > room[e]:
+                continue
             for i in p.members[u]:
                 place[i] = e
-            left.discard(u)
             room[d] += gain
             room[e] -= cost
+            moved += 1
+    if not moved:  # no target has room: moves that shrink the total, by how much
+        moved = _shrink(p, place, touch, units_on, over, max_moves)
+    return moved
+
+
+def _shrink(p: Problem, place, touch, units_on, over, max_moves) -> int:
+    """Moves off over-full devices freeing there more than they cost their
+    target (e.g. an op next to the big tensor it was reading remotely),
+    largest net saving first, each priced again when its turn comes."""
+    cands = []
+    for d in over:
+        for u in units_on[d]:
+            for e in p.allowed[p.members[u][0]]:
+                if e != d:
+                    gain, cost = _move_delta(p, place, touch, u, d, e)
+                    if gain > cost:
+                        cands.append((cost - gain, u, d, e))
+    moved = 0
+    frozen: set = set()  # ops sharing a tensor with a moved unit: their prices changed
+    for _, u, d, e in sorted(cands):
+        if max_moves is not None and moved >= max_moves:
+            break
+        if place[p.members[u][0]] != d or frozen.intersection(p.members[u]):
+            continue
+        gain, cost = _move_delta(p, place, touch, u, d, e)
+        if gain > cost:
+            for i in p.members[u]:
+                place[i] = e
+                for t in touch[i]:
+                    _, q, _, cons = p.tensors[t]
+                    frozen.update((q, *cons))
             moved += 1
     return moved
 
