@@ -415,18 +415,19 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
     if rule == "paper" or (rule == "auto" and _has_paper_names(graph)) or not cands:
         slot, summary = expert_assignment(graph, len(gpus))
         cands["paper"] = ("paper", len(set(slot)), [gpus[s] for s in slot])
-    timed = {}
+    weight = [min(prob.dur[i][d] for d in prob.allowed[i]) for i in range(prob.n)]
+    timed, fixed = {}, {}
     for key, (_, _, slot) in cands.items():
-        place = _fix_units(prob, list(slot))
+        place = fixed[key] = _fix_units(prob, list(slot), weight)
         sched = simulate(graph, cluster, {graph.names[i]: prob.dev_names[place[i]] for i in range(prob.n)},
                          mode="fifo")
         over = sum(max(0, sched.peak_memory[d.name] - d.memory) for d in cluster.devices)
         timed[key] = (over, sched.makespan)
     best = min(timed, key=lambda k: (timed[k], k))
-    found, k, slot = cands[best]
+    found, k, _ = cands[best]
     stats = {"expert_rule": found, "expert_stages": k,
              "expert_candidates": {key: round(v[1], 3) for key, v in timed.items()}}
-    return _done(graph, cluster, prob, _fix_units(prob, list(slot)), "expert", t0, stats=stats)
+    return _done(graph, cluster, prob, fixed[best], "expert", t0, stats=stats)
 
 
 def _has_paper_names(graph: OpGraph) -> bool:
