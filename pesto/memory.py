@@ -7,7 +7,8 @@
   temporary;
 * :class:`MemoryTracker` -- Baechi's incremental accounting while ops are
   placed one by one (placers use it to choose devices);
-* :func:`static_repair` -- move colocation units off over-full devices;
+* :func:`static_repair` / :func:`peak_repair` -- move colocation units off
+  devices over capacity in the static model / in a simulated schedule;
 * :func:`check_feasible` -- refuse, before any solving, a problem no plan can fit.
 
 The three agree in one direction, which tests check on random graphs: for any
@@ -18,13 +19,15 @@ Memory-infeasible behaviour (the same for every baseline placer)
 ----------------------------------------------------------------
 A placer never raises because memory is short and never hides it. When an op
 (or its colocation group) fits on no allowed device, it goes to the allowed
-device with the most free memory (best effort) and its name is recorded in
-``plan.stats["memory_forced"]``. The returned plan is always simulated by
-:func:`solver.common.finalize`, whose liveness-based peak memory is the same as
-:func:`pesto.plan.check_plan`'s: if any device is over capacity the plan's
-status is ``"infeasible"`` and ``stats["memory_over"]`` gives the peak bytes per
-over-full device. So a plan labelled anything but ``"infeasible"`` passes
-``check_plan`` including memory.
+device with the most free memory (best effort). The placement is then
+simulated by :func:`solver.common.finalize`, whose liveness-based peak memory
+is the same as :func:`pesto.plan.check_plan`'s, and while a device is over
+capacity whole colocation units are moved off it (:func:`peak_repair`) and the
+placement simulated again (``solver.baselines.fit_memory``). Only if no repair
+fits is the plan returned over capacity: its status is ``"infeasible"``,
+``stats["memory_over"]`` gives the peak bytes per over-full device and
+``stats["memory_forced"]`` the ops placed best effort. So a plan labelled
+anything but ``"infeasible"`` passes ``check_plan`` including memory.
 
 :class:`~pesto.errors.InfeasibleError` is raised only when no plan can exist
 for reasons other than memory: an op (or a colocation group) whose allowed
@@ -32,7 +35,10 @@ kinds match no device of the cluster; the error names it.
 
 Baechi's accounting (:class:`MemoryTracker`), in placement order: persistent
 bytes stay for the whole step (a colocation group's persistent bytes are
-reserved on its device when its first member is placed); an op's output stays
+reserved on its device when its first member is placed, which must also leave
+room for the group's largest output + temporary, and a device takes
+persistent bytes only up to its share of the graph's plus half of what that
+share leaves free, so weights do not crowd out activations); an op's output stays
 on its device, and a copy on every remote device that consumes it, until every
 consumer of the op has been placed; temporary bytes count only while the op
 is being placed.

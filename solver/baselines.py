@@ -1,11 +1,14 @@
-"""Practitioners' baselines: single device, Expert (layer-wise by name scope), METIS.
+"""Practitioners' baselines: single device, Expert (layers in contiguous stages, a
+user mapping, or the paper's split by name), METIS.
 
 All three run under TensorFlow's default scheduling (each device's FIFO ready
 queue): :func:`solver.common.finalize` is called with ``order=None``. All
 respect op kinds and colocation groups, and follow the memory-infeasible
-behaviour of :mod:`pesto.memory`: the plan is always returned, with status
-``"infeasible"`` and ``stats["memory_over"]`` when the simulated peak memory
-exceeds a device's capacity.
+behaviour of :mod:`pesto.memory`: over-full devices are repaired by
+simulation (:func:`fit_memory`, which the list schedulers of
+:mod:`solver.heuristics` use too); the plan is returned over capacity only
+when no repair fits, with status ``"infeasible"``, ``stats["memory_over"]``
+and ``stats["memory_forced"]``.
 
 Examples
 --------
@@ -198,7 +201,8 @@ LAST_WORDS = ("softmax", "attention", "loss", "output_projection")
 
 
 def expert_assignment(graph: OpGraph, n_devices: int) -> tuple[list[int], dict]:
-    """Device slot (0..n_devices-1) of every op, as a practitioner splits by name scope.
+    """Device slot (0..n_devices-1) of every op by the Pesto paper's name rules
+    (``place_expert(..., rule="paper")``; the default Expert also times it).
 
     Mapping (looked up in ``op.scope``, then ``op.name``; gradient ops carry
     their forward scope under ``gradients/`` so they follow their layer):

@@ -12,9 +12,10 @@ Constraints: an op runs only on devices of its kinds; a colocation group is
 placed as a whole on first touch (its first placed member pins the group, and
 the memory check reserves the whole group's persistent bytes); memory follows
 Baechi's accounting (:mod:`pesto.memory`). When memory fits nowhere an op goes
-to the allowed device with the most free memory, the plan lists it in
-``stats["memory_forced"]`` and, if the simulated peak is over capacity, its
-status is ``"infeasible"`` (see :mod:`pesto.memory`, same for every baseline).
+to the allowed device with the most free memory; the plan is then repaired by
+simulation (:func:`solver.baselines.fit_memory`) and, only if no repair fits,
+returned over capacity with status ``"infeasible"`` and the best-effort ops in
+``stats["memory_forced"]`` (see :mod:`pesto.memory`, same for every baseline).
 
 Each placer declares only the options it uses (all are deterministic): m-SCT
 takes ``time_limit`` / ``lp_time_limit`` for its LP, the others none. Their
