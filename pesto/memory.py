@@ -7,7 +7,8 @@
   temporary;
 * :class:`MemoryTracker` -- Baechi's incremental accounting while ops are
   placed one by one (placers use it to choose devices);
-* :func:`static_repair` -- move colocation units off over-full devices;
+* :func:`static_repair` / :func:`peak_repair` -- move colocation units off
+  devices over capacity in the static model / in a simulated schedule;
 * :func:`check_feasible` -- refuse, before any solving, a problem no plan can fit.
 
 The three agree in one direction, which tests check on random graphs: for any
@@ -18,13 +19,15 @@ Memory-infeasible behaviour (the same for every baseline placer)
 ----------------------------------------------------------------
 A placer never raises because memory is short and never hides it. When an op
 (or its colocation group) fits on no allowed device, it goes to the allowed
-device with the most free memory (best effort) and its name is recorded in
-``plan.stats["memory_forced"]``. The returned plan is always simulated by
-:func:`solver.common.finalize`, whose liveness-based peak memory is the same as
-:func:`pesto.plan.check_plan`'s: if any device is over capacity the plan's
-status is ``"infeasible"`` and ``stats["memory_over"]`` gives the peak bytes per
-over-full device. So a plan labelled anything but ``"infeasible"`` passes
-``check_plan`` including memory.
+device with the most free memory (best effort). The placement is then
+simulated by :func:`solver.common.finalize`, whose liveness-based peak memory
+is the same as :func:`pesto.plan.check_plan`'s, and while a device is over
+capacity whole colocation units are moved off it (:func:`peak_repair`) and the
+placement simulated again (``solver.baselines.fit_memory``). Only if no repair
+fits is the plan returned over capacity: its status is ``"infeasible"``,
+``stats["memory_over"]`` gives the peak bytes per over-full device and
+``stats["memory_forced"]`` the ops placed best effort. So a plan labelled
+anything but ``"infeasible"`` passes ``check_plan`` including memory.
 
 :class:`~pesto.errors.InfeasibleError` is raised only when no plan can exist
 for reasons other than memory: an op (or a colocation group) whose allowed
@@ -32,7 +35,10 @@ kinds match no device of the cluster; the error names it.
 
 Baechi's accounting (:class:`MemoryTracker`), in placement order: persistent
 bytes stay for the whole step (a colocation group's persistent bytes are
-reserved on its device when its first member is placed); an op's output stays
+reserved on its device when its first member is placed, which must also leave
+room for the group's largest output + temporary, and a device takes
+persistent bytes only up to its share of the graph's plus half of what that
+share leaves free, so weights do not crowd out activations); an op's output stays
 on its device, and a copy on every remote device that consumes it, until every
 consumer of the op has been placed; temporary bytes count only while the op
 is being placed.
@@ -55,7 +61,7 @@ from .errors import InfeasibleError, InvalidPlanError
 from .graph import OpGraph
 from .problem import GraphArrays, Problem
 
-__all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair",
+__all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair", "peak_repair",
            "check_feasible", "static_bytes", "overrun_message", "fmt_bytes", "MEMORY_NOTE"]
 
 MEMORY_NOTE = ("memory does not fit: ops in memory_forced were put on the device with the most free "
@@ -301,8 +307,13 @@ def overrun_message(graph: OpGraph, cluster: Cluster, placement: Mapping[str, st
 class MemoryTracker:
     """Baechi-style memory accounting while ops are placed one by one.
 
-    ``fits(i, d)`` says whether op ``i`` can go on device ``d`` now;
-    ``commit(i, d)`` records it. ``used[d]`` is the bytes held on ``d``,
+    ``fits(i, d)`` says whether op ``i`` can go on device ``d`` now (for the
+    first member of a colocation unit: whether ``d`` holds the unit's
+    persistent bytes plus its largest member's output + temporary, since the
+    whole unit is pinned there, and whether ``d``'s persistent bytes stay
+    within ``pers_limit[d]``: its share of the graph's persistent bytes plus
+    half of the memory that share leaves free); ``commit(i, d)`` records it.
+    Placers fall back to :meth:`best_effort` when no device fits. ``used[d]`` is the bytes held on ``d``,
     ``peak[d]`` the most ever held (temporaries included), ``forced`` the ops
     committed although they did not fit.
     """
@@ -317,13 +328,25 @@ class MemoryTracker:
         self.copies: list = [None] * p.n
         self.sent: set = set()
         self.forced: list[int] = []
+        # pinning a unit pins all its members: its first member must leave room
+        # for the unit's persistent bytes and for its largest member's output + temporary
+        self.unit_peak = [max(p.out[i] + p.temp[i] for i in mem) for mem in p.members]
+        # persistent bytes per device are capped at the device's share of all
+        # persistent bytes plus half of what that share leaves free: greedy
+        # placers (m-ETF places every zero-time variable first) otherwise fill
+        # one device with weights and leave no room for activations there
+        share = min(1.0, sum(p.persistent) / max(1, sum(p.cap)))
+        self.pers_limit = [c * (1 + share) / 2 for c in p.cap]
+        self.pers_used = [0] * p.nd
 
     def need(self, i: int, d: int) -> int:
         """Bytes ``d`` must hold at once to place op ``i`` there now."""
         p = self.p
         u = p.unit[i]
-        extra = p.unit_persistent[u] if self.unit_dev[u] < 0 else 0
-        extra += p.out[i] + p.temp[i]
+        if self.unit_dev[u] < 0:
+            extra = p.unit_persistent[u] + self.unit_peak[u]
+        else:
+            extra = p.out[i] + p.temp[i]
         sent, place = self.sent, self.place
         for q, ts in p.ins[i]:
             if place[q] != d:
@@ -333,6 +356,9 @@ class MemoryTracker:
         return extra
 
     def fits(self, i: int, d: int) -> bool:
+        u = self.p.unit[i]
+        if self.unit_dev[u] < 0 and self.pers_used[d] + self.p.unit_persistent[u] > self.pers_limit[d]:
+            return False
         return self.used[d] + self.need(i, d) <= self.p.cap[d]
 
     def free_bytes(self, d: int) -> int:
@@ -351,6 +377,7 @@ class MemoryTracker:
         if self.unit_dev[u] < 0:
             self.unit_dev[u] = d
             used[d] += p.unit_persistent[u]
+            self.pers_used[d] += p.unit_persistent[u]
         self.place[i] = d
         used[d] += p.out[i]
         for q, ts in p.ins[i]:
@@ -422,3 +449,126 @@ def static_repair(problem: Problem, place: list[int]) -> list[int]:
             temp[e] = max(temp[e], tmax[u])
             # temp[d] is left as is: conservative, and avoids an O(n) rescan per move
     return stuck
+
+
+def peak_repair(problem: Problem, place: list[int], peak: Mapping[str, int], *,
+                max_moves: int | None = None, skip=frozenset()) -> int:
+    """Move whole colocation units off devices whose simulated ``peak``
+    exceeds capacity, to allowed devices with headroom; returns how many
+    units moved (0: no move can help). ``place`` is modified in place.
+
+    A move of unit ``u`` from ``d`` to ``e`` is priced in the static model
+    (persistent bytes + each tensor once on every device that produces or
+    consumes it): what it frees on ``d`` (its persistent bytes, its outputs,
+    the copies it alone received there, less the copies of its outputs that
+    ``d`` must now receive) and what it costs ``e`` likewise. From each
+    over-full device, moves are taken while it is over, cheapest first among
+    those freeing the whole overrun, then those freeing most, each priced
+    again when its turn comes and made if its target has the headroom
+    (capacity minus simulated peak, less what it took this round). When no
+    target has room, moves that free more on their device than they cost
+    their target are made instead, largest saving first. At most ``max_moves`` moves; units in
+    ``skip`` stay. Callers simulate again and repeat while the plan is over
+    capacity and units still move (a timed peak can move against the static
+    estimate, so they keep the best placement seen).
+
+    Examples
+    --------
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op(x, {"GPU": 1.0}, persistent_bytes=40) for x in "abc"])
+    >>> prob = Problem.of(g, gpus(2, memory=100))
+    >>> place = [0, 0, 0]
+    >>> peak_repair(prob, place, {"/GPU:0": 120, "/GPU:1": 0}), place
+    (1, [1, 0, 0])
+    """
+    p = problem
+    room = [p.cap[d] - int(peak.get(p.dev_names[d], 0)) for d in range(p.nd)]
+    over = [d for d in range(p.nd) if room[d] < 0]
+    if not over:
+        return 0
+    touch: list[list[int]] = [[] for _ in range(p.n)]  # tensors each op produces or reads
+    for t, (_, q, nbytes, cons) in enumerate(p.tensors):
+        if nbytes:
+            for i in {q, *cons}:
+                touch[i].append(t)
+    units_on: list[list[int]] = [[] for _ in range(p.nd)]
+    for u, mem in enumerate(p.members):
+        if u not in skip:
+            units_on[place[mem[0]]].append(u)
+    moved = 0
+    for d in sorted(over, key=lambda d: room[d]):
+        cands = []
+        for u in units_on[d]:
+            for e in p.allowed[p.members[u][0]]:
+                if e != d and room[e] > 0:
+                    gain, cost = _move_delta(p, place, touch, u, d, e)
+                    if gain > 0 and cost <= room[e]:
+                        key = (0, cost) if gain >= -room[d] else (1, -gain)
+                        cands.append((key, u, e))
+        # one pass in that order, each move priced again when its turn comes
+        for _, u, e in sorted(cands):
+            if room[d] >= 0 or (max_moves is not None and moved >= max_moves):
+                break
+            if place[p.members[u][0]] != d:
+                continue
+            gain, cost = _move_delta(p, place, touch, u, d, e)
+            if gain <= 0 or cost > room[e]:
+                continue
+            for i in p.members[u]:
+                place[i] = e
+            room[d] += gain
+            room[e] -= cost
+            moved += 1
+    if not moved:  # no target has room: moves that shrink the total, by how much
+        moved = _shrink(p, place, touch, units_on, over, max_moves)
+    return moved
+
+
+def _shrink(p: Problem, place, touch, units_on, over, max_moves) -> int:
+    """Moves off over-full devices freeing there more than they cost their
+    target (e.g. an op next to the big tensor it was reading remotely),
+    largest net saving first, each priced again when its turn comes."""
+    cands = []
+    for d in over:
+        for u in units_on[d]:
+            for e in p.allowed[p.members[u][0]]:
+                if e != d:
+                    gain, cost = _move_delta(p, place, touch, u, d, e)
+                    if gain > cost:
+                        cands.append((cost - gain, u, d, e))
+    moved = 0
+    frozen: set = set()  # ops sharing a tensor with a moved unit: their prices changed
+    for _, u, d, e in sorted(cands):
+        if max_moves is not None and moved >= max_moves:
+            break
+        if place[p.members[u][0]] != d or frozen.intersection(p.members[u]):
+            continue
+        gain, cost = _move_delta(p, place, touch, u, d, e)
+        if gain > cost:
+            for i in p.members[u]:
+                place[i] = e
+                for t in touch[i]:
+                    _, q, _, cons = p.tensors[t]
+                    frozen.update((q, *cons))
+            moved += 1
+    return moved
+
+
+def _move_delta(p: Problem, place: list[int], touch, u: int, d: int, e: int) -> tuple[int, int]:
+    """Static bytes freed on ``d`` and added on ``e`` by moving unit ``u`` from ``d`` to ``e``."""
+    members = set(p.members[u])
+    gain = cost = p.unit_persistent[u]
+    seen = set()
+    for i in members:
+        for t in touch[i]:
+            if t in seen:
+                continue
+            seen.add(t)
+            _, q, nbytes, cons = p.tensors[t]
+            ends = [q, *cons]
+            before = {place[j] for j in ends}
+            after = {e if j in members else place[j] for j in ends}
+            gain += nbytes * ((d in before) - (d in after))
+            cost += nbytes * ((e in after) - (e in before))
+    return gain, cost

@@ -1,11 +1,14 @@
-"""Practitioners' baselines: single device, Expert (layer-wise by name scope), METIS.
+"""Practitioners' baselines: single device, Expert (layers in contiguous stages, a
+user mapping, or the paper's split by name), METIS.
 
 All three run under TensorFlow's default scheduling (each device's FIFO ready
 queue): :func:`solver.common.finalize` is called with ``order=None``. All
 respect op kinds and colocation groups, and follow the memory-infeasible
-behaviour of :mod:`pesto.memory`: the plan is always returned, with status
-``"infeasible"`` and ``stats["memory_over"]`` when the simulated peak memory
-exceeds a device's capacity.
+behaviour of :mod:`pesto.memory`: over-full devices are repaired by
+simulation (:func:`fit_memory`, which the list schedulers of
+:mod:`solver.heuristics` use too); the plan is returned over capacity only
+when no repair fits, with status ``"infeasible"``, ``stats["memory_over"]``
+and ``stats["memory_forced"]``.
 
 Examples
 --------
@@ -20,16 +23,20 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
+from typing import Mapping, Sequence
 
 from pesto.cluster import Cluster
+from pesto.dag import top_levels
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 
 from .common import finalize
-from pesto.memory import MEMORY_NOTE, static_repair
+from pesto.memory import MEMORY_NOTE, peak_repair, static_repair
 from pesto.problem import Problem
+from pesto.simulate import simulate
 
-__all__ = ["place_single", "place_expert", "place_metis", "expert_assignment"]
+__all__ = ["place_single", "place_expert", "place_metis", "expert_assignment", "expert_blocks",
+           "pipeline_cuts", "fit_memory"]
 
 
 def _main_gpus(prob: Problem) -> list[int]:
@@ -69,16 +76,90 @@ def _fix_units(prob: Problem, place: list[int], weight=None) -> list[int]:
 
 
 def _done(graph, cluster, prob, place, placer, t0, stats=None, repair=True):
+    """The FIFO plan of ``place``, repaired by simulation (:func:`fit_memory`);
+    if that stays over capacity, also from the static repair
+    (:func:`pesto.memory.static_repair`, whose schedule-free model is too
+    pessimistic to run first), keeping the plan least over capacity."""
     stats = dict(stats or {})
-    if repair:
-        stuck = static_repair(prob, place)
-        if stuck:
-            names = graph.names
-            stats["memory_forced"] = [names[i] for i in stuck[:50]]
-            stats["memory_forced_count"] = len(stuck)
-            stats["memory_note"] = MEMORY_NOTE
-    placement = {graph.names[i]: prob.dev_names[place[i]] for i in range(prob.n)}
-    return finalize(graph, cluster, placement, order=None, placer=placer, t0=t0, stats=stats)
+    start = list(place)
+    plan = fit_memory(graph, cluster, place, order=None, placer=placer, t0=t0, stats=stats, repair=repair)
+    if plan.status != "infeasible" or not repair:
+        return plan
+    stuck = static_repair(prob, start)
+    other = fit_memory(graph, cluster, start, order=None, placer=placer, t0=t0, stats=stats, forced=stuck)
+    return min((other, plan), key=lambda p: (_overrun(prob, p), p.makespan))
+
+
+def _overrun(prob: Problem, plan: Plan) -> int:
+    return sum(max(0, b - prob.cap[prob.dev_index[d]]) for d, b in (plan.peak_memory or {}).items())
+
+
+MEMORY_ROUNDS = 10  # at most this many re-simulations in fit_memory
+
+
+def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, placer: str, t0: float,
+               stats: dict, forced=(), repair: bool = True) -> Plan:
+    """The plan of ``place`` (simulated by :func:`solver.common.finalize`),
+    repaired while its simulated peak is over capacity.
+
+    Whole colocation units move off over-full devices
+    (:func:`pesto.memory.peak_repair`) and the placement is simulated again,
+    at most ``MEMORY_ROUNDS`` times: first every move the static estimate
+    asks for, then, once a round makes the overrun worse (timed peaks move
+    with the schedule), one move at a time from the best placement so far,
+    never retrying a unit whose move did not help. Returns the first plan
+    that fits, else the one least over capacity, with its
+    ``stats["memory_forced"]`` (the op indices ``forced`` by the placer, as
+    names) and ``stats["memory_note"]``: a baseline returns an over-memory
+    plan only when no repair fits. ``stats["memory_moved_units"]`` counts the
+    units moved in the plan returned. ``place`` ends as that plan's placement.
+
+    Examples
+    --------
+    >>> import time
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op(x, {"GPU": 1.0}, persistent_bytes=40) for x in "abc"])
+    >>> p = fit_memory(g, gpus(2, memory=100), [0, 0, 0], order=None, placer="demo",
+    ...                t0=time.perf_counter(), stats={})
+    >>> p.status, p.stats["memory_moved_units"]
+    ('heuristic', 1)
+    """
+    prob = Problem.of(graph, cluster)
+    names = graph.names
+    seq = None if order is None else [names[i] for i in order]
+    start = list(place)
+
+    def run():
+        placement = {names[i]: prob.dev_names[place[i]] for i in range(prob.n)}
+        plan = finalize(graph, cluster, placement, order=seq, placer=placer, t0=t0, stats=dict(stats))
+        return _overrun(prob, plan), plan
+
+    best = (*run(), list(place))
+    skip: set = set()
+    one = None  # None: all moves per round; 1 after a round that did not help
+    for _ in range(MEMORY_ROUNDS if repair else 0):
+        if best[0] == 0:
+            break
+        place[:] = best[2]
+        if not peak_repair(prob, place, best[1].peak_memory, max_moves=one, skip=skip):
+            break
+        over, plan = run()
+        if over < best[0]:
+            best = (over, plan, list(place))
+        else:
+            skip.update(prob.unit[i] for i in range(prob.n) if place[i] != best[2][i])
+            one = 1
+    over, plan, place[:] = best
+    extra = dict(plan.stats)
+    moved = len({prob.unit[i] for i in range(prob.n) if place[i] != start[i]})
+    if moved:
+        extra["memory_moved_units"] = moved
+    if over and (forced or repair):
+        extra["memory_forced"] = [names[i] for i in list(forced)[:50]]
+        extra["memory_forced_count"] = len(forced)
+        extra["memory_note"] = MEMORY_NOTE
+    return plan.replace(stats=extra) if extra != plan.stats else plan
 
 
 # -- single device ---------------------------------------------------------------
@@ -120,7 +201,8 @@ LAST_WORDS = ("softmax", "attention", "loss", "output_projection")
 
 
 def expert_assignment(graph: OpGraph, n_devices: int) -> tuple[list[int], dict]:
-    """Device slot (0..n_devices-1) of every op, as a practitioner splits by name scope.
+    """Device slot (0..n_devices-1) of every op by the Pesto paper's name rules
+    (``place_expert(..., rule="paper")``; the default Expert also times it).
 
     Mapping (looked up in ``op.scope``, then ``op.name``; gradient ops carry
     their forward scope under ``gradients/`` so they follow their layer):
@@ -277,23 +359,306 @@ def _generic_split(topo: list[int], w: list[float], k: int) -> list[int]:
     return out
 
 
-def place_expert(graph: OpGraph, cluster: Cluster) -> Plan:
-    """Expert placement (Pesto section 5.2): layer-wise split by name scope.
+EXPERT_RULES = ("auto", "layers", "scopes", "paper")
+GRAD_SCOPES = re.compile(r"^(gradients(_\d+)?|gradient_tape|training|train)$")
+LAYER_PART = re.compile(r"^layer_?(\d+)$")
 
-    Slots from :func:`expert_assignment` map to the main GPUs in device order;
-    then kinds and colocation groups are fixed (a group goes where most of
-    its compute is), and devices over their static memory shed whole groups to
-    devices with room (:func:`pesto.memory.static_repair`). Run under TF's
-    default FIFO scheduling. ``stats["expert"]`` counts the ops each rule
-    matched.
+
+def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str] | None = None,
+                 rule: str = "auto") -> Plan:
+    """Expert placement: what a practitioner does by hand, under TF's FIFO scheduling.
+
+    * ``mapping`` given (scope or name prefix -> device, e.g.
+      ``{"encoder": "/GPU:0", "decoder": "/GPU:1"}``; TF device strings
+      accepted): each op goes where the longest prefix of its scope, or
+      name, says (gradient and optimizer ops follow their forward scope);
+      rule ``"mapping"``.
+    * otherwise the graph's layers become blocks (:func:`expert_blocks`):
+      ``layer_<k>`` scopes when they hold most of the compute (rule
+      ``"layers"``), else name scopes at the depth that splits the compute
+      finest (rule ``"scopes"``); the blocks, in forward order, are cut into
+      contiguous stages by :func:`pipeline_cuts` (balanced compute, small
+      cuts), stage ``s`` on GPU ``s``. The cuts for 1, 2, ... all GPUs are
+      simulated and the fastest kept (``stats["expert_stages"]``): an
+      expert times a few splits and does not split when splitting is slower.
+    * ``rule="paper"``: the layer split of the Pesto paper
+      (:func:`expert_assignment`), kept for comparison; ``rule="auto"``
+      (default) also times it when the graph has ``layer_<k>`` or
+      ``cell_<k>/branch_<b>`` names and keeps it if it is faster.
+
+    Kinds and colocation groups are then fixed (a group goes where most of its
+    compute is) and memory is repaired (:func:`fit_memory`). ``stats["expert_rule"]`` says which rule made the
+    plan and ``stats["expert_candidates"]`` the simulated step time of each
+    split tried.
+
+    Examples
+    --------
+    >>> from benchmarks.generators import transformer_like
+    >>> from pesto.cluster import gpus
+    >>> g = transformer_like(4)
+    >>> p = place_expert(g, gpus(2), mapping={"fwd": "/GPU:0", "bwd": "GPU:1", "input": "/GPU:0"})
+    >>> p.stats["expert_rule"], p.placement["fwd/block0/concat"], p.placement["bwd/block3/concat"]
+    ('mapping', '/GPU:0', '/GPU:1')
+    >>> place_expert(g, gpus(2)).stats["expert_rule"]
+    'scopes'
     """
+    if rule not in EXPERT_RULES:
+        raise ValueError(f"rule must be one of {EXPERT_RULES}, got {rule!r}")
     t0 = time.perf_counter()
     prob = Problem.of(graph, cluster)
     gpus = _main_gpus(prob)
-    slots, summary = expert_assignment(graph, len(gpus))
-    place = [gpus[s] for s in slots]
-    _fix_units(prob, place)
-    return _done(graph, cluster, prob, place, "expert", t0, stats={"expert": summary})
+    if mapping is not None:
+        slots = _mapped_slots(graph, cluster, prob, mapping)
+        place = _fix_units(prob, slots)
+        return _done(graph, cluster, prob, place, "expert", t0, stats={"expert_rule": "mapping"})
+    cands: dict = {}
+    if rule in ("auto", "layers", "scopes"):
+        blocks, found = expert_blocks(graph, prefer=None if rule == "auto" else rule)
+        for k, slot in _stage_splits(prob, blocks, gpus).items():
+            cands[f"{found}:{k}"] = (found, k, slot)
+    if rule == "paper" or (rule == "auto" and _has_paper_names(graph)) or not cands:
+        slot, summary = expert_assignment(graph, len(gpus))
+        cands["paper"] = ("paper", len(set(slot)), [gpus[s] for s in slot])
+    weight = [min(prob.dur[i][d] for d in prob.allowed[i]) for i in range(prob.n)]
+    timed, fixed = {}, {}
+    for key, (_, _, slot) in cands.items():
+        place = fixed[key] = _fix_units(prob, list(slot), weight)
+        sched = simulate(graph, cluster, {graph.names[i]: prob.dev_names[place[i]] for i in range(prob.n)},
+                         mode="fifo")
+        over = sum(max(0, sched.peak_memory[d.name] - d.memory) for d in cluster.devices)
+        timed[key] = (over, sched.makespan)
+    best = min(timed, key=lambda k: (timed[k], k))
+    found, k, _ = cands[best]
+    stats = {"expert_rule": found, "expert_stages": k,
+             "expert_candidates": {key: round(v[1], 3) for key, v in timed.items()}}
+    return _done(graph, cluster, prob, fixed[best], "expert", t0, stats=stats)
+
+
+def _has_paper_names(graph: OpGraph) -> bool:
+    return any(LAYER_RE.search(op.scope or op.name) or CELL_RE.search(op.scope or op.name)
+               for op in graph.ops)
+
+
+def _path(op) -> tuple[list[str], bool]:
+    """An op's scope path with gradient and optimizer prefixes removed, and
+    whether it had one (a backward or update op)."""
+    text = op.scope or (op.name.rsplit("/", 1)[0] if "/" in op.name else "")
+    parts = [x for x in text.split("/") if x]
+    back = False
+    while parts and GRAD_SCOPES.match(parts[0]):
+        parts.pop(0)
+        back = True
+    if parts and parts[0].startswith("update_"):
+        parts[0] = parts[0][len("update_"):]
+        back = True
+    return parts, back
+
+
+def expert_blocks(graph: OpGraph, *, prefer: str | None = None) -> tuple[list[int], str]:
+    """The layer block of every op (-1: none), numbered in forward order, and
+    how the blocks were found (``"layers"`` or ``"scopes"``).
+
+    A block is a forward scope prefix; an op (forward, gradient or optimizer:
+    ``gradients/``, ``gradient_tape/``, ``train/update_`` are stripped) joins
+    the longest block prefixing its scope. ``"layers"``: one block per layer
+    number ``k`` of the ``layer_<k>`` parts, wherever they sit in the path
+    (other ops by their first part), used when those hold at least half the
+    compute. ``"scopes"``: prefixes of the depth (1 to 4)
+    whose largest block has the smallest share of the compute (the first
+    depth where it is at most a sixth). A colocation group takes the block of
+    most of its members. Blocks are numbered by the compute-weighted mean
+    earliest start of their forward ops.
+
+    Examples
+    --------
+    >>> from benchmarks.generators import transformer_like
+    >>> g = transformer_like(3)
+    >>> block, found = expert_blocks(g)
+    >>> found, block[g.index["fwd/block0/concat"]] < block[g.index["fwd/block2/concat"]]
+    ('scopes', True)
+    """
+    ops = graph.ops
+    w = [min(op.compute[k] for k in op.kinds) for op in ops]
+    total = sum(w) or 1.0
+    paths = [_path(op) for op in ops]
+    in_layer = sum(w[i] for i, (p, _) in enumerate(paths) if any(LAYER_PART.match(x) for x in p))
+    found = prefer or ("layers" if in_layer >= total / 2 else "scopes")
+    if found == "layers":
+        keys = [_layer_prefix(p) for p, _ in paths]
+    else:
+        keys = _scope_keys(paths, w, total)
+    return _number_blocks(graph, keys, w), found
+
+
+def _layer_prefix(parts: list[str]) -> str:
+    """``layer <k>`` for any path through a ``layer_<k>`` part (layer k of
+    an encoder and a decoder, or of a forward and a backward stack, is one
+    block, as stacked models are split by hand), else the first part."""
+    for x in parts:
+        m = LAYER_PART.match(x)
+        if m:
+            return f"layer {int(m.group(1))}"
+    return parts[0] if parts else ""
+
+
+def _scope_keys(paths, w, total) -> list[str]:
+    """Each op's block key: the longest forward prefix (of the chosen depth) of its path."""
+    best = None
+    for depth in range(1, 5):
+        fwd = {"/".join(p[:depth]) for p, back in paths if p and not back}
+        keys = [_longest_prefix(p, fwd, depth) for p, _ in paths]
+        share: Counter = Counter()
+        for key, x in zip(keys, w):
+            if key:
+                share[key] += x
+        top = max(share.values(), default=total) / total
+        if best is None or top < best[0] - 1e-9:
+            best = (top, keys)
+        if top <= 1 / 6:
+            break
+    return best[1]
+
+
+def _longest_prefix(parts: list[str], known: set, depth: int) -> str:
+    for k in range(min(depth, len(parts)), 0, -1):
+        key = "/".join(parts[:k])
+        if key in known:
+            return key
+    return ""
+
+
+def _number_blocks(graph: OpGraph, keys: list[str], w: list[float]) -> list[int]:
+    """Block numbers from keys: units vote, then blocks ordered by the
+    compute-weighted mean earliest start of their ops (forward ones when any)."""
+    n = len(keys)
+    unit_key: dict = {}
+    for grp, members in graph.colocation_groups().items():
+        votes = Counter(keys[graph.index[m]] for m in members if keys[graph.index[m]])
+        if votes:
+            unit_key[grp] = max(votes, key=lambda k: (votes[k], k))
+    keys = [unit_key.get(op.colocation_group, keys[i]) if op.colocation_group else keys[i]
+            for i, op in enumerate(graph.ops)]
+    topo = graph.topo_idx()
+    start = top_levels(graph.pred_idx(), w, order=topo)
+    fwd = [not _path(op)[1] for op in graph.ops]
+    acc: dict = {}
+    for i in range(n):
+        if keys[i]:
+            a = acc.setdefault(keys[i], [0.0, 0.0, 0.0, 0.0])
+            x = w[i] + 1e-6
+            a[0 if fwd[i] else 2] += x * (start[i] - w[i])
+            a[1 if fwd[i] else 3] += x
+    pos = {k: (a[0] / a[1] if a[1] else a[2] / a[3]) for k, a in acc.items()}
+    order = sorted(pos, key=lambda k: (pos[k], k))
+    num = {k: b for b, k in enumerate(order)}
+    return [num[k] if k else -1 for k in keys]
+
+
+def pipeline_cuts(work: Sequence[float], cut: Sequence[float], k: int) -> list[int]:
+    """Split blocks ``0..m-1`` into ``k`` contiguous non-empty stages
+    minimising the largest stage cost, a stage's cost being its ``work``
+    plus the ``cut`` cost on both its boundaries (``cut[j]``: between blocks
+    ``j`` and ``j + 1``); the classic pipeline-partition DP, O(k m^2).
+    ``work`` may be a list per stage (``work[s][b]``, for devices of
+    different speeds). Returns the first block of each stage.
+
+    Examples
+    --------
+    >>> pipeline_cuts([1, 1, 1, 1, 4], [0, 0, 0, 0], 2)
+    [0, 4]
+    >>> pipeline_cuts([1, 1, 1, 1], [5, 0, 5], 2)
+    [0, 2]
+    """
+    import numpy as np
+
+    per = [list(work)] * k if not work or not isinstance(work[0], (list, tuple)) else [list(x) for x in work]
+    m = len(per[0])
+    if k <= 1 or m <= 1:
+        return [0]
+    k = min(k, m)
+    c = np.concatenate([[0.0], np.asarray(cut, dtype=float), [0.0]])  # c[j]: cost before block j
+    f = np.full((k + 1, m + 1), np.inf)
+    arg = np.zeros((k + 1, m + 1), dtype=np.int64)
+    f[0, 0] = 0.0
+    for s in range(1, k + 1):
+        pre = np.concatenate([[0.0], np.cumsum(per[s - 1])])
+        for j in range(s, m + 1):
+            i = np.arange(s - 1, j)
+            cost = np.maximum(f[s - 1, i], pre[j] - pre[i] + c[i] + c[j])
+            b = int(np.argmin(cost))
+            f[s, j], arg[s, j] = cost[b], i[b]
+    starts, j = [], m
+    for s in range(k, 0, -1):
+        j = int(arg[s, j])
+        starts.append(j)
+    return starts[::-1]
+
+
+def _stage_splits(prob: Problem, blocks: list[int], gpus: list[int]) -> dict:
+    """Device per op for the pipeline cuts over 1..len(gpus) stages (ops
+    without a block follow their neighbours)."""
+    m = max(blocks, default=-1) + 1
+    if m == 0:
+        return {}
+    work = [0.0] * m
+    for i, b in enumerate(blocks):
+        if b >= 0:
+            work[b] += min(prob.dur[i][d] for d in prob.allowed[i])
+    diff = [0.0] * (m + 1)
+    for _, q, nbytes, cons in prob.tensors:
+        ends = [blocks[j] for j in (q, *cons) if blocks[j] >= 0]
+        if nbytes and ends and min(ends) < max(ends):
+            diff[min(ends)] += nbytes
+            diff[max(ends)] -= nbytes
+    pairs = [(a, b) for a in gpus for b in gpus if a != b]
+    b0 = sum(prob.beta0[a][b] for a, b in pairs) / len(pairs) if pairs else 0.0
+    b1 = sum(prob.beta1[a][b] for a, b in pairs) / len(pairs) if pairs else 0.0
+    cut, acc = [], 0.0
+    for j in range(m - 1):
+        acc += diff[j]
+        cut.append(b0 + b1 * acc if acc else 0.0)
+    speed = [prob.cluster.devices[d].speed for d in gpus]
+    out = {}
+    for k in range(1, min(len(gpus), m) + 1):
+        starts = pipeline_cuts([[x / speed[s] for x in work] for s in range(k)], cut, k)
+        stage_of = [0] * m
+        for s, a in enumerate(starts):
+            for b in range(a, starts[s + 1] if s + 1 < len(starts) else m):
+                stage_of[b] = s
+        slot = [stage_of[b] if b >= 0 else -1 for b in blocks]
+        _follow_neighbours(slot, prob.topo, prob.succ, prob.pred)
+        out[k] = [gpus[s] if s >= 0 else gpus[0] for s in slot]
+    return out
+
+
+def _mapped_slots(graph: OpGraph, cluster: Cluster, prob: Problem, mapping: Mapping[str, str]) -> list[int]:
+    """Device per op from a prefix -> device mapping (longest prefix of the
+    op's stripped scope path, or of its name; unmatched ops follow their
+    neighbours, else the first main GPU)."""
+    devs = {key.strip("/"): _device_named(cluster, dev) for key, dev in mapping.items()}
+    slot = [-1] * prob.n
+    for i, op in enumerate(graph.ops):
+        parts, _ = _path(op)
+        for text in ("/".join(parts + [op.name.rsplit("/", 1)[-1]]), op.name):
+            hits = [k for k in devs if text == k or text.startswith(k + "/")]
+            if hits:
+                slot[i] = devs[max(hits, key=len)]
+                break
+    _follow_neighbours(slot, prob.topo, prob.succ, prob.pred)
+    first = _main_gpus(prob)[0]
+    return [s if s >= 0 else first for s in slot]
+
+
+def _device_named(cluster: Cluster, name: str) -> int:
+    """Index of a device by its name or a TF device string ending in ``KIND:i``."""
+    if name in cluster.index:
+        return cluster.index[name]
+    tail = ":".join(name.upper().replace("/DEVICE:", "/").split("/")[-1].split(":")[-2:])
+    hits = [k for k, d in enumerate(cluster.devices) if d.name.upper().endswith(tail)]
+    if len(hits) != 1:
+        raise ValueError(f"expert mapping: device {name!r} is not one device of the cluster "
+                         f"({', '.join(d.name for d in cluster.devices)})")
+    return hits[0]
 
 
 # -- METIS ------------------------------------------------------------------------------

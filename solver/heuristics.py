@@ -12,9 +12,10 @@ Constraints: an op runs only on devices of its kinds; a colocation group is
 placed as a whole on first touch (its first placed member pins the group, and
 the memory check reserves the whole group's persistent bytes); memory follows
 Baechi's accounting (:mod:`pesto.memory`). When memory fits nowhere an op goes
-to the allowed device with the most free memory, the plan lists it in
-``stats["memory_forced"]`` and, if the simulated peak is over capacity, its
-status is ``"infeasible"`` (see :mod:`pesto.memory`, same for every baseline).
+to the allowed device with the most free memory; the plan is then repaired by
+simulation (:func:`solver.baselines.fit_memory`) and, only if no repair fits,
+returned over capacity with status ``"infeasible"`` and the best-effort ops in
+``stats["memory_forced"]`` (see :mod:`pesto.memory`, same for every baseline).
 
 Each placer declares only the options it uses (all are deterministic): m-SCT
 takes ``time_limit`` / ``lp_time_limit`` for its LP, the others none. Their
@@ -39,11 +40,11 @@ from pesto.cluster import Cluster
 from pesto.dag import bottom_levels, priority_order
 from pesto.engine import Timeline
 from pesto.graph import OpGraph
-from pesto.memory import MEMORY_NOTE, MemoryTracker
+from pesto.memory import MemoryTracker
 from pesto.plan import Plan
 from pesto.problem import Problem
 
-from .common import finalize
+from .baselines import fit_memory
 
 __all__ = ["place_m_topo", "place_m_etf", "place_m_sct", "place_celeritas", "place_heft",
            "favourite_children", "bottom_level_order", "heft_ranks"]
@@ -56,18 +57,11 @@ def _candidates(prob: Problem, mem: MemoryTracker, i: int) -> list[int]:
     return [d] if d >= 0 else prob.allowed[i]
 
 
-def _finish(graph, cluster, prob, mem, times, order, placer, t0, stats=None, **fields):
-    names = graph.names
-    placement = {names[i]: prob.dev_names[times.place[i]] for i in range(prob.n)}
+def _finish(graph, cluster, prob, mem, times, order, placer, t0, stats=None):
     stats = dict(stats or {})
     stats["estimated_makespan"] = times.makespan()
-    if mem.forced:
-        forced = mem.forced_names()
-        stats["memory_forced"] = forced[:50]
-        stats["memory_forced_count"] = len(forced)
-        stats["memory_note"] = MEMORY_NOTE
-    return finalize(graph, cluster, placement, order=[names[i] for i in order], placer=placer,
-                    t0=t0, stats=stats, **fields)
+    return fit_memory(graph, cluster, list(times.place), order=order, placer=placer, t0=t0,
+                      stats=stats, forced=mem.forced)
 
 
 # -- m-TOPO ------------------------------------------------------------------------
@@ -95,20 +89,24 @@ def place_m_topo(graph: OpGraph, cluster: Cluster) -> Plan:
     mem = MemoryTracker(prob)
     times = Timeline(prob)
     order = prob.topo
-    weight = [prob.persistent[i] + prob.out[i] for i in range(prob.n)]
-    if sum(weight) == 0:
-        weight = [prob.mean_dur(i) for i in range(prob.n)]
+    # memory weight: an op's outputs, plus its unit's persistent bytes when it
+    # is the unit's first member (the tracker reserves them then), so the
+    # shares count what each device really holds
+    by_memory = sum(prob.out) + sum(prob.persistent) > 0
+    base = list(prob.out) if by_memory else [prob.mean_dur(i) for i in range(prob.n)]
     # the devices filled in turn: those of the kind most ops may use
     fill = _main_devices(prob)
-    share = sum(weight) / len(fill)
+    share = (sum(base) + (sum(prob.persistent) if by_memory else 0)) / len(fill)
     load = [0.0] * prob.nd
     k = 0
     for i in order:
+        u = prob.unit[i]
+        w = base[i] + (prob.unit_persistent[u] if by_memory and mem.unit_dev[u] < 0 else 0)
         cands = _candidates(prob, mem, i)
         if len(cands) == 1:
             d = cands[0]
         else:
-            while k < len(fill) - 1 and load[fill[k]] + weight[i] > share + EPS and load[fill[k]] > 0:
+            while k < len(fill) - 1 and load[fill[k]] + w > share + EPS and load[fill[k]] > 0:
                 k += 1
             d = -1
             if fill[k] in cands and mem.fits(i, fill[k]):
@@ -121,7 +119,7 @@ def place_m_topo(graph: OpGraph, cluster: Cluster) -> Plan:
                 else:
                     fits = [e for e in cands if mem.fits(i, e)]
                     d = fits[0] if fits else mem.best_effort(i, cands)
-        load[d] += weight[i]
+        load[d] += w
         mem.commit(i, d)
         times.commit(i, d, times.earliest(i, d))
     return _finish(graph, cluster, prob, mem, times, order, "m-topo", t0)
@@ -153,7 +151,8 @@ def _etf(prob: Problem, mem: MemoryTracker, times: Timeline, prio, fav_parent=No
 
     With ``fav_parent`` (m-SCT), an op whose favourite parent's device is
     free by the time its inputs arrive there is urgent: it is queued on that
-    device only and wins ties there.
+    device only and wins ties there; if it does not fit there in memory when
+    its turn comes, it is queued on its other devices too.
     """
     push, pop = heapq.heappush, heapq.heappop
     n, nd = prob.n, prob.nd
@@ -200,6 +199,11 @@ def _etf(prob: Problem, mem: MemoryTracker, times: Timeline, prio, fav_parent=No
             if not mem.fits(i, d):
                 blocked[d].append(i)
                 blocked_used[d] = mem.used[d]
+                if urgent[i] == d:  # queued on its favourite parent's device only: try the others
+                    urgent[i] = -1
+                    for e in _candidates(prob, mem, i):
+                        if e != d:
+                            push(pend[e], (times.ready(i, e), prio[i], i))
                 continue
             r = times.ready(i, d)
             s = max(avail[d], r)

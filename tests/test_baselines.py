@@ -48,9 +48,14 @@ def test_expert_splits_layers_by_scope():
     assert s["gradients/rnn/layer_1/cell_grad"] == 0 and s["gradients/rnn/layer_3/cell_grad"] == 1
     assert s["gradients/embed/lookup_grad"] == 0 and s["gradients/softmax/logits_grad"] == 1
     assert summary["layer"] == 8 and summary["neighbours"] == 1
-    plan = place_expert(g, gpus(2))
+    plan = place_expert(g, gpus(2), rule="paper")  # the paper's split, by name (issue 13)
+    assert plan.stats["expert_rule"] == "paper"
     assert plan.placement["rnn/layer_0/cell"] == "/GPU:0" and plan.placement["rnn/layer_3/cell"] == "/GPU:1"
     check_plan(g, gpus(2), plan).raise_if_invalid()
+    # by default the paper split is one of the splits timed: on this chain one GPU is faster
+    auto = place_expert(g, gpus(2))
+    assert auto.makespan <= plan.makespan
+    check_plan(g, gpus(2), auto).raise_if_invalid()
 
 
 def test_expert_balances_layer_compute():
