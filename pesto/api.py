@@ -105,7 +105,8 @@ def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
 def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: float = 60,
           target_vertices: int = 200, backend: str = "cpsat", hint: Any = "best-heuristic",
           workers: int | None = None, seed: int = 0, coarsen_method: str = "height",
-          pipeline: str | None = None, verbose: bool = False) -> Plan:
+          pipeline: str | None = None, verbose: bool = False, deterministic: bool = False,
+          progress=None) -> Plan:
     """Place and schedule ``graph`` on ``gpus`` GPUs (or on ``cluster``).
 
     Parameters
@@ -115,9 +116,12 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         Number of GPUs for :func:`default_cluster` (ignored if ``cluster`` is given).
     cluster : Cluster, preset name or cluster JSON path, optional
     time_limit : float
-        Seconds for the exact search (paper pipeline) or for exact search and
-        local search together (full pipeline: 30 % and 60 %); heuristics and
-        coarsening come on top.
+        Seconds for the whole solve, every stage included (loading the graph
+        and the pre-checks come before it): heuristics, coarsening, CP-SAT,
+        LNS, local search and the lower bound share one deadline
+        (:mod:`pesto.deadline`); the full pipeline gives CP-SAT 20 %, LNS 40 %
+        and local search 30 %. Ctrl-C or SIGTERM during the solve returns the
+        best plan so far with status ``"interrupted"``.
     target_vertices : int
         Coarsen when the graph has more ops than this.
     backend : {"cpsat", "mip"} or any placer name
@@ -145,6 +149,16 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         another backend. See :mod:`solver.pipeline`.
     verbose : bool
         Print progress and the solver log.
+    deterministic : bool
+        Reproducible mode: the same graph, cluster, seed and ``time_limit``
+        give the same plan, byte for byte, however busy the machine is.
+        Budgets are then counted in work (CP-SAT's deterministic time, a
+        fixed cost per simulated move), so wall time may differ from
+        ``time_limit`` (more on a slow or loaded machine). The default mode
+        promises a valid plan within ``time_limit`` (+10 % or 2 s), not the
+        same plan twice: it uses wall-clock budgets and parallel CP-SAT.
+    progress : callable, optional
+        Called with one line per pipeline stage (the CLI prints them).
 
     Returns
     -------
@@ -175,7 +189,8 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         hint = evaluate(graph, hint, cluster=cluster)
     plan = _pipeline.solve(graph, cluster, time_limit=time_limit, target_vertices=target_vertices,
                            backend=backend, hint=hint, workers=workers, seed=seed,
-                           coarsen_method=coarsen_method, pipeline=pipeline, verbose=verbose)
+                           coarsen_method=coarsen_method, pipeline=pipeline, verbose=verbose,
+                           deterministic=bool(deterministic), progress=progress)
     if plan.status == "infeasible":
         raise_overrun(graph, cluster, plan)
     return plan

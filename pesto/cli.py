@@ -18,7 +18,9 @@ Exit codes
 0 success; 1 the problem or plan is infeasible or invalid (e.g. out of memory,
 ``check`` found violations); 2 bad input (missing file, malformed or cyclic
 graph, unknown placer, preset or model); 3 a needed component is not
-installed (e.g. TensorFlow for ``profile``); 130 interrupted.
+installed (e.g. TensorFlow for ``profile``); 130 interrupted (Ctrl-C or SIGTERM
+during ``place``: the best plan so far is printed and written with status
+``interrupted``; a second Ctrl-C aborts at once, writing nothing).
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ exit codes:
   1    infeasible or invalid: no plan fits memory, or `check` found violations
   2    bad input: missing file, malformed/cyclic graph, unknown placer/preset/model
   3    a needed component is not installed (e.g. TensorFlow for `profile`)
-  130  interrupted
+  130  interrupted (the best plan so far is written; a second Ctrl-C aborts)
 """
 
 
@@ -222,7 +224,9 @@ def run_placer(args, graph, cluster, placer: str):
                              f"{args.target_vertices} ops are coarsened)", args.time_limit):
             try:
                 return solve(graph, cluster=cluster, time_limit=args.time_limit,
-                             target_vertices=args.target_vertices, backend=placer, seed=args.seed)
+                             target_vertices=args.target_vertices, backend=placer, seed=args.seed,
+                             deterministic=getattr(args, "deterministic", False),
+                             progress=lambda line: _say(args, line))
             except ValueError as exc:  # an option pesto.solve rejects (e.g. --target-vertices 0)
                 raise CliError(str(exc)) from None
     try:
@@ -299,6 +303,11 @@ def cmd_place(args) -> int:
         data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
         Path(args.output).write_text(json.dumps(data))
         _say(args, f"wrote {args.output}")
+    if plan.status == "interrupted":
+        stopped = plan.log.stopped if plan.log is not None else "interrupt"
+        print(f"pesto: interrupted ({stopped}): the best plan so far"
+              + (f" was written to {args.output}" if args.output else " is shown above"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 
@@ -449,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="random seed of the solver and the heuristics (default 0)")
     sp.add_argument("--costs", default="v100", choices=["v100", "measured"],
                     help="how a zoo model is profiled (default v100: grappler's analytical model)")
+    sp.add_argument("--deterministic", action="store_true",
+                    help="reproducible mode: the same input, seed and limit give the same plan, byte for byte "
+                         "(budgets counted in solver work, so wall time may differ from --time-limit)")
     sp.add_argument("--compare", help="comma-separated placers to run too and compare, e.g. expert,m-etf")
     sp.add_argument("-o", "--output", help="write the plan JSON here (it records the cluster)")
 

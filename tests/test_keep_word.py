@@ -1,0 +1,76 @@
+"""pesto.solve keeps its word: one deadline, interrupts return the best plan,
+deterministic mode repeats itself (issue 15)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pesto
+from benchmarks.generators import layered_dag
+from pesto.plan import Plan, check_plan
+
+CLUSTER = pesto.v100x2_nvlink()
+
+
+def _same_plan(a: Plan, b: Plan) -> bool:
+    return (a.placement == b.placement and {d: list(o) for d, o in a.order.items()} ==
+            {d: list(o) for d, o in b.order.items()} and a.start == b.start and a.makespan == b.makespan
+            and a.lower_bound == b.lower_bound and a.status == b.status)
+
+
+def test_a_tiny_limit_skips_the_search_stages_and_still_returns_a_plan():
+    g = layered_dag(2000, width=12, seed=3)
+    plan = pesto.solve(g, cluster=CLUSTER, time_limit=0.05, workers=1)
+    assert check_plan(g, CLUSTER, plan).ok
+    skipped = {s.name for s in plan.log.stages if s.note.startswith("skipped: time limit")}
+    assert {"exact", "lns", "local search"} <= skipped and plan.log.stopped == "time limit"
+
+
+def test_sigint_during_a_solve_returns_the_best_plan_marked_interrupted():
+    g = layered_dag(600, width=8, seed=4)
+    timer = threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        plan = pesto.solve(g, cluster=CLUSTER, time_limit=600, workers=1, target_vertices=100)
+    finally:
+        timer.cancel()
+    assert plan.status == "interrupted" and plan.log.stopped == "SIGINT"
+    assert check_plan(g, CLUSTER, plan).ok
+    assert any(s.note == "skipped: SIGINT" for s in plan.log.stages) or plan.log.stage("local search")
+    # the handlers are back: a later Ctrl-C is an ordinary KeyboardInterrupt
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_deterministic_mode_gives_the_same_plan_twice():
+    g = layered_dag(400, width=8, seed=5)
+    a, b = (pesto.solve(g, cluster=CLUSTER, time_limit=3, seed=1, workers=2, target_vertices=60,
+                        deterministic=True) for _ in range(2))
+    assert a.log.deterministic and _same_plan(a, b)
+    assert [s.name for s in a.log.stages] == [s.name for s in b.log.stages]
+
+
+def test_cli_ctrl_c_writes_the_best_plan_and_exits_130(tmp_path):
+    g = layered_dag(600, width=8, seed=6)
+    gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
+    g.to_json(str(gpath))
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-m", "pesto", "place", str(gpath), "--time-limit", "600",
+                             "--target-vertices", "100", "-o", str(ppath)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # wait for the solve to start (its first stage line), then interrupt
+    deadline = time.monotonic() + 120
+    line = ""
+    while "[pesto" not in line and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted (SIGINT)" in err
+    data = json.loads(ppath.read_text())
+    assert data["status"] == "interrupted"
+    assert check_plan(g, CLUSTER, Plan.from_dict(data)).ok
