@@ -424,4 +424,9 @@ def test_priority_by_start_times_reproduces_a_fifo_replay(data):
     dev = prob.placement_index(pl)
     fifo = replay(prob, dev, policy="fifo")
     again = replay(prob, dev, policy="priority", priority=[-s for s in fifo.start])
-    assert again.start == fifo.start and again.ran == fifo.ran and again.xfers == fifo.xfers
+    assert again.start == fifo.start
+
+    def by_instant(run):  # ops of zero duration started at one instant may run in either order
+        return [sorted((run.start[i], i) for i in ops) for ops in run.ran]
+    assert by_instant(again) == by_instant(fifo)
+    assert sorted(again.xfers) == sorted(fifo.xfers)
