@@ -18,7 +18,8 @@ import inspect
 import sys
 import time
 
-AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_exact", "bench_tf", "bench_bound")
+AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_exact", "bench_tf", "bench_bound",
+                   "bench_ablation", "bench_scale")
 
 
 def _call_main(module_name: str) -> int:
