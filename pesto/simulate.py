@@ -107,18 +107,31 @@ class Schedule:
                 json.dump(doc, f)
         return doc
 
-    def gantt(self, path=None, *, title=None, ax=None, max_labels=40):
+    def gantt(self, path=None, *, title=None, ax=None, max_labels=40, color_by: str = "auto",
+              max_groups: int = 10):
         """Matplotlib Gantt chart of devices and links; saved to ``path`` if given.
 
-        With ``path`` and no ``ax`` the figure is drawn off-screen (no pyplot,
-        so the caller's backend is untouched). Returns the Axes.
+        ``color_by``: ``"op"`` (one colour per op, names written on the bars),
+        ``"scope"`` (the first part of each op's scope or name, e.g. the layer),
+        ``"type"`` (the op type) or ``"auto"`` (op up to ``max_labels`` ops,
+        else scope). Scopes and types are coloured for the ``max_groups``
+        taking most time, the rest in grey as "other", with a legend. Link
+        lanes are drawn half as tall as device lanes. With ``path`` and no
+        ``ax`` the figure is drawn off-screen (no pyplot, so the caller's
+        backend is untouched). Returns the Axes.
         """
         import matplotlib
 
+        if color_by not in ("auto", "op", "scope", "type"):
+            raise ValueError(f"color_by must be 'auto', 'op', 'scope' or 'type', got {color_by!r}")
+        if color_by == "auto":
+            color_by = "op" if len(self.placement) <= max_labels else "scope"
         links = sorted({l for t in self.transfers for l in self.cluster.route(t.src, t.dst).links})
-        rows = [d.name for d in self.cluster.devices] + links
+        devs = [d.name for d in self.cluster.devices]
+        y = {r: float(i) for i, r in enumerate(devs)}
+        y.update({r: len(devs) - 0.25 + 0.5 * k for k, r in enumerate(links)})
         if ax is None:
-            size = (12, 0.5 * len(rows) + 1.5)
+            size = (12, 0.5 * len(devs) + 0.25 * len(links) + 2.0)
             if path is not None:
                 from matplotlib.figure import Figure
                 fig = Figure(figsize=size)
@@ -128,15 +141,14 @@ class Schedule:
                 fig, ax = plt.subplots(figsize=size)
         else:
             fig = ax.figure
-        y = {r: i for i, r in enumerate(rows)}
-        cmap = matplotlib.colormaps["tab20"]
+        colour_of, legend = self._gantt_colours(color_by, max_groups, matplotlib.colormaps)
         bars: dict[str, tuple[list, list]] = {}
-        for k, (op, d) in enumerate(self.placement.items()):
+        for op, d in self.placement.items():
             s, f = self.start[op], self.finish[op]
             spans, colors = bars.setdefault(d, ([], []))
             spans.append((s, f - s))
-            colors.append(cmap(k % 20))
-            if len(self.placement) <= max_labels:
+            colors.append(colour_of[op])
+            if color_by == "op" and len(self.placement) <= max_labels:
                 ax.text(s + (f - s) / 2, y[d], op, ha="center", va="center", fontsize=7)
         for d, (spans, colors) in bars.items():
             ax.broken_barh(spans, (y[d] - 0.4, 0.8), facecolors=colors, edgecolor="none")
@@ -145,16 +157,44 @@ class Schedule:
             for link in self.cluster.route(t.src, t.dst).links:
                 per_link.setdefault(link, []).append((t.start, t.finish - t.start))
         for link, spans in per_link.items():
-            ax.broken_barh(spans, (y[link] - 0.3, 0.6), facecolors="0.5", edgecolor="none")
-        ax.set_yticks(range(len(rows)), rows)
-        ax.set_ylim(len(rows) - 0.5, -0.5)
+            ax.broken_barh(spans, (y[link] - 0.2, 0.4), facecolors="0.5", edgecolor="none")
+        rows = devs + links
+        ax.set_yticks([y[r] for r in rows], rows)
+        ax.set_ylim(max(y.values(), default=0) + 0.5, -0.5)
         ax.set_xlim(0, max(self.makespan, 1e-9) * 1.01)
         ax.set_xlabel("time (µs)")
         ax.set_title(title or f"{self.graph.name}: step {self.makespan / 1000:.3f} ms ({self.mode})")
+        if legend:
+            from matplotlib.patches import Patch
+            ax.legend(handles=[Patch(color=c, label=k) for k, c in legend], fontsize=7, loc="upper right",
+                      title=color_by, title_fontsize=7, ncol=2)
         if path is not None:
             fig.tight_layout()
             fig.savefig(path, dpi=110)
         return ax
+
+    def _gantt_colours(self, color_by: str, max_groups: int, colormaps):
+        """Op -> colour, and the legend ``[(group, colour)]`` (empty per op)."""
+        if color_by == "op":
+            cmap = colormaps["tab20"]
+            return {op: cmap(k % 20) for k, op in enumerate(self.placement)}, []
+        ops = {op.name: op for op in self.graph.ops}
+
+        def group(name: str) -> str:
+            op = ops[name]
+            if color_by == "type":
+                return op.type or "?"
+            return (op.scope or name).split("/")[0]
+        busy: dict[str, float] = {}
+        for name in self.placement:
+            g = group(name)
+            busy[g] = busy.get(g, 0.0) + self.finish[name] - self.start[name]
+        top = sorted(busy, key=lambda g: -busy[g])[:max_groups]
+        cmap = colormaps["tab10"]
+        colour = {g: cmap(k % 10) for k, g in enumerate(top)}
+        other = (0.75, 0.75, 0.75, 1.0)
+        legend = [(g, colour[g]) for g in top] + ([("other", other)] if len(busy) > len(top) else [])
+        return {name: colour.get(group(name), other) for name in self.placement}, legend
 
 
 def simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None,

@@ -430,3 +430,22 @@ def test_priority_by_start_times_reproduces_a_fifo_replay(data):
         return [sorted((run.start[i], i) for i in ops) for ops in run.ran]
     assert by_instant(again) == by_instant(fifo)
     assert sorted(again.xfers) == sorted(fifo.xfers)
+
+
+def test_gantt_of_a_large_graph_colours_by_scope_with_a_legend(tmp_path):
+    from benchmarks.generators import transformer_like
+    g = transformer_like(2)
+    c = gpus(4)
+    s = simulate(g, c, {op: c.names[i % 4] for i, op in enumerate(g.names)})
+    ax = s.gantt(tmp_path / "g.png", max_groups=5)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    scopes = {(op.scope or op.name).split("/")[0] for op in g.ops}
+    assert 1 <= len(labels) <= 6 and set(labels) - {"other"} <= scopes
+    assert ("other" in labels) == (len(scopes) > 5)
+    ticks = {t.get_text(): y for t, y in zip(ax.get_yticklabels(), ax.get_yticks())}
+    links = [k for k in ticks if k not in c.names]
+    if len(links) >= 2:  # link lanes are packed at half the device spacing
+        ys = sorted(ticks[k] for k in links)
+        assert ys[1] - ys[0] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="color_by"):
+        s.gantt(tmp_path / "h.png", color_by="rainbow")
