@@ -114,14 +114,7 @@ def kahn_heights(m: int, eu: np.ndarray, ev: np.ndarray, times=None):
         raise CycleError([f"v{k}" for k in cycle], what="coarse graph")
     if times is None:
         return H, flat, off
-    bottom = [0.0] * m
-    for u in reversed(queue):
-        b = 0.0
-        for w in flat[off[u]:off[u + 1]]:
-            if bottom[w] > b:
-                b = bottom[w]
-        bottom[u] = t[u] + b
-    return H, flat, off, np.array(top), np.array(bottom)
+    return H, flat, off, np.array(top), np.array(_bottom(queue, flat, off, t))
 
 
 def path_levels(m, flat, off, H, t):
@@ -134,14 +127,20 @@ def path_levels(m, flat, off, H, t):
         for w in flat[off[u]:off[u + 1]]:
             if top[w] < fu:
                 top[w] = fu
-    bottom = [0.0] * m
+    return np.array(top), np.array(_bottom(order, flat, off, t))
+
+
+def _bottom(order, flat, off, t) -> list[float]:
+    """Longest compute path from each vertex's start to a sink, given a
+    topological ``order`` of the CSR graph ``flat``/``off``."""
+    bottom = [0.0] * len(order)
     for u in reversed(order):
         b = 0.0
         for w in flat[off[u]:off[u + 1]]:
             if bottom[w] > b:
                 b = bottom[w]
         bottom[u] = t[u] + b
-    return np.array(top), np.array(bottom)
+    return bottom
 
 
 def critical_path(ga: GraphArrays, label: np.ndarray, m: int, times=None) -> float:

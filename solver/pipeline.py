@@ -231,7 +231,7 @@ def baselines(run: Run) -> None:
     # m-SCT's LP grows quadratically; cap it so the heuristics stay a small share
     limit = max(0.1, run.deadline.budget(s.heuristic_time))
     plans, errors = run_placers(run.work, run.cluster, s.baseline_names(run.reorders()), say=run.say,
-                                time_limit=limit, seed=s.seed, stop=run.deadline.expired,
+                                time_limit=limit, seed=s.seed, stop=_placer_stop(run.deadline),
                                 extra={"m-sct": {"lp_time_limit": max(1.0, 0.15 * limit)}})
     run.deadline.charge(HEURISTIC_COST * REPLAY_COST_PER_OP * run.work.num_ops * (len(plans) + len(errors)))
     run.baselines = plans
@@ -240,13 +240,24 @@ def baselines(run: Run) -> None:
     run.record("baselines", t, best, f"{len(plans)} plans of {run.work.num_ops} ops")
 
 
+def _placer_stop(deadline: Deadline):
+    """Skip a heuristic that would overrun the deadline (it took as long as the
+    slowest one so far); in deterministic mode none is skipped (a wall-clock
+    rule would change the plan from run to run)."""
+    if deadline.deterministic:
+        return lambda longest: deadline.interrupted
+    return lambda longest: deadline.left() < longest
+
+
 def reschedule_starts(run: Run) -> None:
     """The best ``max_starts`` starts and baselines re-ordered; the best is the incumbent."""
     t = time.perf_counter()
     starts = run.starts + list(run.baselines.values())
     if not starts:
         raise ValueError("the reschedule stage needs at least one start plan")
-    chosen = sorted(starts, key=_rank_key)[:max(1, run.s.max_starts)]  # each costs 4 simulations
+    # each start costs about 4 simulations; with little time left, only the best is re-ordered
+    few = run.deadline.left() < 0.2 * (run.s.time_limit or float("inf"))
+    chosen = sorted(starts, key=_rank_key)[:1 if few else max(1, run.s.max_starts)]
     run.ranked = sorted((reschedule(run.graph, run.cluster, p) for p in chosen), key=_rank_key)
     run.pool = [(p.placer, p) for p in run.ranked]
     run.baselines, run.starts = {}, []
@@ -374,10 +385,17 @@ def local_search(run: Run) -> None:
     if run.s.search_time <= 0 or not run.pool:
         run.record("local search", t, None, "skipped")
         return
-    ref = refine(run.graph, run.cluster, choose(run.pool)[1], time_limit=run.s.search_time, seed=run.s.seed,
+    # the last search stage leaves the status stage its time for the lower bound
+    budget = min(run.s.search_time, max(0.0, run.deadline.left() - _bound_time(run.s)))
+    ref = refine(run.graph, run.cluster, choose(run.pool)[1], time_limit=budget, seed=run.s.seed,
                  deadline=run.deadline)
     run.pool.append(("refine", ref))
     run.record("local search", t, ref.makespan, f"{ref.stats['refine']['accepted']} moves kept")
+
+
+def _bound_time(s: Settings) -> float:
+    """Seconds for the communication-aware bound (``Settings.bound_time``)."""
+    return min(10.0, 0.1 * (s.exact_time + s.search_time)) if s.bound_time is None else s.bound_time
 
 
 def status(run: Run) -> None:
@@ -399,8 +417,7 @@ def status(run: Run) -> None:
     if on_graph and solved.lower_bound is not None and solved.status != "infeasible" \
             and solved.lower_bound > bound:
         bound, source = solved.lower_bound, s.backend
-    bound_time = min(10.0, 0.1 * (s.exact_time + s.search_time)) if s.bound_time is None else s.bound_time
-    bound_time = 0.0 if dl.interrupted else dl.budget(bound_time)
+    bound_time = 0.0 if dl.interrupted else dl.budget(_bound_time(s))
     if bound_time > 0.05 and best.makespan is not None and best.makespan > bound + TOLERANCE * max(1.0, bound):
         cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1, seed=s.seed,
                         deterministic=dl.deterministic)

@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import time
+
 import importlib
 import inspect
 from typing import Callable, Mapping
@@ -62,8 +64,10 @@ def run_placers(graph, cluster, names, *, extra=None, say=None, stop=None, **opt
     say : callable, optional
         Called with a line per placer that ran.
     stop : callable, optional
-        Asked before each placer once one plan exists; when it returns True
-        the rest are skipped (a deadline passed or the user interrupted).
+        ``stop(seconds)`` is asked before each placer once one plan exists,
+        with the longest time a placer took so far; when it returns True the
+        placer is skipped (it would overrun a deadline, or the user
+        interrupted).
     options : for every placer (``time_limit``, ``seed``...); each placer gets
         those its signature declares (:func:`accepted_options`), as it does
         the ``extra`` ones.
@@ -73,11 +77,12 @@ def run_placers(graph, cluster, names, *, extra=None, say=None, stop=None, **opt
     plans : dict name -> Plan
     errors : dict name -> str, why each skipped placer was skipped
     """
-    plans, errors = {}, {}
+    plans, errors, longest = {}, {}, 0.0
     for name in names:
-        if stop is not None and plans and stop():
+        if stop is not None and plans and stop(longest):
             errors[name] = "skipped: out of time"
             continue
+        t = time.perf_counter()
         try:
             fn = get_placer(name)
         except (ImportError, AttributeError, ValueError) as exc:
@@ -91,6 +96,7 @@ def run_placers(graph, cluster, names, *, extra=None, say=None, stop=None, **opt
         except Exception as exc:  # noqa: BLE001
             errors[name] = f"failed: {type(exc).__name__}: {exc}"
         else:
+            longest = max(longest, time.perf_counter() - t)
             if say is not None:
                 say(f"{name}: {plans[name].makespan:.1f} µs ({plans[name].status})")
     return plans, errors

@@ -321,8 +321,13 @@ def test_keras_step_trains_placed_with_the_eager_losses():
     x = tf.random.normal((64, 32), seed=1)
     y = tf.random.uniform((64,), 0, 10, dtype=tf.int32, seed=2)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.1), x, y)
+    step_opt = tf.keras.optimizers.SGD(0.1)
+    step = tf_patch.keras_step(model, loss, step_opt, x, y)
     losses = step.run(2)
+    opt_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in step_opt.variables)
+    weights = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.variables)
+    assert sum(op.persistent_bytes for op in step.graph.ops) == weights + opt_bytes
+    assert step.unsized == []
     plan = pesto.solve(step.graph, gpus=2, time_limit=5, workers=1)
     applied = step.apply(plan)
     assert "/GPU:" in step.note or "running on /GPU" in step.note  # says where the plan's GPUs run
@@ -348,3 +353,17 @@ def test_demo_knows_keras_models_and_refuses_others(capsys):
     from pesto.zoo.keras_apps import keras_model
     model, x, y = keras_model("mobilenetv2")
     assert model.count_params() > 1_000_000 and x.shape[0] == y.shape[0]
+
+
+def test_a_gpu_plan_runs_on_logical_devices_when_there_is_no_gpu():
+    from solver import get_placer
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has GPUs: the plan runs on them unchanged")
+    m, g = cpu_graph("rnnlm")
+    plan = get_placer("m-etf")(g, logical_cpus(2, beta=(5.0, 1e-5)))
+    to_gpu = {"/CPU:0": "/GPU:0", "/CPU:1": "/GPU:1"}
+    gpu_plan = plan.replace(placement={op: to_gpu[d] for op, d in plan.placement.items()},
+                            order={to_gpu[d]: list(o) for d, o in plan.order.items()})
+    res = run_placed(lambda: build_model("rnnlm", "small"), gpu_plan, steps=2, timed=0, trace=True)
+    assert "no GPU here" in res.applied.note and "/GPU:1 -> /CPU:1" in res.applied.note
+    assert res.trace["misplaced"] == [] and res.trace["order_violations"] == []

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pesto.errors import CycleError, InvalidPlanError
 
 from .extract import colocation_groups
-from .devices import session_config, tf_device
+from .devices import map_devices, session_config, tf_device
 
 __all__ = ["Applied", "check_colocation", "control_edges_for", "apply_plan", "verify"]
 
@@ -39,6 +39,9 @@ class Applied:
     devices: dict = field(default_factory=dict)        # op -> TF device string
     control_edges: list = field(default_factory=list)  # (a, b): b waits for a
     skipped: int = 0                                   # consecutive pairs already ordered
+    plan: object = None                                # the plan as applied (devices of this machine)
+    note: str = ""                                     # how plan devices were mapped
+    n_devices: int = 0                                 # devices a session needs
 
 
 def check_colocation(graph, placement) -> None:
@@ -150,8 +153,14 @@ def _toposort(succ, names, what="tf graph"):
     return order
 
 
-def apply_plan(graph, plan, *, order: bool = True) -> Applied:
+def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applied:
     """Set devices (and, with ``order``, control edges) on ``graph`` in place.
+
+    Plan devices are mapped onto this machine first
+    (:func:`tf_patch.devices.map_devices`): ``/GPU:k`` stays where there are
+    enough GPUs, else runs on logical CPU device ``/CPU:k``; ``Applied.note``
+    says which, ``Applied.n_devices`` how many devices a session needs (at
+    least ``n_devices``).
 
     Raises
     ------
@@ -161,12 +170,13 @@ def apply_plan(graph, plan, *, order: bool = True) -> Applied:
         The plan's order would close a cycle.
     """
 
+    plan, note, needed = map_devices(plan, n_devices)
     missing = [n for n in plan.placement if not _has_op(graph, n)]
     if missing:
         raise InvalidPlanError([f"plan places op {m!r} that is not in the tf.Graph" for m in missing[:20]])
     check_colocation(graph, plan.placement)
     edges, skipped = control_edges_for(graph, plan) if order else ([], 0)
-    out = Applied(skipped=skipped)
+    out = Applied(skipped=skipped, plan=plan, note=note, n_devices=needed)
     for name, dev in plan.placement.items():
         d = tf_device(dev)
         graph.get_operation_by_name(name)._set_device(d)

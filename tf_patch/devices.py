@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["PREFIX", "tf_device", "plan_device", "detect", "session_config", "describe"]
+__all__ = ["map_devices", "PREFIX", "tf_device", "plan_device", "detect", "session_config", "describe"]
 
 PREFIX = "/job:localhost/replica:0/task:0/device:"
 _SHORT = re.compile(r"^/?(?:device:)?(CPU|GPU):(\d+)$", re.I)
@@ -81,6 +81,25 @@ def session_config(n: int = 2, *, kind: str = "CPU", inter_op: int | None = None
         cfg.graph_options.optimizer_options.do_common_subexpression_elimination = False
         cfg.graph_options.optimizer_options.do_function_inlining = False
     return cfg
+
+
+def map_devices(plan, n_devices: int = 0):
+    """``(plan on this machine, one line saying so, devices needed)``: plan
+    devices ``/GPU:k`` stay when there are that many GPUs, else become logical
+    CPU devices ``/CPU:k`` (after ``/CPU:0`` when the plan uses that too)."""
+    used = sorted(set(plan.placement.values()))
+    gpus = [d for d in used if "GPU" in d.upper()]
+    kind, _ = detect(max(n_devices, len(gpus)))
+    if kind == "GPU" or not gpus:
+        return plan, f"running on {', '.join(used)}", max(n_devices, len(used))
+    shift = 1 if any(d.upper().endswith("CPU:0") for d in used) else 0
+    to = {d: f"/CPU:{int(d.rsplit(':', 1)[1]) + shift}" if d in gpus else d for d in used}
+    note = ("no GPU here: plan devices " + ", ".join(f"{d} -> {to[d]}" for d in gpus)
+            + " (logical CPU devices of one physical CPU)")
+    need = max(int(v.rsplit(":", 1)[1]) for v in to.values()) + 1
+    placement = {op: to[d] for op, d in plan.placement.items()}
+    order = {to.get(d, d): list(ops) for d, ops in plan.order.items()}
+    return plan.replace(placement=placement, order=order), note, max(n_devices, need)
 
 
 def describe(n: int) -> str:

@@ -28,7 +28,8 @@ from typing import Callable, Iterable, Mapping
 from pesto.errors import InvalidGraphError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 
-__all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN"]
+__all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN",
+           "unsized_tensors"]
 
 # Ops with no GPU kernel in stock TensorFlow (strings, I/O, Python calls, host
 # queues). Used when the installed TF has no GPU kernels to ask.
@@ -263,6 +264,15 @@ def _sized(t, batch) -> bool:
     return dims is not None and all(d is not None or (i == 0 and batch) for i, d in enumerate(dims))
 
 
+def unsized_tensors(ops, names, sizes=None, batch=None) -> list[str]:
+    """Names of the tensors of ``ops`` consumed in the step (by ops named in
+    ``names``) whose bytes neither their static shape (with ``batch`` for an
+    unknown leading dimension) nor ``sizes`` give."""
+    sizes = sizes or {}
+    return [t.name for op in ops for t in op.outputs
+            if any(c.name in names for c in t.consumers()) and t.name not in sizes and not _sized(t, batch)]
+
+
 def _check_sizes(ops, names, sizes, batch, memory, on_unknown: str) -> None:
     """Refuse (or warn about) a graph whose tensor or variable sizes are unknown."""
     import tensorflow as tf
@@ -270,7 +280,7 @@ def _check_sizes(ops, names, sizes, batch, memory, on_unknown: str) -> None:
     if on_unknown not in ("raise", "warn", "ignore"):
         raise ValueError(f"on_unknown must be 'raise', 'warn' or 'ignore', got {on_unknown!r}")
     data = [t for op in ops for t in op.outputs if any(c.name in names for c in t.consumers())]
-    unknown = [t.name for t in data if t.name not in sizes and not _sized(t, batch)]
+    unknown = unsized_tensors(ops, names, sizes, batch)
     handles = [op.name for op in ops if op.type == "Placeholder" and op.outputs[0].dtype == tf.resource
                and "persistent_bytes" not in memory.get(op.name, {})]
     problems = []

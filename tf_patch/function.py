@@ -33,7 +33,7 @@ Examples
 """
 from __future__ import annotations
 
-from .extract import allowed_kinds, extract, step_ops
+from .extract import allowed_kinds, extract, step_ops, unsized_tensors
 from .profile import estimate
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "function_step", "keras_step", "FunctionStep"]
@@ -178,6 +178,9 @@ class FunctionStep:
         logical CPU devices).
     note : str
         How plan devices were mapped onto this machine (after :meth:`apply`).
+    unsized : list of str
+        Tensors of the step with no size from their static shape (should be
+        empty; extraction refuses more than 1 %).
     """
 
     def __init__(self, concrete, args, *, gpu: str = "v100", name: str = "step", n_devices: int = 2,
@@ -185,6 +188,9 @@ class FunctionStep:
         self.graph, self.profile = _traced_opgraph(concrete, gpu=gpu, overhead=0.0, progress=False, name=name,
                                                    on_unknown=on_unknown, tensor_sizes=None)
         self.tf_graph, self.feed, self._init, self._reads, self._values = _rebuild(concrete, args)
+        fetches = list(concrete.outputs) + list(concrete.graph.control_outputs)
+        ops = step_ops(concrete.graph, fetches)
+        self.unsized = unsized_tensors(ops, {op.name for op in ops})
         self.loss = concrete.outputs[0].name if concrete.outputs else None
         self.updates = [op.name for op in concrete.graph.control_outputs]
         self.n_devices, self.plan, self.applied, self.note = n_devices, None, None, ""
@@ -226,17 +232,11 @@ class FunctionStep:
         :func:`tf_patch.apply_plan` did.
         """
         from .apply import apply_plan
-        from .devices import detect
 
-        mapped, self.note, n = map_devices(plan, self.n_devices, detect)
         self._values = self.values()
         self.close()
-        self.n_devices = n
-        self.plan = plan.replace(placement=mapped, order={}) if mapped != dict(plan.placement) else plan
-        if self.plan is not plan:  # the order travels with the op names, not the device names
-            back = {d: mapped[ops[0]] for d, ops in plan.order.items() if ops}
-            self.plan = self.plan.replace(order={back[d]: list(ops) for d, ops in plan.order.items() if ops})
-        self.applied = apply_plan(self.tf_graph, self.plan)
+        self.applied = apply_plan(self.tf_graph, plan, n_devices=self.n_devices)
+        self.plan, self.note, self.n_devices = self.applied.plan, self.applied.note, self.applied.n_devices
         return self.applied
 
     def check(self) -> dict:
@@ -256,21 +256,6 @@ class FunctionStep:
         if self._sess is not None:
             self._sess.close()
             self._sess = None
-
-
-def map_devices(plan, n_devices: int, detect) -> tuple[dict, str, int]:
-    """``(placement on this machine, one line saying so, devices needed)``."""
-    used = sorted(set(plan.placement.values()))
-    gpus = [d for d in used if "GPU" in d.upper()]
-    kind, _ = detect(max(n_devices, len(gpus)))
-    if kind == "GPU" or not gpus:
-        return dict(plan.placement), f"running on {', '.join(used)}", max(n_devices, len(used))
-    shift = 1 if any(d.upper().endswith("CPU:0") for d in used) else 0
-    to = {d: f"/CPU:{int(d.rsplit(':', 1)[1]) + shift}" if d in gpus else d for d in used}
-    note = ("no GPU here: plan devices " + ", ".join(f"{d} -> {to[d]}" for d in gpus)
-            + " (logical CPU devices of one physical CPU)")
-    need = max(int(v.rsplit(":", 1)[1]) for v in to.values()) + 1
-    return {op: to[d] for op, d in plan.placement.items()}, note, max(n_devices, need)
 
 
 def function_step(fn, *args, gpu: str = "v100", name: str | None = None, n_devices: int = 2,

@@ -119,8 +119,9 @@ def run_placed(build, plan=None, *, n_devices: int = 2, steps: int = 5, timed: i
     import tensorflow as tf
 
     model = build()
-    applied = apply_plan(model.graph, plan, order=order) if plan is not None else None
-    sess = verify(model.graph, n_devices, kind=detect(n_devices)[0], init_op=model.init_op)
+    applied = apply_plan(model.graph, plan, order=order, n_devices=n_devices) if plan is not None else None
+    n = max(n_devices, applied.n_devices) if applied is not None else n_devices
+    sess = verify(model.graph, n, kind=detect(n)[0], init_op=model.init_op)
     try:
         losses = [float(sess.run(model.fetches, model.feed_fn(s))[1]) for s in range(steps)]
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -131,7 +132,7 @@ def run_placed(build, plan=None, *, n_devices: int = 2, steps: int = 5, timed: i
             md = tf.compat.v1.RunMetadata()
             opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
             sess.run(model.train_op, model.feed_fn(steps + timed), options=opts, run_metadata=md)
-            checked = trace_check(md, plan, applied)
+            checked = trace_check(md, applied.plan if applied is not None else None, applied)
     finally:
         sess.close()
     return RunResult(losses, statistics.median(times) if times else float("nan"), times, applied, checked,
