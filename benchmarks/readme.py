@@ -26,8 +26,8 @@ def _f(x):
 def table(rows: list[dict]) -> str:
     """Markdown table of Pesto against Expert and the best baseline."""
     out = ["| workload | cluster | ops | Expert (ms) | best baseline (ms) | Pesto (ms) | vs Expert | "
-           "vs best baseline | bound (ms) / gap | Pesto time (s) |",
-           "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+           "vs best baseline | bound (ms) / gap | Pesto time (s) | plan from |",
+           "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["workload"], r["cluster"]), []).append(r)
@@ -55,7 +55,7 @@ def table(rows: list[dict]) -> str:
         bound_cell = ms(bound) + ("" if gap is None else f" / {100 * gap:.1f}%")
         wall = _f(pesto.get("wall_s")) or 0.0
         out.append(f"| {pesto['label']} | {cl} | {pesto['ops']} | {ms(e)} | {best_cell} | {ms(p)} | "
-                   f"{pct(p, e)} | {pct(p, b)} | {bound_cell} | {wall:.1f} |")
+                   f"{pct(p, e)} | {pct(p, b)} | {bound_cell} | {wall:.1f} | {pesto.get('winner') or ''} |")
     return "\n".join(out)
 
 
