@@ -364,6 +364,15 @@ GRAD_SCOPES = re.compile(r"^(gradients(_\d+)?|gradient_tape|training|train)$")
 LAYER_PART = re.compile(r"^layer_?(\d+)$")
 
 
+def place_expert_paper(graph: OpGraph, cluster: Cluster) -> Plan:
+    """Expert as the Pesto paper defines it: the layer-wise split by name
+    (:func:`expert_assignment`), kept for comparison with the paper.
+
+    Equivalent to ``place_expert(graph, cluster, rule="paper")``.
+    """
+    return place_expert(graph, cluster, rule="paper").replace(placer="expert-paper")
+
+
 def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str] | None = None,
                  rule: str = "auto") -> Plan:
     """Expert placement: what a practitioner does by hand, under TF's FIFO scheduling.

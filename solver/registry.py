@@ -16,6 +16,7 @@ from pesto.errors import PestoError
 PLACERS = {
     "single": "solver.baselines:place_single",
     "expert": "solver.baselines:place_expert",
+    "expert-paper": "solver.baselines:place_expert_paper",
     "m-topo": "solver.heuristics:place_m_topo",
     "m-etf": "solver.heuristics:place_m_etf",
     "m-sct": "solver.heuristics:place_m_sct",
