@@ -149,11 +149,13 @@ def place_cpsat(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, wor
     """
     t0 = time.perf_counter()
     build = dict(contention=contention, memory_balance=memory_balance, symmetry=symmetry)
+    # one clock for the phases after the first: the solve's (a work clock in
+    # deterministic mode) or our own; the first search always runs
+    clock = deadline.sub(time_limit) if deadline is not None else Deadline(time_limit)
     search = dict(workers=workers, seed=seed, log=log, deadline=deadline)
 
     def left() -> float:
-        return time_limit - (time.perf_counter() - t0) if deadline is None else \
-            deadline.budget(time_limit - (time.perf_counter() - t0))
+        return clock.left()
 
     model = CpsatModel(graph, cluster, aggregate=aggregate, memory=memory, **build)
     plan = model.solve(time_limit=time_limit, hint=hint, **search)

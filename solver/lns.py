@@ -268,7 +268,7 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
         res = solve_window(prob, inc.dev, inc.st, inc.fi, inc.tail, w, devices=devices, order=inc.order,
                            xfers=inc.xfers if links is True or (links and tried % 2 == 0) else None,
                            time_limit=min(window_time, left),
-                           wall_limit=(WALL_FACTOR * window_time + 1.0 if clock.deterministic
+                           wall_limit=(10 * WALL_FACTOR * window_time + 5.0 if clock.deterministic
                                        else min(WALL_FACTOR * window_time, left)),
                            workers=workers, seed=seed + tried, log=log, deadline=clock)
         cpsat[res.status] = cpsat.get(res.status, 0) + 1

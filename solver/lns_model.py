@@ -417,6 +417,8 @@ class _WindowModel:
         prm.random_seed = int(seed)
         prm.log_search_progress = bool(log)
         prm.catch_sigint_signal = False
+        if deadline is not None and deadline.deterministic:
+            prm.interleave_search = True  # several workers, one fixed schedule of them
         code = search(solver, self.m, deadline)
         if deadline is not None:
             deadline.charge(solver.deterministic_time)
