@@ -341,6 +341,8 @@ def test_keras_step_trains_placed_with_the_eager_losses():
                                          and e[1] in seen["devices"]])
     # the trained values are readable by the variables' names
     assert all(np.isfinite(v).all() for v in step.values().values())
+    step.reset()  # back to the initial weights, still placed: the first loss again
+    np.testing.assert_allclose(step.run(1), expected[:1], rtol=1e-5)
     step.close()
 
 

@@ -188,6 +188,7 @@ class FunctionStep:
         self.graph, self.profile = _traced_opgraph(concrete, gpu=gpu, overhead=0.0, progress=False, name=name,
                                                    on_unknown=on_unknown, tensor_sizes=None)
         self.tf_graph, self.feed, self._init, self._reads, self._values = _rebuild(concrete, args)
+        self._initial = dict(self._values)
         fetches = list(concrete.outputs) + list(concrete.graph.control_outputs)
         ops = step_ops(concrete.graph, fetches)
         self.unsized = unsized_tensors(ops, {op.name for op in ops})
@@ -215,6 +216,12 @@ class FunctionStep:
             res = sess.run(fetches, self.feed)
             out.append(float(res[0]) if self.loss else float("nan"))
         return out
+
+    def reset(self) -> None:
+        """Back to the initial variable values (those of the model when the
+        step was traced); the plan stays applied."""
+        self.close()
+        self._values = dict(self._initial)
 
     def values(self) -> dict:
         """Current variable values, by captured name (numpy arrays)."""
