@@ -24,7 +24,7 @@ import time
 
 from solver import get_placer
 
-from .api import default_cluster, solve
+from .api import evaluate, solve
 from .simulate import simulate
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -131,7 +131,7 @@ def keras_demo(args) -> int:
           f"grappler V100 serial work {g.total_work('GPU') / 1000:.2f} ms; traced in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     plan = solve(g, gpus=args.gpus, time_limit=args.time_limit, workers=1, seed=args.seed)
-    single = simulate(g, default_cluster(g, args.gpus), {o: "/GPU:0" for o in g.names}).makespan
+    single = evaluate(g, {o: "/GPU:0" for o in g.names}, gpus=args.gpus).makespan
     print(f"[2/4] {plan.summary()}; placed in {time.perf_counter() - t0:.1f} s "
           f"(one V100: {single / 1000:.3f} ms predicted)")
     before = step.run(2)
