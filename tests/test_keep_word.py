@@ -74,3 +74,12 @@ def test_cli_ctrl_c_writes_the_best_plan_and_exits_130(tmp_path):
     data = json.loads(ppath.read_text())
     assert data["status"] == "interrupted"
     assert check_plan(g, CLUSTER, Plan.from_dict(data)).ok
+
+
+def test_the_paper_pipeline_past_its_deadline_still_returns_a_baseline_plan():
+    # the exact stage is skipped once the deadline has passed (here: during the
+    # heuristics); the expanded baselines must then be the candidates
+    g = layered_dag(300, width=8, seed=7)
+    plan = pesto.solve(g, cluster=CLUSTER, time_limit=1e-4, workers=1, pipeline="paper", target_vertices=60)
+    assert check_plan(g, CLUSTER, plan).ok
+    assert plan.log.stage("exact").note == "skipped: time limit" and plan.log.winner in pesto.api.HEURISTICS
