@@ -15,6 +15,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[tf,dev,notebooks]"
+	$(BIN)/python -c "from pesto.engine import warm_up; warm_up()"
 	touch $(STAMP)
 
 install: $(STAMP)

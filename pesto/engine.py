@@ -49,7 +49,8 @@ import numpy as np
 from numba import njit
 
 from .errors import InvalidPlanError
-from .kernels import FlatArrays, csr
+from . import kernels
+from .kernels import FlatArrays, csr, kernel
 from .problem import Problem
 
 __all__ = ["Run", "replay", "Timeline", "POLICIES", "LINK_MODELS", "INSERTION_SCAN"]
@@ -152,8 +153,9 @@ class _Arrays:
 
     def sends(self, dev: np.ndarray) -> tuple:
         """The compiled :func:`_group_sends` tables of placement ``dev``."""
-        return _group_sends(dev, self.nd, self.tp_ptr, self.tp_idx, self.tbytes_f, self.cons_ptr,
-                            self.cons_idx, self.b0, self.b1)
+        return kernel(_group_sends, dev.shape[0])(dev, self.nd, self.tp_ptr, self.tp_idx,
+                                                  self.tbytes_f, self.cons_ptr, self.cons_idx,
+                                                  self.b0, self.b1)
 
 
 def _route_links(prob: Problem, links: str | None):
@@ -296,9 +298,9 @@ def replay(prob: Problem, dev: Sequence[int], *, policy: str = "fifo",
     else:
         prio = np.empty(0, dtype=np.float64)
     send = ar.sends(d)
-    out = _run(POLICIES.index(policy), d, ar.dur[np.arange(n), d], ar.succ_ptr, ar.succ_idx, ar.npred,
-               send[0], send[2], send[5], send[3], send[4], ar.r_ptr, ar.r_idx, ar.n_links,
-               q_ptr, q_idx, prio)
+    out = kernel(_run, n)(POLICIES.index(policy), d, ar.dur[np.arange(n), d], ar.succ_ptr,
+                          ar.succ_idx, ar.npred, send[0], send[2], send[5], send[3], send[4],
+                          ar.r_ptr, ar.r_idx, ar.n_links, q_ptr, q_idx, prio)
     nfin, qhead = out[-2], out[-1]
     if nfin < n:
         names = prob.names
@@ -306,6 +308,24 @@ def replay(prob: Problem, dev: Sequence[int], *, policy: str = "fifo",
                  if policy == "order" and q_ptr[k] + qhead[k] < q_ptr[k + 1]]
         raise InvalidPlanError([f"the order deadlocks (it contradicts the graph); waiting heads: {stuck[:4]}"])
     return Run(ar, send, out[:-2])
+
+
+def warm_up() -> None:
+    """Compile every kernel once and write numba's on-disk cache (what
+    ``make install`` runs), so that no later solve pays the compile inside its
+    time limit."""
+    from .cluster import gpus
+    from .graph import OpGraph
+    g = OpGraph.from_edges({"a": 1, "b": 2, "c": 3}, [("a", "b", 8), ("a", "c", 8)])
+    prob = Problem.of(g, gpus(2))
+    saved, kernels.COMPILE_MIN_OPS = kernels.COMPILE_MIN_OPS, 0
+    try:
+        for links in ("fcfs", "free"):
+            replay(prob, [0, 0, 1], links=links)
+        replay(prob, [0, 1, 1], policy="priority", priority=kernels.placed_ranks(prob, [0, 1, 1]))
+        replay(prob, [0, 0, 1], policy="order", order=[[0, 1], [2]])
+    finally:
+        kernels.COMPILE_MIN_OPS = saved
 
 
 def _order_array(order, d: np.ndarray, q_ptr: np.ndarray, n: int, nd: int) -> np.ndarray:

@@ -3,9 +3,16 @@
 The Problem keeps Python lists (readable, cheap to build); what a search
 evaluates thousands of times runs here on int64/float64 CSR arrays built once
 per Problem and cached on it. :mod:`pesto.engine` holds the event loop itself;
-this module holds the array builder and the placed longest path that the
-list-schedule priority needs. ``NUMBA_DISABLE_JIT=1`` runs everything as plain
-Python (for a debugger; much slower).
+this module holds the array builder, the placed longest path that the
+list-schedule priority needs, and :func:`kernel`, which picks the compiled
+kernel or its plain-Python twin. ``NUMBA_DISABLE_JIT=1`` runs everything as
+plain Python (for a debugger; much slower).
+
+Compiling costs seconds once per install (``make install`` warms the cache,
+see :func:`pesto.engine.warm_up`). A small problem must not pay that inside a
+short time limit, so while a kernel is neither compiled in this process nor
+cached on disk, problems under ``COMPILE_MIN_OPS`` ops run its Python twin:
+the same source, so the same results.
 
 Examples
 --------
@@ -15,10 +22,52 @@ Examples
 """
 from __future__ import annotations
 
+import os
+import types
+
 import numpy as np
 from numba import njit
+from numba.core.dispatcher import Dispatcher
 
-__all__ = ["csr", "FlatArrays", "placed_ranks"]
+__all__ = ["csr", "FlatArrays", "placed_ranks", "kernel", "interpreted", "COMPILE_MIN_OPS"]
+
+#: Below this many ops an uncompiled kernel runs as Python rather than
+#: compiling (a replay of 400 ops in Python takes a few ms; compiling, seconds).
+COMPILE_MIN_OPS = 400
+
+_TWINS: dict = {}
+
+
+def interpreted(fn):
+    """The plain-Python twin of njit kernel ``fn``: its source run by the
+    interpreter, with the kernels it calls replaced by their twins too (so
+    calling it never compiles anything)."""
+    twin = _TWINS.get(fn)
+    if twin is None:
+        py = fn.py_func
+        env = dict(py.__globals__)
+        twin = _TWINS[fn] = types.FunctionType(py.__code__, env, py.__name__, py.__defaults__,
+                                               py.__closure__)
+        for name, value in env.items():
+            if isinstance(value, Dispatcher):
+                env[name] = interpreted(value)
+    return twin
+
+
+def _cached_on_disk(fn) -> bool:
+    try:  # numba's cache index; private layout, so any surprise means "not cached"
+        return os.path.exists(fn._cache._cache_file._index_path)
+    except AttributeError:
+        return False
+
+
+def kernel(fn, n: int):
+    """``fn`` itself, or its :func:`interpreted` twin for a problem of ``n`` ops
+    when ``n < COMPILE_MIN_OPS`` and ``fn`` is neither compiled in this process
+    nor cached on disk."""
+    if n >= COMPILE_MIN_OPS or fn.signatures or _cached_on_disk(fn):
+        return fn
+    return interpreted(fn)
 
 
 def csr(rows) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +109,7 @@ def placed_ranks(prob, dev) -> np.ndarray:
     (what :meth:`pesto.problem.Problem.placed_bottom_levels` returns, as a
     float64 array)."""
     ar = FlatArrays.of(prob)
-    return _placed_ranks(ar.rtopo, ar.out_ptr, ar.out_idx, ar.out_bytes, ar.dur,
+    return kernel(_placed_ranks, prob.n)(ar.rtopo, ar.out_ptr, ar.out_idx, ar.out_bytes, ar.dur,
                          np.asarray(dev, dtype=np.int64), ar.b0, ar.b1)
 
 

@@ -298,3 +298,33 @@ def test_disabled_jit_runs_the_same_engine_as_plain_python():
                          check=True).stdout
     prob, dev, order, prio = case(7)
     assert json.loads(out) == [as_json(run_case(prob, dev, order, prio, p, l)) for p, l in COMBOS]
+
+
+@pytest.mark.parametrize("seed", range(0, 20, 3))
+def test_python_twins_match_golden(golden, seed, monkeypatch):
+    """The interpreted twins small problems run before anything is compiled
+    give the golden results too."""
+    from pesto import engine, kernels
+    monkeypatch.setattr(engine, "kernel", lambda fn, n: kernels.interpreted(fn))
+    monkeypatch.setattr(kernels, "kernel", lambda fn, n: kernels.interpreted(fn))
+    prob, dev, order, priority = case(seed)
+    for policy, links in COMBOS:
+        got = as_json(run_case(prob, dev, order, priority, policy, links))
+        assert got == golden[f"{seed}/{policy}/{links}"], (seed, policy, links)
+
+
+def test_small_solve_on_a_fresh_install_compiles_nothing(tmp_path):
+    """With an empty numba cache, solving a small graph runs the Python twins
+    (no compile inside its time limit); ``warm_up`` then fills the cache."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import pesto\nfrom pesto import engine, kernels\n"
+            "g = pesto.OpGraph.from_edges({'a': 2, 'b': 3, 'c': 4}, [('a', 'b', 9), ('a', 'c', 9)])\n"
+            "p = pesto.solve(g, time_limit=5, workers=1)\n"
+            "print(p.status, len(engine._run.signatures), len(kernels._placed_ranks.signatures))\n"
+            "engine.warm_up()\n"
+            "print(len(engine._run.signatures) > 0, kernels._cached_on_disk(engine._run))\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    assert out[0] == "optimal 0 0"
+    assert out[1] == "True True"
