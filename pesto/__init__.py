@@ -7,10 +7,26 @@ Public API::
     sched = pesto.simulate(graph, cluster, plan)
     pesto.check_plan(graph, cluster, plan).raise_if_invalid()
 """
-# OR-Tools must be loaded before TensorFlow: the other order makes CP-SAT
-# segfault (their bundled native libraries clash). Importing pesto first is
-# enough, whatever the user imports next.
-import ortools.sat.python.cp_model  # noqa: F401  (import order matters)
+import os as _os
+import sys as _sys
+
+
+def _load_ortools() -> None:
+    """Load OR-Tools' native libraries so they bind to their own protobuf and
+    abseil (``RTLD_DEEPBIND``). Loaded after TensorFlow without it, CP-SAT and
+    GLOP's parameter parser segfault (or-tools#3230: the two bundle different
+    protobuf/abseil builds); with it, either import order works."""
+    flags = _sys.getdlopenflags()
+    if hasattr(_os, "RTLD_DEEPBIND"):  # glibc; elsewhere load as usual
+        _sys.setdlopenflags(flags | _os.RTLD_DEEPBIND)
+    try:
+        import ortools.linear_solver.pywraplp  # noqa: F401
+        import ortools.sat.python.cp_model  # noqa: F401
+    finally:
+        _sys.setdlopenflags(flags)
+
+
+_load_ortools()
 
 from .errors import (PestoError, InvalidGraphError, CycleError, InvalidClusterError,
                      SchemaError, InvalidPlanError, InfeasibleError)

@@ -301,8 +301,6 @@ def favourite_children(prob: Problem, *, time_limit: float | None = None) -> tup
     n = prob.n
     fav_parent = [-1] * n
     solver = pywraplp.Solver.CreateSolver("GLOP")
-    # the dual simplex is 3x faster than the primal on these LPs
-    solver.SetSolverSpecificParametersAsString("use_dual_simplex: true")
     if time_limit:
         solver.SetTimeLimit(int(time_limit * 1000))
     inf = solver.infinity()
@@ -342,7 +340,13 @@ def favourite_children(prob: Problem, *, time_limit: float | None = None) -> tup
             solver.Add(solver.Sum(in_x[i]) >= len(in_x[i]) - 1)
     solver.Minimize(w)
     build = time.perf_counter() - t0
-    status = solver.Solve()
+    # The dual simplex is 3x faster than the primal on these LPs. Chosen as a
+    # typed parameter: GLOP's parameter *string* goes through OR-Tools' C++
+    # protobuf parser, which segfaults once TensorFlow is loaded (two protobuf
+    # runtimes in one process: how a Keras user calls pesto.solve).
+    params = pywraplp.MPSolverParameters()
+    params.SetIntegerParam(params.LP_ALGORITHM, params.DUAL)
+    status = solver.Solve(params)
     ok = status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
     child = [-1] * n
     for i, j in sole.items():

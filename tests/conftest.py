@@ -8,5 +8,6 @@ _here = os.path.dirname(os.path.abspath(__file__))
 if _here not in sys.path:
     sys.path.insert(0, _here)
 
-# OR-Tools before TensorFlow in every worker: the other order segfaults CP-SAT.
-import ortools.sat.python.cp_model  # noqa: E402,F401
+# pesto loads OR-Tools with RTLD_DEEPBIND (see pesto._load_ortools); a bare
+# OR-Tools import here first would load it without that.
+import pesto  # noqa: E402,F401

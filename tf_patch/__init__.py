@@ -5,14 +5,9 @@
 """
 from __future__ import annotations
 
-# OR-Tools' CP-SAT segfaults when TensorFlow (and its protobuf/absl) was
-# loaded first; loading OR-Tools first makes both work in one process.
-try:  # noqa: E402
-    import ortools.sat.python.cp_model  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
-
 import time
+
+import pesto  # noqa: F401  (loads OR-Tools so it works beside TensorFlow: pesto._load_ortools)
 
 from pesto.zoo import build_model
 

@@ -11,6 +11,12 @@
    Every edge is checked first: one that would close a cycle (a
    plan whose orders contradict the data flow across devices) raises
    :class:`pesto.CycleError` with the cycle, and nothing is changed.
+   A pair ``(a, b)`` where ``b`` feeds a consumer of ``a`` (at most two
+   hops down) is not chained either: TensorFlow's runtime fuses such ops
+   (oneDNN merges Conv2D + BiasAdd [+ Add + Relu] after the graph is handed
+   over), the edge would then run from the fused node into its own input, and
+   the step silently stops with ``Retval[0] does not have value`` (ResNet50,
+   one edge ``conv -> bias Reshape``) or hangs across devices.
 4. :func:`verify` creates a session with ``allow_soft_placement=False`` and
    grappler's reordering passes off (:func:`tf_patch.devices.session_config`),
    so TF's own placer accepts the placement or fails loudly.
@@ -39,6 +45,7 @@ class Applied:
     devices: dict = field(default_factory=dict)        # op -> TF device string
     control_edges: list = field(default_factory=list)  # (a, b): b waits for a
     skipped: int = 0                                   # consecutive pairs already ordered
+    fusion_guarded: int = 0                            # pairs left out: a fusion would make a cycle
     plan: object = None                                # the plan as applied (devices of this machine)
     note: str = ""                                     # how plan devices were mapped
     n_devices: int = 0                                 # devices a session needs
@@ -78,18 +85,23 @@ def _has_op(graph, name):
 def control_edges_for(graph, plan, *, max_bitset_ops: int = 60000):
     """The control edges enforcing ``plan.order`` on ``graph``.
 
-    Returns ``(edges, skipped)``. A consecutive pair (a, b) on a device is
-    skipped when a path a -> ... -> b exists already (reachability by
-    bitsets; for graphs over ``max_bitset_ops`` only direct edges are
-    detected). Raises CycleError if the edges would close a cycle.
+    Returns ``(edges, skipped, guarded)``. A consecutive pair (a, b) on a
+    device is skipped when a path a -> ... -> b exists already (reachability
+    by bitsets; for graphs over ``max_bitset_ops`` only direct edges are
+    detected), and guarded (left out) when ``b`` feeds one of ``a``'s
+    consumers up to two hops down (see the module docstring: a runtime
+    fusion would turn the edge into a cycle). Raises CycleError if the edges
+    would close a cycle.
     """
     ops = graph.get_operations()
     idx = {op.name: i for i, op in enumerate(ops)}
     succ = [set() for _ in ops]
+    data_succ = [set() for _ in ops]
     for op in ops:
         j = idx[op.name]
         for t in op.inputs:
             succ[idx[t.op.name]].add(j)
+            data_succ[idx[t.op.name]].add(j)
         for c in op.control_inputs:
             succ[idx[c.name]].add(j)
     topo = _toposort(succ, [op.name for op in ops])
@@ -101,7 +113,7 @@ def control_edges_for(graph, plan, *, max_bitset_ops: int = 60000):
             for j in succ[i]:
                 r |= reach[j] | (1 << j)
             reach[i] = r
-    edges, skipped = [], 0
+    edges, skipped, guarded = [], 0, 0
     # Sources (no inputs: variable handles, constants, placeholders) are left
     # out of the chains: they cost nothing, and an edge into a variable
     # handle would drag step ops into its initialiser's run.
@@ -112,13 +124,27 @@ def control_edges_for(graph, plan, *, max_bitset_ops: int = 60000):
             ia, ib = idx[a], idx[b]
             if ib in succ[ia] or (reach is not None and (reach[ia] >> ib) & 1):
                 skipped += 1
-                continue
-            edges.append((a, b))
+            elif _feeds_fusable(ia, ib, succ, reach, data_succ):
+                guarded += 1
+            else:
+                edges.append((a, b))
     # cycle check on the graph with the new edges
     for a, b in edges:
         succ[idx[a]].add(idx[b])
     _toposort(succ, [op.name for op in ops], what="graph with the plan's control edges")
-    return edges, skipped
+    return edges, skipped, guarded
+
+
+def _feeds_fusable(ia: int, ib: int, succ, reach, data_succ) -> bool:
+    """Does op ``ib`` reach a data consumer of ``ia``, or a consumer of one
+    (the ops a runtime fusion may merge ``ia`` with)? Without ``reach`` (a
+    huge graph) only direct inputs count."""
+    near = set(data_succ[ia])
+    for c in data_succ[ia]:
+        near.update(data_succ[c])
+    if reach is None:
+        return any(c in succ[ib] for c in near)
+    return any((reach[ib] >> c) & 1 for c in near)
 
 
 def _toposort(succ, names, what="tf graph"):
@@ -175,8 +201,8 @@ def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applie
     if missing:
         raise InvalidPlanError([f"plan places op {m!r} that is not in the tf.Graph" for m in missing[:20]])
     check_colocation(graph, plan.placement)
-    edges, skipped = control_edges_for(graph, plan) if order else ([], 0)
-    out = Applied(skipped=skipped, plan=plan, note=note, n_devices=needed)
+    edges, skipped, guarded = control_edges_for(graph, plan) if order else ([], 0, 0)
+    out = Applied(skipped=skipped, fusion_guarded=guarded, plan=plan, note=note, n_devices=needed)
     for name, dev in plan.placement.items():
         d = tf_device(dev)
         graph.get_operation_by_name(name)._set_device(d)
