@@ -65,6 +65,8 @@ def kernel(fn, n: int):
     """``fn`` itself, or its :func:`interpreted` twin for a problem of ``n`` ops
     when ``n < COMPILE_MIN_OPS`` and ``fn`` is neither compiled in this process
     nor cached on disk."""
+    if not isinstance(fn, Dispatcher):  # NUMBA_DISABLE_JIT: already plain Python
+        return fn
     if n >= COMPILE_MIN_OPS or fn.signatures or _cached_on_disk(fn):
         return fn
     return interpreted(fn)

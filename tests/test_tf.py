@@ -309,6 +309,28 @@ def test_measured_costs_from_run_metadata_and_its_chrome_trace(tiny):
     assert og.op("layer/MatMul").compute["CPU"] == costs["layer/MatMul"]
 
 
+def test_keras_step_with_measured_costs_solves_on_logical_cpus(keras_mlp):
+    """``costs="measured"``: this machine's kernel times (kind CPU), sizes and
+    weights as with grappler; the step still trains from the same weights."""
+    import pesto
+    model, x, y = keras_mlp
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.01), x, y, costs="measured", steps=2,
+                               warmup=1)
+    est = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.01), x, y)
+    assert sorted(op.type for op in step.graph.ops) == sorted(op.type for op in est.graph.ops)
+    assert all(set(op.compute) == {"CPU"} for op in step.graph.ops)
+    # 256 x 32 x 2048 MACs on a CPU core: far above grappler's V100 microseconds
+    cpu = max(op.compute["CPU"] for op in step.graph.ops if op.type == "MatMul")
+    assert cpu > max(op.compute["GPU"] for op in est.graph.ops if op.type == "MatMul")
+    assert sum(o.persistent_bytes for o in step.graph.ops) == sum(o.persistent_bytes for o in est.graph.ops)
+    plan = pesto.solve(step.graph, cluster=logical_cpus(2), time_limit=3, workers=1)
+    step.apply(plan)
+    assert np.isfinite(step.run(1)).all()
+    step.close()
+    est.close()
+
+
 def test_keras_step_trains_placed_with_the_eager_losses():
     import pesto
     tf.keras.utils.set_random_seed(0)

@@ -84,7 +84,10 @@ def function_opgraph(fn, *args, gpu: str = "v100", name: str | None = None, over
                            tensor_sizes=tensor_sizes)
 
 
-def _traced_opgraph(concrete, *, gpu, overhead, progress, name, on_unknown, tensor_sizes):
+def _traced_opgraph(concrete, *, gpu, overhead, progress, name, on_unknown, tensor_sizes, measured=None):
+    """Grappler's estimate for ``gpu`` gives output sizes (and, without
+    ``measured``, the costs); with ``measured`` (a Profile of this machine)
+    op costs are its times, kind "CPU"."""
     graph = concrete.graph
     fetches = list(concrete.outputs) + list(graph.control_outputs)
     sizes = variable_sizes(concrete)
@@ -93,6 +96,10 @@ def _traced_opgraph(concrete, *, gpu, overhead, progress, name, on_unknown, tens
     memory = {k: {"output_bytes": v["output_bytes"]} for k, v in prof.memory.items() if v.get("output_bytes")}
     for op, b in sizes.items():
         memory[op] = {**memory.get(op, {}), "persistent_bytes": b}
+    if measured is not None:
+        og = extract(graph, fetches, costs=measured.costs, kind="CPU", memory=memory, name=name,
+                     on_unknown=on_unknown, tensor_sizes=tensor_sizes)
+        return og, measured
     og = extract(graph, fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU", memory=memory,
                  name=name, on_unknown=on_unknown, tensor_sizes=tensor_sizes)
     return og, prof
@@ -183,19 +190,44 @@ class FunctionStep:
         empty; extraction refuses more than 1 %).
     """
 
-    def __init__(self, concrete, args, *, gpu: str = "v100", name: str = "step", n_devices: int = 2,
-                 on_unknown: str = "raise"):
-        self.graph, self.profile = _traced_opgraph(concrete, gpu=gpu, overhead=0.0, progress=False, name=name,
-                                                   on_unknown=on_unknown, tensor_sizes=None)
+    def __init__(self, concrete, args, *, costs: str = "v100", name: str = "step", n_devices: int = 2,
+                 on_unknown: str = "raise", steps: int = 5, warmup: int = 2):
         self.tf_graph, self.feed, self._init, self._reads, self._values = _rebuild(concrete, args)
         self._initial = dict(self._values)
         fetches = list(concrete.outputs) + list(concrete.graph.control_outputs)
-        ops = step_ops(concrete.graph, fetches)
-        self.unsized = unsized_tensors(ops, {op.name for op in ops})
         self.loss = concrete.outputs[0].name if concrete.outputs else None
         self.updates = [op.name for op in concrete.graph.control_outputs]
+        measured = self._measure(steps, warmup) if costs == "measured" else None
+        self.graph, self.profile = _traced_opgraph(concrete, gpu="v100" if measured else costs, overhead=0.0,
+                                                   progress=False, name=name, on_unknown=on_unknown,
+                                                   tensor_sizes=None, measured=measured)
+        ops = step_ops(concrete.graph, fetches)
+        self.unsized = unsized_tensors(ops, {op.name for op in ops})
         self.n_devices, self.plan, self.applied, self.note = n_devices, None, None, ""
         self._sess = None
+
+    def _initialise(self, sess) -> None:
+        feed = {ph: self._values[n] for n, (ph, _) in self._init.items()}
+        sess.run([op for _, op in self._init.values()], feed)
+
+    def _measure(self, steps: int, warmup: int):
+        """Profile of ``steps`` traced steps on one device and one thread
+        (each kernel timed alone, as :func:`tf_patch.model_opgraph` does), in a
+        session of its own: the step's variables are left as they were."""
+        import tensorflow as tf
+        from .devices import session_config
+        from .profile import measure
+
+        sess = tf.compat.v1.Session(graph=self.tf_graph, config=session_config(1, inter_op=1))
+        try:
+            self._initialise(sess)
+            return measure(graph=self.tf_graph, fetches=self._fetches(), feed_fn=lambda s: self.feed,
+                           session=sess, steps=steps, warmup=warmup, progress=False)
+        finally:
+            sess.close()
+
+    def _fetches(self) -> list:
+        return ([self.loss] if self.loss else []) + self.updates
 
     def _session(self):
         import tensorflow as tf
@@ -204,16 +236,14 @@ class FunctionStep:
         if self._sess is None:
             self._sess = tf.compat.v1.Session(graph=self.tf_graph,
                                               config=session_config(self.n_devices, kind=detect(self.n_devices)[0]))
-            feed = {ph: self._values[n] for n, (ph, _) in self._init.items()}
-            self._sess.run([op for _, op in self._init.values()], feed)
+            self._initialise(self._sess)
         return self._sess
 
     def run(self, steps: int = 1) -> list[float]:
         """Train ``steps`` steps on the example batch; the losses."""
         sess, out = self._session(), []
-        fetches = ([self.loss] if self.loss else []) + self.updates
         for _ in range(steps):
-            res = sess.run(fetches, self.feed)
+            res = sess.run(self._fetches(), self.feed)
             out.append(float(res[0]) if self.loss else float("nan"))
         return out
 
@@ -255,8 +285,7 @@ class FunctionStep:
 
         md = tf.compat.v1.RunMetadata()
         opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        self._session().run(([self.loss] if self.loss else []) + self.updates, self.feed, options=opts,
-                            run_metadata=md)
+        self._session().run(self._fetches(), self.feed, options=opts, run_metadata=md)
         return trace_check(md, self.plan, self.applied)
 
     def close(self) -> None:
@@ -265,17 +294,24 @@ class FunctionStep:
             self._sess = None
 
 
-def function_step(fn, *args, gpu: str = "v100", name: str | None = None, n_devices: int = 2,
-                  on_unknown: str = "raise") -> FunctionStep:
+def function_step(fn, *args, costs: str = "v100", name: str | None = None, n_devices: int = 2,
+                  on_unknown: str = "raise", steps: int = 5, warmup: int = 2) -> FunctionStep:
     """A :class:`FunctionStep` of ``fn(*args)`` (``fn`` a tf.function or a
-    Python function; ``args`` the example batch it trains on)."""
-    return FunctionStep(_concrete(fn, args), args, gpu=gpu, name=name or getattr(fn, "__name__", "step"),
-                        n_devices=n_devices, on_unknown=on_unknown)
+    Python function; ``args`` the example batch it trains on).
+
+    ``costs``: a GPU name ("v100", "a100", "h100") for grappler's analytical
+    costs (op kind "GPU": solve with ``gpus=k``), or "measured" for median
+    times of ``steps`` traced steps on this machine, one device and one thread
+    (op kind "CPU": solve on ``pesto.logical_cpus(k)``)."""
+    return FunctionStep(_concrete(fn, args), args, costs=costs, name=name or getattr(fn, "__name__", "step"),
+                        n_devices=n_devices, on_unknown=on_unknown, steps=steps, warmup=warmup)
 
 
-def keras_step(model, loss, optimizer, x, y, *, gpu: str = "v100", name: str | None = None,
-               n_devices: int = 2) -> FunctionStep:
+def keras_step(model, loss, optimizer, x, y, *, costs: str = "v100", name: str | None = None,
+               n_devices: int = 2, steps: int = 5, warmup: int = 2) -> FunctionStep:
     """A :class:`FunctionStep` of the usual Keras training step
-    (:func:`train_step`) on the batch ``(x, y)``."""
-    return function_step(train_step(model, loss, optimizer), x, y, gpu=gpu,
-                         name=name or getattr(model, "name", "keras"), n_devices=n_devices)
+    (:func:`train_step`) on the batch ``(x, y)``; ``costs`` as in
+    :func:`function_step`."""
+    return function_step(train_step(model, loss, optimizer), x, y, costs=costs,
+                         name=name or getattr(model, "name", "keras"), n_devices=n_devices, steps=steps,
+                         warmup=warmup)
