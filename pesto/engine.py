@@ -49,8 +49,9 @@ import numpy as np
 from numba import njit
 
 from .errors import InvalidPlanError
-from . import kernels
-from .kernels import FlatArrays, csr, kernel
+from .cluster import gpus
+from .graph import OpGraph
+from .kernels import FlatArrays, compiled, csr, kernel, placed_ranks
 from .problem import Problem
 
 __all__ = ["Run", "replay", "Timeline", "POLICIES", "LINK_MODELS", "INSERTION_SCAN"]
@@ -314,18 +315,13 @@ def warm_up() -> None:
     """Compile every kernel once and write numba's on-disk cache (what
     ``make install`` runs), so that no later solve pays the compile inside its
     time limit."""
-    from .cluster import gpus
-    from .graph import OpGraph
     g = OpGraph.from_edges({"a": 1, "b": 2, "c": 3}, [("a", "b", 8), ("a", "c", 8)])
     prob = Problem.of(g, gpus(2))
-    saved, kernels.COMPILE_MIN_OPS = kernels.COMPILE_MIN_OPS, 0
-    try:
+    with compiled():
         for links in ("fcfs", "free"):
             replay(prob, [0, 0, 1], links=links)
-        replay(prob, [0, 1, 1], policy="priority", priority=kernels.placed_ranks(prob, [0, 1, 1]))
+        replay(prob, [0, 1, 1], policy="priority", priority=placed_ranks(prob, [0, 1, 1]))
         replay(prob, [0, 0, 1], policy="order", order=[[0, 1], [2]])
-    finally:
-        kernels.COMPILE_MIN_OPS = saved
 
 
 def _order_array(order, d: np.ndarray, q_ptr: np.ndarray, n: int, nd: int) -> np.ndarray:

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 import types
+from contextlib import contextmanager
 
 import numpy as np
 from numba import njit
 from numba.core.dispatcher import Dispatcher
 
-__all__ = ["csr", "FlatArrays", "placed_ranks", "kernel", "interpreted", "COMPILE_MIN_OPS"]
+__all__ = ["csr", "FlatArrays", "placed_ranks", "kernel", "interpreted", "compiled", "COMPILE_MIN_OPS"]
 
 #: Below this many ops an uncompiled kernel runs as Python rather than
 #: compiling (a replay of 400 ops in Python takes a few ms; compiling, seconds).
@@ -52,6 +53,18 @@ def interpreted(fn):
             if isinstance(value, Dispatcher):
                 env[name] = interpreted(value)
     return twin
+
+
+@contextmanager
+def compiled():
+    """Within it, :func:`kernel` always picks the compiled kernel (what
+    :func:`pesto.engine.warm_up` uses to fill the cache)."""
+    global COMPILE_MIN_OPS
+    saved, COMPILE_MIN_OPS = COMPILE_MIN_OPS, 0
+    try:
+        yield
+    finally:
+        COMPILE_MIN_OPS = saved
 
 
 def _cached_on_disk(fn) -> bool:
