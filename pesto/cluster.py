@@ -403,7 +403,10 @@ def _network(net) -> Network:
 
 
 def _intra_routes(names, intra):
-    """Routes between the GPUs of one host: NVLink pairs or one PCIe switch."""
+    """Routes between the devices of one host: NVLink pairs, one PCIe switch,
+    or a point-to-point link per pair with a given ``(beta0, beta1)``."""
+    if isinstance(intra, tuple):
+        return _p2p(names, intra, "mem")
     if intra == "nvlink":
         return _p2p(names, NVLINK_GG, "nvlink")
     if intra == "pcie":
@@ -411,13 +414,15 @@ def _intra_routes(names, intra):
     raise InvalidClusterError(f"unknown intra-host link {intra!r}; known: 'nvlink', 'pcie'")
 
 
-def hosts(n_hosts: int = 2, gpus_per_host: int = 2, net="25gbe", *, intra: str = "nvlink",
-          memory: int = 16 * GiB, with_cpu: bool = False, cpu_memory: int = 64 * GiB,
+def hosts(n_hosts: int = 2, gpus_per_host: int = 2, net="25gbe", *, intra: str | tuple = "nvlink",
+          memory: int = 16 * GiB, with_cpu: bool = False, cpu_memory: int = 64 * GiB, kind: str = "GPU",
           replica: bool = True, contention_free: bool = False, name: str | None = None) -> Cluster:
     """``n_hosts`` hosts of ``gpus_per_host`` V100s, TensorFlow task ``h`` per host.
 
-    Inside a host: NVLink pairs (``intra="nvlink"``, paper fit) or one PCIe
-    switch (``"pcie"``, Celeritas fit). Between hosts every transfer holds the
+    Inside a host: NVLink pairs (``intra="nvlink"``, paper fit), one PCIe
+    switch (``"pcie"``, Celeritas fit) or a measured ``(beta0, beta1)`` per
+    pair (e.g. logical CPU devices, ``kind="CPU"``, as :mod:`tf_patch.distributed`
+    runs them without GPUs). Between hosts every transfer holds the
     sender host's ``nic_out:h`` and the receiver host's ``nic_in:o`` link, so
     the GPUs of a host share its NIC, each direction separately (full duplex),
     at the fit of ``net``: a :class:`Network` or a name in :data:`NETWORKS`
@@ -439,8 +444,11 @@ def hosts(n_hosts: int = 2, gpus_per_host: int = 2, net="25gbe", *, intra: str =
     if n_hosts < 1 or gpus_per_host < 1:
         raise InvalidClusterError(f"hosts({n_hosts}, gpus_per_host={gpus_per_host}): need at least one of each")
     fit = _network(net)
-    per = [[task_device(h, "GPU", k, replica=replica) for k in range(gpus_per_host)] for h in range(n_hosts)]
-    devs = [Device(n, "GPU", memory) for hs in per for n in hs]
+    if kind not in ("GPU", "CPU") or (kind == "CPU" and with_cpu):
+        raise InvalidClusterError(f"hosts(kind={kind!r}, with_cpu={with_cpu}): kind is 'GPU' (with or without "
+                                  "a CPU per host) or 'CPU' (the host's logical CPU devices only)")
+    per = [[task_device(h, kind, k, replica=replica) for k in range(gpus_per_host)] for h in range(n_hosts)]
+    devs = [Device(n, kind, memory) for hs in per for n in hs]
     routes = []
     for hs in per:
         routes += _intra_routes(hs, intra) if len(hs) > 1 else []
