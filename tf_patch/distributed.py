@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from pesto.errors import InvalidPlanError, PestoError
@@ -306,6 +307,21 @@ class LocalServers:
         cfg.isolate_session_state = True
         return cfg
 
+    def close_session(self, sess) -> None:
+        """Close a session on these servers without waiting on a dead one: with a
+        server gone TF's close waits ``op_timeout`` for it, so it runs in a
+        daemon thread (it ends when :meth:`close` stops the master)."""
+        def close():
+            try:
+                sess.close()
+            except Exception:  # noqa: BLE001  (its remote state died with its server)
+                pass
+
+        if self.dead():
+            threading.Thread(target=close, name="pesto-session-close", daemon=True).start()
+        else:
+            close()
+
     def dead(self) -> list[tuple[int, int]]:
         """``(task, exit code)`` of every server that is no longer running."""
         return [(t, p.returncode) for t, p in enumerate(self.procs) if p.poll() is not None]
@@ -425,10 +441,7 @@ def run_on_servers(build, plan, servers: LocalServers, *, steps: int = 5, timed:
     except tf.errors.OpError as exc:
         raise servers.lost(exc) from exc
     finally:
-        try:
-            sess.close()
-        except tf.errors.OpError:
-            pass  # the session's remote state died with its server
+        servers.close_session(sess)
     return RunResult(losses, statistics.median(times) if times else float("nan"), times, applied, checked)
 
 
@@ -502,7 +515,7 @@ def fit_task_transfers(servers: LocalServers, *, src=(0, 0), dst=(1, 0), sizes=(
     except tf.errors.OpError as exc:
         raise servers.lost(exc) from exc
     finally:
-        sess.close()
+        servers.close_session(sess)
     return fit_line(list(sizes), times)
 
 
