@@ -386,12 +386,14 @@ def task_plan(plan, servers: LocalServers):
 def apply_on_servers(graph, plan, servers: LocalServers, *, order: bool = True):
     """:func:`tf_patch.apply_plan` with the plan on ``servers``' task devices.
 
-    Returns the :class:`tf_patch.apply.Applied`; ``Applied.note`` also counts
-    the graph's control edges between tasks (TF sends them as it sends tensors).
+    Returns the :class:`tf_patch.apply.Applied`, with ``cross_task``: the
+    graph's control edges between tasks once placed (TF sends them as it
+    sends tensors), counted in ``Applied.note``.
     """
     applied = apply_plan(graph, task_plan(plan, servers), order=order)
+    applied.cross_task = cross_task_control_edges(graph)
     applied.note = f"on {servers.n_tasks} tasks x {servers.devices_per_task} {servers.kind} devices; " \
-                   f"{len(cross_task_control_edges(graph))} control edges cross tasks"
+                   f"{len(applied.cross_task)} control edges cross tasks"
     return applied
 
 
