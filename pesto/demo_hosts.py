@@ -73,8 +73,8 @@ def main(argv=None) -> int:
 def _run(args, servers) -> int:
     from pesto.zoo import build_model
     from tf_patch.commfit import fit_transfers
-    from tf_patch.distributed import fit_task_transfers, run_on_servers
-    from tf_patch.pipeline import profile_model, run_placed
+    from tf_patch.distributed import fit_task_transfers, run_on_servers, single_process_losses
+    from tf_patch.pipeline import profile_model
 
     def build():
         return build_model(args.model, args.preset, seed=args.seed)
@@ -99,7 +99,7 @@ def _run(args, servers) -> int:
     one = simulate(graph, cluster, {o: cluster.names[0] for o in graph.names}).makespan
     print(f"[4/5] training {args.steps} steps on the servers, then the same model in one process...")
     res = run_on_servers(build, plan, servers, steps=args.steps, timed=10, trace=True)
-    single = run_placed(build, None, n_devices=1, steps=args.steps, timed=0)
+    single = single_process_losses(build, args.steps, servers.kind)
     return 0 if _report(plan, res, single, one, servers) else 1
 
 
@@ -120,12 +120,11 @@ def _report(plan, res, single, one_device_us, servers) -> bool:
           "order violations")
     print(f"  step time: predicted {plan.makespan / 1000:.3f} ms (all on one device: {one_device_us / 1000:.3f} ms), "
           f"measured {res.step_us / 1000:.3f} ms (median of {len(res.step_times)})")
-    worst = max(abs(a - b) for a, b in zip(res.losses, single.losses))
-    same = worst <= 1e-6 * max(1.0, max(abs(v) for v in single.losses))
+    worst = max(abs(a - b) for a, b in zip(res.losses, single))
+    same = worst <= 1e-6 * max(1.0, max(abs(v) for v in single))
     print(f"  losses, {servers.n_tasks} hosts: " + ", ".join(f"{v:.4f}" for v in res.losses[:3])
           + f" ... {res.losses[-1]:.4f}")
-    print(f"  losses, one process: " + ", ".join(f"{v:.4f}" for v in single.losses[:3])
-          + f" ... {single.losses[-1]:.4f}")
+    print("  losses, one process: " + ", ".join(f"{v:.4f}" for v in single[:3]) + f" ... {single[-1]:.4f}")
     print(f"  {'equal' if same else 'DIFFERENT'}: largest difference {worst:.2e} over {len(res.losses)} steps")
     if servers.kind == "CPU":
         print("  (logical CPU devices and local servers share this machine's cores and talk gRPC over\n"

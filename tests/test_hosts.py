@@ -120,6 +120,21 @@ def test_solver_keeps_transfers_inside_a_host_on_a_slow_network():
     assert simulate(g, slow, plan).makespan <= simulate(g, slow, {o: slow.names[0] for o in g.names}).makespan
 
 
+def test_bench_hosts_counts_hosts_and_nic_bytes():
+    from benchmarks.bench_hosts import measure, network_lines
+
+    c = hosts(2, 2, "25gbe")
+    g = _fan_out()
+    m = measure(g, c, {"a": c.names[0], "b0": c.names[1], "b1": c.names[3]}, None)
+    assert m["hosts_used"] == 2 and m["ops_per_host"] == "2/1"
+    assert m["nic_mb"] == pytest.approx(4.0)  # only b1's tensor crosses hosts
+    assert m["step_ms"] == pytest.approx(simulate(g, c, {"a": c.names[0], "b0": c.names[1],
+                                                         "b1": c.names[3]}).makespan / 1000)
+    rows = [{"graph": "g", "cluster": "2x2", "net": net, "placer": "pesto", **m} for net in ("25gbe", "ib_hdr")]
+    (line,) = network_lines(rows)
+    assert line.startswith("- g on 2x2: 25gbe: 2 host(s) used (ops per host 2/1), 4.0 MB")
+
+
 # -- a local cluster of tf.distribute.Servers ----------------------------------------
 try:
     import tensorflow as tf
@@ -128,7 +143,7 @@ except ImportError:  # the cluster tests above still run
 from pesto.zoo import build_model  # noqa: E402
 from solver import get_placer  # noqa: E402
 from tf_patch.distributed import (LocalServers, PortInUseError, ServerStartError, WorkerLostError,  # noqa: E402
-                                  free_ports, run_on_servers, task_plan)
+                                  free_ports, run_on_servers, single_process_losses, task_plan)
 from tf_patch.extract import extract  # noqa: E402
 from tf_patch.pipeline import run_placed  # noqa: E402
 
@@ -169,8 +184,10 @@ def plan():
 @needs_tf
 def test_losses_equal_single_process_and_nothing_off_plan(servers, plan):
     res = run_on_servers(_build, plan, servers, steps=4, timed=2, trace=True)
-    single = run_placed(_build, None, n_devices=1, steps=4, timed=0)
-    assert res.losses == pytest.approx(single.losses, rel=1e-6, abs=1e-7)
+    single = single_process_losses(_build, 4, servers.kind)
+    assert res.losses == pytest.approx(single, rel=1e-6, abs=1e-7)
+    if not tf.config.list_physical_devices("GPU"):  # then run_placed's default device is this CPU too
+        assert single == pytest.approx(run_placed(_build, None, n_devices=1, steps=4, timed=0).losses, rel=1e-6)
     tr = res.trace
     assert tr["misplaced"] == [] and tr["order_violations"] == []
     assert tr["traced"] > 0.9 * len(plan.placement) and tr["checked_edges"] > 0

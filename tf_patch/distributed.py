@@ -55,7 +55,7 @@ from .traces import step_times
 
 __all__ = ["DistributedError", "PortInUseError", "ServerStartError", "WorkerLostError", "LocalServers",
            "free_ports", "task_device_name", "task_plan", "apply_on_servers", "run_on_servers",
-           "trace_check_tasks", "fit_task_transfers"]
+           "trace_check_tasks", "fit_task_transfers", "single_process_losses"]
 
 
 class DistributedError(PestoError, RuntimeError):
@@ -445,6 +445,21 @@ def run_on_servers(build, plan, servers: LocalServers, *, steps: int = 5, timed:
     finally:
         servers.close_session(sess)
     return RunResult(losses, statistics.median(times) if times else float("nan"), times, applied, checked)
+
+
+def single_process_losses(build, steps: int, kind: str = "CPU") -> list[float]:
+    """Losses of ``steps`` steps of a fresh model in this process, the reference
+    for a distributed run: on one CPU device when the servers run on CPUs
+    (even where this process sees a GPU), on TF's default device otherwise."""
+    import tensorflow as tf
+
+    model = build()
+    if kind == "CPU":
+        for op in model.graph.get_operations():
+            op._set_device("/device:CPU:0")
+    with tf.compat.v1.Session(graph=model.graph, config=session_config(1, kind=kind)) as sess:
+        sess.run(model.init_op)
+        return [float(sess.run(model.fetches, model.feed_fn(s))[1]) for s in range(steps)]
 
 
 def _canon(name: str) -> str:
