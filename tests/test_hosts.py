@@ -143,7 +143,8 @@ except ImportError:  # the cluster tests above still run
 from pesto.zoo import build_model  # noqa: E402
 from solver import get_placer  # noqa: E402
 from tf_patch.distributed import (LocalServers, PortInUseError, ServerStartError, WorkerLostError,  # noqa: E402
-                                  free_ports, run_on_servers, single_process_losses, task_plan)
+                                  free_ports, run_on_servers, run_step_on_servers, single_process_losses,
+                                  task_plan)
 from tf_patch.extract import extract  # noqa: E402
 from tf_patch.pipeline import run_placed  # noqa: E402
 
@@ -198,6 +199,30 @@ def test_losses_equal_single_process_and_nothing_off_plan(servers, plan):
 
 @pytest.mark.tf
 @needs_tf
+def test_keras_step_on_servers_matches_local_run(servers):
+    import numpy as np
+
+    def step():
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="relu"),
+                                     tf.keras.layers.Dense(3)])
+        x, y = np.random.RandomState(0).rand(16, 4).astype("float32"), np.arange(16) % 3
+        return tf_patch.keras_step(model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                   tf.keras.optimizers.SGD(0.1), x, y, n_devices=1)
+
+    local = step()
+    want = local.run(3)
+    local.close()
+    placed = step()
+    plan = get_placer("m-etf")(placed.graph, hosts(2, 2, "25gbe"))
+    losses, tr = run_step_on_servers(placed, plan, servers, steps=3)
+    assert losses == pytest.approx(want, rel=1e-6)
+    assert tr["misplaced"] == [] and tr["order_violations"] == [] and tr["traced"] > 0
+    assert all("task:" in d for d in placed.applied.devices.values())
+
+
+@pytest.mark.tf
+@needs_tf
 def test_task_plan_maps_short_names_and_rejects_missing_devices(servers, plan):
     flat = plan.replace(placement={o: f"/GPU:{i % 4}" for i, o in enumerate(plan.placement)}, order={})
     on = task_plan(flat, servers)
@@ -206,6 +231,11 @@ def test_task_plan_maps_short_names_and_rejects_missing_devices(servers, plan):
                             order={})
     with pytest.raises(InvalidPlanError, match="task:5"):
         task_plan(too_many, servers)
+    # a task's CPU:0 and GPU:k on CPU servers: the GPUs move up one logical device
+    t1 = [task_device(1, "CPU", 0), task_device(1, "GPU", 0)]
+    mixed = plan.replace(placement={o: t1[i % 2] for i, o in enumerate(plan.placement)}, order={})
+    if servers.kind == "CPU":
+        assert sorted(set(task_plan(mixed, servers).placement.values())) == [servers.device(1, 0), servers.device(1, 1)]
 
 
 @pytest.mark.tf

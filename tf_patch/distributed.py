@@ -55,7 +55,8 @@ from .traces import step_times
 
 __all__ = ["DistributedError", "PortInUseError", "ServerStartError", "WorkerLostError", "LocalServers",
            "free_ports", "task_device_name", "task_plan", "apply_on_servers", "run_on_servers",
-           "trace_check_tasks", "fit_task_transfers", "single_process_losses"]
+           "trace_check_tasks", "fit_task_transfers", "single_process_losses",
+           "run_step_on_servers"]
 
 
 class DistributedError(PestoError, RuntimeError):
@@ -351,27 +352,31 @@ class LocalServers:
         return WorkerLostError(self._lost_text(gone, first[0][:200] if first else type(exc).__name__))
 
 
-def task_device_name(name: str, kind: str) -> str:
+def task_device_name(name: str, kind: str, shift: int = 0) -> str:
     """A task-qualified device name with its device kind set to ``kind``
-    (``GPU:k`` becomes ``CPU:k`` on a server without GPUs)."""
+    (``GPU:k`` becomes ``CPU:k+shift`` on a server without GPUs)."""
     m = _TASK.search(name)
     if not m:
         raise InvalidPlanError([f"device {name!r} names no task (expected /job:J/replica:R/task:T/device:KIND:K)"])
-    return f"/job:{m.group(1)}/replica:{m.group(2) or 0}/task:{m.group(3)}/device:{kind}:{m.group(5)}"
+    k = int(m.group(5)) + (shift if m.group(4).upper() == "GPU" and kind == "CPU" else 0)
+    return f"/job:{m.group(1)}/replica:{m.group(2) or 0}/task:{m.group(3)}/device:{kind}:{k}"
 
 
 def task_plan(plan, servers: LocalServers):
     """``plan`` with its devices renamed onto ``servers``.
 
     Task-qualified names keep their task and index and take the servers'
-    device kind; short names (``/GPU:g``) go to task ``g // devices_per_task``,
-    device ``g % devices_per_task`` in order. Raises InvalidPlanError when a
-    device is not on the servers.
+    device kind (a task's ``GPU:k`` becomes ``CPU:k+1`` on CPU servers when
+    the plan also uses that task's ``CPU:0``); short names (``/GPU:g``) go to
+    task ``g // devices_per_task``, device ``g % devices_per_task`` in order.
+    Raises InvalidPlanError when a device is not on the servers.
     """
     k, have = servers.devices_per_task, set(servers.devices)
     used = sorted(set(plan.placement.values()))
     short = [d for d in used if _SHORT.match(d)]
-    to = {d: task_device_name(d, servers.kind) for d in used if d not in short}
+    cpu0 = {m.group(3) for d in used if (m := _TASK.search(d)) and m.group(4).upper() == "CPU" and m.group(5) == "0"}
+    to = {d: task_device_name(d, servers.kind, 1 if _TASK.search(d) and _TASK.search(d).group(3) in cpu0 else 0)
+          for d in used if d not in short}
     for g, d in enumerate(sorted(short, key=lambda s: (s.upper().startswith("/CPU"), int(s.rsplit(":", 1)[1])))):
         to[d] = servers.device(g // k, g % k)
     bad = sorted(f"plan device {d!r} -> {v!r} is not on the servers ({servers.n_tasks} tasks x {k} devices)"
@@ -445,6 +450,39 @@ def run_on_servers(build, plan, servers: LocalServers, *, steps: int = 5, timed:
     finally:
         servers.close_session(sess)
     return RunResult(losses, statistics.median(times) if times else float("nan"), times, applied, checked)
+
+
+def run_step_on_servers(step, plan, servers: LocalServers, *, steps: int = 5, trace: bool = True):
+    """Train a Keras / ``tf.function`` step (:class:`tf_patch.FunctionStep`)
+    placed by ``plan`` on ``servers`` from the step's current variable values.
+
+    Returns ``(losses, trace)`` (:func:`trace_check_tasks`, or None); sets
+    ``step.applied``. The step's own session is closed first; it is not
+    updated by this run (read the values from a new local run, as before).
+    """
+    import tensorflow as tf
+
+    values = step.values()
+    step.close()
+    step.applied = apply_on_servers(step.tf_graph, plan, servers)
+    step.plan, step.note = step.applied.plan, step.applied.note
+    fetches = ([step.loss] if step.loss else []) + step.updates
+    servers.check_alive()
+    sess = tf.compat.v1.Session(servers.target, graph=step.tf_graph, config=servers.session_config())
+    try:
+        sess.run([op for _, op in step._init.values()], {ph: values[n] for n, (ph, _) in step._init.items()})
+        losses = [float(sess.run(fetches, step.feed)[0]) if step.loss else float("nan") for _ in range(steps)]
+        checked = None
+        if trace:
+            md = tf.compat.v1.RunMetadata()
+            opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+            sess.run(fetches, step.feed, options=opts, run_metadata=md)
+            checked = trace_check_tasks(md, step.applied)
+    except tf.errors.OpError as exc:
+        raise servers.lost(exc) from exc
+    finally:
+        servers.close_session(sess)
+    return losses, checked
 
 
 def single_process_losses(build, steps: int, kind: str = "CPU") -> list[float]:
