@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 MODEL ?= rnnlm
 GPUS ?= 2
 STEPS ?= 20
+HOSTS ?=
 
 .PHONY: install test demo bench bench-quick train clean
 
@@ -24,7 +25,7 @@ test: install
 	$(BIN)/python -m pytest -n 2 -q
 
 demo: install
-	$(BIN)/python -m pesto.demo --gpus $(GPUS)
+	$(if $(HOSTS),$(BIN)/python -m pesto.demo_hosts --hosts $(HOSTS),$(BIN)/python -m pesto.demo --gpus $(GPUS))
 
 train: install
 	$(BIN)/python -m pesto.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS)

@@ -19,7 +19,7 @@ import sys
 import time
 
 AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_exact", "bench_tf", "bench_bound",
-                   "bench_ablation", "bench_scale", "bench_expert", "bench_keras")
+                   "bench_ablation", "bench_scale", "bench_expert", "bench_keras", "bench_hosts")
 
 
 def _call_main(module_name: str) -> int:

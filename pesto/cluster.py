@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -39,7 +40,8 @@ VERSION = 1
 GiB = 1 << 30
 
 __all__ = ["Device", "Route", "Cluster", "v100x2_nvlink", "v100x4_pcie", "gpus",
-           "logical_cpus", "heterogeneous", "two_hosts", "PRESETS", "preset", "GiB"]
+           "logical_cpus", "heterogeneous", "two_hosts", "hosts", "NETWORKS", "Network", "task_device",
+           "PRESETS", "preset", "GiB"]
 
 # Published fits (Pesto paper section 5.1; Celeritas for PCIe), µs and µs/byte.
 NVLINK_GG = (40.77, 2.0757e-5)
@@ -47,6 +49,41 @@ NVLINK_CG = (7.0, 7.7778e-5)
 PCIE_GG = (5.581, 1.00244e-4)
 # Inter-host 10 GbE-class link: 1.25 GB/s and ~30 µs latency.
 NIC = (30.0, 8.0e-4)
+
+
+@dataclass(frozen=True)
+class Network:
+    """A named inter-host network fit: ``beta0`` µs + ``beta1`` µs/byte, and where it comes from."""
+
+    name: str
+    beta0: float
+    beta1: float
+    source: str
+
+    @property
+    def beta(self) -> tuple:
+        return (self.beta0, self.beta1)
+
+    @property
+    def gbit_s(self) -> float:
+        """Bandwidth in Gbit/s (8e-3 / beta1: 1 µs/byte is 8 Mbit/s)."""
+        return 8e-3 / self.beta1
+
+
+# Bandwidth is the line rate (an upper bound: TCP/gRPC framing takes ~5% more,
+# a real job's fit comes from tf_patch.commfit); latency is the one-way
+# small-message figure of the usual transport on that fabric.
+NETWORKS = {
+    "10gbe": Network("10gbe", *NIC, "10 Gb/s line rate (IEEE 802.3ae), ~30 µs one-way kernel TCP; "
+                     "the fit two_hosts() always used"),
+    "25gbe": Network("25gbe", 25.0, 8 / 25e3, "25 Gb/s line rate (IEEE 802.3by 25GBASE-R) = 3.125 GB/s; "
+                     "25 µs one-way: kernel TCP small-message latency on a 25 GbE NIC and switch"),
+    "100gbe": Network("100gbe", 10.0, 8 / 100e3, "100 Gb/s line rate (IEEE 802.3bj 100GBASE-CR4) = 12.5 GB/s; "
+                      "10 µs one-way: kernel TCP on a 100 GbE NIC with interrupt moderation off"),
+    "ib_hdr": Network("ib_hdr", 2.0, 8 / 200e3, "InfiniBand HDR 4x, 200 Gb/s (InfiniBand Trade Association "
+                      "spec vol. 2 rel. 1.4) = 25 GB/s; 2 µs one-way: RDMA verbs (NVIDIA ConnectX-6 brief: "
+                      "<0.6 µs port to port) plus host and switch"),
+}
 
 
 @dataclass(frozen=True)
@@ -346,31 +383,95 @@ def heterogeneous(*, with_cpu: bool = True) -> Cluster:
     return Cluster(devs, routes, name="heterogeneous")
 
 
+def task_device(task: int, kind: str, k: int, *, job: str = "worker", replica: bool = True) -> str:
+    """TensorFlow's task-qualified device name.
+
+    Examples
+    --------
+    >>> task_device(1, "GPU", 0)
+    '/job:worker/replica:0/task:1/device:GPU:0'
+    """
+    return f"/job:{job}" + ("/replica:0" if replica else "") + f"/task:{task}/device:{kind}:{k}"
+
+
+def _network(net) -> Network:
+    if isinstance(net, Network):
+        return net
+    if net in NETWORKS:
+        return NETWORKS[net]
+    raise InvalidClusterError(f"unknown network {net!r}; known: {sorted(NETWORKS)} or a pesto.cluster.Network")
+
+
+def _intra_routes(names, intra):
+    """Routes between the devices of one host: NVLink pairs, one PCIe switch,
+    or a point-to-point link per pair with a given ``(beta0, beta1)``."""
+    if isinstance(intra, tuple):
+        return _p2p(names, intra, "mem")
+    if intra == "nvlink":
+        return _p2p(names, NVLINK_GG, "nvlink")
+    if intra == "pcie":
+        return [Route(a, b, (f"up:{a}", f"down:{b}"), *PCIE_GG) for a in names for b in names if a != b]
+    raise InvalidClusterError(f"unknown intra-host link {intra!r}; known: 'nvlink', 'pcie'")
+
+
+def hosts(n_hosts: int = 2, gpus_per_host: int = 2, net="25gbe", *, intra: str | tuple = "nvlink",
+          memory: int = 16 * GiB, with_cpu: bool = False, cpu_memory: int = 64 * GiB, kind: str = "GPU",
+          replica: bool = True, contention_free: bool = False, name: str | None = None) -> Cluster:
+    """``n_hosts`` hosts of ``gpus_per_host`` V100s, TensorFlow task ``h`` per host.
+
+    Inside a host: NVLink pairs (``intra="nvlink"``, paper fit), one PCIe
+    switch (``"pcie"``, Celeritas fit) or a measured ``(beta0, beta1)`` per
+    pair (e.g. logical CPU devices, ``kind="CPU"``, as :mod:`tf_patch.distributed`
+    runs them without GPUs). Between hosts every transfer holds the
+    sender host's ``nic_out:h`` and the receiver host's ``nic_in:o`` link, so
+    the GPUs of a host share its NIC, each direction separately (full duplex),
+    at the fit of ``net``: a :class:`Network` or a name in :data:`NETWORKS`
+    (``"10gbe"``, ``"25gbe"``, ``"100gbe"``, ``"ib_hdr"``). With ``with_cpu``
+    each host also has its ``CPU:0`` (behind its GPUs' PCIe lanes).
+
+    Device names are TensorFlow's: ``/job:worker/replica:0/task:h/device:GPU:k``.
+
+    Examples
+    --------
+    >>> c = hosts(2, gpus_per_host=2, net="100gbe")
+    >>> c.names[2]
+    '/job:worker/replica:0/task:1/device:GPU:0'
+    >>> c.route(c.names[0], c.names[3]).links
+    ('nic_out:0', 'nic_in:1')
+    >>> round(c.transfer_time(c.names[0], c.names[3], 1_000_000), 1)   # 10 µs + 1 MB at 12.5 GB/s
+    90.0
+    """
+    if n_hosts < 1 or gpus_per_host < 1:
+        raise InvalidClusterError(f"hosts({n_hosts}, gpus_per_host={gpus_per_host}): need at least one of each")
+    fit = _network(net)
+    if kind not in ("GPU", "CPU") or (kind == "CPU" and with_cpu):
+        raise InvalidClusterError(f"hosts(kind={kind!r}, with_cpu={with_cpu}): kind is 'GPU' (with or without "
+                                  "a CPU per host) or 'CPU' (the host's logical CPU devices only)")
+    per = [[task_device(h, kind, k, replica=replica) for k in range(gpus_per_host)] for h in range(n_hosts)]
+    devs = [Device(n, kind, memory) for hs in per for n in hs]
+    routes = []
+    for hs in per:
+        routes += _intra_routes(hs, intra) if len(hs) > 1 else []
+    if with_cpu:
+        for h, hs in enumerate(per):
+            cpu = task_device(h, "CPU", 0, replica=replica)
+            devs.append(Device(cpu, "CPU", cpu_memory))
+            routes += _host_routes(cpu, hs, NVLINK_CG)
+            per[h] = hs + [cpu]
+    for h, hs in enumerate(per):
+        for o, os_ in enumerate(per):
+            if o != h:
+                routes += [Route(a, b, (f"nic_out:{h}", f"nic_in:{o}"), *fit.beta) for a in hs for b in os_]
+    return Cluster(devs, routes, contention_free=contention_free,
+                   name=name or f"hosts{n_hosts}x{gpus_per_host}_{fit.name}")
+
+
 def two_hosts(*, with_cpu: bool = False) -> Cluster:
     """Two hosts of 2 V100 each: NVLink inside a host; between hosts every
-    transfer shares the sender host's NIC out and the receiver host's NIC in."""
-    hosts = [[f"/job:worker/task:{h}/device:GPU:{i}" for i in range(2)] for h in range(2)]
-    devs = [Device(n, "GPU", 16 * GiB) for hs in hosts for n in hs]
-    routes = []
-    for h, hs in enumerate(hosts):
-        routes += _p2p(hs, NVLINK_GG, "nvlink")
-        for o, os_ in enumerate(hosts):
-            if o != h:
-                routes += [Route(a, b, (f"nic_out:{h}", f"nic_in:{o}"), *NIC) for a in hs for b in os_]
-    if with_cpu:
-        for h, hs in enumerate(hosts):
-            cpu = f"/job:worker/task:{h}/device:CPU:0"
-            devs.append(Device(cpu, "CPU", 64 * GiB))
-            routes += _host_routes(cpu, hs, NVLINK_CG)
-        cpus = [d.name for d in devs if d.kind == "CPU"]
-        gpu_names = [d.name for d in devs if d.kind == "GPU"]
-        have = {(r.src, r.dst) for r in routes}
-        for a in cpus + gpu_names:
-            for b in cpus + gpu_names:
-                if a != b and (a, b) not in have:
-                    ha, hb = int(a.split("task:")[1][0]), int(b.split("task:")[1][0])
-                    routes.append(Route(a, b, (f"nic_out:{ha}", f"nic_in:{hb}"), *NIC))
-    return Cluster(devs, routes, name="two_hosts")
+    transfer shares the sender host's NIC out and the receiver host's NIC in
+    (10 GbE fit; short names ``/job:worker/task:h/...``). ``hosts()`` builds
+    any number of hosts on other networks."""
+    return hosts(2, 2, "10gbe", with_cpu=with_cpu, replica=False, name="two_hosts")
 
 
 def logical_cpus(n: int = 2, *, memory: int = 4 * GiB, beta: tuple = (20.0, 1.0e-4),
@@ -389,10 +490,18 @@ PRESETS = {"v100x2_nvlink": v100x2_nvlink, "v100x4_pcie": v100x4_pcie,
            "heterogeneous": heterogeneous, "two_hosts": two_hosts}
 
 
+_HOSTS = re.compile(r"^hosts(\d+)x(\d+)_(\w+)$")
+
+
 def preset(name: str) -> Cluster:
-    """A preset by name, or a cluster JSON path."""
+    """A preset by name, ``hostsNxG_NET`` (``hosts(N, G, NET)``, e.g.
+    ``hosts2x2_25gbe``), or a cluster JSON path."""
     if name in PRESETS:
         return PRESETS[name]()
+    m = _HOSTS.match(name)
+    if m:
+        return hosts(int(m.group(1)), int(m.group(2)), m.group(3))
     if name.endswith(".json"):
         return Cluster.from_json(name)
-    raise InvalidClusterError(f"unknown cluster preset {name!r}; known: {sorted(PRESETS)} or a .json file")
+    raise InvalidClusterError(f"unknown cluster preset {name!r}; known: {sorted(PRESETS)}, "
+                              f"hostsNxG_NET (NET in {sorted(NETWORKS)}) or a .json file")

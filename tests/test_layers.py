@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pesto", "coarsen", "solver", "tf_patch")
-FACADE = {"pesto.api", "pesto.cli", "pesto.demo", "pesto.__init__", "pesto.__main__"}
+FACADE = {"pesto.api", "pesto.cli", "pesto.demo", "pesto.demo_hosts", "pesto.__init__", "pesto.__main__"}
 PROJECT = ("pesto", "coarsen", "solver", "tf_patch", "benchmarks")
 
 # What each layer may import from the project (prefix match on module names).
