@@ -30,7 +30,7 @@ import pesto  # noqa: E402  (OR-Tools before TensorFlow)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ["model", "ops", "trace_s", "unsized", "persistent_mib", "variables_mib", "single_ms", "pesto_ms",
-          "losses_equal", "max_loss_diff", "off_plan", "order_violations", "note"]
+          "losses_equal", "loss_rel_diffs", "weights_rel_diff", "off_plan", "order_violations", "guarded", "note"]
 
 
 def run_model(name: str, time_limit: float) -> dict:
@@ -50,19 +50,31 @@ def run_model(name: str, time_limit: float) -> dict:
     var_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.variables)
     plan = pesto.solve(g, gpus=2, time_limit=time_limit, workers=1)
     single = pesto.evaluate(g, {op: "/GPU:0" for op in g.names}).makespan
-    plain = step.run(3)
+    w_start = step.values()
+    plain = step.run(1)
+    w_plain = step.values()
+    plain += step.run(2)
     step.reset()  # the same initial weights, now placed
-    step.apply(plan)
-    losses = step.run(3)
+    applied = step.apply(plan)
+    losses = step.run(1)
+    w_placed = step.values()
+    losses += step.run(2)
     seen = step.check()
     step.close()
-    diff = max(abs(a - b) for a, b in zip(plain, losses))
+    rel = [abs(a - b) / max(1e-12, abs(a)) for a, b in zip(plain, losses)]
+    # the largest weight difference after one step, relative to the largest change a weight made in it:
+    # ~1 if an update were lost or doubled, float rounding otherwise (biases before a batch norm get a
+    # zero gradient up to rounding, so a per-variable ratio would be rounding over rounding)
+    sized = [k for k in w_plain if np.size(w_plain[k])]
+    moved = max(float(np.max(np.abs(w_plain[k] - w_start[k]))) for k in sized)
+    w_rel = max(float(np.max(np.abs(w_plain[k] - w_placed[k]))) for k in sized) / max(1e-30, moved)
     return {"model": name, "ops": g.num_ops, "trace_s": round(trace_s, 1), "unsized": len(step.unsized),
             "persistent_mib": round(sum(o.persistent_bytes for o in g.ops) / 2**20, 3),
             "variables_mib": round(var_bytes / 2**20, 3), "single_ms": round(single / 1e3, 3),
-            "pesto_ms": round(plan.makespan / 1e3, 3), "losses_equal": diff <= 1e-5 * max(1.0, abs(plain[0])),
-            "max_loss_diff": f"{diff:.2e}", "off_plan": len(seen["misplaced"]),
-            "order_violations": len(seen["order_violations"]), "note": step.note}
+            "pesto_ms": round(plan.makespan / 1e3, 3), "losses_equal": max(rel) <= 1e-5,
+            "loss_rel_diffs": " / ".join(f"{r:.1e}" for r in rel), "weights_rel_diff": f"{w_rel:.1e}",
+            "off_plan": len(seen["misplaced"]), "order_violations": len(seen["order_violations"]),
+            "guarded": applied.fusion_guarded, "note": step.note}
 
 
 def _in_process(name: str, args) -> dict:
@@ -107,11 +119,19 @@ def main(argv=None) -> int:
              "V100 costs, then 3 SGD steps unplaced and 3 under the plan from the same initial weights. "
              "*unsized*: tensors without a static size; *persistent* vs *variables*: the graph's persistent "
              "bytes against the model's variables (the optimizer's step counter adds a few bytes); "
-             "*off-plan* / *order*: a traced placed step against the plan. Every baseline on these models "
-             "(224 px): `placement.md`.", "",
+             "*off-plan* / *order*: a traced placed step against the plan. *loss rel. diffs*: placed vs "
+             "unplaced loss at steps 1 / 2 / 3; *weights rel. diff*: the largest difference of any variable "
+             "after one step, relative to the largest change any variable made in that step (1 would mean a "
+             "lost or doubled update); *losses equal*: all three within 1e-5. "
+             "*guarded*: order edges left out because a runtime fusion (oneDNN Conv2D + BiasAdd) would close "
+             "them into a cycle (`tf_patch.apply`). Where an order edge keeps oneDNN from fusing two ops the "
+             "placed step rounds differently (~1e-7); a random-weight model trained at this rate amplifies "
+             "that from step to step, so step 1 and the weights are the semantic check. Every baseline on "
+             "these models (224 px): `placement.md`.", "",
              "| model | ops | trace (s) | unsized | persistent (MiB) | variables (MiB) | one GPU (ms) | Pesto (ms) "
-             "| losses equal | max diff | off-plan | order violations | devices |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+             "| losses equal | loss rel. diffs | weights rel. diff | off-plan | order violations | guarded "
+             "| devices |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(k, "-")) for k in FIELDS) + " |")
     (args.out / "keras.md").write_text("\n".join(lines) + "\n")
