@@ -267,6 +267,21 @@ class Cluster:
             devs = [Device(d.name, d.kind, memory, d.speed) for d in self.devices]
         return Cluster(devs, self.routes, contention_free=self.contention_free, name=self.name)
 
+    def subset(self, names: Iterable[str]) -> "Cluster":
+        """The cluster restricted to devices ``names`` (and the routes among
+        them, links included): a plan on it is a plan on ``self`` too.
+
+        >>> two_hosts().subset(["/job:worker/task:0/device:GPU:0", "/job:worker/task:0/device:GPU:1"]).names
+        ['/job:worker/task:0/device:GPU:0', '/job:worker/task:0/device:GPU:1']
+        """
+        keep = list(dict.fromkeys(names))
+        for n in keep:
+            self.device(n)  # raises on an unknown name
+        kept = set(keep)
+        return Cluster([self.device(n) for n in keep],
+                       [r for r in self.routes if r.src in kept and r.dst in kept],
+                       contention_free=self.contention_free, name=f"{self.name}[{len(keep)}]")
+
     def with_contention_free(self, flag: bool = True) -> "Cluster":
         return Cluster(self.devices, self.routes, contention_free=flag, name=self.name)
 
