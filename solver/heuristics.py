@@ -192,9 +192,10 @@ def _etf(prob: Problem, mem: MemoryTracker, times: Timeline, prio, fav_parent=No
     for i in range(n):
         if waiting[i] == 0:
             enqueue(i)
-    left = n
+    left, steps = n, 0
     while left:
-        _tick(deadline, left)
+        _tick(deadline, steps)
+        steps += 1
         best = _first_start(avail, pend, avl, done, urgent)
         if best is None:  # only ops that fit nowhere now: best effort
             i = min((j for bl in blocked for j in bl if not done[j]), key=lambda j: prio[j])

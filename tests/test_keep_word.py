@@ -83,3 +83,36 @@ def test_the_paper_pipeline_past_its_deadline_still_returns_a_baseline_plan():
     plan = pesto.solve(g, cluster=CLUSTER, time_limit=1e-4, workers=1, pipeline="paper", target_vertices=60)
     assert check_plan(g, CLUSTER, plan).ok
     assert plan.log.stage("exact").note == "skipped: time limit" and plan.log.winner in pesto.api.HEURISTICS
+
+
+CHILD = r"""
+import json, sys
+import pesto
+from benchmarks.generators import layered_dag
+from pesto.plan import check_plan
+g, c = layered_dag(int(sys.argv[1]), width=16, seed=0), pesto.v100x2_nvlink()
+plan = pesto.solve(g, cluster=c, time_limit=600, workers=1,
+                   progress=lambda line: print(line, file=sys.stderr, flush=True))
+print(json.dumps({"status": plan.status, "stopped": plan.log.stopped, "skipped": dict(plan.log.skipped),
+                  "winner": plan.log.winner, "valid": check_plan(g, c, plan).ok}))
+"""
+
+
+def test_sigint_inside_a_running_heuristic_stops_it_and_returns_the_first_plan():
+    # 40k ops: m-ETF runs for about a second after m-TOPO's line; the signal lands
+    # inside its loop, which must stop there (not finish) and leave m-TOPO's plan
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, "40000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    line, until = "", time.monotonic() + 120
+    while "m-topo:" not in line and time.monotonic() < until and proc.poll() is None:
+        line = proc.stderr.readline()
+    assert "m-topo:" in line, "the solve never reported its first heuristic"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["status"] == "interrupted" and res["stopped"] == "SIGINT" and res["valid"]
+    assert res["skipped"]["m-etf"] == "Stopped: SIGINT"  # stopped inside its loop
+    assert res["winner"] == "m-topo"
+    assert all(v == "skipped: SIGINT" for k, v in res["skipped"].items() if k != "m-etf")
