@@ -86,7 +86,7 @@ def write(rows: list[dict], args) -> None:
              "load average when the size started (other jobs on the machine slow every stage alike).", "",
              "| ops | build (s) | solve (s) | over (s) | peak RSS (MB) | step (ms) | status | plan from | "
              "stopped | heuristics skipped | stages cut for time | load | error |",
-             "|---:|---:|---:|---:|---:|---:|---|---|---|---|---|---|---:|---|"]
+             "|---:|---:|---:|---:|---:|---:|---|---|---|---|---|---:|---|"]
     for r in rows:
         lines.append(f"| {r.get('ops')} | {r.get('build_s', '-')} | {r.get('solve_s', '-')} | "
                      f"{r.get('over_limit_s', '-')} | {r.get('peak_rss_mb', '-')} | {r.get('step_ms', '-')} | "
