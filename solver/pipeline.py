@@ -510,10 +510,11 @@ def _bound_time(s: Settings) -> float:
 
 
 def status(run: Run) -> None:
-    """The winner, its lower bound and status; checked (after an interrupt,
-    or when the check, :data:`CHECK_RUNS`, would overrun the limit, only a
-    plan the user gave is: the others are the simulator's own, and the check
-    takes seconds on 200k ops; the note says so, and says when the solve
+    """The winner, its lower bound and status; checked (unless, on a graph
+    where the check takes over half a second, :data:`CHECK_RUNS`, the user
+    interrupted or the check would overrun the limit by over a second: then
+    only a plan the user gave is checked, the others being the simulator's
+    own; the note says so, and says when the solve
     ended past its limit by more than 10 % or 2 s). The bound is the
     exact solver's when it solved the graph itself and proved more, else
     :func:`~solver.bound_model.comm_bound` (communication-aware, for
@@ -544,8 +545,9 @@ def status(run: Run) -> None:
     st = final_status(best, bound, exact_ran=solved is not None, interrupted=dl.interrupted,
                       proved_optimal=on_graph and winner == s.backend and best.status == "optimal")
     note = st
-    pressed = run.unit is not None and not dl.deterministic and dl.left() < CHECK_RUNS * run.unit
-    if (dl.interrupted or pressed) and best is not s.hint:  # a plan the simulator made: out fast
+    check = CHECK_RUNS * run.unit if run.unit is not None else 0.0  # its predicted seconds
+    pressed = dl.interrupted or (not dl.deterministic and dl.left() + 1.0 < check)
+    if check > 0.5 and pressed and best is not s.hint:  # a plan the simulator made: out fast
         note += f"; final check skipped: {dl.reason or 'time limit'}"
     else:
         check_plan(graph, run.cluster, best, check_memory=best.status != "infeasible").raise_if_invalid()
