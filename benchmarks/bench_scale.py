@@ -3,8 +3,10 @@
 Each size runs in a fresh process (so peak RSS is that solve's): a seeded
 ``layered_dag`` of N ops (width 16) on 2 V100s over NVLink, ``pesto.solve``
 with ``time_limit`` (default 30 s). Building the graph is timed apart from
-the solve, since ``time_limit`` bounds the solve only; the target is the
-solve within 10 % of the limit (or 2 s) and under 2 GB peak at 200k ops.
+the solve, since ``time_limit`` bounds the solve only (loading excluded, the
+pre-checks included); the target is the solve within 10 % of the limit (or
+2 s) and under 2 GB peak at 200k ops. *cut* names what the deadline cut or
+skipped (``plan.log``), so a fast solve that did little says so.
 
 Run ``python -m benchmarks.bench_scale [--sizes 10000 50000 ...]
 [--time-limit 30]``; writes ``benchmarks/results/scale.{csv,md}``.
@@ -24,7 +26,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = (10_000, 50_000, 100_000, 200_000, 500_000)
 FIELDS = ["ops", "time_limit_s", "build_s", "solve_s", "over_limit_s", "peak_rss_mb", "step_ms", "status",
-          "winner", "stopped", "skipped", "error"]
+          "winner", "stopped", "skipped", "cut", "load", "error"]
 
 CHILD = r"""
 import json, resource, sys, time
@@ -39,7 +41,8 @@ row = {"ops": g.num_ops, "build_s": round(build, 1)}
 try:
     p = pesto.solve(g, gpus=2, time_limit=limit)
     row.update(step_ms=round(p.makespan / 1e3, 2), status=p.status, winner=p.log.winner,
-               stopped=p.log.stopped, skipped=";".join(sorted(p.log.skipped)))
+               stopped=p.log.stopped, skipped=";".join(sorted(p.log.skipped)),
+               cut=";".join(s.name for s in p.log.stages if "time limit" in s.note))
 except Exception as exc:  # a clear failure is a result too
     row["error"] = f"{type(exc).__name__}: {exc}"[:200]
 row["solve_s"] = round(time.perf_counter() - t, 1)
@@ -49,17 +52,19 @@ print("ROW " + json.dumps(row), flush=True)
 
 
 def run_size(n: int, limit: float) -> dict:
+    load = round(os.getloadavg()[0], 1)  # the machine may be shared: say how busy it was
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     try:
         out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(limit)], capture_output=True, text=True,
                              env=env, timeout=20 * limit + 600)
     except subprocess.TimeoutExpired:
-        return {"ops": n, "time_limit_s": limit, "error": "did not finish (killed)"}
+        return {"ops": n, "time_limit_s": limit, "load": load, "error": "did not finish (killed)"}
     rows = [line[4:] for line in out.stdout.splitlines() if line.startswith("ROW ")]
     if not rows:
-        return {"ops": n, "time_limit_s": limit, "error": (out.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+        return {"ops": n, "time_limit_s": limit, "load": load, "error": (out.stderr.strip().splitlines() or ["no output"])[-1][:200]}
     row = json.loads(rows[-1])
     row["time_limit_s"] = limit
+    row["load"] = load
     row["over_limit_s"] = round(row["solve_s"] - limit, 1)
     return row
 
@@ -77,15 +82,17 @@ def write(rows: list[dict], args) -> None:
              f"({platform.machine()}). Each size in a fresh process: `layered_dag(N, width=16)` on 2 V100s "
              f"(NVLink), `pesto.solve(time_limit={args.time_limit:g})`. *build* is making the graph (not "
              "bounded by the limit); *solve* is the call, every stage included; *over* is solve minus the "
-             "limit (target: within 10 % or 2 s); *peak RSS* is the whole process.", "",
+             "limit (target: within 10 % or 2 s); *peak RSS* is the whole process; *load* is the 1-minute "
+             "load average when the size started (other jobs on the machine slow every stage alike).", "",
              "| ops | build (s) | solve (s) | over (s) | peak RSS (MB) | step (ms) | status | plan from | "
-             "stopped | heuristics skipped | error |",
-             "|---:|---:|---:|---:|---:|---:|---|---|---|---|---|"]
+             "stopped | heuristics skipped | stages cut for time | load | error |",
+             "|---:|---:|---:|---:|---:|---:|---|---|---|---|---|---:|---|"]
     for r in rows:
         lines.append(f"| {r.get('ops')} | {r.get('build_s', '-')} | {r.get('solve_s', '-')} | "
                      f"{r.get('over_limit_s', '-')} | {r.get('peak_rss_mb', '-')} | {r.get('step_ms', '-')} | "
                      f"{r.get('status', '-')} | {r.get('winner', '-')} | {r.get('stopped', '') or '-'} | "
-                     f"{r.get('skipped', '') or '-'} | {r.get('error', '') or '-'} |")
+                     f"{r.get('skipped', '') or '-'} | {r.get('cut', '') or '-'} | {r.get('load', '-')} | "
+                     f"{r.get('error', '') or '-'} |")
     (out / "scale.md").write_text("\n".join(lines) + "\n")
 
 

@@ -15,6 +15,10 @@ only the one running.
   ``interrupted``); a second SIGINT raises :class:`KeyboardInterrupt` at once;
 * :meth:`Deadline.stopping` -- register a stopper for the duration of a call
   that cannot look at the clock itself (a C++ search);
+* :meth:`Deadline.check` -- raise :class:`Stopped` once expired: a long
+  loop (a heuristic, a search) calls it every :data:`CHECK_EVERY` steps, so an
+  interrupt ends it within a fraction of a second and a stage that would
+  overrun the limit gives up;
 * :meth:`Deadline.charge` -- with ``deterministic=True`` the clock is a
   :class:`WorkClock` that moves only by the work stages report (CP-SAT's
   deterministic time, a fixed cost per simulated move), so the same input
@@ -43,11 +47,34 @@ import threading
 import time
 from typing import Callable, Iterator
 
-__all__ = ["Deadline", "WorkClock", "REPLAY_COST_PER_OP"]
+from .errors import PestoError
+
+__all__ = ["Deadline", "WorkClock", "Stopped", "REPLAY_COST_PER_OP", "CHECK_EVERY"]
 
 #: Work charged per op for one replay of a plan in deterministic mode (seconds;
 #: about what the compiled engine takes, so charged time tracks wall time).
 REPLAY_COST_PER_OP = 2e-7
+#: Steps (ops placed, moves tried) between two :meth:`Deadline.check` calls in
+#: a long loop: ~1 ms of work at the slowest loops, a clock read is ~50 ns.
+CHECK_EVERY = 1024
+
+
+class Stopped(PestoError):
+    """A stage gave up before its result because the deadline passed or the
+    solve was interrupted (``reason``: "time limit", "SIGINT", ...); the
+    pipeline keeps the plans it had.
+
+    >>> d = Deadline(0.0)
+    >>> try:
+    ...     d.check()
+    ... except Stopped as exc:
+    ...     print(exc.reason)
+    time limit
+    """
+
+    def __init__(self, reason: str = "time limit"):
+        self.reason = reason
+        super().__init__(reason)
 
 
 class WorkClock:
@@ -78,14 +105,17 @@ class Deadline:
         Seconds as a float (default ``time.perf_counter``; tests pass a fake clock).
     deterministic : bool
         Use a :class:`WorkClock`: time passes only by :meth:`charge`.
+    start : float, optional
+        When the time started on ``clock`` (default now): a solve counts from
+        the user's call, pre-checks included. Ignored with ``deterministic``.
     """
 
     def __init__(self, seconds: float | None, *, clock: Callable[[], float] | None = None,
-                 deterministic: bool = False):
+                 deterministic: bool = False, start: float | None = None):
         if clock is None:
             clock = WorkClock() if deterministic else time.perf_counter
         self.clock = clock
-        self.t0 = clock()
+        self.t0 = clock() if start is None or isinstance(clock, WorkClock) else min(float(start), clock())
         self.seconds = math.inf if seconds is None else float(seconds)
         self._reason: str | None = None  # why it ended early: "SIGINT", "SIGTERM", ...
         self._root = self  # a stage's deadline shares its solve's interrupts (sub)
@@ -138,6 +168,11 @@ class Deadline:
 
     def expired(self) -> bool:
         return self.left() <= 0.0
+
+    def check(self) -> None:
+        """Raise :class:`Stopped` if the deadline passed or the solve was interrupted."""
+        if self.expired():
+            raise Stopped(self.reason or "time limit")
 
     def budget(self, seconds: float) -> float:
         """What a stage that wants ``seconds`` may spend: ``min(seconds, left())``."""

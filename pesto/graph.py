@@ -45,8 +45,13 @@ VERSION = 1
 
 __all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION"]
 
+#: The kind sets ops hold, shared (a graph has a handful of distinct ones; a
+#: frozenset of its own cost ~200 bytes per op). With ``slots=True`` on the
+#: dataclasses below (no per-instance dict) a 200k-op graph takes ~100 MB less.
+_KINDS: dict = {}
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One operation.
 
@@ -91,7 +96,7 @@ class Op:
             kinds = frozenset([self.kinds])
         else:
             kinds = frozenset(compute) if self.kinds is None else frozenset(self.kinds)
-        object.__setattr__(self, "kinds", kinds)
+        object.__setattr__(self, "kinds", _KINDS.setdefault(kinds, kinds))  # one set per distinct value
         for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
             v = getattr(self, key)
             if isinstance(v, numbers.Integral) and not isinstance(v, bool):
@@ -123,7 +128,7 @@ class Op:
         return d
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Tensor:
     """A value produced by ``src`` of ``bytes`` bytes."""
 
@@ -136,7 +141,7 @@ class Tensor:
             object.__setattr__(self, "bytes", int(self.bytes))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Edge:
     """Producer -> consumer; ``tensors`` empty means a control edge."""
 

@@ -27,6 +27,7 @@ from typing import Mapping, Sequence
 
 from pesto.cluster import Cluster
 from pesto.dag import top_levels
+from pesto.deadline import Deadline
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 
@@ -98,7 +99,7 @@ MEMORY_ROUNDS = 10  # at most this many re-simulations in fit_memory
 
 
 def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, placer: str, t0: float,
-               stats: dict, forced=(), repair: bool = True) -> Plan:
+               stats: dict, forced=(), repair: bool = True, deadline: Deadline | None = None) -> Plan:
     """The plan of ``place`` (simulated by :func:`solver.common.finalize`),
     repaired while its simulated peak is over capacity.
 
@@ -113,6 +114,8 @@ def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, pla
     names) and ``stats["memory_note"]``: a baseline returns an over-memory
     plan only when no repair fits. ``stats["memory_moved_units"]`` counts the
     units moved in the plan returned. ``place`` ends as that plan's placement.
+    With ``deadline``, no repair round starts once it has passed (the best
+    plan so far is returned, ``stats["memory_repair_cut"]`` says why).
 
     Examples
     --------
@@ -141,6 +144,9 @@ def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, pla
     for _ in range(MEMORY_ROUNDS if repair else 0):
         if best[0] == 0:
             break
+        if deadline is not None and deadline.expired():
+            stats = {**stats, "memory_repair_cut": deadline.reason or "time limit"}
+            break
         place[:] = best[2]
         if not peak_repair(prob, place, best[1].peak_memory, max_moves=one, skip=skip):
             break
@@ -152,6 +158,8 @@ def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, pla
             one = 1
     over, plan, place[:] = best
     extra = dict(plan.stats)
+    if "memory_repair_cut" in stats:
+        extra["memory_repair_cut"] = stats["memory_repair_cut"]
     moved = len({prob.unit[i] for i in range(prob.n) if place[i] != start[i]})
     if moved:
         extra["memory_moved_units"] = moved
@@ -374,7 +382,7 @@ def place_expert_paper(graph: OpGraph, cluster: Cluster) -> Plan:
 
 
 def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str] | None = None,
-                 rule: str = "auto") -> Plan:
+                 rule: str = "auto", deadline: Deadline | None = None) -> Plan:
     """Expert placement: what a practitioner does by hand, under TF's FIFO scheduling.
 
     * ``mapping`` given (scope or name prefix -> device, e.g.
@@ -398,7 +406,8 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
     Kinds and colocation groups are then fixed (a group goes where most of its
     compute is) and memory is repaired (:func:`fit_memory`). ``stats["expert_rule"]`` says which rule made the
     plan and ``stats["expert_candidates"]`` the simulated step time of each
-    split tried.
+    split tried. With ``deadline``, no further split is timed once it has
+    passed (``stats["expert_cut"]`` says why).
 
     Examples
     --------
@@ -429,8 +438,11 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
         slot, summary = expert_assignment(graph, len(gpus))
         cands["paper"] = ("paper", len(set(slot)), [gpus[s] for s in slot])
     weight = [min(prob.dur[i][d] for d in prob.allowed[i]) for i in range(prob.n)]
-    timed, fixed = {}, {}
+    timed, fixed, cut = {}, {}, {}
     for key, (_, _, slot) in cands.items():
+        if timed and deadline is not None and deadline.expired():
+            cut = {"expert_cut": deadline.reason or "time limit"}
+            break
         place = fixed[key] = _fix_units(prob, list(slot), weight)
         sched = simulate(graph, cluster, {graph.names[i]: prob.dev_names[place[i]] for i in range(prob.n)},
                          mode="fifo")
@@ -439,7 +451,7 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
     best = min(timed, key=lambda k: (timed[k], k))
     found, k, _ = cands[best]
     stats = {"expert_rule": found, "expert_stages": k,
-             "expert_candidates": {key: round(v[1], 3) for key, v in timed.items()}}
+             "expert_candidates": {key: round(v[1], 3) for key, v in timed.items()}, **cut}
     return _done(graph, cluster, prob, fixed[best], "expert", t0, stats=stats)
 
 

@@ -18,8 +18,12 @@ returned over capacity with status ``"infeasible"`` and the best-effort ops in
 ``stats["memory_forced"]`` (see :mod:`pesto.memory`, same for every baseline).
 
 Each placer declares only the options it uses (all are deterministic): m-SCT
-takes ``time_limit`` / ``lp_time_limit`` for its LP, the others none. Their
-time estimates come from one :class:`pesto.engine.Timeline`.
+takes ``time_limit`` / ``lp_time_limit`` for its LP; every one takes a
+``deadline`` (:class:`pesto.deadline.Deadline`, optional) that its loops check
+every :data:`~pesto.deadline.CHECK_EVERY` ops: once it has passed (or the
+solve is interrupted) the placer raises :class:`~pesto.deadline.Stopped`
+instead of finishing. Their time estimates come from one
+:class:`pesto.engine.Timeline`.
 
 Examples
 --------
@@ -37,6 +41,7 @@ import heapq
 import time
 
 from pesto.cluster import Cluster
+from pesto.deadline import CHECK_EVERY, Deadline
 from pesto.dag import bottom_levels, priority_order
 from pesto.engine import Timeline
 from pesto.graph import OpGraph
@@ -52,20 +57,26 @@ __all__ = ["place_m_topo", "place_m_etf", "place_m_sct", "place_celeritas", "pla
 EPS = 1e-9
 
 
+def _tick(deadline: Deadline | None, k: int) -> None:
+    """Every :data:`CHECK_EVERY` steps, raise ``Stopped`` once ``deadline`` passed."""
+    if deadline is not None and k % CHECK_EVERY == 0:
+        deadline.check()
+
+
 def _candidates(prob: Problem, mem: MemoryTracker, i: int) -> list[int]:
     d = mem.unit_dev[prob.unit[i]]
     return [d] if d >= 0 else prob.allowed[i]
 
 
-def _finish(graph, cluster, prob, mem, times, order, placer, t0, stats=None):
+def _finish(graph, cluster, prob, mem, times, order, placer, t0, stats=None, deadline=None):
     stats = dict(stats or {})
     stats["estimated_makespan"] = times.makespan()
     return fit_memory(graph, cluster, list(times.place), order=order, placer=placer, t0=t0,
-                      stats=stats, forced=mem.forced)
+                      stats=stats, forced=mem.forced, deadline=deadline)
 
 
 # -- m-TOPO ------------------------------------------------------------------------
-def place_m_topo(graph: OpGraph, cluster: Cluster) -> Plan:
+def place_m_topo(graph: OpGraph, cluster: Cluster, *, deadline: Deadline | None = None) -> Plan:
     """Baechi m-TOPO: fill devices in topological order.
 
     Ops are taken in topological order and put on the current device until it
@@ -99,7 +110,8 @@ def place_m_topo(graph: OpGraph, cluster: Cluster) -> Plan:
     share = (sum(base) + (sum(prob.persistent) if by_memory else 0)) / len(fill)
     load = [0.0] * prob.nd
     k = 0
-    for i in order:
+    for step, i in enumerate(order):
+        _tick(deadline, step)
         u = prob.unit[i]
         w = base[i] + (prob.unit_persistent[u] if by_memory and mem.unit_dev[u] < 0 else 0)
         cands = _candidates(prob, mem, i)
@@ -122,7 +134,7 @@ def place_m_topo(graph: OpGraph, cluster: Cluster) -> Plan:
         load[d] += w
         mem.commit(i, d)
         times.commit(i, d, times.earliest(i, d))
-    return _finish(graph, cluster, prob, mem, times, order, "m-topo", t0)
+    return _finish(graph, cluster, prob, mem, times, order, "m-topo", t0, deadline=deadline)
 
 
 def _main_devices(prob: Problem) -> list[int]:
@@ -138,7 +150,8 @@ def _main_devices(prob: Problem) -> list[int]:
 
 
 # -- m-ETF / m-SCT --------------------------------------------------------------------
-def _etf(prob: Problem, mem: MemoryTracker, times: Timeline, prio, fav_parent=None) -> list[int]:
+def _etf(prob: Problem, mem: MemoryTracker, times: Timeline, prio, fav_parent=None,
+         deadline: Deadline | None = None) -> list[int]:
     """Earliest-task-first list scheduling, O((V + E) D log V).
 
     Per device, ready ops wait in a heap keyed by when their inputs are
@@ -179,8 +192,10 @@ def _etf(prob: Problem, mem: MemoryTracker, times: Timeline, prio, fav_parent=No
     for i in range(n):
         if waiting[i] == 0:
             enqueue(i)
-    left = n
+    left, steps = n, 0
     while left:
+        _tick(deadline, steps)
+        steps += 1
         best = _first_start(avail, pend, avl, done, urgent)
         if best is None:  # only ops that fit nowhere now: best effort
             i = min((j for bl in blocked for j in bl if not done[j]), key=lambda j: prio[j])
@@ -255,7 +270,7 @@ def _first_start(avail, pend, avl, done, urgent):
     return best
 
 
-def place_m_etf(graph: OpGraph, cluster: Cluster) -> Plan:
+def place_m_etf(graph: OpGraph, cluster: Cluster, *, deadline: Deadline | None = None) -> Plan:
     """Baechi m-ETF: earliest task first with memory checks.
 
     Repeatedly schedules the (ready op, device) pair with the earliest start
@@ -276,11 +291,12 @@ def place_m_etf(graph: OpGraph, cluster: Cluster) -> Plan:
     mem = MemoryTracker(prob)
     times = Timeline(prob)
     bl = prob.mean_bottom_levels()
-    order = _etf(prob, mem, times, [-b for b in bl])
-    return _finish(graph, cluster, prob, mem, times, order, "m-etf", t0)
+    order = _etf(prob, mem, times, [-b for b in bl], deadline=deadline)
+    return _finish(graph, cluster, prob, mem, times, order, "m-etf", t0, deadline=deadline)
 
 
-def favourite_children(prob: Problem, *, time_limit: float | None = None) -> tuple[list[int], dict]:
+def favourite_children(prob: Problem, *, time_limit: float | None = None,
+                       deadline: Deadline | None = None) -> tuple[list[int], dict]:
     """SCT favourite children from the Hanen-Munier LP relaxation, solved by GLOP.
 
     Variables: start ``s_i``, makespan ``w`` and, per data edge ``(i, j)``,
@@ -294,6 +310,8 @@ def favourite_children(prob: Problem, *, time_limit: float | None = None) -> tup
 
     Returns the favourite parent of every op (-1 if none) and LP statistics.
     If GLOP fails, each op's favourite child is its heaviest-edge child.
+    With ``deadline``, building the LP checks it (``Stopped``) and an
+    interrupt stops GLOP (then as a time-out).
     """
     from ortools.linear_solver import pywraplp
 
@@ -318,6 +336,7 @@ def favourite_children(prob: Problem, *, time_limit: float | None = None) -> tup
                 indeg[j] += 1
     sole: dict = {}  # i's only data child whose only data parent is i: favourite for free
     for i in range(n):
+        _tick(deadline, i)
         for j, nb in prob.outs[i]:
             c = prob.mean_comm(nb) if nb > 0 else 0.0
             if c > 0 and outdeg[i] == 1 and indeg[j] == 1:
@@ -340,13 +359,7 @@ def favourite_children(prob: Problem, *, time_limit: float | None = None) -> tup
             solver.Add(solver.Sum(in_x[i]) >= len(in_x[i]) - 1)
     solver.Minimize(w)
     build = time.perf_counter() - t0
-    # The dual simplex is 3x faster than the primal on these LPs. Chosen as a
-    # typed parameter: GLOP's parameter *string* goes through OR-Tools' C++
-    # protobuf parser, which segfaults once TensorFlow is loaded (two protobuf
-    # runtimes in one process: how a Keras user calls pesto.solve).
-    params = pywraplp.MPSolverParameters()
-    params.SetIntegerParam(params.LP_ALGORITHM, params.DUAL)
-    status = solver.Solve(params)
+    status = _solve_lp(solver, time_limit, deadline)
     ok = status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
     child = [-1] * n
     for i, j in sole.items():
@@ -378,11 +391,31 @@ def favourite_children(prob: Problem, *, time_limit: float | None = None) -> tup
     return fav_parent, stats
 
 
+def _solve_lp(solver, time_limit: float | None, deadline: Deadline | None):
+    """GLOP's status; within what ``deadline`` leaves, stopped by its interrupt.
+
+    The dual simplex is 3x faster than the primal on these LPs. It is chosen as
+    a typed parameter: GLOP's parameter *string* goes through OR-Tools' C++
+    protobuf parser, which segfaults once TensorFlow is loaded (two protobuf
+    runtimes in one process: how a Keras user calls pesto.solve)."""
+    from ortools.linear_solver import pywraplp
+
+    params = pywraplp.MPSolverParameters()
+    params.SetIntegerParam(params.LP_ALGORITHM, params.DUAL)
+    if deadline is None:
+        return solver.Solve(params)
+    deadline.check()
+    if not deadline.deterministic:  # GLOP's time limit is wall time
+        solver.SetTimeLimit(int(1000 * max(0.01, deadline.budget(time_limit or LP_TIME_LIMIT))))
+    with deadline.stopping(solver.InterruptSolve):
+        return solver.Solve(params)
+
+
 LP_TIME_LIMIT = 300.0  # s; m-SCT's default LP limit when no time_limit is given
 
 
 def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit: float | None = None,
-                lp_time_limit: float | None = None) -> Plan:
+                lp_time_limit: float | None = None, deadline: Deadline | None = None) -> Plan:
     """Baechi m-SCT: favourite children from an LP (:func:`favourite_children`,
     OR-Tools GLOP), then ETF where an op goes to its favourite parent's device
     whenever that device is free by the time the op's inputs arrive (an urgent
@@ -407,10 +440,10 @@ def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit: float | None = 
     mem = MemoryTracker(prob)
     times = Timeline(prob)
     limit = lp_time_limit or time_limit or LP_TIME_LIMIT
-    fav_parent, stats = favourite_children(prob, time_limit=limit)
+    fav_parent, stats = favourite_children(prob, time_limit=limit, deadline=deadline)
     bl = prob.mean_bottom_levels()
-    order = _etf(prob, mem, times, [-b for b in bl], fav_parent=fav_parent)
-    return _finish(graph, cluster, prob, mem, times, order, "m-sct", t0, stats=stats)
+    order = _etf(prob, mem, times, [-b for b in bl], fav_parent=fav_parent, deadline=deadline)
+    return _finish(graph, cluster, prob, mem, times, order, "m-sct", t0, stats=stats, deadline=deadline)
 
 
 # -- Celeritas ------------------------------------------------------------------------
@@ -426,7 +459,7 @@ def bottom_level_order(prob: Problem) -> list[int]:
     return priority_order(prob.succ, prob.pred, [-b for b in bl])
 
 
-def place_celeritas(graph: OpGraph, cluster: Cluster) -> Plan:
+def place_celeritas(graph: OpGraph, cluster: Cluster, *, deadline: Deadline | None = None) -> Plan:
     """Celeritas: CPD-TOPO order, Order-Place, then Adjusting Placement.
 
     1. CPD-TOPO (:func:`bottom_level_order`).
@@ -473,7 +506,8 @@ def place_celeritas(graph: OpGraph, cluster: Cluster) -> Plan:
     mem = MemoryTracker(prob)
     times = Timeline(prob)
     moved = 0
-    for i in order:
+    for step, i in enumerate(order):
+        _tick(deadline, step)
         cands = _candidates(prob, mem, i)
         cur = planned[i] if planned[i] in cands else cands[0]
         if len(cands) > 1:
@@ -502,7 +536,8 @@ def place_celeritas(graph: OpGraph, cluster: Cluster) -> Plan:
             d = cands[0]
         mem.commit(i, d)
         times.commit(i, d, times.earliest(i, d))
-    return _finish(graph, cluster, prob, mem, times, order, "celeritas", t0, stats={"moved": moved})
+    return _finish(graph, cluster, prob, mem, times, order, "celeritas", t0, stats={"moved": moved},
+                   deadline=deadline)
 
 
 # -- HEFT -------------------------------------------------------------------------------
@@ -528,7 +563,7 @@ def heft_ranks(prob: Problem) -> list[float]:
                          order=prob.topo)
 
 
-def place_heft(graph: OpGraph, cluster: Cluster) -> Plan:
+def place_heft(graph: OpGraph, cluster: Cluster, *, deadline: Deadline | None = None) -> Plan:
     """HEFT (Topcuoglu et al. 2002): ops by decreasing upward rank
     (:func:`heft_ranks`; ties in topological order), each on the device
     giving the earliest finish time, using the earliest idle gap on that
@@ -554,7 +589,8 @@ def place_heft(graph: OpGraph, cluster: Cluster) -> Plan:
     for k, i in enumerate(prob.topo):
         topo_pos[i] = k
     seq = sorted(range(prob.n), key=lambda i: (-rank[i], topo_pos[i]))
-    for i in seq:
+    for step, i in enumerate(seq):
+        _tick(deadline, step)
         cands = _candidates(prob, mem, i)
         fits = [d for d in cands if mem.fits(i, d)] or [mem.best_effort(i, cands)]
         best = None
@@ -568,4 +604,4 @@ def place_heft(graph: OpGraph, cluster: Cluster) -> Plan:
         times.commit(i, d, s)
     rank_pos = {i: k for k, i in enumerate(seq)}
     order = sorted(range(prob.n), key=lambda i: (times.start[i], rank_pos[i]))
-    return _finish(graph, cluster, prob, mem, times, order, "heft", t0)
+    return _finish(graph, cluster, prob, mem, times, order, "heft", t0, deadline=deadline)

@@ -37,6 +37,8 @@ Examples
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -44,8 +46,11 @@ from typing import Any, Callable, Mapping, Sequence
 import coarsen
 from pesto.cluster import Cluster
 from pesto.deadline import REPLAY_COST_PER_OP, Deadline
+from pesto.engine import replay
+from pesto.errors import InfeasibleError
 from pesto.graph import OpGraph
 from pesto.plan import Plan, check_plan
+from pesto.problem import Problem
 from pesto.solvelog import SolveLog, Stage
 
 from .registry import PLACERS, accepted_options, get_placer, run_placers
@@ -102,6 +107,9 @@ class Settings:
     deterministic : budgets counted in charged work (CP-SAT's deterministic
         time, a fixed cost per simulated move) instead of wall seconds, so the
         same input, seed and limit give the same plan on any load
+    started : ``time.perf_counter()`` when the user's call began (the
+        deadline counts from it, so pre-checks are inside ``time_limit``);
+        None: when the pipeline starts
     progress : called with a line per stage (the CLI prints them)
     """
 
@@ -122,6 +130,7 @@ class Settings:
     bound_time: float | None = None
     time_limit: float | None = None
     deterministic: bool = False
+    started: float | None = None
     progress: Callable[[str], None] | None = None
 
     def baseline_names(self, as_starts: bool) -> list[str]:
@@ -161,8 +170,11 @@ class Run:
         self.stages: list[Stage] = []
         self.skipped: dict[str, str] = {}
         self.result: Plan | None = None
-        self.deadline = Deadline(settings.time_limit, deterministic=settings.deterministic)
+        self.deadline = Deadline(settings.time_limit, deterministic=settings.deterministic,
+                                 start=settings.started)
         self.stopped = ""  # why stages were skipped or cut: "time limit", "SIGINT"...
+        self.unit: float | None = None  # seconds of one m-TOPO run on the graph (the cost unit)
+        self.no_exact = False  # coarsening was skipped for time: so is the exact stage
 
     def say(self, msg: str) -> None:
         line = f"[pesto {time.perf_counter() - self.t0:7.2f}s] {msg}"
@@ -219,34 +231,105 @@ def final_status(plan: Plan, bound: float, *, proved_optimal: bool, exact_ran: b
 
 
 # -- stages ---------------------------------------------------------------------------
+#: Run time of each heuristic relative to m-TOPO's on the same graph (layered
+#: DAGs of 100k ops, one core); m-SCT's LP time limit comes on top.
+HEURISTIC_SPEED = {"single": 0.3, "metis": 0.6, "m-topo": 1.0, "m-etf": 1.8, "heft": 2.4, "expert": 2.5,
+                   "celeritas": 3.0, "m-sct": 3.0}
+#: Re-ordering one plan (the reschedule stage: up to four candidate orders),
+#: and one candidate order, in m-TOPO runs.
+RESCHEDULE_RUNS, CANDIDATE_RUNS = 1.0, 0.8
+#: The least each search stage needs, in m-TOPO runs, with the status stage
+#: after it (its lower bound and final check: :data:`STATUS_RUNS`): coarsen
+#: also pays for expanding and re-ordering the exact plan (+ 1 s of CP-SAT),
+#: LNS and local search for a final simulation. A stage predicted past the
+#: deadline is skipped, and said in its note.
+STAGE_RUNS = {"coarsen": 4.0, "lns": 1.5, "local search": 1.5}
+STATUS_RUNS = 1.5
+#: The final check of the winning plan, in m-TOPO runs.
+CHECK_RUNS = 1.0
+#: The communication-aware bound's model building, in m-TOPO runs (its time
+#: limit bounds the search only): it runs when that fits before the final check.
+COMM_BOUND_RUNS = 4.0
+#: The heuristic run first, without the deadline: the plan every stop returns;
+#: then the one that is the best on most graphs (benchmarks/results/baselines.md).
+FIRST_HEURISTICS = ("m-topo", "m-etf")
+
+
 def baselines(run: Run) -> None:
-    """The heuristics on ``run.work``; a given Plan of it joins the starts."""
+    """The heuristics on ``run.work``; a given Plan of it joins the starts.
+
+    The first of :data:`FIRST_HEURISTICS` runs first and to its end (the
+    plan any stop returns); each other one only when its predicted time
+    (:data:`HEURISTIC_SPEED` times the first one's) fits in what is left
+    after re-ordering one plan and the status stage (:data:`RESCHEDULE_RUNS`,
+    :data:`STATUS_RUNS`), and it is stopped (``Stopped``, named in
+    ``log.skipped``) if it still runs then or the user interrupts. In
+    deterministic mode none is skipped for time (a wall-clock rule would
+    change the plan from run to run); an interrupt still stops them.
+    """
     t = time.perf_counter()
-    s = run.s
+    s, dl = run.s, run.deadline
     if isinstance(s.hint, Plan):
         if set(s.hint.placement) == set(run.work.names):
             run.starts.insert(0, s.hint)
         else:
             run.hint_note = "given plan does not cover the graph; ignored"
     # m-SCT's LP grows quadratically; cap it so the heuristics stay a small share
-    limit = max(0.1, run.deadline.budget(s.heuristic_time))
-    plans, errors = run_placers(run.work, run.cluster, s.baseline_names(run.reorders()), say=run.say,
-                                time_limit=limit, seed=s.seed, stop=_placer_stop(run.deadline),
-                                extra={"m-sct": {"lp_time_limit": max(1.0, 0.15 * limit)}})
+    limit = max(0.1, dl.budget(s.heuristic_time))
+    lp_limit = max(1.0, 0.15 * limit)
+    names = s.baseline_names(run.reorders())
+    names = [k for k in FIRST_HEURISTICS if k in names] + [k for k in names if k not in FIRST_HEURISTICS]
+    _warm_up(run)
+    plans, errors, unit = {}, {}, None
+    for name in names:
+        sub = None
+        if plans:  # the first plan is made whatever the clock says
+            why, sub = _heuristic_room(dl, name, unit, lp_limit)
+            if why:
+                errors[name] = f"skipped: {why}"
+                continue
+        t1 = time.perf_counter()
+        got, err = run_placers(run.work, run.cluster, [name], say=run.say, time_limit=limit, seed=s.seed,
+                               deadline=sub, extra={"m-sct": {"lp_time_limit": lp_limit}})
+        if got and unit is None:
+            unit = (time.perf_counter() - t1) / HEURISTIC_SPEED.get(name, 1.0)
+        plans.update(got)
+        errors.update(err)
     run.deadline.charge(HEURISTIC_COST * REPLAY_COST_PER_OP * run.work.num_ops * (len(plans) + len(errors)))
-    run.baselines = plans
+    order = {k: i for i, k in enumerate(s.baseline_names(run.reorders()))}
+    run.baselines = dict(sorted(plans.items(), key=lambda kv: order[kv[0]]))  # ties: HEURISTICS order
+    if run.work is run.graph:
+        run.unit = unit
     run.skipped.update(errors)
     best = min((p.makespan for p in plans.values()), default=None)
     run.record("baselines", t, best, f"{len(plans)} plans of {run.work.num_ops} ops")
 
 
-def _placer_stop(deadline: Deadline):
-    """Skip a heuristic that would overrun the deadline (it took as long as the
-    slowest one so far); in deterministic mode none is skipped (a wall-clock
-    rule would change the plan from run to run)."""
-    if deadline.deterministic:
-        return lambda longest: deadline.interrupted
-    return lambda longest: deadline.left() < longest
+def _warm_up(run: Run) -> None:
+    """Build what every simulation of ``run.work`` shares (the problem
+    arrays, the engine's tables, its compiled loop) before timing the first
+    heuristic, whose time is the cost unit of the later stages."""
+    try:
+        prob = Problem.of(run.work, run.cluster)
+    except InfeasibleError:
+        return  # each heuristic names it in log.skipped
+    replay(prob, [a[0] for a in prob.allowed])
+
+
+def _heuristic_room(dl: Deadline, name: str, unit: float | None, lp_limit: float):
+    """Why heuristic ``name`` is skipped ("" to run it), and the deadline it
+    runs under: the solve's, less what the later stages need (``unit``:
+    seconds of one m-TOPO run)."""
+    if dl.interrupted:
+        return dl.reason, None
+    if dl.deterministic or unit is None:
+        return "", dl
+    need = HEURISTIC_SPEED.get(name, max(HEURISTIC_SPEED.values())) * unit
+    need += lp_limit if name == "m-sct" else 0.0
+    room = dl.left() - (RESCHEDULE_RUNS + STATUS_RUNS) * unit
+    if need > room:
+        return f"out of time (needs ~{need:.1f} s, {max(0.0, room):.1f} s left)", None
+    return "", dl.sub(room)
 
 
 def reschedule_starts(run: Run) -> None:
@@ -255,14 +338,31 @@ def reschedule_starts(run: Run) -> None:
     starts = run.starts + list(run.baselines.values())
     if not starts:
         raise ValueError("the reschedule stage needs at least one start plan")
-    # each start costs about 4 simulations; with little time left, only the best is re-ordered
-    few = run.deadline.left() < 0.2 * (run.s.time_limit or float("inf"))
-    chosen = sorted(starts, key=_rank_key)[:1 if few else max(1, run.s.max_starts)]
-    run.ranked = sorted((reschedule(run.graph, run.cluster, p) for p in chosen), key=_rank_key)
+    # each start costs about 4 simulations; with little time left, only the best is re-ordered,
+    # past the deadline none that has times (a heuristic's plan is simulated already)
+    dl = run.deadline
+    few = dl.left() < 0.2 * (run.s.time_limit or float("inf"))
+    k = 1 if few else max(1, run.s.max_starts)
+    if run.unit and not dl.deterministic and dl.left() < float("inf"):  # as many as fit before the status stage
+        k = max(1, min(k, int((dl.left() - STATUS_RUNS * run.unit) / (RESCHEDULE_RUNS * run.unit))))
+    chosen = sorted(starts, key=_rank_key)[:k]
+    ranked, cut = [], 0
+    sub = dl  # the status stage keeps its time; no candidate order starts that would eat it
+    if run.unit is not None and not dl.deterministic:
+        sub = dl.sub(max(0.0, dl.left() - (STATUS_RUNS + CANDIDATE_RUNS) * run.unit))
+    for p in chosen:
+        if sub.expired() and p.has_times and p.makespan is not None:
+            ranked.append(p)
+            cut += 1
+        else:
+            ranked.append(reschedule(run.graph, run.cluster, p, deadline=sub))
+            cut += "reschedule_cut" in ranked[-1].stats
+    run.ranked = sorted(ranked, key=_rank_key)
     run.pool = [(p.placer, p) for p in run.ranked]
     run.baselines, run.starts = {}, []
     run.incumbent = run.ranked[0]
-    run.record("reschedule", t, run.incumbent.makespan, f"incumbent {run.incumbent.placer}")
+    note = f"; {cut} of {len(chosen)} not or partly re-ordered: {dl.reason or 'time limit'}" if cut else ""
+    run.record("reschedule", t, run.incumbent.makespan, f"incumbent {run.incumbent.placer}{note}")
 
 
 def _coarsen(run: Run, partition=None):
@@ -314,6 +414,9 @@ def exact(run: Run) -> None:
     s = run.s
     if s.exact_time <= 0:
         run.record("exact", t, None, "skipped")
+        return
+    if run.no_exact:
+        run.record("exact", t, None, "skipped: time limit (no time to coarsen and expand)")
         return
     hint = run.hint
     if hint is None and isinstance(s.hint, Plan):
@@ -375,7 +478,10 @@ def lns_stage(run: Run) -> None:
         run.record("lns", t, None, "skipped")
         return
     best = choose(run.pool)[1]
-    out = lns(run.graph, run.cluster, best, time_limit=run.s.lns_time, seed=run.s.seed,
+    budget = run.s.lns_time
+    if run.unit is not None and not run.deadline.deterministic:  # leave the later stages their least
+        budget = min(budget, max(0.01, run.deadline.left() - (STAGE_RUNS["local search"] + STATUS_RUNS) * run.unit))
+    out = lns(run.graph, run.cluster, best, time_limit=budget, seed=run.s.seed,
               workers=run.s.workers or 1, log=run.s.verbose, deadline=run.deadline)
     run.pool.append(("lns", out))
     st = out.stats["lns"]
@@ -389,7 +495,9 @@ def local_search(run: Run) -> None:
         run.record("local search", t, None, "skipped")
         return
     # the last search stage leaves the status stage its time for the lower bound
-    budget = min(run.s.search_time, max(0.0, run.deadline.left() - _bound_time(run.s)))
+    reserve = _bound_time(run.s) + (STATUS_RUNS * run.unit if run.unit is not None and not run.deadline.deterministic
+                                    else 0.0)
+    budget = min(run.s.search_time, max(0.0, run.deadline.left() - reserve))
     ref = refine(run.graph, run.cluster, choose(run.pool)[1], time_limit=budget, seed=run.s.seed,
                  deadline=run.deadline)
     run.pool.append(("refine", ref))
@@ -402,7 +510,12 @@ def _bound_time(s: Settings) -> float:
 
 
 def status(run: Run) -> None:
-    """The winner, its lower bound and status; checked. The bound is the
+    """The winner, its lower bound and status; checked (unless, on a graph
+    where the check takes over half a second, :data:`CHECK_RUNS`, the user
+    interrupted or the check would overrun the limit by over a second: then
+    only a plan the user gave is checked, the others being the simulator's
+    own; the note says so, and says when the solve
+    ended past its limit by more than 10 % or 2 s). The bound is the
     exact solver's when it solved the graph itself and proved more, else
     :func:`~solver.bound_model.comm_bound` (communication-aware, for
     ``bound_time`` seconds; critical path / work when that is 0)."""
@@ -421,6 +534,9 @@ def status(run: Run) -> None:
             and solved.lower_bound > bound:
         bound, source = solved.lower_bound, s.backend
     bound_time = 0.0 if dl.interrupted else dl.budget(_bound_time(s))
+    if run.unit is not None and not dl.deterministic:  # building its model, then the final check
+        room = dl.left() - (STATUS_RUNS + COMM_BOUND_RUNS) * run.unit
+        bound_time = min(bound_time, room) if room > 0.05 else 0.0
     if bound_time > 0.05 and best.makespan is not None and best.makespan > bound + TOLERANCE * max(1.0, bound):
         cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1, seed=s.seed,
                         deterministic=dl.deterministic)
@@ -428,11 +544,21 @@ def status(run: Run) -> None:
             bound, source = min(cb.value, best.makespan), cb.source
     st = final_status(best, bound, exact_ran=solved is not None, interrupted=dl.interrupted,
                       proved_optimal=on_graph and winner == s.backend and best.status == "optimal")
-    check_plan(graph, run.cluster, best, check_memory=best.status != "infeasible").raise_if_invalid()
+    note = st
+    check = CHECK_RUNS * run.unit if run.unit is not None else 0.0  # its predicted seconds
+    pressed = dl.interrupted or (not dl.deterministic and dl.left() + 1.0 < check)
+    if check > 0.5 and pressed and best is not s.hint:  # a plan the simulator made: out fast
+        note += f"; final check skipped: {dl.reason or 'time limit'}"
+    else:
+        check_plan(graph, run.cluster, best, check_memory=best.status != "infeasible").raise_if_invalid()
+    over = dl.elapsed() - dl.seconds
+    if not dl.deterministic and over > max(2.0, 0.1 * dl.seconds):  # the limit was not kept: say why
+        note += (f"; over the time limit by {over:.1f} s: {graph.num_ops} ops need more for one plan"
+                 f" (the first heuristic took {run.unit or 0.0:.1f} s)")
     coarse = {}
     if run.cg is not None and solved is not None:
         coarse = {"status": solved.status, "makespan": solved.makespan, "lower_bound": solved.lower_bound}
-    run.record("status", t, best.makespan, st)
+    run.record("status", t, best.makespan, note)
     log = SolveLog(pipeline=run.pipeline, stages=run.stages, candidates={k: p.makespan for k, p in run.pool},
                    winner=winner, bound=bound, bound_source=source, vertices=run.work.num_ops,
                    coarse=coarse, hint=run.hint_note, skipped=run.skipped, stopped=dl.reason or run.stopped,
@@ -466,14 +592,52 @@ def run_pipeline(graph: OpGraph, cluster: Cluster, stages: Sequence[str], settin
     if unknown:
         raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
     run = Run(graph, cluster, settings, name, stages, starts)
-    with run.deadline.catching_signals():
+    with run.deadline.catching_signals(), _old_objects_frozen():
         for st in stages:
             if st in SEARCH_STAGES and run.deadline.expired():
                 run.stopped = run.deadline.reason or "time limit"
                 run.record(st, time.perf_counter(), None, f"skipped: {run.stopped}")
                 continue
+            short = _short_of_time(run, st)
+            if short:
+                run.stopped = run.stopped or "time limit"
+                run.record(st, time.perf_counter(), None, f"skipped: {short}")
+                continue
+            gc.freeze()  # what earlier stages made (plans of every op) lives on too
             STAGES[st](run)
     return run.result
+
+
+@contextlib.contextmanager
+def _old_objects_frozen():
+    """Keep the cyclic garbage collector off what exists before the solve (the
+    graph, its arrays) and, stage by stage, off what the earlier stages made:
+    on 200k ops every full collection walked millions of objects that live on
+    anyway (the final check took 13 s instead of 3). Everything is handed
+    back to the collector when the solve ends."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _short_of_time(run: Run, stage: str) -> str:
+    """Why a search stage is skipped though the deadline has not passed (its
+    least cost, :data:`STAGE_RUNS`, and the status stage's would overrun it),
+    or "". Only with a measured cost unit and the wall clock (deterministic
+    mode skips by charged work alone)."""
+    if stage not in STAGE_RUNS or run.unit is None or run.deadline.deterministic:
+        return ""
+    if stage == "coarsen" and (run.s.exact_time <= 0 or run.graph.num_ops <= run.s.target_vertices):
+        return ""  # nothing to coarsen: the stage costs nothing
+    need = (STAGE_RUNS[stage] + STATUS_RUNS) * run.unit + (1.0 if stage == "coarsen" else 0.0)
+    left = run.deadline.left()
+    if need <= left:
+        return ""
+    if stage == "coarsen":
+        run.no_exact = True
+    return f"time limit (needs ~{need:.1f} s, {left:.1f} s left)"
 
 
 def _check_combination(graph: OpGraph, pipeline: str | None, backend: str, hint, target_vertices: int,
@@ -505,7 +669,8 @@ def _check_combination(graph: OpGraph, pipeline: str | None, backend: str, hint,
 def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_vertices: int = 200,
           backend: str = "cpsat", hint: Any = "best-heuristic", workers: int | None = None, seed: int = 0,
           coarsen_method: str = "height", pipeline: str | None = None, verbose: bool = False,
-          deterministic: bool = False, progress: Callable[[str], None] | None = None) -> Plan:
+          deterministic: bool = False, progress: Callable[[str], None] | None = None,
+          started: float | None = None) -> Plan:
     """Choose the stage list and run it (``pesto.solve`` without loading or
     pre-checks; see :func:`pesto.api.solve` for the options).
 
@@ -534,7 +699,8 @@ def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_ve
                         search_time=search * time_limit, heuristic_time=time_limit,
                         target_vertices=target_vertices, backend=backend, hint=hint, workers=workers,
                         seed=seed, coarsen_options={"method": coarsen_method}, verbose=verbose,
-                        time_limit=time_limit, deterministic=deterministic, progress=progress)
+                        time_limit=time_limit, deterministic=deterministic, progress=progress,
+                        started=started)
     return run_pipeline(graph, cluster, PIPELINES[name], settings, name=name)
 
 

@@ -152,7 +152,7 @@ def _candidate_order(graph, cluster, cand, placement, given_plan, given_order):
 
 def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Sequence[str] = CANDIDATES,
                given_order: Mapping[str, Sequence[str]] | None = None, placer: str | None = None,
-               status: str = "heuristic", **fields) -> Plan:
+               status: str = "heuristic", deadline: Deadline | None = None, **fields) -> Plan:
     """The best per-device order for a fixed placement.
 
     Parameters
@@ -170,6 +170,10 @@ def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Seque
     given_order : per-device op sequences, optional
     placer, status, fields
         For the returned Plan (``placer`` defaults to the Plan's, else "reschedule").
+    deadline : pesto.deadline.Deadline, optional
+        The ``"given"`` candidate is tried first (it wins ties), and once the
+        deadline has passed no further one is (one always is);
+        ``stats["reschedule_cut"]`` then says why.
 
     Returns
     -------
@@ -205,7 +209,14 @@ def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Seque
         raise ValueError(f"unknown reschedule candidates {unknown}; choose among {CANDIDATES}")
     seen: dict[str, float] = {}
     best = None
+    if deadline is not None and given_order is not None and "given" in candidates:
+        # the given order first (one simulation, never worse than the start), then
+        # the others while there is time; with none left, the given order only
+        candidates = ("given",) + tuple(c for c in candidates if c != "given")
     for cand in candidates:
+        if best is not None and deadline is not None and deadline.expired():
+            stats["reschedule_cut"] = deadline.reason or "time limit"
+            break
         order = _candidate_order(graph, cluster, cand, placement, given_plan, given_order)
         if order is False:
             continue
@@ -218,8 +229,9 @@ def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Seque
             best, won = plan, cand
     if best is None:
         raise ValueError("no reschedule candidate applies (give 'fifo' or 'rank', or a given order)")
+    cut = {"reschedule_cut": stats["reschedule_cut"]} if "reschedule_cut" in stats else {}
     return best.replace(wall_time=time.perf_counter() - t0,
-                        stats={**best.stats, "reschedule": seen, "schedule": won})
+                        stats={**best.stats, "reschedule": seen, "schedule": won, **cut})
 
 
 # -- local search ---------------------------------------------------------------------

@@ -10,8 +10,10 @@ import pytest
 
 from benchmarks.generators import layered_dag
 from pesto.cluster import gpus
-from pesto.deadline import Deadline
+from pesto.deadline import Deadline, Stopped
 from solver.cpsat import place_cpsat
+from solver.registry import get_placer
+from solver.search import reschedule
 
 
 class FakeClock:
@@ -118,3 +120,34 @@ def test_a_stage_deadline_ends_with_its_share_or_the_solve():
     with late.stopping(lambda: calls.append(1)):
         solve.interrupt("SIGTERM")
     assert late.expired() and late.reason == "SIGTERM" and calls == [1]
+
+
+@pytest.mark.parametrize("name", ["m-topo", "m-etf", "m-sct", "heft", "celeritas"])
+def test_a_heuristic_stops_on_a_passed_or_interrupted_deadline(name):
+    g, c = layered_dag(300, width=6, seed=2), gpus(2)
+    with pytest.raises(Stopped) as exc:
+        get_placer(name)(g, c, deadline=Deadline(0.0))
+    assert exc.value.reason == "time limit"
+    d = Deadline(60)
+    d.interrupt("SIGINT")
+    with pytest.raises(Stopped, match="SIGINT"):
+        get_placer(name)(g, c, deadline=d)
+    # a live deadline changes nothing: the same plan as without one
+    a, b = get_placer(name)(g, c), get_placer(name)(g, c, deadline=Deadline(60))
+    assert a.placement == b.placement and a.makespan == b.makespan
+
+
+def test_the_expert_keeps_its_first_split_when_the_deadline_has_passed():
+    g, c = layered_dag(300, width=6, seed=2), gpus(2)
+    full, cut = get_placer("expert")(g, c), get_placer("expert")(g, c, deadline=Deadline(0.0))
+    assert len(full.stats["expert_candidates"]) > 1
+    assert len(cut.stats["expert_candidates"]) == 1 and cut.stats["expert_cut"] == "time limit"
+
+
+def test_reschedule_past_its_deadline_keeps_the_given_order_only():
+    g, c = layered_dag(300, width=6, seed=2), gpus(2)
+    start = get_placer("m-etf")(g, c)
+    p = reschedule(g, c, start, deadline=Deadline(0.0))
+    assert list(p.stats["reschedule"]) == ["given"] and p.stats["reschedule_cut"] == "time limit"
+    assert p.makespan == pytest.approx(start.makespan)
+    assert len(reschedule(g, c, start, deadline=Deadline(60)).stats["reschedule"]) == 4

@@ -12,6 +12,7 @@ import time
 
 import pesto
 from benchmarks.generators import layered_dag
+from pesto.deadline import CHECK_EVERY
 from pesto.plan import Plan, check_plan
 
 CLUSTER = pesto.v100x2_nvlink()
@@ -83,3 +84,44 @@ def test_the_paper_pipeline_past_its_deadline_still_returns_a_baseline_plan():
     plan = pesto.solve(g, cluster=CLUSTER, time_limit=1e-4, workers=1, pipeline="paper", target_vertices=60)
     assert check_plan(g, CLUSTER, plan).ok
     assert plan.log.stage("exact").note == "skipped: time limit" and plan.log.winner in pesto.api.HEURISTICS
+
+
+
+CHILD = r"""
+import json, os, signal, sys
+import pesto
+import solver.heuristics as H
+from benchmarks.generators import layered_dag
+from pesto.plan import check_plan
+# SIGINT this process from inside m-ETF's loop, at its 100th pick, and count the picks after it
+calls = {"n": 0, "after": 0}
+first_start = H._first_start
+def picking(*args):
+    calls["n"] += 1
+    if calls["n"] == 100:
+        os.kill(os.getpid(), signal.SIGINT)
+    elif calls["n"] > 100:
+        calls["after"] += 1
+    return first_start(*args)
+H._first_start = picking
+g, c = layered_dag(int(sys.argv[1]), width=16, seed=0), pesto.v100x2_nvlink()
+plan = pesto.solve(g, cluster=c, time_limit=600, workers=1)
+print(json.dumps({"status": plan.status, "stopped": plan.log.stopped, "skipped": dict(plan.log.skipped),
+                  "winner": plan.log.winner, "valid": check_plan(g, c, plan).ok, "after": calls["after"]}))
+"""
+
+
+def test_sigint_inside_a_running_heuristic_stops_it_and_returns_the_first_plan():
+    # the signal lands inside m-ETF's loop (m-TOPO, run first, has made its plan):
+    # the loop must stop at its next deadline check, not run to its end
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    n = 6000
+    out = subprocess.run([sys.executable, "-c", CHILD, str(n)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["status"] == "interrupted" and res["stopped"] == "SIGINT" and res["valid"]
+    assert res["skipped"]["m-etf"] == "Stopped: SIGINT"  # stopped inside its loop...
+    assert res["after"] <= CHECK_EVERY < n  # ...within one check interval, not after n picks
+    assert res["winner"] == "m-topo"
+    assert all(v == "skipped: SIGINT" for k, v in res["skipped"].items() if k != "m-etf")
