@@ -20,7 +20,8 @@ Exit codes
 graph, unknown placer, preset or model); 3 a needed component is not
 installed (e.g. TensorFlow for ``profile``); 130 interrupted (Ctrl-C or SIGTERM
 during ``place``: the best plan so far is printed and written with status
-``interrupted``; a second Ctrl-C aborts at once, writing nothing).
+``interrupted``; a second Ctrl-C aborts at once, writing nothing, as does one
+before the first heuristic made a plan).
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ exit codes:
   1    infeasible or invalid: no plan fits memory, or `check` found violations
   2    bad input: missing file, malformed/cyclic graph, unknown placer/preset/model
   3    a needed component is not installed (e.g. TensorFlow for `profile`)
-  130  interrupted (the best plan so far is written; a second Ctrl-C aborts)
+  130  interrupted (the best plan so far is written; a second Ctrl-C, or one before
+       any plan exists, aborts writing nothing)
 """
 
 

@@ -134,6 +134,19 @@ class Deadline:
         child._root = self._root
         return child
 
+    def interrupts_only(self) -> "Deadline":
+        """A deadline without a time limit that ends when this solve is
+        interrupted (what the first heuristic runs under: it must finish,
+        since its plan is what any later stop returns, but Ctrl-C stops it).
+
+        >>> d = Deadline(0.0); f = d.interrupts_only()
+        >>> f.expired(), d.interrupt("SIGINT"), f.expired()
+        (False, None, True)
+        """
+        child = Deadline(None, clock=self.clock)
+        child._root = self._root
+        return child
+
     @property
     def reason(self) -> str | None:
         """Why the solve was stopped early, or None."""

@@ -264,8 +264,10 @@ FIRST_HEURISTICS = ("m-topo", "m-etf")
 def baselines(run: Run) -> None:
     """The heuristics on ``run.work``; a given Plan of it joins the starts.
 
-    The first of :data:`FIRST_HEURISTICS` runs first and to its end (the
-    plan any stop returns); each other one only when its predicted time
+    The first of :data:`FIRST_HEURISTICS` runs first and, whatever the clock
+    says, to its end (the plan any stop returns); only an interrupt stops it,
+    and with no plan made yet the solve raises :class:`KeyboardInterrupt`
+    (the CLI exits 130 writing nothing). Each other one only when its predicted time
     (:data:`HEURISTIC_SPEED` times the first one's) fits in what is left
     after re-ordering one plan and the status stage (:data:`RESCHEDULE_RUNS`,
     :data:`STATUS_RUNS`), and it is stopped (``Stopped``, named in
@@ -288,8 +290,10 @@ def baselines(run: Run) -> None:
     _warm_up(run)
     plans, errors, unit = {}, {}, None
     for name in names:
-        sub = None
-        if plans:  # the first plan is made whatever the clock says
+        if dl.interrupted and not plans:
+            break  # interrupted before any plan: nothing more starts (KeyboardInterrupt below)
+        sub = dl.interrupts_only()
+        if plans:  # the first plan is made whatever the clock says (an interrupt stops it)
             why, sub = _heuristic_room(dl, name, unit, lp_limit)
             if why:
                 errors[name] = f"skipped: {why}"
@@ -301,6 +305,8 @@ def baselines(run: Run) -> None:
             unit = (time.perf_counter() - t1) / HEURISTIC_SPEED.get(name, 1.0)
         plans.update(got)
         errors.update(err)
+    if not plans and dl.interrupted:  # nothing to return: stop as Python does on Ctrl-C
+        raise KeyboardInterrupt(f"{dl.reason} before any plan existed")
     run.deadline.charge(HEURISTIC_COST * REPLAY_COST_PER_OP * run.work.num_ops * (len(plans) + len(errors)))
     order = {k: i for i, k in enumerate(s.baseline_names(run.reorders()))}
     run.baselines = dict(sorted(plans.items(), key=lambda kv: order[kv[0]]))  # ties: HEURISTICS order

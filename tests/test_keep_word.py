@@ -125,3 +125,40 @@ def test_sigint_inside_a_running_heuristic_stops_it_and_returns_the_first_plan()
     assert res["after"] <= CHECK_EVERY < n  # ...within one check interval, not after n picks
     assert res["winner"] == "m-topo"
     assert all(v == "skipped: SIGINT" for k, v in res["skipped"].items() if k != "m-etf")
+
+
+CHILD_TOPO = r"""
+import json, os, signal, sys
+import pesto
+import solver.heuristics as H
+from benchmarks.generators import layered_dag
+# SIGINT this process from inside m-TOPO (the first heuristic, before any plan exists)
+calls = {"n": 0, "after": 0}
+real = H.Deadline.check
+def check(self):
+    calls["n"] += 1
+    if calls["n"] == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+    elif calls["n"] > 2:
+        calls["after"] += 1
+    return real(self)
+H.Deadline.check = check
+g, c = layered_dag(int(sys.argv[1]), width=16, seed=0), pesto.v100x2_nvlink()
+try:
+    pesto.solve(g, cluster=c, time_limit=600, workers=1)
+    print(json.dumps({"raised": None}))
+except KeyboardInterrupt as exc:
+    print(json.dumps({"raised": str(exc), "after": calls["after"]}))
+"""
+
+
+def test_sigint_inside_the_first_heuristic_stops_it_and_raises_keyboard_interrupt():
+    # m-TOPO runs to its end whatever the clock says, but Ctrl-C stops it at
+    # its next check; with no plan yet the solve raises KeyboardInterrupt
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", CHILD_TOPO, "6000"], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["raised"] == "SIGINT before any plan existed"
+    assert res["after"] <= 1
