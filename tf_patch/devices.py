@@ -51,17 +51,38 @@ def detect(n: int) -> tuple[str, list[str]]:
 
 def session_config(n: int = 2, *, kind: str = "CPU", inter_op: int | None = None, intra_op: int = 1,
                    keep_order: bool = True, soft_placement: bool = False):
-    """A ``ConfigProto`` with ``n`` CPU devices and grappler kept from
+    """A ``ConfigProto`` with ``n`` devices and grappler kept from
     reordering, fusing or folding ops (so the plan's op names and order hold).
 
-    ``inter_op`` defaults to ``n`` threads: one op at a time per logical
-    device once the plan's per-device chain is in place.
+    The device model, on logical CPU devices: **one logical device = one
+    core.** ``intra_op=1`` makes every kernel single-threaded (oneDNN and
+    Eigen then run it in the executor thread that launched it), and
+    ``inter_op`` (default ``n``) gives the session one executor thread per
+    device. With a plan enforced (:func:`tf_patch.apply_plan` chains each
+    device's ops in the plan's order) each device has at most one kernel
+    running, so ``n`` threads run the ``n`` devices' chains at once, on
+    ``n`` cores: two ``/CPU:k`` devices overlap on a 2-core machine. Without
+    ``intra_op=1`` oneDNN's matmuls already use every core and two devices
+    have nothing left to overlap with.
+
+    Run TF's default placement (everything on device 0) with
+    ``inter_op=1``: one device, one core, as one GPU would be. ``inter_op=0``
+    / ``intra_op=0`` leave the choice to TensorFlow (all cores).
+
+    On GPUs (``kind="GPU"``) the same settings only govern the few host ops:
+    kernels run on each GPU's streams.
+
+    Examples
+    --------
+    >>> cfg = session_config(2)                                      # doctest: +SKIP
+    >>> cfg.inter_op_parallelism_threads, cfg.intra_op_parallelism_threads   # doctest: +SKIP
+    (2, 1)
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import rewriter_config_pb2 as rw
 
     cfg = tf.compat.v1.ConfigProto(device_count={"CPU": n} if kind == "CPU" else {"GPU": n},
-                                   inter_op_parallelism_threads=inter_op or n,
+                                   inter_op_parallelism_threads=n if inter_op is None else inter_op,
                                    intra_op_parallelism_threads=intra_op,
                                    allow_soft_placement=soft_placement)
     if keep_order:
