@@ -4,23 +4,27 @@ Run: ``python -m benchmarks.bench_tf [--models rnnlm,nmt] [--steps 20] [--no-pap
 Writes ``benchmarks/results/tf_sim_error.csv`` / ``.md`` and
 ``benchmarks/results/tf_opgraph_for.csv``.
 
-For each small zoo model on 2 logical CPU devices of this machine:
+For each zoo model (``--preset``, default the demo's ``demo``: ms-scale
+kernels) on 2 logical CPU devices of this machine, each one core
+(:func:`tf_patch.session_config`):
 
 1. profile it (measured kernel times from FULL_TRACE step stats, plus the
    calibrated per-op dispatch overhead; see :mod:`tf_patch.pipeline`);
-2. fit the transfer cost between the two devices (:mod:`tf_patch.commfit`);
+2. fit the transfer cost between the two devices (:mod:`tf_patch.commfit`;
+   between logical devices its documented fallback, a constant);
 3. make plans: everything on /CPU:0, Expert, m-ETF and ``pesto.solve``;
 4. enforce each plan on a fresh tf.Graph (devices + control edges), train,
-   and take the median wall time of ``--steps`` steps; predict it with
-   :func:`pesto.simulate` (the plan's per-device order);
+   and time every placement in turns (:func:`tf_patch.pipeline.time_interleaved`),
+   median step time; predict it with :func:`pesto.simulate` (the plan's
+   per-device order);
 5. error = (measured - predicted) / measured. Steps 4-5 are repeated
    ``--rounds`` times, re-profiling the costs before each round (the
    machine is shared, so its load drifts), and the median error is kept.
 
-TF's own placement (no order, everything on /CPU:0) is also measured: there
-TF runs up to ``inter_op`` ops of one CPU device at once, which the
-simulator's one-op-per-device model does not describe, so its row is
-informative only and left out of the error summary.
+TF's default placement (everything on /CPU:0, no order) is measured twice:
+on one core (one executor thread: predicted as the serial sum, like a plan)
+and with TensorFlow's own threads (every core inside each kernel: no device
+model, so no prediction; the CPU alternative to placement).
 
 It also times ``tf_patch.opgraph_for`` (grappler V100 estimate) on the
 paper-size presets rnnlm 2x2048 and nmt 4x1024.

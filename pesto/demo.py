@@ -2,13 +2,20 @@
 
     python -m pesto.demo [--model rnnlm|nmt|transformer|nasnet|keras:NAME] [--gpus 2] [--steps 20]
 
-Build the model -> profile it here (FULL_TRACE step stats) -> fit the
-transfer cost between devices -> ``pesto.solve`` -> enforce the plan on the
-tf.Graph (devices + control dependencies) -> train. Prints placement time,
-predicted and measured step time for Pesto, Expert and TF's default
-placement, and Pesto's loss curve. Without GPUs it uses N logical CPU
-devices and says so (the timings then show the pipeline, not GPU speedups:
-logical devices share this machine's cores).
+Build the model (its ``demo`` preset where it has one: ms-scale kernels) ->
+profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
+fit the transfer cost between devices (or its documented fallback) ->
+``pesto.solve`` -> enforce the plan on the tf.Graph (devices + control
+dependencies) -> train. Pesto's, Expert's and TF's default placement are
+then timed in turns and the table gives placement time, predicted and
+measured step time, the prediction's error and the cores used, then Pesto's
+speed-up over TF's default placement and its loss curve.
+
+Without GPUs it uses N logical CPU devices and says so. Each is one core
+(:func:`tf_patch.session_config`: single-threaded kernels, one executor
+thread per device used), so a 2-device plan really overlaps on 2 cores and
+TF's default placement runs on one, as on one GPU; the timings show the
+plan's overlap and the simulator's prediction of it, not GPU speed-ups.
 
 ``keras:NAME`` (:data:`pesto.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
