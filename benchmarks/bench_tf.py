@@ -67,7 +67,7 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
     from pesto.simulate import simulate
     from pesto.zoo import build_model
     from tf_patch.commfit import fit_transfers
-    from tf_patch.pipeline import PlacedRun, busy_cores, profile_model, time_interleaved
+    from tf_patch.pipeline import PlacedRun, profile_model, time_interleaved
 
     def build():
         return build_model(model, preset)
@@ -85,9 +85,10 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
         g_r = graph if r == 0 else profile_model(build, n_devices=2, steps=5)[0]
         runs = [PlacedRun(build, plan) for plan in plans.values()]
         runs += [PlacedRun(build, None), PlacedRun(build, None, inter_op=0, intra_op=0)]
-        busy.append(busy_cores())
         try:
-            med = time_interleaved(runs, rounds=max(1, steps // 4), steps=4)
+            timing = time_interleaved(runs, rounds=max(1, steps // 4), steps=4)
+            med = timing.step_us
+            busy += [timing.other_cores[i] for i in timing.kept]
         finally:
             for run in runs:
                 run.close()
@@ -110,8 +111,8 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
                          fit_fallback=bool(fit.fallback), overhead_us=prof.overhead, kernel_scale=prof.scale,
                          place_s=plan.wall_time if plan is not None else 0.0,
                          cores_used=statistics.median(par[name]),
-                         busy_cores=statistics.median(b for b in busy if b is not None) if any(
-                             b is not None for b in busy) else float("nan")))
+                         busy_cores=statistics.median(b for b in busy if b == b) if any(
+                             b == b for b in busy) else float("nan")))
         print(f"  {name:<24} predicted {p / 1000:7.3f} ms  measured {m / 1000:7.3f} ms  "
               f"error {rows[-1]['error_pct']:+6.1f}% (per round {', '.join(f'{e:+.0f}' for e in errs)}) "
               f"cores {rows[-1]['cores_used']:.2f}")
@@ -152,8 +153,8 @@ def _summary(rows, a, load0, load1) -> list[str]:
         "# Simulator vs measured TensorFlow step time (2 logical CPU devices)",
         "",
         f"Date {_dt.date.today()}, {platform.machine()} with {os.cpu_count()} cores shared with other "
-        f"jobs (load average {load0:.1f} at start, {load1:.1f} at end; other processes kept "
-        f"{statistics.median(busy) if busy else float('nan'):.1f} cores busy when rounds began, median), "
+        f"jobs (load average {load0:.1f} at start, {load1:.1f} at end; other processes used "
+        f"{statistics.median(busy) if busy else float('nan'):.2f} cores during the timing rounds kept, median), "
         f"TensorFlow CPU, `python -m benchmarks.bench_tf --preset {a.preset}`. Device model "
         "(`tf_patch.session_config`): one logical device = one core (kernels single-threaded, one executor "
         "thread per device used). Costs: measured kernel times (FULL_TRACE, median of 5 steps, one device, one "
@@ -161,7 +162,7 @@ def _summary(rows, a, load0, load1) -> list[str]:
         f"inflated kernels), re-profiled before each of {a.rounds} rounds; transfers: ping-pong fit (or its "
         "fallback, `tf_patch.commfit`). Each plan is enforced (devices + control edges). In a round every "
         f"placement is built and trained, then timed in turns, 4 steps at a time, {a.steps} steps each "
-        "(median); the tables show medians over rounds (error = median of per-round errors).",
+        "(median over the turns in which other processes used <= 0.25 cores, `tf_patch.pipeline.time_interleaved`); the tables show medians over rounds (error = median of per-round errors).",
         "",
         "| model | placement | ops | devices | predicted ms | measured ms | error % | spread ms | cores used |",
         "|---|---|---|---|---|---|---|---|---|",

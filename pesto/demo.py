@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
                                                       "else 'small')")
     ap.add_argument("--gpus", type=int, default=2, help="number of devices (logical if no GPU)")
     ap.add_argument("--steps", type=int, default=20, help="training steps under the Pesto plan")
-    ap.add_argument("--rounds", type=int, default=5, help="timing rounds (each times every placement in turn)")
+    ap.add_argument("--rounds", type=int, default=8, help="timing rounds (each times every placement in turn)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="solver seconds")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
 def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     """Steps 4 and 5: train under each placement, time them in turns, print the table."""
     from tf_patch.devices import detect
-    from tf_patch.pipeline import PlacedRun, busy_cores, time_interleaved
+    from tf_patch.pipeline import PlacedRun, time_interleaved
 
     n, dev0 = args.gpus, cluster.names[0]
     on_cpu = detect(n)[0] == "CPU"
@@ -96,7 +97,6 @@ def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     print(f"[4/5] training under Pesto's plan, Expert's and TF's default placement ({n} devices)"
           + ("; each logical device is one core: kernels single-threaded, one executor thread per device "
              "used (tf_patch.session_config)" if on_cpu else ""))
-    busy = busy_cores()
     rows = [("Pesto", place_s, plan.makespan, PlacedRun(build, plan, n_devices=n))]
     if expert is not None:
         rows.append(("Expert", expert.wall_time, expert.makespan, PlacedRun(build, expert, n_devices=n)))
@@ -107,7 +107,8 @@ def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     runs = [r[3] for r in rows]
     try:
         losses = runs[0].train(args.steps)
-        measured = time_interleaved(runs, rounds=args.rounds, steps=4)
+        timing = time_interleaved(runs, rounds=args.rounds, steps=4)
+        measured = timing.step_us
         tr = runs[0].trace()
         applied = runs[0].applied
     finally:
@@ -116,7 +117,7 @@ def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     print(f"      Pesto plan enforced: {len(applied.control_edges)} control edges added "
           f"({applied.skipped} already implied); trace: {len(tr['misplaced'])} ops off-plan, "
           f"{len(tr['order_violations'])}/{tr['checked_edges']} order violations")
-    print(f"[5/5] results (step times in ms; median of {args.rounds} rounds x 4 steps, placements timed in turns)")
+    print(f"[5/5] results (step times in ms; placements timed in turns, 4 steps each per round; {timing.note()})")
     print(f"  {'placement':<28}{'place s':>9}{'predicted':>11}{'measured':>10}{'error':>8}{'cores':>7}")
     for (name, s, pred, run), meas in zip(rows, measured):
         err = f"{100 * (meas - pred) / meas:+.0f}%" if pred == pred else "-"
@@ -125,7 +126,7 @@ def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     print(f"  Pesto vs TF default placement: {measured[ref] / measured[0]:.2f}x measured, "
           f"{default_pred / plan.makespan:.2f}x predicted")
     if on_cpu:
-        _cpu_note(n, busy, dev0)
+        _cpu_note(n, timing, dev0)
     pts = sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4, len(losses) - 1})
     print("  Pesto loss curve: " + ", ".join(f"step {i}: {losses[i]:.3f}" for i in pts))
     if losses[-1] >= losses[0]:
@@ -133,7 +134,7 @@ def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     return 0
 
 
-def _cpu_note(n, busy, dev0) -> None:
+def _cpu_note(n, timing, dev0) -> None:
     """What logical devices show and what they do not."""
     print(f"  Logical CPU devices: each is one core of this machine ({os.cpu_count()} cores), as each GPU\n"
           f"  would be one GPU; TF's default placement puts every op on {dev0}, one core. The rows show\n"
@@ -141,8 +142,9 @@ def _cpu_note(n, busy, dev0) -> None:
           "  so a transfer costs a few us whatever its size. * TF on one device with its own threads\n"
           "  (every core inside each kernel) has no device model and no prediction: on a CPU it is the\n"
           "  alternative to placement, shown for comparison (benchmarks/results/tf_sim_error.md).")
-    if busy is not None and busy > 0.5:
-        print(f"  Note: other processes kept {busy:.1f} of {os.cpu_count()} cores busy when timing began; "
+    busy = [timing.other_cores[i] for i in timing.kept if timing.other_cores[i] == timing.other_cores[i]]
+    if busy and statistics.median(busy) > timing.quiet:
+        print(f"  Note: other processes used {statistics.median(busy):.1f} of {os.cpu_count()} cores while timing; "
               f"{n}-device plans need {n} free cores, so they measure slower than predicted on a busy machine.")
 
 

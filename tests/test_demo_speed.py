@@ -20,7 +20,7 @@ from pesto.cluster import NVLINK_GG  # noqa: E402
 from pesto.zoo import build_model, presets  # noqa: E402
 from tf_patch.commfit import MIN_R2, choose_model  # noqa: E402
 from tf_patch.devices import session_config  # noqa: E402
-from tf_patch.pipeline import PlacedRun, busy_cores, time_interleaved  # noqa: E402
+from tf_patch.pipeline import PlacedRun, Timing, busy_cores, time_interleaved  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -64,15 +64,19 @@ def test_placed_runs_get_one_thread_per_device_used_and_time_in_turns():
         assert placed.inter_op == 2 and default.inter_op == 1 and free.inter_op == 0
         losses = placed.train(3)
         assert len(losses) == 3 and all(v > 0 for v in losses)
-        med = time_interleaved([placed, default, free], rounds=2, steps=2, warmup=1)
+        timing = time_interleaved([placed, default, free], rounds=2, steps=2, warmup=1)
+        med = timing.step_us
         assert len(med) == 3 and all(m > 0 for m in med)
+        assert len(timing.other_cores) == 2 and set(timing.kept) <= {0, 1} and len(timing.kept) >= 1
+        assert "rounds" in timing.note()
         for run in (placed, default, free):
             assert len(run.times) == 4
             assert run.cores_used > 0
         assert placed.step == 3 + 1 + 4  # trained, warm-up, timed: each step has its own batch
         seen = placed.trace()
         assert seen["misplaced"] == [] and seen["order_violations"] == []
-        assert placed.result(losses).step_us == statistics.median(placed.times)
+        if timing.kept == [0, 1]:
+            assert med[0] == statistics.median(placed.times)
 
 
 def test_transfer_fit_used_only_when_it_explains_the_points():
@@ -87,6 +91,14 @@ def test_transfer_fit_used_only_when_it_explains_the_points():
     assert flat.cluster().route("/CPU:0", "/CPU:1").beta0 == 3.5
     gpu = choose_model(6.0, -1e-8, MIN_R2 - 0.01, sizes, [2.0, 9.0, 3.0, 4.0], kind="GPU")
     assert (gpu.beta0, gpu.beta1) == NVLINK_GG and "NVLink" in gpu.fallback
+
+
+def test_timing_note_says_which_rounds_count():
+    quiet = Timing([1.0], [0.1, 1.5, 0.0, 0.2], [0, 2, 3], 0.25).note()
+    assert "3 of 4 rounds" in quiet and "up to 1.5" in quiet
+    busy = Timing([1.0], [0.9, 1.5], [0, 1], 0.25).note()
+    assert "0.9-1.5 cores" in busy and "busy" in busy
+    assert "unknown" in Timing([1.0], [float("nan")], [0], 0.25).note()
 
 
 def test_busy_cores_is_a_fraction_of_the_machine():

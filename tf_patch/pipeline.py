@@ -33,7 +33,7 @@ from .apply import apply_plan
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __all__ = ["profile_model", "run_placed", "PlacedRun", "time_interleaved", "RunResult", "trace_check",
-           "calibrate_overhead", "busy_cores"]
+           "calibrate_overhead", "busy_cores", "other_cores", "Timing"]
 
 
 @dataclass
@@ -203,24 +203,88 @@ def run_placed(build, plan=None, *, n_devices: int = 2, steps: int = 5, timed: i
         return run.result(losses, run.trace() if trace else None)
 
 
-def time_interleaved(runs: list, *, rounds: int = 5, steps: int = 4, warmup: int = 2) -> list[float]:
-    """Median step µs of each :class:`PlacedRun`, timed in turns.
+@dataclass
+class Timing:
+    """What :func:`time_interleaved` measured.
+
+    ``step_us[j]``: median step µs of run ``j`` over the rounds kept;
+    ``other_cores[i]``: cores other processes used during round ``i`` (nan
+    where /proc/stat cannot be read); ``kept``: the rounds the medians use,
+    those in which other processes used at most ``quiet`` cores (every round
+    when fewer than half were that quiet).
+    """
+
+    step_us: list
+    other_cores: list
+    kept: list
+    quiet: float
+
+    def note(self) -> str:
+        """One line saying which rounds the medians use and why."""
+        n, k = len(self.other_cores), len(self.kept)
+        seen = [o for o in self.other_cores if o == o]
+        if not seen:
+            return f"median of {n} rounds (other processes' load unknown here)"
+        if k < n:
+            return (f"median of the {k} of {n} rounds in which other processes used <= {self.quiet:.2f} cores "
+                    f"(in the others up to {max(seen):.1f})")
+        if max(seen) <= self.quiet:
+            return f"median of {n} rounds; other processes used <= {self.quiet:.2f} cores in each"
+        return (f"median of {n} rounds; other processes used {min(seen):.1f}-{max(seen):.1f} cores: "
+                "the machine was busy, 2-device timings are slowed")
+
+
+def time_interleaved(runs: list, *, rounds: int = 5, steps: int = 4, warmup: int = 2,
+                     quiet: float = 0.25) -> Timing:
+    """Time each :class:`PlacedRun` in turns; medians over the quiet rounds.
 
     Each run first trains ``warmup`` untimed steps; then every round times
     ``steps`` steps of each run in turn, so a change in the machine's load
-    (other processes on shared cores) hits every run alike.
+    (other processes on shared cores) hits every run alike, and measures the
+    cores other processes used meanwhile (:func:`other_cores`): the medians
+    leave out rounds in which they used more than ``quiet`` cores, unless
+    that would leave fewer than half of the rounds (:class:`Timing`).
     """
     for r in runs:
         r.train(warmup)
+    per_round, other = [], []
     for _ in range(rounds):
-        for r in runs:
-            r.time(steps)
-    return [statistics.median(r.times) for r in runs]
+        snap = _cpu_snapshot()
+        per_round.append([r.time(steps) for r in runs])
+        other.append(other_cores(snap))
+    kept = [i for i, o in enumerate(other) if o <= quiet]
+    if 2 * len(kept) < rounds:
+        kept = list(range(rounds))
+    med = [statistics.median(t for i in kept for t in per_round[i][j]) for j in range(len(runs))]
+    return Timing(med, other, kept, quiet)
+
+
+def _cpu_snapshot():
+    """(wall s, this process's CPU s, machine busy jiffies, total jiffies or None)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+        busy, total = sum(v) - v[3] - (v[4] if len(v) > 4 else 0.0), sum(v)
+    except (OSError, ValueError, IndexError):
+        busy = total = None
+    return time.perf_counter(), time.process_time(), busy, total
+
+
+def other_cores(since) -> float:
+    """Cores used by other processes since the ``_cpu_snapshot()`` ``since``:
+    the machine's busy cores (Linux /proc/stat) less this process's CPU
+    time over the wall time; nan where /proc/stat cannot be read."""
+    wall0, cpu0, busy0, total0 = since
+    wall1, cpu1, busy1, total1 = _cpu_snapshot()
+    if busy0 is None or busy1 is None or total1 <= total0 or wall1 <= wall0:
+        return float("nan")
+    machine = (os.cpu_count() or 1) * (busy1 - busy0) / (total1 - total0)
+    return max(0.0, machine - (cpu1 - cpu0) / (wall1 - wall0))
 
 
 def busy_cores(seconds: float = 0.5) -> float | None:
-    """Cores kept busy by all processes over ``seconds`` (Linux /proc/stat;
-    None elsewhere): this process is idle meanwhile, so it is other load.
+    """Cores kept busy by other processes over ``seconds`` (Linux
+    /proc/stat; None elsewhere).
 
     Examples
     --------
@@ -228,17 +292,10 @@ def busy_cores(seconds: float = 0.5) -> float | None:
     >>> b is None or 0 <= b <= (os.cpu_count() or 1) + 1e-6
     True
     """
-    def snap():
-        with open("/proc/stat") as f:
-            v = [float(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + (v[4] if len(v) > 4 else 0.0)
-    try:
-        t0, i0 = snap()
-        time.sleep(seconds)
-        t1, i1 = snap()
-    except (OSError, ValueError, IndexError):
-        return None
-    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(t1 - t0, 1e-9))
+    snap = _cpu_snapshot()
+    time.sleep(seconds)
+    b = other_cores(snap)
+    return None if b != b else b
 
 
 def trace_check(run_metadata, plan=None, applied=None) -> dict:
