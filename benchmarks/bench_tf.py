@@ -23,8 +23,9 @@ kernels) on 2 logical CPU devices of this machine, each one core
 
 TF's default placement (everything on /CPU:0, no order) is measured twice:
 on one core (one executor thread: predicted as the serial sum, like a plan)
-and with TensorFlow's own threads (every core inside each kernel: no device
-model, so no prediction; the CPU alternative to placement).
+and with TensorFlow's own executor threads (one per core, running independent
+ops at once: no device model, so no prediction; the CPU alternative to
+placement).
 
 It also times ``tf_patch.opgraph_for`` (grappler V100 estimate) on the
 paper-size presets rnnlm 2x2048 and nmt 4x1024.
@@ -84,7 +85,7 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
         # under the same machine load as the steps they predict
         g_r = graph if r == 0 else profile_model(build, n_devices=2, steps=5)[0]
         runs = [PlacedRun(build, plan) for plan in plans.values()]
-        runs += [PlacedRun(build, None), PlacedRun(build, None, inter_op=0, intra_op=0)]
+        runs += [PlacedRun(build, None), PlacedRun(build, None, inter_op=0)]
         try:
             timing = time_interleaved(runs, rounds=max(1, steps // 4), steps=4)
             med = timing.step_us
@@ -176,7 +177,7 @@ def _summary(rows, a, load0, load1) -> list[str]:
         lines += ["", f"Predicted placements: median |error| {statistics.median(abs_err):.1f}%, max "
                       f"{max(abs_err):.1f}%, {within}/{len(abs_err)} within the 10% target. \"TF default (1 "
                       "thread)\" is TF's own placement (every op on /CPU:0) on one core, predicted as the serial "
-                      "sum; \"TF default (own threads)\" lets TensorFlow use every core inside each kernel: no "
+                      "sum; \"TF default (own threads)\" gives TensorFlow one executor thread per core, running independent ops at once: no "
                       "device model, no prediction, shown as the CPU alternative to placement.",
                   "", "`cores used` = this process's CPU time / wall time over the timed steps: a 2-device "
                       "plan that overlaps needs up to 2 cores; when other jobs hold one, it measures slower "

@@ -103,7 +103,7 @@ def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     rows.append((f"TF default (all on {dev0})", 0.0, default_pred, PlacedRun(build, None, n_devices=n)))
     if on_cpu:  # TF's own threading on one device: no device model, so no prediction
         rows.append((f"TF on {dev0}, all cores *", 0.0, float("nan"),
-                     PlacedRun(build, None, n_devices=n, inter_op=0, intra_op=0)))
+                     PlacedRun(build, None, n_devices=n, inter_op=0)))
     runs = [r[3] for r in rows]
     try:
         losses = runs[0].train(args.steps)
@@ -139,9 +139,9 @@ def _cpu_note(n, timing, dev0) -> None:
     print(f"  Logical CPU devices: each is one core of this machine ({os.cpu_count()} cores), as each GPU\n"
           f"  would be one GPU; TF's default placement puts every op on {dev0}, one core. The rows show\n"
           "  that the plan's overlap is real and predicted, not GPU speed-ups: the cores share one memory,\n"
-          "  so a transfer costs a few us whatever its size. * TF on one device with its own threads\n"
-          "  (every core inside each kernel) has no device model and no prediction: on a CPU it is the\n"
-          "  alternative to placement, shown for comparison (benchmarks/results/tf_sim_error.md).")
+          "  so a transfer costs a few us whatever its size. * TF's default placement with TF's own threads\n"
+          "  (one per core, running independent ops of one device at once) has no device model and no\n"
+          "  prediction: on a CPU it is the alternative to placement (benchmarks/results/tf_sim_error.md).")
     busy = [timing.other_cores[i] for i in timing.kept if timing.other_cores[i] == timing.other_cores[i]]
     if busy and statistics.median(busy) > timing.quiet:
         print(f"  Note: other processes used {statistics.median(busy):.1f} of {os.cpu_count()} cores while timing; "

@@ -54,13 +54,32 @@ def test_session_config_is_one_core_per_device():
     # 0 means TensorFlow's own choice (every core), not "n"
     free = session_config(2, inter_op=0, intra_op=0)
     assert (free.inter_op_parallelism_threads, free.intra_op_parallelism_threads) == (0, 0)
+    # each session its own executor threads, not the pool the process's first session sized
+    assert cfg.use_per_session_threads
+
+
+def test_each_session_gets_its_own_executor_threads():
+    """A 1-thread session first (as profiling is) must not leave a later
+    2-device session with one executor thread."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc to count threads")
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    with PlacedRun(build_small, None, inter_op=1) as first:
+        first.train(1)
+        before = threads()
+        with PlacedRun(build_small, two_device_plan(), inter_op=3) as second:
+            second.train(1)
+            assert threads() >= before + 3
 
 
 def test_placed_runs_get_one_thread_per_device_used_and_time_in_turns():
     plan = two_device_plan()
     assert set(plan.placement.values()) == {"/CPU:0", "/CPU:1"}
     with PlacedRun(build_small, plan) as placed, PlacedRun(build_small, None) as default, \
-            PlacedRun(build_small, None, inter_op=0, intra_op=0) as free:
+            PlacedRun(build_small, None, inter_op=0) as free:
         assert placed.inter_op == 2 and default.inter_op == 1 and free.inter_op == 0
         losses = placed.train(3)
         assert len(losses) == 3 and all(v > 0 for v in losses)

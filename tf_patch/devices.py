@@ -65,9 +65,16 @@ def session_config(n: int = 2, *, kind: str = "CPU", inter_op: int | None = None
     ``intra_op=1`` oneDNN's matmuls already use every core and two devices
     have nothing left to overlap with.
 
+    Each session gets its own executor threads (``use_per_session_threads``):
+    by default TensorFlow gives every session of a process the inter-op pool
+    its *first* session sized, so after a one-thread profiling session every
+    later 2-device run had one thread and its devices never overlapped
+    ("cores used" 1.0). The kernel (intra-op) pool is still sized once per
+    process, by the first session: keep ``intra_op=1`` throughout.
+
     Run TF's default placement (everything on device 0) with
     ``inter_op=1``: one device, one core, as one GPU would be. ``inter_op=0``
-    / ``intra_op=0`` leave the choice to TensorFlow (all cores).
+    leaves the number of executor threads to TensorFlow (one per core).
 
     On GPUs (``kind="GPU"``) the same settings only govern the few host ops:
     kernels run on each GPU's streams.
@@ -84,7 +91,11 @@ def session_config(n: int = 2, *, kind: str = "CPU", inter_op: int | None = None
     cfg = tf.compat.v1.ConfigProto(device_count={"CPU": n} if kind == "CPU" else {"GPU": n},
                                    inter_op_parallelism_threads=n if inter_op is None else inter_op,
                                    intra_op_parallelism_threads=intra_op,
-                                   allow_soft_placement=soft_placement)
+                                   allow_soft_placement=soft_placement,
+                                   # else every session shares the inter-op pool the process's
+                                   # first session sized (a 1-thread profiling session would
+                                   # leave later 2-device runs one thread)
+                                   use_per_session_threads=True)
     if keep_order:
         r = cfg.graph_options.rewrite_options
         off = rw.RewriterConfig.OFF

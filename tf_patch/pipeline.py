@@ -116,8 +116,10 @@ class PlacedRun:
     ``inter_op`` is the session's executor threads: by default one per
     device the run uses (so TF's default placement gets one thread: one
     logical device = one core, see :func:`tf_patch.session_config`);
-    ``inter_op=0, intra_op=0`` is TensorFlow's own choice (every core, inside
-    each kernel). Use as a context manager, or :meth:`close` it.
+    ``inter_op=0`` is TensorFlow's own choice (one thread per core, running
+    independent ops at once). ``intra_op`` only counts in a process's first
+    session (TensorFlow sizes the kernel pool once). Use as a context
+    manager, or :meth:`close` it.
     """
 
     def __init__(self, build, plan=None, *, n_devices: int = 2, order: bool = True,
