@@ -91,13 +91,19 @@ def fit_line(sizes, times) -> tuple[float, float, float]:
 
 
 def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
-                      src: int = 0, dst: int = 1, hops: int = 16, progress: bool = False) -> list[float]:
+                      src: int = 0, dst: int = 1, hops: int = 16, progress: bool = False,
+                      work: int = 0) -> list[float]:
     """Median µs to move ``sizes`` bytes from device ``src`` to ``dst``.
 
     A ping-pong chain of ``hops`` ``tf.identity`` ops alternating between the
     two devices is timed against the same chain on one device; the
     difference over ``hops`` is the cost of one transfer (a chain makes the
     difference large enough to stand above timer and scheduling noise).
+
+    ``work > 0``: each hop first runs a ``work x work`` matmul on its device
+    (after the tensor arrived), as a training step's kernels do, so the
+    receiving device's executor thread has gone idle when the tensor comes:
+    the transfer then includes waking it, as in a real step.
     """
     import tensorflow as tf
 
@@ -114,7 +120,12 @@ def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
                     x = tf.compat.v1.random_uniform([n], seed=1)
                 for h in range(hops):
                     with tf.device(far if h % 2 == 0 else a):
-                        x = tf.identity(x) if h < hops - 1 else tf.reduce_sum(x)
+                        if work and h < hops - 1:
+                            w = tf.ones([work, work]) * (1.0 + 0.0 * x[0])  # runs once x is here
+                            with tf.control_dependencies([tf.matmul(w, w)]):
+                                x = tf.identity(x)
+                        else:
+                            x = tf.identity(x) if h < hops - 1 else tf.reduce_sum(x)
                 fetch.append(x)
             pairs.append(fetch)
     out = []
@@ -144,9 +155,10 @@ def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
 
 
 def fit_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
-                  progress: bool = False, min_r2: float = MIN_R2) -> CommFit:
+                  progress: bool = False, min_r2: float = MIN_R2, work: int = 0) -> CommFit:
     """Measure device 0 -> 1 over ``sizes`` and fit the line; below
-    ``min_r2`` fall back as the module docstring says.
+    ``min_r2`` fall back as the module docstring says. ``work``: see
+    :func:`measure_transfers`.
 
     Examples
     --------
@@ -155,9 +167,9 @@ def fit_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
     'R^2 < 0.9: between logical CPU devices ...'
     """
     sizes = list(sizes)
-    times = measure_transfers(n_devices, sizes, repeats, progress=progress)
-    b0, b1, r2 = fit_line(sizes, times)
     kind = detect(n_devices)[0]
+    times = measure_transfers(n_devices, sizes, repeats, progress=progress, work=work)
+    b0, b1, r2 = fit_line(sizes, times)
     return choose_model(b0, b1, r2, sizes, times, n_devices, kind, min_r2)
 
 
