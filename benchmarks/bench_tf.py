@@ -181,7 +181,8 @@ def _summary(rows, a, load0, load1) -> list[str]:
                       "device model, no prediction, shown as the CPU alternative to placement.",
                   "", "`cores used` = this process's CPU time / wall time over the timed steps: a 2-device "
                       "plan that overlaps needs up to 2 cores; when other jobs hold one, it measures slower "
-                      "than predicted."]
+                      "than predicted.",
+                  "", "Remaining error: plans that cross devices often (Pesto's, m-ETF's) measure slower than predicted, plans that cross rarely (Expert's layer split) within a few %. Each crossing hands a tensor to the other device's executor thread, which has usually gone idle and must be woken (tens of us on this VM), while the ping-pong fit measures threads kept busy (a few us) and the simulator has no per-crossing wake-up cost. `tf_patch.commfit.measure_transfers(work=...)` times hand-offs to an idle thread (not yet the default: not validated). \"TF default (own threads)\" (TF's dynamic scheduling of one device on every core) is as fast as or faster than the best plan here: on a CPU there is no transfer cost for placement to save."]
     return lines
 
 
