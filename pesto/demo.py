@@ -138,10 +138,11 @@ def _cpu_note(n, timing, dev0) -> None:
     """What logical devices show and what they do not."""
     print(f"  Logical CPU devices: each is one core of this machine ({os.cpu_count()} cores), as each GPU\n"
           f"  would be one GPU; TF's default placement puts every op on {dev0}, one core. The rows show\n"
-          "  that the plan's overlap is real and predicted, not GPU speed-ups: the cores share one memory,\n"
-          "  so a transfer costs a few us whatever its size. * TF's default placement with TF's own threads\n"
-          "  (one per core, running independent ops of one device at once) has no device model and no\n"
-          "  prediction: on a CPU it is the alternative to placement (benchmarks/results/tf_sim_error.md).")
+          "  the plan's overlap on real cores and how well it was predicted, not GPU speed-ups: the cores\n"
+          "  share one memory (no copies), and a crossing costs a thread wake-up the fit does not see.\n"
+          "  * TF's default placement with TF's own threads (one per core, running independent ops of one\n"
+          "  device at once) has no device model and no prediction: on a CPU it is the alternative to\n"
+          "  placement (benchmarks/results/tf_sim_error.md).")
     busy = [timing.other_cores[i] for i in timing.kept if timing.other_cores[i] == timing.other_cores[i]]
     if busy and statistics.median(busy) > timing.quiet:
         print(f"  Note: other processes used {statistics.median(busy):.1f} of {os.cpu_count()} cores while timing; "
