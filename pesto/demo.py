@@ -2,13 +2,20 @@
 
     python -m pesto.demo [--model rnnlm|nmt|transformer|nasnet|keras:NAME] [--gpus 2] [--steps 20]
 
-Build the model -> profile it here (FULL_TRACE step stats) -> fit the
-transfer cost between devices -> ``pesto.solve`` -> enforce the plan on the
-tf.Graph (devices + control dependencies) -> train. Prints placement time,
-predicted and measured step time for Pesto, Expert and TF's default
-placement, and Pesto's loss curve. Without GPUs it uses N logical CPU
-devices and says so (the timings then show the pipeline, not GPU speedups:
-logical devices share this machine's cores).
+Build the model (its ``demo`` preset where it has one: ms-scale kernels) ->
+profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
+fit the transfer cost between devices (or its documented fallback) ->
+``pesto.solve`` -> enforce the plan on the tf.Graph (devices + control
+dependencies) -> train. Pesto's, Expert's and TF's default placement are
+then timed in turns and the table gives placement time, predicted and
+measured step time, the prediction's error and the cores used, then Pesto's
+speed-up over TF's default placement and its loss curve.
+
+Without GPUs it uses N logical CPU devices and says so. Each is one core
+(:func:`tf_patch.session_config`: single-threaded kernels, one executor
+thread per device used), so a 2-device plan really overlaps on 2 cores and
+TF's default placement runs on one, as on one GPU; the timings show the
+plan's overlap and the simulator's prediction of it, not GPU speed-ups.
 
 ``keras:NAME`` (:data:`pesto.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -34,24 +42,28 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pesto.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="rnnlm", type=_model_name,
                     help="rnnlm, nmt, transformer, nasnet, or keras:NAME (keras:mobilenetv2, keras:resnet50)")
-    ap.add_argument("--preset", default="small")
+    ap.add_argument("--preset", default=None, help="model preset (default: 'demo' where the model has one, "
+                                                      "else 'small')")
     ap.add_argument("--gpus", type=int, default=2, help="number of devices (logical if no GPU)")
     ap.add_argument("--steps", type=int, default=20, help="training steps under the Pesto plan")
+    ap.add_argument("--rounds", type=int, default=8, help="timing rounds (each times every placement in turn)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="solver seconds")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
     # TensorFlow is optional for the library: the zoo and tf_patch load it, so
     # they are imported here (pesto, hence OR-Tools, is already loaded: see tf_patch)
-    from pesto.zoo import build_model
+    from pesto.zoo import build_model, presets
     from tf_patch.commfit import fit_transfers
-    from tf_patch.devices import describe, detect
-    from tf_patch.pipeline import profile_model, run_placed
+    from tf_patch.devices import describe
+    from tf_patch.pipeline import profile_model
 
     n = args.gpus
     print(describe(n))
     if args.model.startswith("keras:"):
         return keras_demo(args)
+    if args.preset is None:
+        args.preset = "demo" if "demo" in presets(args.model) else "small"
 
     def build():
         return build_model(args.model, args.preset, seed=args.seed)
@@ -64,44 +76,77 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     fit = fit_transfers(n, repeats=5)
     cluster = fit.cluster()
-    print(f"[2/5] {fit} in {time.perf_counter() - t0:.1f} s")
+    print(f"[2/5] {fit} ({time.perf_counter() - t0:.1f} s)")
 
     t0 = time.perf_counter()
     plan = _solve(graph, cluster, args)
     place_s = time.perf_counter() - t0
     print(f"[3/5] {plan.summary()}")
     expert = _placer("expert", graph, cluster)
-    dev0 = cluster.names[0]
+    return _run_and_report(build, graph, cluster, plan, place_s, expert, args)
+
+
+def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
+    """Steps 4 and 5: train under each placement, time them in turns, print the table."""
+    from tf_patch.devices import detect
+    from tf_patch.pipeline import PlacedRun, time_interleaved
+
+    n, dev0 = args.gpus, cluster.names[0]
+    on_cpu = detect(n)[0] == "CPU"
     default_pred = simulate(graph, cluster, {o: dev0 for o in graph.names}).makespan
-
-    print(f"[4/5] running Pesto, Expert and TF default placement ({n} devices)...")
-    rows = []
-    res_p = run_placed(build, plan, n_devices=n, steps=args.steps, timed=10, trace=True)
-    rows.append(("Pesto", place_s, plan.makespan, res_p.step_us))
+    print(f"[4/5] training under Pesto's plan, Expert's and TF's default placement ({n} devices)"
+          + ("; each logical device is one core: kernels single-threaded, one executor thread per device "
+             "used (tf_patch.session_config)" if on_cpu else ""))
+    rows = [("Pesto", place_s, plan.makespan, PlacedRun(build, plan, n_devices=n))]
     if expert is not None:
-        res_e = run_placed(build, expert, n_devices=n, steps=3, timed=10, order=False)
-        rows.append(("Expert", expert.wall_time, expert.makespan, res_e.step_us))
-    res_d = run_placed(build, None, n_devices=n, steps=3, timed=10)
-    rows.append(("TF default (all on " + dev0 + ")", 0.0, default_pred, res_d.step_us))
-
-    tr = res_p.trace
-    print(f"      Pesto plan enforced: {len(res_p.applied.control_edges)} control edges added "
-          f"({res_p.applied.skipped} already implied); trace: {len(tr['misplaced'])} ops off-plan, "
+        rows.append(("Expert", expert.wall_time, expert.makespan, PlacedRun(build, expert, n_devices=n)))
+    rows.append((f"TF default (all on {dev0})", 0.0, default_pred, PlacedRun(build, None, n_devices=n)))
+    if on_cpu:  # TF's own threading on one device: no device model, so no prediction
+        rows.append((f"TF on {dev0}, all cores *", 0.0, float("nan"),
+                     PlacedRun(build, None, n_devices=n, inter_op=0)))
+    runs = [r[3] for r in rows]
+    try:
+        losses = runs[0].train(args.steps)
+        timing = time_interleaved(runs, rounds=args.rounds, steps=4)
+        measured = timing.step_us
+        tr = runs[0].trace()
+        applied = runs[0].applied
+    finally:
+        for r in runs:
+            r.close()
+    print(f"      Pesto plan enforced: {len(applied.control_edges)} control edges added "
+          f"({applied.skipped} already implied); trace: {len(tr['misplaced'])} ops off-plan, "
           f"{len(tr['order_violations'])}/{tr['checked_edges']} order violations")
-    print("[5/5] results (step times in ms)")
-    print(f"  {'placement':<28}{'place s':>9}{'predicted':>11}{'measured':>10}")
-    for name, s, pred, meas in rows:
-        print(f"  {name:<28}{s:>9.2f}{pred / 1000:>11.3f}{meas / 1000:>10.3f}")
-    if detect(n)[0] == "CPU":
-        print("  (logical CPU devices share this machine's cores, and TensorFlow runs microsecond\n"
-              "   kernels inline on one thread: measured times show the pipeline works end to end,\n"
-              "   not the overlap two GPUs would give; see benchmarks/results/tf_sim_error.md)")
-    curve = res_p.losses
-    pts = sorted({0, len(curve) // 4, len(curve) // 2, 3 * len(curve) // 4, len(curve) - 1})
-    print("  Pesto loss curve: " + ", ".join(f"step {i}: {curve[i]:.3f}" for i in pts))
-    if curve[-1] >= curve[0]:
+    print(f"[5/5] results (step times in ms; placements timed in turns, 4 steps each per round; {timing.note()})")
+    print(f"  {'placement':<28}{'place s':>9}{'predicted':>11}{'measured':>10}{'error':>8}{'cores':>7}")
+    for (name, s, pred, run), meas in zip(rows, measured):
+        err = f"{100 * (meas - pred) / meas:+.0f}%" if pred == pred else "-"
+        print(f"  {name:<28}{s:>9.2f}{pred / 1000:>11.3f}{meas / 1000:>10.3f}{err:>8}{run.cores_used:>7.2f}")
+    ref = len(rows) - (2 if on_cpu else 1)  # the TF default placement row
+    print(f"  Pesto vs TF default placement: {measured[ref] / measured[0]:.2f}x measured, "
+          f"{default_pred / plan.makespan:.2f}x predicted")
+    if on_cpu:
+        _cpu_note(n, timing, dev0)
+    pts = sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4, len(losses) - 1})
+    print("  Pesto loss curve: " + ", ".join(f"step {i}: {losses[i]:.3f}" for i in pts))
+    if losses[-1] >= losses[0]:
         print("  (loss did not fall: try more --steps)")
     return 0
+
+
+def _cpu_note(n, timing, dev0) -> None:
+    """What logical devices show and what they do not."""
+    print(f"  Logical CPU devices: each is one core of this machine ({os.cpu_count()} cores), as each GPU\n"
+          f"  would be one GPU; TF's default placement puts every op on {dev0}, one core. The rows show\n"
+          "  the plan's overlap on real cores and how well it was predicted, not GPU speed-ups: the cores\n"
+          "  share one memory (no copies), and a crossing costs a thread wake-up the fit does not see.\n"
+          "  * TF's default placement with TF's own threads (one per core, running independent ops of one\n"
+          "  device at once) has no device model and no prediction: on a CPU it is the alternative to\n"
+          "  placement (benchmarks/results/tf_sim_error.md).")
+    busy = [timing.other_cores[i] for i in timing.kept if timing.other_cores[i] == timing.other_cores[i]]
+    if busy and statistics.median(busy) > timing.quiet:
+        print(f"  Note: other processes used {statistics.median(busy):.1f} of {os.cpu_count()} cores while timing; "
+              f"{n}-device plans need {n} free cores, so they measure slower than predicted on a busy machine.")
 
 
 ZOO_MODELS = ("rnnlm", "nmt", "transformer", "nasnet")

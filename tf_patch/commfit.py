@@ -7,6 +7,16 @@ is the difference of the medians over ``repeats`` interleaved runs, divided
 by the number of hops. A least-squares line through (bytes, µs) gives beta0,
 beta1 and R^2.
 
+The line is used only when it explains the points (``R^2 >= MIN_R2``).
+Otherwise :func:`fit_transfers` falls back, and :class:`CommFit` says so:
+
+* between logical CPU devices a transfer copies nothing (TF hands the
+  consumer a reference to the same host buffer), so its time does not grow
+  with size and a line through noise means nothing: the fallback is a
+  constant, the median measured time per transfer (``beta1 = 0``);
+* between GPUs the fallback is :data:`pesto.cluster.NVLINK_GG`, the
+  documented NVLink preset.
+
 Examples
 --------
 >>> fit = fit_transfers(2, sizes=[1 << 12, 1 << 20], repeats=3)   # doctest: +SKIP
@@ -20,18 +30,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pesto.cluster import GiB, gpus, logical_cpus
+from pesto.cluster import NVLINK_GG, GiB, gpus, logical_cpus
 
 from .devices import detect, session_config, tf_device
 
-__all__ = ["CommFit", "fit_line", "measure_transfers", "fit_transfers"]
+__all__ = ["CommFit", "fit_line", "measure_transfers", "fit_transfers", "choose_model", "MIN_R2"]
 
 DEFAULT_SIZES = tuple(1 << k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
+MIN_R2 = 0.9  # below this the fitted line is not used (see the module docstring)
 
 
 @dataclass
 class CommFit:
-    """``beta0`` (µs), ``beta1`` (µs/byte), ``r2`` and the points measured."""
+    """The transfer model used: ``beta0`` (µs), ``beta1`` (µs/byte).
+
+    ``line`` is the least-squares fit ``(beta0, beta1)`` through the
+    measured ``times`` and ``r2`` its R^2; ``fallback`` is empty when the
+    line is used, else says what replaced it and why (module docstring).
+    """
 
     beta0: float
     beta1: float
@@ -40,6 +56,8 @@ class CommFit:
     times: list
     n_devices: int = 2
     kind: str = "CPU"
+    line: tuple = (float("nan"), float("nan"))
+    fallback: str = ""
 
     def cluster(self, memory: int | None = None):
         """``pesto.cluster.logical_cpus(n)`` with this fit on every route
@@ -50,8 +68,12 @@ class CommFit:
         return logical_cpus(self.n_devices, beta=beta, memory=memory or 4 * GiB)
 
     def __str__(self):
-        return (f"transfer fit: {self.beta0:.2f} us + {self.beta1 * 1e6:.4f} us/MB "
-                f"(R^2 = {self.r2:.3f}, {len(self.sizes)} sizes)")
+        fit = (f"{self.line[0]:.2f} us + {self.line[1] * 1e6:.4f} us/MB (R^2 = {self.r2:.3f}, "
+               f"{len(self.sizes)} sizes)")
+        if not self.fallback:
+            return "transfer fit: " + fit
+        return (f"transfer fit {fit} not used: {self.fallback}; using {self.beta0:.2f} us + "
+                f"{self.beta1 * 1e6:.4f} us/MB")
 
 
 def fit_line(sizes, times) -> tuple[float, float, float]:
@@ -69,13 +91,19 @@ def fit_line(sizes, times) -> tuple[float, float, float]:
 
 
 def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
-                      src: int = 0, dst: int = 1, hops: int = 16, progress: bool = False) -> list[float]:
+                      src: int = 0, dst: int = 1, hops: int = 16, progress: bool = False,
+                      work: int = 0) -> list[float]:
     """Median µs to move ``sizes`` bytes from device ``src`` to ``dst``.
 
     A ping-pong chain of ``hops`` ``tf.identity`` ops alternating between the
     two devices is timed against the same chain on one device; the
     difference over ``hops`` is the cost of one transfer (a chain makes the
     difference large enough to stand above timer and scheduling noise).
+
+    ``work > 0``: each hop first runs a ``work x work`` matmul on its device
+    (after the tensor arrived), as a training step's kernels do, so the
+    receiving device's executor thread has gone idle when the tensor comes:
+    the transfer then includes waking it, as in a real step.
     """
     import tensorflow as tf
 
@@ -92,7 +120,12 @@ def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
                     x = tf.compat.v1.random_uniform([n], seed=1)
                 for h in range(hops):
                     with tf.device(far if h % 2 == 0 else a):
-                        x = tf.identity(x) if h < hops - 1 else tf.reduce_sum(x)
+                        if work and h < hops - 1:
+                            w = tf.ones([work, work]) * (1.0 + 0.0 * x[0])  # runs once x is here
+                            with tf.control_dependencies([tf.matmul(w, w)]):
+                                x = tf.identity(x)
+                        else:
+                            x = tf.identity(x) if h < hops - 1 else tf.reduce_sum(x)
                 fetch.append(x)
             pairs.append(fetch)
     out = []
@@ -122,10 +155,45 @@ def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
 
 
 def fit_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
-                  progress: bool = False) -> CommFit:
-    """Measure device 0 -> 1 over ``sizes`` and fit the line."""
+                  progress: bool = False, min_r2: float = MIN_R2, work: int = 0) -> CommFit:
+    """Measure device 0 -> 1 over ``sizes`` and fit the line; below
+    ``min_r2`` fall back as the module docstring says. ``work``: see
+    :func:`measure_transfers`.
 
+    Examples
+    --------
+    >>> fit = fit_transfers(2, sizes=[1 << 10, 1 << 20], repeats=2)   # doctest: +SKIP
+    >>> fit.fallback                                                 # doctest: +SKIP
+    'R^2 < 0.9: between logical CPU devices ...'
+    """
     sizes = list(sizes)
-    times = measure_transfers(n_devices, sizes, repeats, progress=progress)
+    kind = detect(n_devices)[0]
+    times = measure_transfers(n_devices, sizes, repeats, progress=progress, work=work)
     b0, b1, r2 = fit_line(sizes, times)
-    return CommFit(b0, b1, r2, sizes, times, n_devices, detect(n_devices)[0])
+    return choose_model(b0, b1, r2, sizes, times, n_devices, kind, min_r2)
+
+
+def choose_model(b0, b1, r2, sizes, times, n_devices: int = 2, kind: str = "CPU",
+                 min_r2: float = MIN_R2) -> CommFit:
+    """The :class:`CommFit` of a fitted line: the line itself when
+    ``r2 >= min_r2``, else the fallback of ``kind``.
+
+    Examples
+    --------
+    >>> choose_model(3.0, 1e-6, 0.99, [1, 2], [3.0, 3.0]).fallback
+    ''
+    >>> fit = choose_model(5.0, -1e-7, 0.1, [1024, 4096, 1 << 20], [2.0, 3.0, 10.0])
+    >>> (fit.beta0, fit.beta1)
+    (3.0, 0.0)
+    >>> choose_model(5.0, -1e-7, 0.1, [1, 2], [2.0, 3.0], kind="GPU").beta0
+    40.77
+    """
+    line = (float(b0), float(b1))
+    if r2 >= min_r2:
+        return CommFit(b0, b1, r2, list(sizes), list(times), n_devices, kind, line)
+    if kind == "GPU":
+        why = f"R^2 < {min_r2}: using pesto.cluster's NVLink preset"
+        return CommFit(*NVLINK_GG, r2, list(sizes), list(times), n_devices, kind, line, why)
+    why = (f"R^2 < {min_r2}: between logical CPU devices a transfer copies nothing (the consumer gets a "
+           "reference), so its time does not grow with size; using the median measured time per transfer")
+    return CommFit(float(np.median(times)), 0.0, r2, list(sizes), list(times), n_devices, kind, line, why)

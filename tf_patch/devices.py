@@ -51,19 +51,51 @@ def detect(n: int) -> tuple[str, list[str]]:
 
 def session_config(n: int = 2, *, kind: str = "CPU", inter_op: int | None = None, intra_op: int = 1,
                    keep_order: bool = True, soft_placement: bool = False):
-    """A ``ConfigProto`` with ``n`` CPU devices and grappler kept from
+    """A ``ConfigProto`` with ``n`` devices and grappler kept from
     reordering, fusing or folding ops (so the plan's op names and order hold).
 
-    ``inter_op`` defaults to ``n`` threads: one op at a time per logical
-    device once the plan's per-device chain is in place.
+    The device model, on logical CPU devices: **one logical device = one
+    core.** ``intra_op=1`` makes every kernel single-threaded (oneDNN and
+    Eigen then run it in the executor thread that launched it), and
+    ``inter_op`` (default ``n``) gives the session one executor thread per
+    device. With a plan enforced (:func:`tf_patch.apply_plan` chains each
+    device's ops in the plan's order) each device has at most one kernel
+    running, so ``n`` threads run the ``n`` devices' chains at once, on
+    ``n`` cores: two ``/CPU:k`` devices overlap on a 2-core machine. Without
+    ``intra_op=1`` oneDNN's matmuls already use every core and two devices
+    have nothing left to overlap with.
+
+    Each session gets its own executor threads (``use_per_session_threads``):
+    by default TensorFlow gives every session of a process the inter-op pool
+    its *first* session sized, so after a one-thread profiling session every
+    later 2-device run had one thread and its devices never overlapped
+    ("cores used" 1.0). The kernel (intra-op) pool is still sized once per
+    process, by the first session: keep ``intra_op=1`` throughout.
+
+    Run TF's default placement (everything on device 0) with
+    ``inter_op=1``: one device, one core, as one GPU would be. ``inter_op=0``
+    leaves the number of executor threads to TensorFlow (one per core).
+
+    On GPUs (``kind="GPU"``) the same settings only govern the few host ops:
+    kernels run on each GPU's streams.
+
+    Examples
+    --------
+    >>> cfg = session_config(2)                                      # doctest: +SKIP
+    >>> cfg.inter_op_parallelism_threads, cfg.intra_op_parallelism_threads   # doctest: +SKIP
+    (2, 1)
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import rewriter_config_pb2 as rw
 
     cfg = tf.compat.v1.ConfigProto(device_count={"CPU": n} if kind == "CPU" else {"GPU": n},
-                                   inter_op_parallelism_threads=inter_op or n,
+                                   inter_op_parallelism_threads=n if inter_op is None else inter_op,
                                    intra_op_parallelism_threads=intra_op,
-                                   allow_soft_placement=soft_placement)
+                                   allow_soft_placement=soft_placement,
+                                   # else every session shares the inter-op pool the process's
+                                   # first session sized (a 1-thread profiling session would
+                                   # leave later 2-device runs one thread)
+                                   use_per_session_threads=True)
     if keep_order:
         r = cfg.graph_options.rewrite_options
         off = rw.RewriterConfig.OFF

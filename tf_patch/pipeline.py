@@ -28,11 +28,12 @@ from .devices import detect, plan_device, session_config
 from .extract import extract, step_ops
 from .profile import measure
 from .traces import step_times
-from .apply import apply_plan, verify
+from .apply import apply_plan
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-__all__ = ["profile_model", "run_placed", "RunResult", "trace_check", "calibrate_overhead"]
+__all__ = ["profile_model", "run_placed", "PlacedRun", "time_interleaved", "RunResult", "trace_check",
+           "calibrate_overhead", "busy_cores", "other_cores", "Timing"]
 
 
 @dataclass
@@ -108,35 +109,195 @@ def profile_model(build, *, n_devices: int = 2, steps: int = 5, warmup: int = 2,
     return g, prof
 
 
+class PlacedRun:
+    """A fresh copy of the model with ``plan`` enforced, in an open session.
+
+    ``plan=None`` is TF's default placement (every op on device 0).
+    ``inter_op`` is the session's executor threads: by default one per
+    device the run uses (so TF's default placement gets one thread: one
+    logical device = one core, see :func:`tf_patch.session_config`);
+    ``inter_op=0`` is TensorFlow's own choice (one thread per core, running
+    independent ops at once). ``intra_op`` only counts in a process's first
+    session (TensorFlow sizes the kernel pool once). Use as a context
+    manager, or :meth:`close` it.
+    """
+
+    def __init__(self, build, plan=None, *, n_devices: int = 2, order: bool = True,
+                 inter_op: int | None = None, intra_op: int = 1):
+        import tensorflow as tf
+
+        self.model = build()
+        self.applied = (apply_plan(self.model.graph, plan, order=order, n_devices=n_devices)
+                        if plan is not None else None)
+        n = max(n_devices, self.applied.n_devices) if self.applied is not None else n_devices
+        used = len(set(self.applied.plan.placement.values())) if self.applied is not None else 1
+        self.inter_op = used if inter_op is None else inter_op
+        cfg = session_config(n, kind=detect(n)[0], inter_op=self.inter_op, intra_op=intra_op)
+        self.sess = tf.compat.v1.Session(graph=self.model.graph, config=cfg)
+        self.step = 0
+        self.times: list = []
+        self.cpu_s = self.wall_s = 0.0
+        try:  # TF's placer must accept the placement (no soft placement)
+            self.sess.run(self.model.init_op)
+        except Exception:
+            self.sess.close()
+            raise
+
+    def train(self, steps: int) -> list[float]:
+        """Train ``steps`` steps; their losses."""
+        m = self.model
+        out = [float(self.sess.run(m.fetches, m.feed_fn(self.step + s))[1]) for s in range(steps)]
+        self.step += steps
+        return out
+
+    def time(self, steps: int) -> list[float]:
+        """Train ``steps`` steps, each timed (µs, appended to :attr:`times`)."""
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        ts = _time_runs(self.sess, self.model.train_op, self.model.feed_fn, steps, self.step)
+        self.cpu_s += time.process_time() - cpu0
+        self.wall_s += time.perf_counter() - wall0
+        self.step += steps
+        self.times += ts
+        return ts
+
+    @property
+    def cores_used(self) -> float:
+        """This process's CPU time / wall time over the timed steps."""
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def trace(self) -> dict:
+        """One FULL_TRACE training step checked by :func:`trace_check`."""
+        import tensorflow as tf
+
+        md = tf.compat.v1.RunMetadata()
+        opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        self.sess.run(self.model.train_op, self.model.feed_fn(self.step), options=opts, run_metadata=md)
+        self.step += 1
+        return trace_check(md, self.applied.plan if self.applied is not None else None, self.applied)
+
+    def result(self, losses=(), trace=None) -> "RunResult":
+        return RunResult(list(losses), statistics.median(self.times) if self.times else float("nan"),
+                         list(self.times), self.applied, trace, self.cores_used)
+
+    def close(self) -> None:
+        self.sess.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def run_placed(build, plan=None, *, n_devices: int = 2, steps: int = 5, timed: int = 10,
-               trace: bool = False, order: bool = True) -> RunResult:
+               trace: bool = False, order: bool = True, inter_op: int | None = None,
+               intra_op: int = 1) -> RunResult:
     """Train a fresh model under ``plan`` (None: TF's default placement).
 
     Returns losses of the first ``steps`` steps, then the median wall time
     of ``timed`` further steps; with ``trace`` one FULL_TRACE step is checked
-    by :func:`trace_check`.
+    by :func:`trace_check`. Threads: see :class:`PlacedRun`.
     """
-    import tensorflow as tf
+    with PlacedRun(build, plan, n_devices=n_devices, order=order, inter_op=inter_op, intra_op=intra_op) as run:
+        losses = run.train(steps)
+        if timed:
+            run.time(timed)
+        return run.result(losses, run.trace() if trace else None)
 
-    model = build()
-    applied = apply_plan(model.graph, plan, order=order, n_devices=n_devices) if plan is not None else None
-    n = max(n_devices, applied.n_devices) if applied is not None else n_devices
-    sess = verify(model.graph, n, kind=detect(n)[0], init_op=model.init_op)
+
+@dataclass
+class Timing:
+    """What :func:`time_interleaved` measured.
+
+    ``step_us[j]``: median step µs of run ``j`` over the rounds kept;
+    ``other_cores[i]``: cores other processes used during round ``i`` (nan
+    where /proc/stat cannot be read); ``kept``: the rounds the medians use,
+    those in which other processes used at most ``quiet`` cores (every round
+    when fewer than half were that quiet).
+    """
+
+    step_us: list
+    other_cores: list
+    kept: list
+    quiet: float
+
+    def note(self) -> str:
+        """One line saying which rounds the medians use and why."""
+        n, k = len(self.other_cores), len(self.kept)
+        seen = [o for o in self.other_cores if o == o]
+        if not seen:
+            return f"median of {n} rounds (other processes' load unknown here)"
+        if k < n:
+            return (f"median of the {k} of {n} rounds in which other processes used <= {self.quiet:.2f} cores "
+                    f"(in the others up to {max(seen):.1f})")
+        if max(seen) <= self.quiet:
+            return f"median of {n} rounds; other processes used <= {self.quiet:.2f} cores in each"
+        return (f"median of {n} rounds; other processes used {min(seen):.1f}-{max(seen):.1f} cores: "
+                "the machine was busy, 2-device timings are slowed")
+
+
+def time_interleaved(runs: list, *, rounds: int = 5, steps: int = 4, warmup: int = 2,
+                     quiet: float = 0.25) -> Timing:
+    """Time each :class:`PlacedRun` in turns; medians over the quiet rounds.
+
+    Each run first trains ``warmup`` untimed steps; then every round times
+    ``steps`` steps of each run in turn, so a change in the machine's load
+    (other processes on shared cores) hits every run alike, and measures the
+    cores other processes used meanwhile (:func:`other_cores`): the medians
+    leave out rounds in which they used more than ``quiet`` cores, unless
+    that would leave fewer than half of the rounds (:class:`Timing`).
+    """
+    for r in runs:
+        r.train(warmup)
+    per_round, other = [], []
+    for _ in range(rounds):
+        snap = _cpu_snapshot()
+        per_round.append([r.time(steps) for r in runs])
+        other.append(other_cores(snap))
+    kept = [i for i, o in enumerate(other) if o <= quiet]
+    if 2 * len(kept) < rounds:
+        kept = list(range(rounds))
+    med = [statistics.median(t for i in kept for t in per_round[i][j]) for j in range(len(runs))]
+    return Timing(med, other, kept, quiet)
+
+
+def _cpu_snapshot():
+    """(wall s, this process's CPU s, machine busy jiffies, total jiffies or None)."""
     try:
-        losses = [float(sess.run(model.fetches, model.feed_fn(s))[1]) for s in range(steps)]
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        times = _time_runs(sess, model.train_op, model.feed_fn, timed, steps) if timed else []
-        cores = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
-        checked = None
-        if trace:
-            md = tf.compat.v1.RunMetadata()
-            opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-            sess.run(model.train_op, model.feed_fn(steps + timed), options=opts, run_metadata=md)
-            checked = trace_check(md, applied.plan if applied is not None else None, applied)
-    finally:
-        sess.close()
-    return RunResult(losses, statistics.median(times) if times else float("nan"), times, applied, checked,
-                     cores if timed else float("nan"))
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+        busy, total = sum(v) - v[3] - (v[4] if len(v) > 4 else 0.0), sum(v)
+    except (OSError, ValueError, IndexError):
+        busy = total = None
+    return time.perf_counter(), time.process_time(), busy, total
+
+
+def other_cores(since) -> float:
+    """Cores used by other processes since the ``_cpu_snapshot()`` ``since``:
+    the machine's busy cores (Linux /proc/stat) less this process's CPU
+    time over the wall time; nan where /proc/stat cannot be read."""
+    wall0, cpu0, busy0, total0 = since
+    wall1, cpu1, busy1, total1 = _cpu_snapshot()
+    if busy0 is None or busy1 is None or total1 <= total0 or wall1 <= wall0:
+        return float("nan")
+    machine = (os.cpu_count() or 1) * (busy1 - busy0) / (total1 - total0)
+    return max(0.0, machine - (cpu1 - cpu0) / (wall1 - wall0))
+
+
+def busy_cores(seconds: float = 0.5) -> float | None:
+    """Cores kept busy by other processes over ``seconds`` (Linux
+    /proc/stat; None elsewhere).
+
+    Examples
+    --------
+    >>> b = busy_cores(0.05)
+    >>> b is None or 0 <= b <= (os.cpu_count() or 1) + 1e-6
+    True
+    """
+    snap = _cpu_snapshot()
+    time.sleep(seconds)
+    b = other_cores(snap)
+    return None if b != b else b
 
 
 def trace_check(run_metadata, plan=None, applied=None) -> dict:

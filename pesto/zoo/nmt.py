@@ -14,6 +14,9 @@ from .data import translation_pair
 
 PRESETS = {
     "small": dict(layers=2, units=64, batch=16, src_steps=8, tgt_steps=8, vocab=500),
+    # `make train MODEL=nmt` on a CPU: ms-scale kernels, two layers to pipeline
+    # across 2 devices, a small vocabulary (see rnnlm's "demo" preset)
+    "demo": dict(layers=2, units=256, batch=32, src_steps=8, tgt_steps=8, vocab=1000),
     "2x1024": dict(layers=2, units=1024, batch=128, src_steps=20, tgt_steps=20, vocab=17000),
     "4x1024": dict(layers=4, units=1024, batch=128, src_steps=20, tgt_steps=20, vocab=17000),
 }

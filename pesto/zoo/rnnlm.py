@@ -18,6 +18,11 @@ from .data import lm_batches
 
 PRESETS = {
     "small": dict(layers=2, units=64, batch=16, steps=10, vocab=500),
+    # `make demo` on a CPU: kernels long enough (LSTM matmuls ~0.3-0.7 ms on one
+    # core) that per-op dispatch (~5 us) and hand-offs between devices (~3 us) stay
+    # small, two layers so a 2-device pipeline has work to overlap, and a small
+    # vocabulary so the softmax (one device's serial work) does not dominate
+    "demo": dict(layers=2, units=256, batch=32, steps=10, vocab=1000),
     "2x2048": dict(layers=2, units=2048, batch=128, steps=20, vocab=10000),
     "4x2048": dict(layers=4, units=2048, batch=128, steps=20, vocab=10000),
     "16x1024": dict(layers=16, units=1024, batch=128, steps=20, vocab=10000),

@@ -1,0 +1,143 @@
+"""The demo's device model and measurement plumbing (issue 16).
+
+No timing assertions: speed is measured by ``make demo`` and
+``benchmarks/bench_tf.py`` (figures in benchmarks/results/tf_sim_error.md);
+here the settings, the interleaved timing's bookkeeping, the transfer-fit
+fallback and the demo's output are checked.
+"""
+import os
+import statistics
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tf_patch  # noqa: E402,F401  (loads OR-Tools before TensorFlow)
+
+tf = pytest.importorskip("tensorflow")
+
+from pesto import Plan  # noqa: E402
+from pesto.cluster import NVLINK_GG  # noqa: E402
+from pesto.zoo import build_model, presets  # noqa: E402
+from tf_patch.commfit import MIN_R2, choose_model  # noqa: E402
+from tf_patch.devices import session_config  # noqa: E402
+from tf_patch.pipeline import PlacedRun, Timing, busy_cores, time_interleaved  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+
+def build_small():
+    return build_model("rnnlm", "small", layers=1, steps=3)
+
+
+def two_device_plan():
+    """Layer 0's ops on /CPU:1, the rest on /CPU:0 (colocation groups kept
+    on their first member's device), in a topological order."""
+    from tf_patch.extract import extract
+
+    m = build_small()
+    g = extract(m.graph, m.fetches, kind="CPU", default_cost=1.0, on_unknown="warn")
+    place, first = {}, {}
+    for n in g.topological_order():
+        place[n] = "/CPU:1" if n.startswith("rnn/layer_0/") else "/CPU:0"
+        grp = g.op(n).colocation_group
+        if grp is not None:
+            place[n] = first.setdefault(grp, place[n])
+    return Plan.from_placement(g, place)
+
+
+def test_session_config_is_one_core_per_device():
+    cfg = session_config(2)
+    assert cfg.intra_op_parallelism_threads == 1
+    assert cfg.inter_op_parallelism_threads == 2
+    assert cfg.device_count["CPU"] == 2
+    assert session_config(2, inter_op=1).inter_op_parallelism_threads == 1
+    # 0 means TensorFlow's own choice (every core), not "n"
+    free = session_config(2, inter_op=0, intra_op=0)
+    assert (free.inter_op_parallelism_threads, free.intra_op_parallelism_threads) == (0, 0)
+    # each session its own executor threads, not the pool the process's first session sized
+    assert cfg.use_per_session_threads
+
+
+def test_each_session_gets_its_own_executor_threads():
+    """A 1-thread session first (as profiling is) must not leave a later
+    2-device session with one executor thread."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc to count threads")
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    with PlacedRun(build_small, None, inter_op=1) as first:
+        first.train(1)
+        before = threads()
+        with PlacedRun(build_small, two_device_plan(), inter_op=3) as second:
+            second.train(1)
+            assert threads() >= before + 3
+
+
+def test_placed_runs_get_one_thread_per_device_used_and_time_in_turns():
+    plan = two_device_plan()
+    assert set(plan.placement.values()) == {"/CPU:0", "/CPU:1"}
+    with PlacedRun(build_small, plan) as placed, PlacedRun(build_small, None) as default, \
+            PlacedRun(build_small, None, inter_op=0) as free:
+        assert placed.inter_op == 2 and default.inter_op == 1 and free.inter_op == 0
+        losses = placed.train(3)
+        assert len(losses) == 3 and all(v > 0 for v in losses)
+        timing = time_interleaved([placed, default, free], rounds=2, steps=2, warmup=1)
+        med = timing.step_us
+        assert len(med) == 3 and all(m > 0 for m in med)
+        assert len(timing.other_cores) == 2 and set(timing.kept) <= {0, 1} and len(timing.kept) >= 1
+        assert "rounds" in timing.note()
+        for run in (placed, default, free):
+            assert len(run.times) == 4
+            assert run.cores_used > 0
+        assert placed.step == 3 + 1 + 4  # trained, warm-up, timed: each step has its own batch
+        seen = placed.trace()
+        assert seen["misplaced"] == [] and seen["order_violations"] == []
+        if timing.kept == [0, 1]:
+            assert med[0] == statistics.median(placed.times)
+
+
+def test_transfer_fit_used_only_when_it_explains_the_points():
+    sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 24]
+    good = choose_model(4.0, 2e-5, 0.99, sizes, [4.0, 5.3, 25.0, 340.0])
+    assert (good.beta0, good.beta1, good.fallback) == (4.0, 2e-5, "")
+    assert "not used" not in str(good)
+    # logical CPU devices: time does not grow with size -> constant, the median
+    flat = choose_model(6.0, -1e-8, 0.2, sizes, [2.0, 9.0, 3.0, 4.0])
+    assert (flat.beta0, flat.beta1) == (3.5, 0.0) and flat.line == (6.0, -1e-8)
+    assert "not used" in str(flat) and "copies nothing" in flat.fallback
+    assert flat.cluster().route("/CPU:0", "/CPU:1").beta0 == 3.5
+    gpu = choose_model(6.0, -1e-8, MIN_R2 - 0.01, sizes, [2.0, 9.0, 3.0, 4.0], kind="GPU")
+    assert (gpu.beta0, gpu.beta1) == NVLINK_GG and "NVLink" in gpu.fallback
+
+
+def test_timing_note_says_which_rounds_count():
+    quiet = Timing([1.0], [0.1, 1.5, 0.0, 0.2], [0, 2, 3], 0.25).note()
+    assert "3 of 4 rounds" in quiet and "up to 1.5" in quiet
+    busy = Timing([1.0], [0.9, 1.5], [0, 1], 0.25).note()
+    assert "0.9-1.5 cores" in busy and "busy" in busy
+    assert "unknown" in Timing([1.0], [float("nan")], [0], 0.25).note()
+
+
+def test_busy_cores_is_a_fraction_of_the_machine():
+    b = busy_cores(0.05)
+    assert b is None or 0 <= b <= (os.cpu_count() or 1) + 1e-6
+
+
+def test_demo_presets_exist_and_are_bigger_than_small():
+    for name in ("rnnlm", "nmt"):
+        assert "demo" in presets(name)
+        demo, small = build_model(name, "demo").config, build_model(name, "small").config
+        assert demo["units"] >= 4 * small["units"]
+
+
+def test_demo_prints_the_measured_table(capsys):
+    from pesto import demo
+
+    assert demo.main(["--model", "rnnlm", "--preset", "small", "--time-limit", "2", "--steps", "2",
+                      "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    for text in ("[5/5]", "Pesto ", "Expert ", "TF default (all on /CPU:0)", "TF on /CPU:0, all cores *",
+                 "Pesto vs TF default placement:", "one executor thread per device", "0 ops off-plan"):
+        assert text in out, text
