@@ -187,7 +187,9 @@ class LocalServers:
         n_gpu = len(tf.config.list_physical_devices("GPU"))
         self.kind = "GPU" if n_gpu >= self.n_tasks * self.devices_per_task else "CPU"
         spec = json.dumps(self.spec)
-        cfg = session_config(self.devices_per_task, kind=self.kind).SerializeToString().hex()
+        server_cfg = session_config(self.devices_per_task, kind=self.kind)
+        server_cfg.use_per_session_threads = False  # see session_config below
+        cfg = server_cfg.SerializeToString().hex()
         atexit.register(self.close)
         try:
             for t in range(self.n_tasks):
@@ -304,6 +306,8 @@ class LocalServers:
         """Grappler kept from reordering (as every tf_patch run), variables
         private to the session, remote operations bounded by ``op_timeout``."""
         cfg = session_config(self.devices_per_task, kind=self.kind)
+        # a distributed session refuses thread-pool options: the servers own the executors
+        cfg.use_per_session_threads = False
         cfg.operation_timeout_in_ms = int(self.op_timeout * 1000)
         cfg.isolate_session_state = True
         return cfg
