@@ -340,6 +340,12 @@ def _order_array(order, d: np.ndarray, q_ptr: np.ndarray, n: int, nd: int) -> np
     return q_idx
 
 
+@njit(cache=True, inline="always")
+def _before(k, s, i, k2, s2, i2) -> bool:
+    """``(k, s, i) < (k2, s2, i2)`` as Python compares tuples (the heap order)."""
+    return k < k2 or (k == k2 and (s < s2 or (s == s2 and i < i2)))
+
+
 @njit(cache=True)
 def _hpush(hk, hs, hi, base, size, k, s, i):
     """Push ``(k, s, i)`` on the binary heap ``h*[base:base + size]`` (the
@@ -348,7 +354,7 @@ def _hpush(hk, hs, hi, base, size, k, s, i):
     while pos > 0:
         up = (pos - 1) >> 1
         pk, ps, pi = hk[base + up], hs[base + up], hi[base + up]
-        if k < pk or (k == pk and (s < ps or (s == ps and i < pi))):
+        if _before(k, s, i, pk, ps, pi):
             hk[base + pos], hs[base + pos], hi[base + pos] = pk, ps, pi
             pos = up
         else:
@@ -368,13 +374,11 @@ def _hpop(hk, hs, hi, base, size):
         if c >= size:
             break
         r = c + 1
-        if r < size:
-            rk, ck = hk[base + r], hk[base + c]
-            if rk < ck or (rk == ck and (hs[base + r] < hs[base + c] or (
-                    hs[base + r] == hs[base + c] and hi[base + r] < hi[base + c]))):
-                c = r
+        if r < size and _before(hk[base + r], hs[base + r], hi[base + r],
+                                hk[base + c], hs[base + c], hi[base + c]):
+            c = r
         ck, cs, ci = hk[base + c], hs[base + c], hi[base + c]
-        if ck < k or (ck == k and (cs < s or (cs == s and ci < i))):
+        if _before(ck, cs, ci, k, s, i):
             hk[base + pos], hs[base + pos], hi[base + pos] = ck, cs, ci
             pos = c
         else:

@@ -642,14 +642,24 @@ def _stage_splits(prob: Problem, blocks: list[int], gpus: list[int]) -> dict:
     out = {}
     for k in range(1, min(len(gpus), m) + 1):
         starts = pipeline_cuts([[x / speed[s] for x in work] for s in range(k)], cut, k)
-        stage_of = [0] * m
-        for s, a in enumerate(starts):
-            for b in range(a, starts[s + 1] if s + 1 < len(starts) else m):
-                stage_of[b] = s
-        slot = [stage_of[b] if b >= 0 else -1 for b in blocks]
+        slot = stage_slots(blocks, starts)
         _follow_neighbours(slot, prob.topo, prob.succ, prob.pred)
         out[k] = [gpus[s] if s >= 0 else gpus[0] for s in slot]
     return out
+
+
+def stage_slots(blocks: Sequence[int], starts: Sequence[int]) -> list[int]:
+    """Stage per op of a contiguous split: block ``b`` is in stage ``s`` when
+    ``starts[s] <= b < starts[s + 1]``; ops of no block (-1) get -1.
+
+    >>> stage_slots([0, 1, -1, 2, 3], [0, 2])
+    [0, 0, -1, 1, 1]
+    """
+    stage = [0] * (max(blocks, default=-1) + 1)
+    for s, a in enumerate(starts):
+        for b in range(a, starts[s + 1] if s + 1 < len(starts) else len(stage)):
+            stage[b] = s
+    return [stage[b] if b >= 0 else -1 for b in blocks]
 
 
 def _mapped_slots(graph: OpGraph, cluster: Cluster, prob: Problem, mapping: Mapping[str, str]) -> list[int]:

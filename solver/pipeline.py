@@ -336,9 +336,7 @@ def one_group(run: Run) -> None:
         return
     others = [d.name for d in run.cluster.devices if d.kind != "GPU"]
     sub = run.cluster.subset(groups[0] + others)
-    settings = dataclasses.replace(run.s, exact_time=SHARES[0] * budget, lns_time=SHARES[1] * budget,
-                                   search_time=SHARES[2] * budget, heuristic_time=budget, time_limit=budget,
-                                   progress=None, started=None)
+    settings = dataclasses.replace(run.s, **_budgets(budget, full=True), progress=None, started=None)
     inner = run_pipeline(run.graph, sub, PIPELINES["full"], settings, name="full",
                          deadline=run.deadline.sub(budget))
     plan = finalize(run.graph, run.cluster, inner.placement, order=inner.order, t0=t,
@@ -739,15 +737,20 @@ def solve(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, target_ve
         with the full pipeline).
     """
     name = _check_combination(graph, pipeline, backend, hint, target_vertices, time_limit)
-    full = name == "full"
-    exact, lns_share, search = SHARES if full else (PAPER_EXACT_SHARE, 0.0, 0.0)
-    settings = Settings(exact_time=exact * time_limit, lns_time=lns_share * time_limit,
-                        search_time=search * time_limit, heuristic_time=time_limit,
-                        target_vertices=target_vertices, backend=backend, hint=hint, workers=workers,
-                        seed=seed, coarsen_options={"method": coarsen_method}, verbose=verbose,
-                        time_limit=time_limit, deterministic=deterministic, progress=progress,
-                        started=started)
+    settings = Settings(**_budgets(time_limit, full=name == "full"), target_vertices=target_vertices,
+                        backend=backend, hint=hint, workers=workers, seed=seed,
+                        coarsen_options={"method": coarsen_method}, verbose=verbose,
+                        deterministic=deterministic, progress=progress, started=started)
     return run_pipeline(graph, cluster, PIPELINES[name], settings, name=name)
+
+
+def _budgets(time_limit: float, *, full: bool) -> dict:
+    """The stage budgets of a solve of ``time_limit`` seconds: :data:`SHARES`
+    for the full pipeline, :data:`PAPER_EXACT_SHARE` to the exact solver for
+    the paper's."""
+    exact, lns_share, search = SHARES if full else (PAPER_EXACT_SHARE, 0.0, 0.0)
+    return dict(exact_time=exact * time_limit, lns_time=lns_share * time_limit, search_time=search * time_limit,
+                heuristic_time=time_limit, time_limit=time_limit)
 
 
 def improve(graph: OpGraph, cluster: Cluster, starts: Sequence[Plan], *, target_vertices: int = 200,

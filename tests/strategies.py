@@ -10,7 +10,9 @@
 * ``placements(graph, cluster)``: a valid placement (kinds and colocation
   groups respected);
 * ``plans(graph, cluster)``: a Plan = valid placement + a random topological
-  order split per device.
+  order split per device;
+* ``random_fifo_plan(graph, cluster, seed)``: a seeded valid random placement
+  run in TF's FIFO order (a start for the search tests).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pesto.cluster import Cluster, Device, Route, gpus, two_hosts, v100x4_pcie
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import Plan
 
-__all__ = ["dags", "clusters", "placements", "plans", "random_topo_order", "lower_bound"]
+__all__ = ["dags", "clusters", "placements", "plans", "random_topo_order", "lower_bound", "random_fifo_plan"]
 
 
 @st.composite
@@ -172,3 +174,18 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
         best[nm] = max((best[p] for p in graph.predecessors(nm)), default=0.0) + fastest[nm]
     cp = max(best.values(), default=0.0)
     return max(cp, sum(fastest.values()) / len(cluster.devices))
+
+
+def random_fifo_plan(g, cl, seed):
+    """A valid random placement (kinds and colocation respected), TF FIFO order fixed."""
+    from pesto.problem import Problem
+    from solver.search import reschedule
+
+    rng = random.Random(seed)
+    prob = Problem.of(g, cl)
+    place = {}
+    for mem in prob.members:
+        d = rng.choice(prob.allowed[mem[0]])
+        for i in mem:
+            place[g.names[i]] = cl.devices[d].name
+    return reschedule(g, cl, place, candidates=("fifo",), placer="random")

@@ -18,7 +18,7 @@ from pesto.plan import check_plan
 from pesto.problem import Problem
 from pesto.simulate import simulate
 from solver.baselines import (_fix_units, _follow_neighbours, _main_gpus, expert_blocks, pipeline_cuts,
-                              place_expert, place_single)
+                              place_expert, place_single, stage_slots)
 
 GRAPHS = "benchmarks/graphs"
 
@@ -27,12 +27,7 @@ def _split_time(g, c, blocks, starts):
     """Simulated FIFO step time of the contiguous split starting stages at ``starts``."""
     prob = Problem.of(g, c)
     gp = _main_gpus(prob)
-    m = max(blocks) + 1
-    stage = [0] * m
-    for s, a in enumerate(starts):
-        for b in range(a, starts[s + 1] if s + 1 < len(starts) else m):
-            stage[b] = s
-    slot = [stage[b] if b >= 0 else -1 for b in blocks]
+    slot = stage_slots(blocks, starts)
     _follow_neighbours(slot, prob.topo, prob.succ, prob.pred)
     place = _fix_units(prob, [gp[s] if s >= 0 else gp[0] for s in slot])
     return simulate(g, c, {g.names[i]: prob.dev_names[place[i]] for i in range(prob.n)}, mode="fifo").makespan

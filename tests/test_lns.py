@@ -1,7 +1,6 @@
 """CP-SAT large-neighbourhood search (solver.lns) and its window model (solver.lns_model)."""
-import random
-
 import pytest
+from strategies import random_fifo_plan
 
 import solver.lns
 
@@ -14,18 +13,6 @@ from solver.lns import KINDS, lns
 from solver.lns_model import solve_window
 from solver.pipeline import solve_fine
 from solver.search import reschedule
-
-
-def _random_start(g, cl, seed):
-    """A valid random placement (kinds and colocation respected), TF FIFO order fixed."""
-    rng = random.Random(seed)
-    prob = Problem.of(g, cl)
-    place = {}
-    for mem in prob.members:
-        d = rng.choice(prob.allowed[mem[0]])
-        for i in mem:
-            place[g.names[i]] = cl.devices[d].name
-    return reschedule(g, cl, place, candidates=("fifo",), placer="random")
 
 
 def _chains(k=6, coloc=False):
@@ -45,7 +32,7 @@ def _chains(k=6, coloc=False):
 def test_never_worse_than_its_start_and_valid(seed, links):
     g = layered_dag(250, seed=seed, coloc_prob=0.1)
     cl = gpus(2, beta=(20.0, 2e-5), with_cpu=True)
-    start = _random_start(g, cl, seed)
+    start = random_fifo_plan(g, cl, seed)
     assert not cl.contention_free  # links=True: transfers hold their links in the window model
     out = lns(g, cl, start, time_limit=600, window=60, window_time=0.2, max_windows=6, seed=seed, links=links)
     again = simulate(g, cl, start, mode="order").makespan
@@ -100,7 +87,7 @@ def test_deterministic_for_a_fixed_seed(monkeypatch):
     monkeypatch.setattr(solver.lns, "WALL_FACTOR", 1000)
     g = layered_dag(300, seed=5)
     cl = gpus(2, beta=(20.0, 2e-5))
-    start = _random_start(g, cl, 5)
+    start = random_fifo_plan(g, cl, 5)
     runs = [lns(g, cl, start, time_limit=600, window=50, window_time=0.05, max_windows=4, seed=3)
             for _ in range(2)]
     a, b = runs

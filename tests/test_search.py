@@ -4,6 +4,7 @@ import random
 
 import numpy as np
 import pytest
+from strategies import random_fifo_plan
 
 import coarsen
 from coarsen import verify
@@ -30,23 +31,11 @@ def _cluster(**kw):
     return gpus(2, beta=(40.0, 2e-5), with_cpu=True, **kw)
 
 
-def _random_plan(g, cl, seed):
-    """A valid random placement (kinds and colocation respected), TF FIFO."""
-    rng = random.Random(seed)
-    prob = Problem(g, cl)
-    place = {}
-    for mem in prob.members:
-        d = rng.choice(prob.allowed[mem[0]])
-        for i in mem:
-            place[g.names[i]] = cl.devices[d].name
-    return reschedule(g, cl, place, candidates=("fifo",), placer="random")
-
-
 # -- partition-aware coarsening -------------------------------------------------------
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_partition_never_merged_across_labels(seed):
     g, cl = _graph(seed), _cluster()
-    p = _random_plan(g, cl, seed)
+    p = random_fifo_plan(g, cl, seed)
     labels2 = {op: (k // 37) % 3 for k, op in enumerate(g.names)}
     for part in (p.placement, [p.placement, labels2]):
         cg = coarsen.coarsen(g, 40, partition=part, cluster=cl, check=True)
@@ -81,7 +70,7 @@ def test_no_partition_same_as_before():
 @pytest.mark.parametrize("seed", [0, 4])
 def test_project_round_trips(seed):
     g, cl = _graph(seed), _cluster()
-    p = _random_plan(g, cl, seed)
+    p = random_fifo_plan(g, cl, seed)
     cg = coarsen.coarsen(g, 40, partition=p.placement, cluster=cl)
     q = cg.project(p, cl)
     assert set(q.placement) == set(cg.graph.names)
@@ -96,7 +85,7 @@ def test_project_of_a_foreign_plan_is_valid():
     # a plan the coarsening did not follow: majority vote, kinds and groups kept
     g, cl = _graph(5), _cluster()
     cg = coarsen.coarsen(g, 40, cluster=cl)
-    p = _random_plan(g, cl, 7)
+    p = random_fifo_plan(g, cl, 7)
     q = cg.project(p, cl)
     rep = check_plan(cg.graph, cl, q, check_memory=False)
     assert rep.ok, rep.violations[:3]
@@ -132,7 +121,7 @@ def test_priority_waits_for_ops_ready_at_the_same_instant():
 
 def test_slack_zero_on_critical_path():
     g, cl = _graph(2, 120), _cluster()
-    s = simulate(g, cl, _random_plan(g, cl, 2))
+    s = simulate(g, cl, random_fifo_plan(g, cl, 2))
     sl = slack(g, cl, s)
     assert min(sl) == 0.0 and all(x >= 0 for x in sl)
     last = max(g.names, key=lambda op: s.finish[op])
@@ -143,7 +132,7 @@ def test_slack_zero_on_critical_path():
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_reschedule_never_worse_than_a_candidate(seed):
     g, cl = _graph(seed), _cluster()
-    base = _random_plan(g, cl, seed)
+    base = random_fifo_plan(g, cl, seed)
     # a plan with a deliberately odd (but valid) given order: topological, per device
     given = Plan.from_placement(g, base.placement)
     best = reschedule(g, cl, given)
@@ -162,9 +151,9 @@ def test_reschedule_never_worse_than_a_candidate(seed):
 def test_reschedule_needs_an_applicable_candidate():
     g, cl = _graph(), _cluster()
     with pytest.raises(ValueError):
-        reschedule(g, cl, _random_plan(g, cl, 0).placement, candidates=("given",))
+        reschedule(g, cl, random_fifo_plan(g, cl, 0).placement, candidates=("given",))
     with pytest.raises(ValueError):
-        reschedule(g, cl, _random_plan(g, cl, 0), candidates=("bogus",))
+        reschedule(g, cl, random_fifo_plan(g, cl, 0), candidates=("bogus",))
 
 
 # -- refine -------------------------------------------------------------------------------
@@ -186,7 +175,7 @@ def test_refine_splits_two_heavy_chains():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_refine_never_worse_and_valid(seed):
     g, cl = _graph(seed), _cluster()
-    start = _random_plan(g, cl, seed + 10)
+    start = random_fifo_plan(g, cl, seed + 10)
     out = refine(g, cl, start, time_limit=2, seed=seed)
     assert out.makespan <= simulate(g, cl, start).makespan + 1e-9
     rep = check_plan(g, cl, out)
@@ -219,7 +208,7 @@ def test_refine_respects_memory():
 
 def test_refine_deterministic_with_max_evals():
     g, cl = _graph(4), _cluster()
-    start = _random_plan(g, cl, 3)
+    start = random_fifo_plan(g, cl, 3)
     a = refine(g, cl, start, time_limit=60, seed=3, max_evals=60)
     b = refine(g, cl, start, time_limit=60, seed=3, max_evals=60)
     assert dict(a.placement) == dict(b.placement) and a.makespan == b.makespan
@@ -228,7 +217,7 @@ def test_refine_deterministic_with_max_evals():
 
 def test_move_groups_close_colocation():
     g, cl = _graph(6), _cluster()
-    p = _random_plan(g, cl, 6)
+    p = random_fifo_plan(g, cl, 6)
     groups = g.colocation_groups()
     idx = g.index
     for units in move_groups(g, cl, p.placement):
@@ -255,7 +244,7 @@ def test_improve_never_worse_than_its_starts():
 def test_solve_fine_skips_a_broken_heuristic_and_keeps_the_best():
     g, cl = _graph(9, 300), _cluster()
     out = solve_fine(g, cl, time_limit=3, target_vertices=40, workers=1, heuristics=("expert", "no-such"),
-                     extra_starts=[_random_plan(g, cl, 1)])
+                     extra_starts=[random_fifo_plan(g, cl, 1)])
     log = out.log
     assert "no-such" in log.skipped
     assert "random" in log.candidates  # the extra start joined the starts

@@ -90,6 +90,34 @@ def fit_line(sizes, times) -> tuple[float, float, float]:
     return float(b0), float(b1), r2
 
 
+def ping_pong_graph(a: str, b: str, sizes, hops: int, *, work: int = 0):
+    """``(tf.Graph, [(remote, local) per size])``: per size, a chain of
+    ``hops`` ``tf.identity`` ops alternating between devices ``a`` and ``b``
+    (``remote``) and the same chain on ``a`` alone (``local``), each ending
+    in a sum. ``work``: see :func:`measure_transfers`."""
+    import tensorflow as tf
+
+    graph, pairs = tf.Graph(), []
+    with graph.as_default():
+        for nbytes in sizes:
+            n = max(1, nbytes // 4)
+            fetch = []
+            for far in (b, a):  # ping-pong, then the local baseline
+                with tf.device(a):
+                    x = tf.compat.v1.random_uniform([n], seed=1)
+                for h in range(hops):
+                    with tf.device(far if h % 2 == 0 else a):
+                        if work and h < hops - 1:
+                            w = tf.ones([work, work]) * (1.0 + 0.0 * x[0])  # runs once x is here
+                            with tf.control_dependencies([tf.matmul(w, w)]):
+                                x = tf.identity(x)
+                        else:
+                            x = tf.identity(x) if h < hops - 1 else tf.reduce_sum(x)
+                fetch.append(x)
+            pairs.append(fetch)
+    return graph, pairs
+
+
 def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
                       src: int = 0, dst: int = 1, hops: int = 16, progress: bool = False,
                       work: int = 0) -> list[float]:
@@ -109,25 +137,7 @@ def measure_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
 
     kind, _ = detect(max(n_devices, src + 1, dst + 1))
     a, b = tf_device(f"/{kind}:{src}"), tf_device(f"/{kind}:{dst}")
-    graph = tf.Graph()
-    pairs = []
-    with graph.as_default():
-        for nbytes in sizes:
-            n = max(1, nbytes // 4)
-            fetch = []
-            for far in (b, a):  # ping-pong, then the local baseline
-                with tf.device(a):
-                    x = tf.compat.v1.random_uniform([n], seed=1)
-                for h in range(hops):
-                    with tf.device(far if h % 2 == 0 else a):
-                        if work and h < hops - 1:
-                            w = tf.ones([work, work]) * (1.0 + 0.0 * x[0])  # runs once x is here
-                            with tf.control_dependencies([tf.matmul(w, w)]):
-                                x = tf.identity(x)
-                        else:
-                            x = tf.identity(x) if h < hops - 1 else tf.reduce_sum(x)
-                fetch.append(x)
-            pairs.append(fetch)
+    graph, pairs = ping_pong_graph(a, b, sizes, hops, work=work)
     out = []
     sess = tf.compat.v1.Session(graph=graph, config=session_config(max(n_devices, src + 1, dst + 1), kind=kind))
     try:

@@ -48,7 +48,7 @@ import time
 from pesto.errors import InvalidPlanError, PestoError
 
 from .apply import apply_plan
-from .commfit import fit_line
+from .commfit import fit_line, ping_pong_graph
 from .devices import session_config
 from .pipeline import RunResult, _time_runs
 from .traces import step_times
@@ -550,18 +550,7 @@ def fit_task_transfers(servers: LocalServers, *, src=(0, 0), dst=(1, 0), sizes=(
     import tensorflow as tf
 
     a, b = servers.device(*src), servers.device(*dst)
-    graph, pairs = tf.Graph(), []
-    with graph.as_default():
-        for nbytes in sizes:
-            fetch = []
-            for far in (b, a):
-                with tf.device(a):
-                    x = tf.compat.v1.random_uniform([max(1, nbytes // 4)], seed=1)
-                for h in range(hops):
-                    with tf.device(far if h % 2 == 0 else a):
-                        x = tf.identity(x) if h < hops - 1 else tf.reduce_sum(x)
-                fetch.append(x)
-            pairs.append(fetch)
+    graph, pairs = ping_pong_graph(a, b, sizes, hops)
     times = []
     servers.check_alive()
     sess = tf.compat.v1.Session(servers.target, graph=graph, config=servers.session_config())
