@@ -31,7 +31,7 @@ train: install
 	$(BIN)/python -m pesto.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS)
 
 bench: install
-	$(BIN)/python -m benchmarks.run_all
+	$(BIN)/python -m benchmarks.run_all $(if $(PLACEMENT),--placement $(PLACEMENT))
 
 bench-quick: install
 	$(BIN)/python -m benchmarks.run_all --quick

@@ -144,7 +144,8 @@ def _place(graph, cluster, placer: str, s: Settings, time_limit: float) -> dict:
             "winner": log.winner if log is not None else "", "vertices": log.vertices if log is not None else None,
             "coarse_bound_ms": None if coarse.get("lower_bound") is None else coarse["lower_bound"] / 1000,
             "coarse_status": coarse.get("status", ""),
-            "error": "" if report.ok else "; ".join(report.violations[:2])}
+            "error": "" if report.ok else "; ".join(report.violations[:2]),
+            "rule": plan.stats.get("expert_rule", "") if placer == "expert" else ""}
 
 
 def _child(conn, graph, cluster, placer, s, time_limit):
@@ -198,7 +199,7 @@ def available(placer: str) -> str | None:
 FIELDS = ["workload", "label", "source", "ops", "edges", "cluster", "placer", "placer_label", "status",
           "step_ms", "claimed_ms", "ratio_expert", "ratio_best_baseline", "best_baseline", "wall_s",
           "bound_ms", "gap", "winner", "vertices", "coarse_bound_ms", "coarse_status", "oom", "oom_devices", "peak_mem_frac", "peak_mem_gib", "ops_per_device",
-          "valid", "violations", "error"]
+          "valid", "violations", "error", "rule"]
 
 
 def _ok(r) -> bool:
@@ -350,6 +351,8 @@ def _cell(r) -> str:
     if r["status"] in ("error", "timeout", "unavailable"):
         return r["status"]
     txt = f"{r['step_ms']:.2f}"
+    if r.get("rule"):  # Expert's rule (layers, scopes, paper, mapping)
+        txt += f" ({r['rule']})"
     if r.get("oom"):
         txt += " OOM"
     if not r.get("valid", True):

@@ -3,7 +3,7 @@
 ``make bench`` calls :func:`update_readme` after :mod:`benchmarks.placement`,
 so the README's table is always the one the last full run produced. The table
 is built from ``benchmarks/results/placement.csv``: per workload and cluster,
-Expert, the best baseline (any placer but Pesto's that fits memory), Pesto
+Expert (with the rule it used), the best baseline (any placer but Pesto's that fits memory), Pesto
 (``pesto.solve``), their ratios, the lower bound and gap, and placement time.
 """
 from __future__ import annotations
@@ -54,7 +54,8 @@ def table(rows: list[dict]) -> str:
         best_cell = "" if best is None else f"{b:.2f} ({best['placer_label']})"
         bound_cell = ms(bound) + ("" if gap is None else f" / {100 * gap:.1f}%")
         wall = _f(pesto.get("wall_s")) or 0.0
-        out.append(f"| {pesto['label']} | {cl} | {pesto['ops']} | {ms(e)} | {best_cell} | {ms(p)} | "
+        rule = f" ({exp['rule']})" if exp and exp.get("rule") else ""
+        out.append(f"| {pesto['label']} | {cl} | {pesto['ops']} | {ms(e)}{rule} | {best_cell} | {ms(p)} | "
                    f"{pct(p, e)} | {pct(p, b)} | {bound_cell} | {wall:.1f} | {pesto.get('winner') or ''} |")
     return "\n".join(out)
 

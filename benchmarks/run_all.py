@@ -22,16 +22,16 @@ AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_
                    "bench_ablation", "bench_scale", "bench_expert", "bench_keras", "bench_hosts")
 
 
-def _call_main(module_name: str) -> int:
-    """Import ``benchmarks.<module_name>`` and call its ``main`` with no arguments
-    (``sys.argv`` reset so its own parser sees none of ours)."""
+def _call_main(module_name: str, args: list[str] | None = None) -> int:
+    """Import ``benchmarks.<module_name>`` and call its ``main`` with ``args``
+    (default none; ``sys.argv`` reset so its own parser sees none of ours)."""
     mod = importlib.import_module(f"benchmarks.{module_name}")
     saved = sys.argv
     sys.argv = [f"benchmarks.{module_name}"]
     try:
         fn = mod.main
         params = inspect.signature(fn).parameters
-        rc = fn([]) if params else fn()
+        rc = fn(list(args or [])) if params else fn()
     except SystemExit as exc:  # scripts that call sys.exit inside main
         rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="only a small placement run, into a temp dir")
     ap.add_argument("--out", help="results directory for the placement benchmark")
+    ap.add_argument("--placement", nargs="*", default=[], metavar="WORKLOAD=FILE",
+                    help="your placement of a workload ({op: device} JSON): a 'yours' column in expert.md")
     ap.add_argument("--only", help="comma-separated benchmarks to run (placement and/or " + ",".join(AREA_BENCHMARKS) + ")")
     a = ap.parse_args(argv)
 
@@ -74,7 +76,8 @@ def main(argv=None) -> int:
             continue
         else:
             try:
-                rc = _call_main(name)
+                extra = ["--placement", *a.placement] if name == "bench_expert" and a.placement else []
+                rc = _call_main(name, extra)
             except Exception as exc:  # one broken benchmark must not stop the others
                 print(f"{name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                 rc = 1

@@ -138,3 +138,45 @@ def test_readme_table_is_rewritten_between_markers(tmp_path):
     assert cells[8] == "80.00 / 1.2%"
     readme.write_text("no markers")
     assert not update_readme(tmp_path, readme) and readme.read_text() == "no markers"
+
+
+def test_expert_bench_shows_the_rule_and_your_placement(tmp_path):
+    """``make bench PLACEMENT=workload=file.json``: expert.md gets a 'yours'
+    column, scored by pesto.evaluate, beside Expert's rule."""
+    import json
+
+    import pesto
+    from benchmarks import bench_expert
+    from benchmarks.make_graphs import load
+    from pesto.cluster import preset
+
+    w = by_key("transformer_6")
+    if not w.path.exists():
+        pytest.skip("cached graph missing")
+    graph, _ = load(w)
+    mine = {name: "/job:localhost/replica:0/task:0/device:GPU:1" for name in graph.names}  # TF device strings
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(mine))
+    r = bench_expert.row(w.key, graph, "v100x2_nvlink", str(path))
+    assert r["rule"] in ("layers", "scopes", "paper")
+    assert r["yours_ms"] == round(pesto.evaluate(graph, mine, cluster=preset("v100x2_nvlink")).makespan / 1e3, 2)
+    bench_expert.write([r], tmp_path)
+    md = (tmp_path / "expert.md").read_text()
+    assert "| yours |" in md and f"| {r['rule']} |" in md and f" {r['yours_ms']} |" in md
+    bench_expert.write([dict(r, yours_ms=None)], tmp_path)
+    assert "yours" not in (tmp_path / "expert.md").read_text()  # no column when none is given
+
+
+def test_run_all_passes_your_placement_to_the_expert_bench(monkeypatch):
+    calls = []
+    monkeypatch.setattr(run_all, "_call_main", lambda name, args=None: calls.append((name, args)) or 0)
+    assert run_all.main(["--only", "bench_expert,bench_bound", "--placement", "nmt_2x1024=mine.json"]) == 0
+    assert calls == [("bench_expert", ["--placement", "nmt_2x1024=mine.json"]), ("bench_bound", [])]
+
+
+def test_readme_table_names_experts_rule():
+    from benchmarks.readme import table
+
+    rows = [_row("w", "c", "expert", "10.0", rule="scopes"), _row("w", "c", "cpsat", "8.0")]
+    assert "| 10.00 (scopes) |" in table(rows)
+    assert "(scopes)" in placement._cell(dict(rows[0], step_ms=10.0))
