@@ -1,17 +1,19 @@
 """A communication-aware makespan lower bound on the fine graph.
 
-:func:`comm_bound` returns the best of four valid bounds, each a relaxation
+:func:`comm_bound` returns the best of five valid bounds, each a relaxation
 of the exact problem (so never above its optimum), and says which one won:
 
 1. :func:`solver.bounds.lower_bound`: critical path / work per device;
-2. :func:`solver.bounds.energetic_bound`: energetic reasoning on heads and tails;
-3. :func:`colocation_bound`: an edge whose longest path with its transfer
+2. :func:`solver.bounds.chain_bound`: phases along the critical path, each
+   at least its path length and its work per device;
+3. :func:`solver.bounds.energetic_bound`: energetic reasoning on heads and tails;
+4. :func:`colocation_bound`: an edge whose longest path with its transfer
    exceeds the makespan cannot be split; ops so joined share a device, and
    must fit on it one after another;
-4. CP-SAT's proven objective bound on :class:`RelaxedModel` (every op, or the
+5. CP-SAT's proven objective bound on :class:`RelaxedModel` (every op, or the
    ``max_ops`` longest on large graphs) after a short time limit.
 
-The relaxation (4) keeps, of the exact model (:mod:`solver.cpsat_model`):
+The relaxation (5) keeps, of the exact model (:mod:`solver.cpsat_model`):
 
 * placement: one literal per (colocation unit, allowed device), exactly one true;
 * compute: per device, a no-overlap of the optional run intervals;
@@ -70,12 +72,13 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.problem import INF, Problem
 
-from .bounds import energetic_bound, lower_bound
+from .bounds import chain_bound, energetic_bound, lower_bound
 
-__all__ = ["Bound", "RelaxedModel", "comm_bound", "colocation_bound", "edge_delay", "reduced_edges", "SIMPLE_SOURCE", "ENERGY_SOURCE",
-           "COLOCATION_SOURCE"]
+__all__ = ["Bound", "RelaxedModel", "comm_bound", "colocation_bound", "edge_delay", "reduced_edges", "SIMPLE_SOURCE", "CHAIN_SOURCE",
+           "ENERGY_SOURCE", "COLOCATION_SOURCE"]
 
 SIMPLE_SOURCE = "critical path / work"
+CHAIN_SOURCE = "critical-path phases"
 ENERGY_SOURCE = "energetic reasoning (heads/tails)"
 COLOCATION_SOURCE = "forced colocation (transfer delays)"
 MAX_OPS = 400           # above: the relaxation keeps the longest ops only
@@ -89,8 +92,9 @@ class Bound:
     """A makespan lower bound (µs) and where it comes from.
 
     value : the bound, never below ``simple``
-    source : "cp-sat relaxation (fine)", "cp-sat relaxation on N-op subset" or
-        :data:`SIMPLE_SOURCE` when the relaxation did not beat the simple bound
+    source : the bound that gave ``value``: "cp-sat relaxation (fine)", "cp-sat
+        relaxation on N-op subset", :data:`CHAIN_SOURCE`, :data:`ENERGY_SOURCE`,
+        :data:`COLOCATION_SOURCE` or :data:`SIMPLE_SOURCE`
     seconds : wall time spent
     proven : the relaxation was solved to optimality (the bound is its optimum)
     simple : :func:`solver.bounds.lower_bound`
@@ -455,10 +459,11 @@ DETERMINISTIC_STEPS = 24  # bisection steps of the energetic and colocation boun
 
 def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, incumbent: Plan | None = None,
                upper: float | None = None, workers: int = 1, seed: int = 0, max_ops: int = MAX_OPS,
-               deterministic: bool = False) -> Bound:
+               deterministic: bool = False, chain: float | None = None) -> Bound:
     """A makespan lower bound that counts communication (module docstring).
 
-    The best of: :func:`~solver.bounds.lower_bound`, :func:`~solver.bounds.energetic_bound`
+    The best of: :func:`~solver.bounds.lower_bound`, :func:`~solver.bounds.chain_bound`,
+    :func:`~solver.bounds.energetic_bound`
     (up to 25 % of ``time_limit``), :func:`colocation_bound` (up to 15 %) and
     CP-SAT's bound on :class:`RelaxedModel` (the rest; the model on every op
     up to ``max_ops`` ops, else on the ``max_ops`` longest), each started
@@ -475,6 +480,8 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
     max_ops : the most ops the CP-SAT relaxation holds
     deterministic : the same value on any machine: the bisections take a
         fixed number of steps and CP-SAT runs on deterministic time
+    chain : :func:`~solver.bounds.chain_bound`'s value when the caller has it
+        (it is not computed again)
 
     Returns
     -------
@@ -493,6 +500,10 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
         upper = _horizon(prob)
     best, source = simple, SIMPLE_SOURCE
     if upper > simple:
+        chain = chain_bound(graph, cluster) if chain is None else chain
+        if chain > best:
+            best, source = chain, CHAIN_SOURCE
+    if upper > best:
         steps = dict(time_limit=math.inf, max_steps=DETERMINISTIC_STEPS) if deterministic else {}
         energy = energetic_bound(graph, cluster, upper=upper, **({"time_limit": 0.25 * time_limit} | steps))
         if energy > best:

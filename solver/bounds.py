@@ -12,6 +12,13 @@ the exact solvers and :func:`pesto.solve` before any search.
   and ``T`` minus its tail; if, in some time window, the parts of the ops that
   must fall inside exceed what the devices can do there, no schedule of
   length ``T`` exists (still communication free, so valid for every link model).
+* :func:`chain_bound` cuts the step into phases along the critical path:
+  ops that follow one path op and precede a later one must all run between
+  the two, so the step is at least the sum of the chosen path ops plus, per
+  phase, max(its path length, its work per device). A dynamic programme
+  picks the path ops that give the largest sum. It catches what the two
+  above miss on layered graphs: a serial stretch (a feed-forward chain, a
+  loss) between parallel ones cannot borrow their idle devices.
 * :func:`greedy_plan` is a small earliest-finish-time list scheduler used as a
   fallback hint when nothing better is given.
 
@@ -37,10 +44,11 @@ from pesto.problem import INF, Problem
 
 from .common import finalize
 
-__all__ = ["lower_bound", "energetic_bound", "greedy_plan"]
+__all__ = ["lower_bound", "energetic_bound", "chain_bound", "greedy_plan"]
 
 ENERGY_OPS = 3000         # energetic reasoning keeps the longest ops (dropping ops only relaxes)
 ENERGY_TERMS = 4_000_000  # (window, op) terms per makespan test
+CHAIN_WINDOW = 256        # chain_bound: a phase spans at most this many path ops (fewer only weakens it)
 
 
 def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
@@ -113,6 +121,117 @@ def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = N
         else:
             hi = mid
     return float(lo)
+
+
+def chain_bound(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW) -> float:
+    """A makespan lower bound from phases along the critical path, at least :func:`lower_bound` (µs).
+
+    Take the critical path ``p_0 .. p_k-1`` (fastest compute times) and
+    choose some of its ops as *separators*. An op that descends from one
+    separator and precedes the next can only run between the two, and the
+    separators run one after another, so every schedule lasts at least::
+
+        sum(separators' times) + sum over phases of max(path between, work / devices)
+
+    (ops beside no such pair are dropped, which only relaxes). *Work* is the
+    fastest compute of the phase's ops, per device and per device kind, as
+    in :func:`lower_bound`. A dynamic programme over the path picks the
+    separators that give the largest sum; a phase spans at most ``window``
+    path ops. Communication is ignored, so the bound holds for every
+    placement and link model.
+
+    >>> from pesto.graph import OpGraph
+    >>> from pesto.cluster import gpus
+    >>> ops = {"a": 1, "b": 4, "c": 4, "d": 4, "e": 1, "f": 4, "g": 4, "h": 4, "i": 1}
+    >>> edges = [("a", x) for x in "bcd"] + [(x, "e") for x in "bcd"] \\
+    ...       + [("e", x) for x in "fgh"] + [(x, "i") for x in "fgh"]
+    >>> g = OpGraph.from_edges(ops, edges)   # two forks of three, joined by e
+    >>> lower_bound(g, gpus(2)), chain_bound(g, gpus(2))   # a, e, i idle a device each
+    (13.5, 15.0)
+    """
+    simple = lower_bound(graph, cluster)
+    if graph.num_ops == 0:
+        return simple
+    prob = Problem.of(graph, cluster)
+    fast = np.array([prob.fastest(i) for i in range(prob.n)])
+    path = _critical_path(prob, fast)
+    first, after = _path_span(prob, path)
+    share = _work_shares(prob, cluster, fast)
+    return float(max(simple, _phase_programme(fast[path], first, after, share, window)))
+
+
+def _critical_path(prob: Problem, fast) -> list[int]:
+    """A longest path (op indices in order) by the times ``fast``."""
+    top = top_levels(prob.pred, fast.tolist(), order=prob.topo)
+    i = int(np.argmax(top))
+    path = [i]
+    while prob.pred[i]:
+        i = max(prob.pred[i], key=lambda p: top[p])
+        path.append(i)
+    return path[::-1]
+
+
+def _path_span(prob: Problem, path: list[int]):
+    """Per op, the last path position among its ancestors (-1: none) and the
+    first among its descendants (``len(path)``: none). Ancestors on a path
+    form a prefix of it and descendants a suffix, so these two say which
+    path ops an op is comparable with."""
+    k = len(path)
+    pos = np.full(prob.n, -1)
+    pos[path] = np.arange(k)
+    first = np.full(prob.n, -1)
+    after = np.full(prob.n, k)
+    for i in prob.topo:
+        for p in prob.pred[i]:
+            v = max(first[p], pos[p])
+            if v > first[i]:
+                first[i] = v
+    for i in reversed(prob.topo):
+        for q in prob.succ[i]:
+            v = after[q] if pos[q] < 0 else min(after[q], pos[q])
+            if v < after[i]:
+                after[i] = v
+    return first, after
+
+
+def _work_shares(prob: Problem, cluster: Cluster, fast):
+    """Rows of per-op work per device: over all devices, then over each kind's
+    devices for the ops that can only run there (the terms of :func:`lower_bound`)."""
+    kinds = [d.kind for d in cluster.devices]
+    groups = [set(range(prob.nd))] + [{d for d, k in enumerate(kinds) if k == kind} for kind in sorted(set(kinds))]
+    share = np.zeros((len(groups), prob.n))
+    for r, grp in enumerate(groups):
+        inside = np.array([set(prob.allowed[i]) <= grp for i in range(prob.n)])
+        share[r, inside] = fast[inside] / len(grp)
+    return share
+
+
+def _phase_programme(along, first, after, share, window: int) -> float:
+    """The dynamic programme of :func:`chain_bound`: ``best[j]`` is the bound
+    on the start of path op ``j`` plus its time, with position ``k`` a
+    virtual end and ``-1`` a virtual start."""
+    k = len(along)
+    prefix = np.concatenate([[0.0], np.cumsum(along)])   # prefix[j]: path time before op j
+    by_after = np.argsort(after, kind="stable")
+    filled = np.zeros((share.shape[0], k + 1))           # column a + 1: work of ops with first == a
+    total = np.zeros(share.shape[0])
+    best = np.zeros(k + 1)
+    nxt = 0
+    for j in range(k + 1):
+        while nxt < len(by_after) and after[by_after[nxt]] <= j:  # ops that end before op j
+            u = by_after[nxt]
+            filled[:, first[u] + 1] += share[:, u]
+            total += share[:, u]
+            nxt += 1
+        here = along[j] if j < k else 0.0
+        value = max(prefix[j], total.max())               # no separator before j
+        lo = max(0, j - window)
+        if j > lo:                                        # last separator i in [lo, j)
+            work = filled[:, lo + 1:j + 1][:, ::-1].cumsum(axis=1)[:, ::-1].max(axis=0)
+            i = np.arange(lo, j)
+            value = max(value, float(np.max(best[i] + np.maximum(prefix[j] - prefix[i + 1], work))))
+        best[j] = value + here
+    return float(best[k])
 
 
 def _refuted(T: float, r, p, q, devices: int, grid: int) -> bool:

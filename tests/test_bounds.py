@@ -25,8 +25,8 @@ from pesto.graph import OpGraph
 from pesto.plan import check_plan
 from pesto.problem import Problem
 from pesto.simulate import simulate
-from solver.bound_model import SIMPLE_SOURCE, Bound, colocation_bound, comm_bound, reduced_edges
-from solver.bounds import energetic_bound, lower_bound
+from solver.bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, Bound, colocation_bound, comm_bound, reduced_edges
+from solver.bounds import chain_bound, energetic_bound, lower_bound
 from solver.pipeline import Settings, run_pipeline
 from solver.registry import run_placers
 from strategies import clusters, dags, plans
@@ -67,6 +67,8 @@ def test_never_above_the_oracle(kind, seed, n, shape):
     _assert_valid(b, opt, g, c)
     assert b.proven  # a handful of ops: the relaxation is solved
     assert energetic_bound(g, c) <= opt + TOL
+    assert lower_bound(g, c) - TOL <= chain_bound(g, c) <= opt + TOL
+    assert chain_bound(g, c, window=1) <= opt + TOL
     assert colocation_bound(Problem.of(g, c), lower_bound(g, c), 10 * opt) <= opt + TOL
     # the subset relaxation (the longest ops only) is valid too
     _assert_valid(comm_bound(g, c, time_limit=5, max_ops=3), opt, g, c)
@@ -104,6 +106,36 @@ def test_energetic_reasoning_counts_queues():
     assert energetic_bound(g, c) == pytest.approx(10.0, abs=1e-4)
     b = comm_bound(g, c, time_limit=5)
     assert b.value == pytest.approx(10.0, abs=1e-4) and b.value <= oracle(g, c)
+
+
+def _phased() -> OpGraph:
+    """Four 2 µs sources, then e (1) and f (3) in series: the sources fill
+    both devices for 4 µs, then nothing runs beside e and f."""
+    ops = {"a": 2, "b": 2, "c": 2, "d": 2, "e": 1, "f": 3}
+    return OpGraph.from_edges(ops, [(x, "e", 10) for x in "abcd"] + [("e", "f", 10)])
+
+
+def test_chain_bound_counts_serial_phases():
+    g, free = _phased(), gpus(2, beta=(0.0, 0.0))
+    assert lower_bound(g, free) == 6.0          # critical path 6 = work 12 / 2
+    assert chain_bound(g, free) == 8.0          # 4 for the sources, then 1 + 3 alone
+    assert oracle(g, free) == 8.0               # and that is the optimum
+    assert chain_bound(g, free, window=1) == 8.0
+    b = comm_bound(g, free, time_limit=5)
+    assert b.value == pytest.approx(8.0) and b.value <= oracle(g, free)
+    slow = gpus(2, beta=(1.0, 1.0))
+    assert chain_bound(g, slow) == 8.0 <= oracle(g, slow)   # communication is not counted: still valid
+
+
+def test_chain_bound_on_a_layered_transformer_is_below_every_plan():
+    from benchmarks.generators import transformer_like
+    g, c = transformer_like(6), preset("v100x2_nvlink")
+    made, _ = run_placers(g, c, ["m-etf", "m-sct", "heft", "expert"], time_limit=30)
+    best = min(p.makespan for p in made.values())
+    chain = chain_bound(g, c)
+    assert lower_bound(g, c) * 1.1 < chain <= best   # attention/FFN phases: well above work / 2
+    b = comm_bound(g, c, time_limit=2, incumbent=min(made.values(), key=lambda p: p.makespan))
+    assert b.value >= chain and (b.value > chain or b.source == CHAIN_SOURCE)
 
 
 def test_forced_colocation():
@@ -171,6 +203,8 @@ def test_never_above_any_plan(data):
     spans += [p.makespan for p in made.values()]
     assert b.value <= min(spans) + TOL * max(1.0, min(spans))
     assert energetic_bound(g, c) <= min(spans) + TOL * max(1.0, min(spans))
+    assert lower_bound(g, c) - TOL <= chain_bound(g, c, window=data.draw(st.sampled_from([1, 3, 256]))) \
+        <= min(spans) + TOL * max(1.0, min(spans))
     assert colocation_bound(Problem.of(g, c), lower_bound(g, c), 2 * min(spans) + 1) \
         <= min(spans) + TOL * max(1.0, min(spans))
 
