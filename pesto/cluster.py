@@ -267,22 +267,6 @@ class Cluster:
             devs = [Device(d.name, d.kind, memory, d.speed) for d in self.devices]
         return Cluster(devs, self.routes, contention_free=self.contention_free, name=self.name)
 
-    def with_speed(self, speed: float | Mapping[str, float]) -> "Cluster":
-        """A copy with new relative speeds (one value for all, or per device):
-        an op's compute time on a device is divided by its speed.
-
-        >>> gpus(2).with_speed(0.5).devices[0].speed
-        0.5
-        """
-        if isinstance(speed, Mapping):
-            for name in speed:
-                if name not in self.index:
-                    raise InvalidClusterError(f"with_speed: unknown device {name!r}; cluster has {self.names}")
-            devs = [Device(d.name, d.kind, d.memory, speed.get(d.name, d.speed)) for d in self.devices]
-        else:
-            devs = [Device(d.name, d.kind, d.memory, speed) for d in self.devices]
-        return Cluster(devs, self.routes, contention_free=self.contention_free, name=self.name)
-
     def subset(self, names: Iterable[str]) -> "Cluster":
         """The cluster restricted to devices ``names`` (and the routes among
         them, links included): a plan on it is a plan on ``self`` too.

@@ -7,12 +7,9 @@ profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
 fit the transfer cost between devices (or its documented fallback) ->
 ``pesto.solve`` -> enforce the plan on the tf.Graph (devices + control
 dependencies) -> train. Pesto's, Expert's and TF's default placement are
-then timed in turns and the table gives placement time, predicted step
-time (the profile), calibrated prediction (the profile scaled so that the
-one-device step matches TF's default placement measured in untimed rounds
-just before: :func:`calibrate`), measured step time, the calibrated
-prediction's error and the cores used, then Pesto's speed-up over TF's
-default placement and its loss curve.
+then timed in turns and the table gives placement time, predicted and
+measured step time, the prediction's error and the cores used, then Pesto's
+speed-up over TF's default placement and its loss curve.
 
 Without GPUs it uses N logical CPU devices and says so. Each is one core
 (:func:`tf_patch.session_config`: single-threaded kernels, one executor
@@ -89,10 +86,6 @@ def main(argv=None) -> int:
     return _run_and_report(build, graph, cluster, plan, place_s, expert, args)
 
 
-#: Untimed rounds before the timed ones: they calibrate the profile to the timing's conditions.
-CALIBRATION_ROUNDS = 2
-
-
 def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     """Steps 4 and 5: train under each placement, time them in turns, print the table."""
     from tf_patch.devices import detect
@@ -100,47 +93,38 @@ def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
 
     n, dev0 = args.gpus, cluster.names[0]
     on_cpu = detect(n)[0] == "CPU"
+    default_pred = simulate(graph, cluster, {o: dev0 for o in graph.names}).makespan
     print(f"[4/5] training under Pesto's plan, Expert's and TF's default placement ({n} devices)"
           + ("; each logical device is one core: kernels single-threaded, one executor thread per device "
              "used (tf_patch.session_config)" if on_cpu else ""))
-    single = {o: dev0 for o in graph.names}
-    rows = [("Pesto", place_s, plan, PlacedRun(build, plan, n_devices=n))]
+    rows = [("Pesto", place_s, plan.makespan, PlacedRun(build, plan, n_devices=n))]
     if expert is not None:
-        rows.append(("Expert", expert.wall_time, expert, PlacedRun(build, expert, n_devices=n)))
-    rows.append((f"TF default (all on {dev0})", 0.0, single, PlacedRun(build, None, n_devices=n)))
+        rows.append(("Expert", expert.wall_time, expert.makespan, PlacedRun(build, expert, n_devices=n)))
+    rows.append((f"TF default (all on {dev0})", 0.0, default_pred, PlacedRun(build, None, n_devices=n)))
     if on_cpu:  # TF's own threading on one device: no device model, so no prediction
-        rows.append((f"TF on {dev0}, all cores *", 0.0, None, PlacedRun(build, None, n_devices=n, inter_op=0)))
+        rows.append((f"TF on {dev0}, all cores *", 0.0, float("nan"),
+                     PlacedRun(build, None, n_devices=n, inter_op=0)))
     runs = [r[3] for r in rows]
-    ref = len(rows) - (2 if on_cpu else 1)  # the TF default placement row
     try:
         losses = runs[0].train(args.steps)
-        cal = time_interleaved(runs, rounds=CALIBRATION_ROUNDS, steps=4)
-        timing = time_interleaved(runs, rounds=args.rounds, steps=4, warmup=0)
+        timing = time_interleaved(runs, rounds=args.rounds, steps=4)
+        measured = timing.step_us
         tr = runs[0].trace()
         applied = runs[0].applied
     finally:
         for r in runs:
             r.close()
-    factor, timed = calibrate(graph, cluster, single, cal.step_us[ref])
     print(f"      Pesto plan enforced: {len(applied.control_edges)} control edges added "
           f"({applied.skipped} already implied); trace: {len(tr['misplaced'])} ops off-plan, "
           f"{len(tr['order_violations'])}/{tr['checked_edges']} order violations")
     print(f"[5/5] results (step times in ms; placements timed in turns, 4 steps each per round; {timing.note()})")
-    print(f"      predicted: the profile; calibrated: the profile x {factor:.2f}, so that the one-device step "
-          f"matches TF's default placement in {CALIBRATION_ROUNDS} untimed rounds just before (the timing's "
-          "conditions); error: measured vs calibrated")
-    print(f"  {'placement':<28}{'place s':>9}{'predicted':>11}{'calibrated':>12}{'measured':>10}{'error':>8}{'cores':>7}")
-    predicted = []
-    for (name, s, p, run), meas in zip(rows, timing.step_us):
-        pred = simulate(graph, cluster, p).makespan if p is not None else float("nan")
-        cpred = simulate(graph, timed, p).makespan if p is not None else float("nan")
-        predicted.append(pred)
-        err = f"{100 * (meas - cpred) / meas:+.0f}%" if cpred == cpred else "-"
-        print(f"  {name:<28}{s:>9.2f}{pred / 1000:>11.3f}{cpred / 1000:>12.3f}{meas / 1000:>10.3f}{err:>8}"
-              f"{run.cores_used:>7.2f}")
-    measured = timing.step_us
+    print(f"  {'placement':<28}{'place s':>9}{'predicted':>11}{'measured':>10}{'error':>8}{'cores':>7}")
+    for (name, s, pred, run), meas in zip(rows, measured):
+        err = f"{100 * (meas - pred) / meas:+.0f}%" if pred == pred else "-"
+        print(f"  {name:<28}{s:>9.2f}{pred / 1000:>11.3f}{meas / 1000:>10.3f}{err:>8}{run.cores_used:>7.2f}")
+    ref = len(rows) - (2 if on_cpu else 1)  # the TF default placement row
     print(f"  Pesto vs TF default placement: {measured[ref] / measured[0]:.2f}x measured, "
-          f"{predicted[ref] / predicted[0]:.2f}x predicted")
+          f"{default_pred / plan.makespan:.2f}x predicted")
     if on_cpu:
         _cpu_note(n, timing, dev0)
     pts = sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4, len(losses) - 1})
@@ -150,30 +134,14 @@ def _run_and_report(build, graph, cluster, plan, place_s, expert, args) -> int:
     return 0
 
 
-def calibrate(graph, cluster, single, measured_us: float):
-    """``(factor, cluster)``: how much slower the one-device placement
-    ``single`` ran (``measured_us``) than the profile predicts, and the
-    cluster whose devices are that much slower (transfers unchanged).
-
-    The profile is taken and calibrated with one model in memory, minutes
-    before the timing, which keeps every placement's model alive and runs
-    them in turns; the one-device step then ran 1-24 % slower than profiled
-    in our runs. Calibrating on that step, measured in the timing's
-    conditions, leaves the prediction of a multi-device plan to the
-    simulator alone.
-    """
-    factor = measured_us / simulate(graph, cluster, single).makespan
-    return factor, cluster.with_speed({d.name: d.speed / factor for d in cluster.devices})
-
-
 def _cpu_note(n, timing, dev0) -> None:
     """What logical devices show and what they do not."""
     print(f"  Logical CPU devices: each is one core of this machine ({os.cpu_count()} cores), as each GPU\n"
           f"  would be one GPU; TF's default placement puts every op on {dev0}, one core. The rows show\n"
           "  the plan's overlap on real cores and how well it was predicted, not GPU speed-ups: the cores\n"
-          "  share one memory (no copies). A plan that keeps both cores busy under a strict per-device\n"
-          "  order measures slower than predicted, more than the one-device drift the calibration removes\n"
-          "  (benchmarks/results/demo_runs.md: two cores slow each other's matmuls by only 3-6 %).\n"
+          "  share one memory (no copies). Plans that keep both cores busy under a strict per-device\n"
+          "  order measure 10-30 % slower than predicted; the cause is open (benchmarks/results/\n"
+          "  demo_runs.md: not the cores slowing each other, which costs matmuls 3-6 %).\n"
           "  * TF's default placement with TF's own threads (one per core, running independent ops of one\n"
           "  device at once) has no device model and no prediction: on a CPU it is the alternative to\n"
           "  placement (benchmarks/results/tf_sim_error.md).")

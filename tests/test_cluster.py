@@ -162,17 +162,3 @@ def test_json_missing_route_is_cluster_error():
     d["routes"] = d["routes"][:1]
     with pytest.raises(InvalidClusterError, match="no route"):
         Cluster.from_json(json.dumps(d))
-
-
-def test_with_speed_scales_compute_and_names_unknown_devices():
-    from pesto.graph import OpGraph
-    from pesto.simulate import simulate
-
-    c = gpus(2)
-    g = OpGraph.from_edges({"a": 10, "b": 20}, [("a", "b")])
-    slow = c.with_speed({"/GPU:1": 0.5})
-    assert [d.speed for d in slow.devices] == [1.0, 0.5]
-    assert simulate(g, slow, {"a": "/GPU:1", "b": "/GPU:1"}).makespan == pytest.approx(60.0)
-    assert c.with_speed(2.0).devices[1].speed == 2.0 and c.devices[1].speed == 1.0  # a copy
-    with pytest.raises(InvalidClusterError, match="GPU:7"):
-        c.with_speed({"/GPU:7": 1.0})

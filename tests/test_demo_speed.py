@@ -138,26 +138,6 @@ def test_demo_prints_the_measured_table(capsys):
     assert demo.main(["--model", "rnnlm", "--preset", "small", "--time-limit", "2", "--steps", "2",
                       "--rounds", "1"]) == 0
     out = capsys.readouterr().out
-    for text in ("[5/5]", "Pesto ", "Expert ", "TF default (all on /CPU:0)", "TF on /CPU:0, all cores *", "calibrated",
+    for text in ("[5/5]", "Pesto ", "Expert ", "TF default (all on /CPU:0)", "TF on /CPU:0, all cores *",
                  "Pesto vs TF default placement:", "one executor thread per device", "0 ops off-plan"):
         assert text in out, text
-
-
-def test_calibration_scales_compute_not_transfers():
-    """The demo's calibration: the one-device step then simulates to exactly
-    the time measured; a 2-device plan's compute scales, its transfers do not."""
-    from pesto.cluster import gpus
-    from pesto.demo import calibrate
-    from pesto.graph import OpGraph
-    from pesto.simulate import simulate
-
-    g = OpGraph.from_edges({"a": 100, "b": 300, "c": 300, "d": 100},
-                           [("a", "b", 10 ** 6), ("a", "c", 10 ** 6), ("b", "d", 10 ** 6), ("c", "d", 10 ** 6)])
-    c = gpus(2, beta=(50.0, 0.0))
-    single = {o: "/GPU:0" for o in g.names}
-    factor, timed = calibrate(g, c, single, 1200.0)
-    assert factor == pytest.approx(1200.0 / 800.0)
-    assert simulate(g, timed, single).makespan == pytest.approx(1200.0)
-    split = {"a": "/GPU:0", "b": "/GPU:0", "c": "/GPU:1", "d": "/GPU:0"}
-    assert simulate(g, c, split).makespan == pytest.approx(100 + 50 + 300 + 50 + 100)
-    assert simulate(g, timed, split).makespan == pytest.approx(1.5 * 500 + 2 * 50)  # transfers unchanged
