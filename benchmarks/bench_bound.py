@@ -30,7 +30,7 @@ from pesto.api import load_graph
 from pesto.cluster import preset
 from pesto.problem import Problem
 from solver.bound_model import colocation_bound, comm_bound
-from solver.bounds import chain_bound, energetic_bound, lower_bound
+from solver.bounds import energetic_bound, lower_bound, phases
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -67,10 +67,11 @@ def measure(name: str, graph, cluster_name: str, best: dict, time_limit: float) 
     step, placer = best.get((name, cluster_name), (None, ""))
     upper = step * 1000.0 if step is not None else None
     simple = lower_bound(graph, c)
-    chain = chain_bound(graph, c)
-    energy = energetic_bound(graph, c, upper=upper, time_limit=time_limit)
+    phased = phases(graph, c)
+    chain = phased.value
+    energy = energetic_bound(graph, c, upper=upper, time_limit=time_limit, phased=phased)
     coloc = colocation_bound(Problem.of(graph, c), simple, upper or 10 * simple, time_limit=time_limit)
-    b = comm_bound(graph, c, time_limit=time_limit, upper=upper, workers=1, chain=chain)
+    b = comm_bound(graph, c, time_limit=time_limit, upper=upper, workers=1, phased=phased)
     gap = (lambda v: round(1.0 - v / upper, 4) if upper else "")
     return {"workload": name, "ops": graph.num_ops, "cluster": cluster_name,
             "best_plan_ms": step if step is not None else "", "best_placer": placer,
@@ -93,7 +94,8 @@ def write(rows: list[dict], out: Path, time_limit: float, wall: float) -> None:
              f"whole run {wall / 60:.1f} min.", "",
              "*Best plan*: the shortest simulated step of any placer in `placement.csv`. *Simple*: critical path / "
              "work per device. *Phases*: phases along the critical path, each at least its path length and its "
-             "work per device (`chain_bound`). *Energetic*: energetic reasoning on heads and tails. *Colocation*: edges whose "
+             "work per device (`chain_bound`). *Energetic*: energetic reasoning on heads and tails (longest "
+             "paths, tightened by what the phases prove). *Colocation*: edges whose "
              "path with their transfer exceeds the makespan cannot be split, and the ops so joined must fit one "
              "device. *Bound*: `comm_bound`, the best of those and the CP-SAT relaxation (fine graph up to 400 "
              "ops, else the 400 longest ops). Gap = 1 - bound / best plan: how far the best plan can be from "

@@ -6,7 +6,8 @@ of the exact problem (so never above its optimum), and says which one won:
 1. :func:`solver.bounds.lower_bound`: critical path / work per device;
 2. :func:`solver.bounds.chain_bound`: phases along the critical path, each
    at least its path length and its work per device;
-3. :func:`solver.bounds.energetic_bound`: energetic reasoning on heads and tails;
+3. :func:`solver.bounds.energetic_bound`: energetic reasoning on heads and
+   tails (the longer of the longest paths and what the phases prove);
 4. :func:`colocation_bound`: an edge whose longest path with its transfer
    exceeds the makespan cannot be split; ops so joined share a device, and
    must fit on it one after another;
@@ -72,7 +73,7 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.problem import INF, Problem
 
-from .bounds import chain_bound, energetic_bound, lower_bound
+from .bounds import Phases, energetic_bound, lower_bound, phases
 
 __all__ = ["Bound", "RelaxedModel", "comm_bound", "colocation_bound", "edge_delay", "reduced_edges", "SIMPLE_SOURCE", "CHAIN_SOURCE",
            "ENERGY_SOURCE", "COLOCATION_SOURCE"]
@@ -459,7 +460,7 @@ DETERMINISTIC_STEPS = 24  # bisection steps of the energetic and colocation boun
 
 def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, incumbent: Plan | None = None,
                upper: float | None = None, workers: int = 1, seed: int = 0, max_ops: int = MAX_OPS,
-               deterministic: bool = False, chain: float | None = None) -> Bound:
+               deterministic: bool = False, phased: Phases | None = None) -> Bound:
     """A makespan lower bound that counts communication (module docstring).
 
     The best of: :func:`~solver.bounds.lower_bound`, :func:`~solver.bounds.chain_bound`,
@@ -480,8 +481,8 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
     max_ops : the most ops the CP-SAT relaxation holds
     deterministic : the same value on any machine: the bisections take a
         fixed number of steps and CP-SAT runs on deterministic time
-    chain : :func:`~solver.bounds.chain_bound`'s value when the caller has it
-        (it is not computed again)
+    phased : :func:`~solver.bounds.phases` of the graph when the caller has
+        them (not computed again); they also tighten the energetic bound
 
     Returns
     -------
@@ -500,12 +501,13 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
         upper = _horizon(prob)
     best, source = simple, SIMPLE_SOURCE
     if upper > simple:
-        chain = chain_bound(graph, cluster) if chain is None else chain
-        if chain > best:
-            best, source = chain, CHAIN_SOURCE
+        phased = phases(graph, cluster) if phased is None else phased
+        if phased.value > best:
+            best, source = phased.value, CHAIN_SOURCE
     if upper > best:
         steps = dict(time_limit=math.inf, max_steps=DETERMINISTIC_STEPS) if deterministic else {}
-        energy = energetic_bound(graph, cluster, upper=upper, **({"time_limit": 0.25 * time_limit} | steps))
+        energy = energetic_bound(graph, cluster, upper=upper, phased=phased,
+                                 **({"time_limit": 0.25 * time_limit} | steps))
         if energy > best:
             best, source = energy, ENERGY_SOURCE
         coloc = colocation_bound(prob, best, upper, **({"time_limit": 0.15 * time_limit} | steps))

@@ -33,6 +33,7 @@ Examples
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,7 +45,7 @@ from pesto.problem import INF, Problem
 
 from .common import finalize
 
-__all__ = ["lower_bound", "energetic_bound", "chain_bound", "greedy_plan"]
+__all__ = ["lower_bound", "energetic_bound", "chain_bound", "phases", "Phases", "greedy_plan"]
 
 ENERGY_OPS = 3000         # energetic reasoning keeps the longest ops (dropping ops only relaxes)
 ENERGY_TERMS = 4_000_000  # (window, op) terms per makespan test
@@ -72,7 +73,8 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
 
 
 def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = None,
-                    time_limit: float = 5.0, max_steps: int | None = None) -> float:
+                    time_limit: float = 5.0, max_steps: int | None = None,
+                    phased: Phases | None = None) -> float:
     """The smallest makespan not refuted by energetic reasoning, at least :func:`lower_bound` (µs).
 
     For a candidate makespan ``T``, op ``i`` (its fastest time ``p``) starts
@@ -85,7 +87,9 @@ def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = N
     ``upper`` (default: the total work) returns the largest ``T`` so refuted,
     or the simple bound. Windows are taken between quantiles of the ops'
     extreme start and end times; on large graphs only the ``ENERGY_OPS``
-    longest ops count (fewer ops and windows only weaken the test).
+    longest ops count (fewer ops and windows only weaken the test). With
+    ``phased`` (:func:`phases` of the same graph and cluster), heads and
+    tails are the larger of the longest paths and what the phases prove.
 
     >>> from pesto.graph import OpGraph
     >>> from pesto.cluster import gpus
@@ -108,6 +112,8 @@ def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = N
     p = np.array([fastest[i] for i in keep])
     r = np.array([top[i] for i in keep]) - p
     q = np.array([bot[i] for i in keep]) - p
+    if phased is not None:
+        r, q = np.maximum(r, phased.head[keep]), np.maximum(q, phased.tail[keep])
     grid = max(4, min(96, int((2 * ENERGY_TERMS / max(1, len(keep))) ** 0.5)))
     lo, hi = simple, float(upper) if upper is not None else float(sum(fastest))
     if hi <= lo or not _refuted(lo, r, p, q, prob.nd, grid):
@@ -149,15 +155,55 @@ def chain_bound(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW)
     >>> lower_bound(g, gpus(2)), chain_bound(g, gpus(2))   # a, e, i idle a device each
     (13.5, 15.0)
     """
+    return phases(graph, cluster, window=window).value
+
+
+@dataclass(frozen=True)
+class Phases:
+    """What the phase programme of :func:`chain_bound` proves for every schedule.
+
+    value : the makespan bound (µs), at least :func:`lower_bound`
+    head : per op, the earliest it can start (µs): after the end of the last
+        critical-path op among its ancestors, which the programme bounds
+    tail : per op, the least time from its end to the makespan (µs): the
+        same programme run on the reversed graph, from the first
+        critical-path op among its descendants
+    """
+
+    value: float
+    head: np.ndarray
+    tail: np.ndarray
+
+
+def phases(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW) -> Phases:
+    """:func:`chain_bound` with the heads and tails it proves on the way
+    (:class:`Phases`); :func:`energetic_bound` tightens its windows with them.
+
+    >>> from pesto.graph import OpGraph
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph.from_edges({"a": 2, "b": 2, "c": 2, "d": 1, "e": 3},
+    ...                        [("a", "d"), ("b", "d"), ("c", "d"), ("d", "e")])
+    >>> ph = phases(g, gpus(2))
+    >>> i = {name: k for k, name in enumerate(g.names)}
+    >>> ph.value, float(ph.head[i["e"]]), float(ph.tail[i["a"]])   # a, b, c take 4 on 2 devices
+    (7.0, 4.0, 4.0)
+    """
     simple = lower_bound(graph, cluster)
-    if graph.num_ops == 0:
-        return simple
     prob = Problem.of(graph, cluster)
+    if graph.num_ops == 0:
+        return Phases(simple, np.zeros(0), np.zeros(0))
     fast = np.array([prob.fastest(i) for i in range(prob.n)])
     path = _critical_path(prob, fast)
     first, after = _path_span(prob, path)
     share = _work_shares(prob, cluster, fast)
-    return float(max(simple, _phase_programme(fast[path], first, after, share, window)))
+    k, along = len(path), fast[path]
+    ends = _phase_programme(along, first, after, share, window)            # ends[j] <= end of path op j
+    rest = _phase_programme(along[::-1], k - 1 - after, k - 1 - first, share, window)  # from a start to the end
+    head = np.where(first >= 0, ends[np.maximum(first, 0)], 0.0)
+    tail = np.where(after < k, rest[np.maximum(k - 1 - after, 0)], 0.0)
+    head[path] = np.maximum(head[path], ends[:k] - along)
+    tail[path] = np.maximum(tail[path], rest[:k][::-1] - along)
+    return Phases(float(max(simple, ends[k])), head, tail)
 
 
 def _critical_path(prob: Problem, fast) -> list[int]:
@@ -206,10 +252,10 @@ def _work_shares(prob: Problem, cluster: Cluster, fast):
     return share
 
 
-def _phase_programme(along, first, after, share, window: int) -> float:
-    """The dynamic programme of :func:`chain_bound`: ``best[j]`` is the bound
-    on the start of path op ``j`` plus its time, with position ``k`` a
-    virtual end and ``-1`` a virtual start."""
+def _phase_programme(along, first, after, share, window: int) -> np.ndarray:
+    """The dynamic programme of :func:`chain_bound`: ``best[j]`` bounds the
+    end of path op ``j`` in every schedule (``best[k]``: the makespan), with
+    ``-1`` a virtual start."""
     k = len(along)
     prefix = np.concatenate([[0.0], np.cumsum(along)])   # prefix[j]: path time before op j
     by_after = np.argsort(after, kind="stable")
@@ -231,7 +277,7 @@ def _phase_programme(along, first, after, share, window: int) -> float:
             i = np.arange(lo, j)
             value = max(value, float(np.max(best[i] + np.maximum(prefix[j] - prefix[i + 1], work))))
         best[j] = value + here
-    return float(best[k])
+    return best
 
 
 def _refuted(T: float, r, p, q, devices: int, grid: int) -> bool:

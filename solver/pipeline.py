@@ -56,7 +56,7 @@ from pesto.solvelog import SolveLog, Stage
 
 from .registry import PLACERS, accepted_options, get_placer, run_placers
 from .bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, comm_bound
-from .bounds import chain_bound, lower_bound
+from .bounds import lower_bound, phases
 from .common import finalize
 from .lns import lns
 from .search import better, refine, reschedule
@@ -253,8 +253,8 @@ GROUP_MIN_SECONDS = 2.0
 STATUS_RUNS = 2.5
 #: The final check of the winning plan, in m-TOPO runs.
 CHECK_RUNS = 1.0
-#: The critical-path phase bound (:func:`solver.bounds.chain_bound`), in m-TOPO runs.
-CHAIN_RUNS = 1.0
+#: The critical-path phase bound and its heads and tails (:func:`solver.bounds.phases`), in m-TOPO runs.
+CHAIN_RUNS = 2.0
 #: The communication-aware bound's model building, in m-TOPO runs (its time
 #: limit bounds the search only): it runs when that fits before the final check.
 COMM_BOUND_RUNS = 4.0
@@ -575,14 +575,14 @@ def status(run: Run) -> None:
     if on_graph and solved.lower_bound is not None and solved.status != "infeasible" \
             and solved.lower_bound > bound:
         bound, source = solved.lower_bound, s.backend
-    bound, source, chain = _cheap_bound(run, best, bound, source)
+    bound, source, phased = _cheap_bound(run, best, bound, source)
     bound_time = 0.0 if dl.interrupted else dl.budget(_bound_time(s))
     if run.unit is not None and not dl.deterministic:  # building its model, then the final check
         room = dl.left() - (STATUS_RUNS + COMM_BOUND_RUNS) * run.unit
         bound_time = min(bound_time, room) if room > 0.05 else 0.0
     if bound_time > 0.05 and best.makespan is not None and best.makespan > bound + TOLERANCE * max(1.0, bound):
         cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1, seed=s.seed,
-                        deterministic=dl.deterministic, chain=chain)
+                        deterministic=dl.deterministic, phased=phased)
         if cb.value > bound:  # (never above the makespan: the incumbent caps the model)
             bound, source = min(cb.value, best.makespan), cb.source
     st = final_status(best, bound, exact_ran=solved is not None, interrupted=dl.interrupted,
@@ -611,19 +611,20 @@ def status(run: Run) -> None:
     run.say(run.result.summary())
 
 
-def _cheap_bound(run: Run, best: Plan, bound: float, source: str) -> tuple[float, str, float | None]:
+def _cheap_bound(run: Run, best: Plan, bound: float, source: str):
     """The critical-path phase bound when it fits before the final check (or
-    in deterministic mode), kept when above ``bound``; also returns its
-    value (None when skipped) so :func:`comm_bound` need not repeat it."""
+    in deterministic mode), kept when above ``bound``; returns ``(bound,
+    source, phases)`` (phases None when skipped) so :func:`comm_bound` need
+    not repeat them."""
     dl = run.deadline
     if dl.interrupted or best.makespan is None or best.makespan <= bound + TOLERANCE * max(1.0, bound):
         return bound, source, None
     if run.unit is not None and not dl.deterministic and dl.left() < (CHAIN_RUNS + CHECK_RUNS) * run.unit:
         return bound, source, None
-    chain = chain_bound(run.graph, run.cluster)
-    if chain > bound:
-        bound, source = min(chain, best.makespan), CHAIN_SOURCE
-    return bound, source, chain
+    phased = phases(run.graph, run.cluster)
+    if phased.value > bound:
+        bound, source = min(phased.value, best.makespan), CHAIN_SOURCE
+    return bound, source, phased
 
 
 STAGES: dict[str, Callable[[Run], None]] = {

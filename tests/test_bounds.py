@@ -26,7 +26,7 @@ from pesto.plan import check_plan
 from pesto.problem import Problem
 from pesto.simulate import simulate
 from solver.bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, Bound, colocation_bound, comm_bound, reduced_edges
-from solver.bounds import chain_bound, energetic_bound, lower_bound
+from solver.bounds import chain_bound, energetic_bound, lower_bound, phases
 from solver.pipeline import Settings, run_pipeline
 from solver.registry import run_placers
 from strategies import clusters, dags, plans
@@ -69,6 +69,7 @@ def test_never_above_the_oracle(kind, seed, n, shape):
     assert energetic_bound(g, c) <= opt + TOL
     assert lower_bound(g, c) - TOL <= chain_bound(g, c) <= opt + TOL
     assert chain_bound(g, c, window=1) <= opt + TOL
+    assert energetic_bound(g, c, phased=phases(g, c)) <= opt + TOL
     assert colocation_bound(Problem.of(g, c), lower_bound(g, c), 10 * opt) <= opt + TOL
     # the subset relaxation (the longest ops only) is valid too
     _assert_valid(comm_bound(g, c, time_limit=5, max_ops=3), opt, g, c)
@@ -125,6 +126,17 @@ def test_chain_bound_counts_serial_phases():
     assert b.value == pytest.approx(8.0) and b.value <= oracle(g, free)
     slow = gpus(2, beta=(1.0, 1.0))
     assert chain_bound(g, slow) == 8.0 <= oracle(g, slow)   # communication is not counted: still valid
+
+
+def test_phases_tighten_energetic_reasoning():
+    """Two phased stretches: the phases give the ops of the second their
+    true earliest start, and energetic reasoning then sees them queue."""
+    g, free = _phased(), gpus(2, beta=(0.0, 0.0))
+    ph = phases(g, free)
+    i = {name: k for k, name in enumerate(g.names)}
+    assert ph.head[i["e"]] == 4.0 and ph.head[i["f"]] == 5.0   # after the four sources on 2 devices
+    assert ph.tail[i["a"]] == 4.0 and ph.tail[i["e"]] == 3.0
+    assert energetic_bound(g, free, phased=ph) <= oracle(g, free) + TOL
 
 
 def test_chain_bound_on_a_layered_transformer_is_below_every_plan():
@@ -205,6 +217,14 @@ def test_never_above_any_plan(data):
     assert energetic_bound(g, c) <= min(spans) + TOL * max(1.0, min(spans))
     assert lower_bound(g, c) - TOL <= chain_bound(g, c, window=data.draw(st.sampled_from([1, 3, 256]))) \
         <= min(spans) + TOL * max(1.0, min(spans))
+    ph = phases(g, c, window=data.draw(st.sampled_from([1, 3, 256])))
+    assert energetic_bound(g, c, phased=ph) <= min(spans) + TOL * max(1.0, min(spans))
+    names = g.names
+    for _ in range(2):  # every schedule starts each op no earlier than its head, ends it no later than T - tail
+        sched = simulate(g, c, data.draw(plans(g, c)), memory=False)
+        for k, name in enumerate(names):
+            assert sched.start[name] >= ph.head[k] - TOL * max(1.0, sched.makespan)
+            assert sched.makespan - sched.finish[name] >= ph.tail[k] - TOL * max(1.0, sched.makespan)
     assert colocation_bound(Problem.of(g, c), lower_bound(g, c), 2 * min(spans) + 1) \
         <= min(spans) + TOL * max(1.0, min(spans))
 
