@@ -155,14 +155,18 @@ def chain_bound(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW)
     >>> lower_bound(g, gpus(2)), chain_bound(g, gpus(2))   # a, e, i idle a device each
     (13.5, 15.0)
     """
-    return phases(graph, cluster, window=window).value
+    return max(lower_bound(graph, cluster), phases(graph, cluster, window=window).value)
 
 
 @dataclass(frozen=True)
 class Phases:
     """What the phase programme of :func:`chain_bound` proves for every schedule.
 
-    value : the makespan bound (µs), at least :func:`lower_bound`
+    value : the makespan bound (µs); not below :func:`lower_bound` but for
+        rounding (with no separator the programme takes lower_bound's own
+        terms, critical path and work per device and per kind, on the same
+        or longer op times: a colocation group can only narrow an op's
+        devices), so it is not computed again here
     head : per op, the earliest it can start (µs): after the end of the last
         critical-path op among its ancestors, which the programme bounds
     tail : per op, the least time from its end to the makespan (µs): the
@@ -188,10 +192,9 @@ def phases(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW) -> P
     >>> ph.value, float(ph.head[i["e"]]), float(ph.tail[i["a"]])   # a, b, c take 4 on 2 devices
     (7.0, 4.0, 4.0)
     """
-    simple = lower_bound(graph, cluster)
-    prob = Problem.of(graph, cluster)
     if graph.num_ops == 0:
-        return Phases(simple, np.zeros(0), np.zeros(0))
+        return Phases(0.0, np.zeros(0), np.zeros(0))
+    prob = Problem.of(graph, cluster)
     fast = np.array([prob.fastest(i) for i in range(prob.n)])
     path = _critical_path(prob, fast)
     first, after = _path_span(prob, path)
@@ -203,7 +206,7 @@ def phases(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW) -> P
     tail = np.where(after < k, rest[np.maximum(k - 1 - after, 0)], 0.0)
     head[path] = np.maximum(head[path], ends[:k] - along)
     tail[path] = np.maximum(tail[path], rest[:k][::-1] - along)
-    return Phases(float(max(simple, ends[k])), head, tail)
+    return Phases(float(ends[k]), head, tail)
 
 
 def _critical_path(prob: Problem, fast) -> list[int]:

@@ -250,11 +250,13 @@ STAGE_RUNS = {"coarsen": 4.0, "lns": 1.5, "local search": 1.5}
 #: and the least it needs to be worth running.
 GROUP_SHARE = 0.3
 GROUP_MIN_SECONDS = 2.0
-STATUS_RUNS = 2.5
 #: The final check of the winning plan, in m-TOPO runs.
 CHECK_RUNS = 1.0
 #: The critical-path phase bound and its heads and tails (:func:`solver.bounds.phases`), in m-TOPO runs.
 CHAIN_RUNS = 2.0
+#: The status stage: the simple bound and choosing the winner (half a run), the
+#: phase bound and the final check, in m-TOPO runs.
+STATUS_RUNS = 0.5 + CHAIN_RUNS + CHECK_RUNS
 #: The communication-aware bound's model building, in m-TOPO runs (its time
 #: limit bounds the search only): it runs when that fits before the final check.
 COMM_BOUND_RUNS = 4.0
