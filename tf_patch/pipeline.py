@@ -7,6 +7,13 @@ Used by ``python -m pesto.demo``, the TF tests and ``benchmarks.bench_tf``.
   between kernels (absent from step stats) is added to every op as a
   *dispatch overhead*, or, when tracing made kernels look slower than the
   untraced step, kernel times are scaled down to match it.
+* :func:`parallel_factor`: a step that keeps several logical CPU devices
+  busy runs slower than the profile (taken on one device, one core) says:
+  the cores share one memory system, and each cross-device hand-off wakes
+  an executor thread. The factor is measured on a reference 2-device plan
+  (the heuristic m-ETF's, not the plan to predict) timed in turns with the
+  one-device step; :func:`contended` scales the profile by it for plans
+  that use several devices. On GPUs (no shared compute) it is 1.
 * :func:`run_placed`: build a fresh copy of the model, enforce a plan (or
   none: TF's default placement), train ``steps`` steps, return losses and
   median step wall time, and optionally a trace check.
@@ -32,7 +39,7 @@ from .apply import apply_plan
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-__all__ = ["profile_model", "run_placed", "PlacedRun", "time_interleaved", "RunResult", "trace_check",
+__all__ = ["profile_model", "parallel_factor", "ParallelFactor", "contended", "run_placed", "PlacedRun", "time_interleaved", "RunResult", "trace_check",
            "calibrate_overhead", "busy_cores", "other_cores", "Timing"]
 
 
@@ -71,11 +78,10 @@ def calibrate_overhead(build, costs: dict, *, steps: int = 10) -> tuple[float, f
 
     model = build()
     ops = step_ops(model.graph, model.fetches)
-    cfg = session_config(1, inter_op=1)
-    with tf.compat.v1.Session(graph=model.graph, config=cfg) as sess:
+    with tf.compat.v1.Session(graph=model.graph, config=session_config(1, inter_op=1)) as sess:
         sess.run(model.init_op)
         _time_runs(sess, model.train_op, model.feed_fn, 3)
-        wall = statistics.median(_time_runs(sess, model.fetches, model.feed_fn, steps, 3))
+        wall = statistics.median(_time_runs(sess, model.train_op, model.feed_fn, steps, 3))
     work = sum(costs.get(op.name, 0.0) for op in ops)
     if wall >= work or work <= 0:
         return (wall - work) / max(len(ops), 1), 1.0
@@ -88,8 +94,9 @@ def profile_model(build, *, n_devices: int = 2, steps: int = 5, warmup: int = 2,
 
     ``build`` is a zero-argument callable returning a fresh ZooModel (every
     run gets its own graph, so profiling never touches the graph to place).
+    The costs are those of the model running alone on one core; see
+    :func:`parallel_factor` for a step that keeps several busy.
     """
-
 
     kind, _ = detect(n_devices)
     model = build()
@@ -101,12 +108,82 @@ def profile_model(build, *, n_devices: int = 2, steps: int = 5, warmup: int = 2,
                 name=model.name, kinds_fn=lambda op_type, k: frozenset({k}))
     prof.overhead, prof.scale = calibrate_overhead(build, prof.costs) if overhead else (0.0, 1.0)
     if prof.overhead > 0 or prof.scale != 1.0:
-        ops = [Op(o.name, {k: v * prof.scale + prof.overhead for k, v in o.compute.items()}, kinds=o.kinds,
-                  persistent_bytes=o.persistent_bytes, output_bytes=o.output_bytes,
-                  temporary_bytes=o.temporary_bytes, colocation_group=o.colocation_group,
-                  scope=o.scope, type=o.type) for o in g.ops]
-        g = OpGraph(ops, g.edges, g.tensors, name=g.name)
+        g = _rescaled(g, prof.scale, prof.overhead)
     return g, prof
+
+
+def _rescaled(graph: OpGraph, scale: float, overhead: float = 0.0) -> OpGraph:
+    """``graph`` with every op's time ``t`` replaced by ``t * scale + overhead``."""
+    ops = [Op(o.name, {k: v * scale + overhead for k, v in o.compute.items()}, kinds=o.kinds,
+              persistent_bytes=o.persistent_bytes, output_bytes=o.output_bytes,
+              temporary_bytes=o.temporary_bytes, colocation_group=o.colocation_group,
+              scope=o.scope, type=o.type) for o in graph.ops]
+    return OpGraph(ops, graph.edges, graph.tensors, name=graph.name)
+
+
+def contended(graph: OpGraph, factor: float) -> OpGraph:
+    """``graph`` with every op's time times ``factor`` (a
+    :attr:`ParallelFactor.factor`): its costs in a step that keeps several
+    devices busy; ``graph`` itself when the factor is 1.
+
+    Examples
+    --------
+    >>> from pesto.graph import OpGraph
+    >>> g = OpGraph.from_edges({"a": 10.0, "b": 20.0}, [("a", "b", 4)])
+    >>> contended(g, 1.1).total_work("GPU")
+    33.0
+    >>> contended(g, 1.0) is g
+    True
+    """
+    return graph if factor == 1.0 else _rescaled(graph, factor)
+
+
+@dataclass(frozen=True)
+class ParallelFactor:
+    """How much slower a multi-device step runs than its profile says.
+
+    ``factor = (measured / measured_one) / (simulated / simulated_one)``,
+    at least 1: the reference ``plan`` (of ``placer``) and the one-device
+    step, measured in turns (µs, medians) and simulated on the one-device
+    profile.
+    """
+
+    factor: float
+    placer: str
+    measured: float
+    measured_one: float
+    simulated: float
+    simulated_one: float
+
+    def __str__(self):
+        return (f"a step keeping {self.placer}'s devices busy runs x {self.factor:.2f} the profile's times "
+                f"({self.placer}: {self.measured / 1000:.2f} ms measured vs {self.simulated / 1000:.2f} simulated; "
+                f"one device: {self.measured_one / 1000:.2f} vs {self.simulated_one / 1000:.2f})")
+
+
+def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 4, steps: int = 4) -> ParallelFactor:
+    """Time ``plan`` (a reference multi-device plan, not the one to predict)
+    and the one-device step in turns (:func:`time_interleaved`) and compare
+    their ratio with the simulator's on ``graph`` (one-device costs).
+
+    On logical CPU devices the cores share caches and memory bandwidth, and
+    every cross-device hand-off goes through TensorFlow's executor threads,
+    so a step that keeps both busy runs slower than its one-core profile:
+    :func:`contended` scales the profile by the factor. Measuring it against
+    the one-device step of the same rounds cancels the machine's drift
+    between profiling and timing. A ratio below 1 (noise) counts as 1.
+    """
+    from pesto.simulate import simulate
+
+    dev0 = cluster.names[0]
+    with PlacedRun(build, plan, n_devices=len(cluster)) as placed, \
+            PlacedRun(build, None, n_devices=len(cluster)) as one:
+        timing = time_interleaved([placed, one], rounds=rounds, steps=steps)
+    measured, measured_one = timing.step_us
+    simulated = simulate(graph, cluster, plan).makespan
+    simulated_one = simulate(graph, cluster, {o: dev0 for o in graph.names}).makespan
+    factor = max(1.0, (measured / measured_one) / (simulated / simulated_one))
+    return ParallelFactor(factor, plan.placer, measured, measured_one, simulated, simulated_one)
 
 
 class PlacedRun:
