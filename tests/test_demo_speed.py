@@ -20,7 +20,8 @@ from pesto.cluster import NVLINK_GG  # noqa: E402
 from pesto.zoo import build_model, presets  # noqa: E402
 from tf_patch.commfit import MIN_R2, choose_model  # noqa: E402
 from tf_patch.devices import session_config  # noqa: E402
-from tf_patch.pipeline import PlacedRun, Timing, busy_cores, time_interleaved  # noqa: E402
+from tf_patch.pipeline import (PlacedRun, Timing, busy_cores, contended, parallel_factor,  # noqa: E402
+                               profile_model, time_interleaved)
 
 pytestmark = pytest.mark.tf
 
@@ -139,5 +140,48 @@ def test_demo_prints_the_measured_table(capsys):
                       "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     for text in ("[5/5]", "Pesto ", "Expert ", "TF default (all on /CPU:0)", "TF on /CPU:0, all cores *",
-                 "Pesto vs TF default placement:", "one executor thread per device", "0 ops off-plan"):
+                 "Pesto vs TF default placement:", "one executor thread per device", "0 ops off-plan",
+                 "runs x", "m-etf's step / one device's"):
         assert text in out, text
+
+
+def test_contended_scales_every_op_and_nothing_else():
+    from pesto.cluster import logical_cpus
+    from pesto.graph import OpGraph
+    from pesto.simulate import simulate
+
+    g = OpGraph.from_edges({"a": 10.0, "b": 20.0, "c": 30.0, "d": 5.0},
+                           [("a", "b", 64), ("a", "c", 64), ("b", "d", 8), ("c", "d", 8)])
+    assert contended(g, 1.0) is g
+    busy = contended(g, 1.25)
+    for op in g.ops:
+        assert busy.op(op.name).compute == {k: 1.25 * v for k, v in op.compute.items()}
+        assert busy.op(op.name).output_bytes == op.output_bytes
+    assert busy.edges == g.edges and busy.tensors == g.tensors
+    # with free transfers a schedule stretches by the factor
+    free = logical_cpus(2, beta=(0.0, 0.0), kind="GPU")  # from_edges costs ops for GPUs
+    place = {"a": "/CPU:0", "b": "/CPU:0", "c": "/CPU:1", "d": "/CPU:0"}
+    assert simulate(busy, free, place).makespan == pytest.approx(1.25 * simulate(g, free, place).makespan)
+
+
+def test_parallel_factor_compares_measured_and_simulated_ratios():
+    from pesto.simulate import simulate
+    from solver import get_placer
+    from tf_patch.commfit import choose_model
+
+    def build():  # the small preset as the demo builds it (every tensor sized)
+        return build_model("rnnlm", "small")
+
+    graph, _ = profile_model(build, n_devices=2, steps=2)
+    cluster = choose_model(3.0, 0.0, 1.0, [1, 2], [3.0, 3.0]).cluster()
+    plan = get_placer("m-etf")(graph, cluster)
+    par = parallel_factor(build, graph, cluster, plan, rounds=1, steps=2)
+    assert par.placer == "m-etf"
+    assert par.simulated == pytest.approx(simulate(graph, cluster, plan).makespan)
+    one = simulate(graph, cluster, {o: "/CPU:0" for o in graph.names}).makespan
+    assert par.simulated_one == pytest.approx(one)
+    assert par.measured > 0 and par.measured_one > 0 and par.ratio > 0
+    assert par.factor == pytest.approx(max(1.0, par.ratio / (par.simulated / par.simulated_one)))
+    # one round: its ratio is the ratio of the two medians
+    assert par.ratio == pytest.approx(par.measured / par.measured_one)
+    assert f"x {par.factor:.2f}" in str(par)

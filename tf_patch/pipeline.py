@@ -142,14 +142,16 @@ def contended(graph: OpGraph, factor: float) -> OpGraph:
 class ParallelFactor:
     """How much slower a multi-device step runs than its profile says.
 
-    ``factor = (measured / measured_one) / (simulated / simulated_one)``,
-    at least 1: the reference ``plan`` (of ``placer``) and the one-device
-    step, measured in turns (µs, medians) and simulated on the one-device
-    profile.
+    ``factor = ratio / (simulated / simulated_one)``, at least 1, where
+    ``ratio`` is the median over timing rounds of the reference ``plan``'s
+    step (of ``placer``) over the one-device step, measured in turns;
+    ``measured`` and ``measured_one`` are their medians (µs), ``simulated``
+    and ``simulated_one`` their steps simulated on the one-device profile.
     """
 
     factor: float
     placer: str
+    ratio: float
     measured: float
     measured_one: float
     simulated: float
@@ -157,14 +159,18 @@ class ParallelFactor:
 
     def __str__(self):
         return (f"a step keeping {self.placer}'s devices busy runs x {self.factor:.2f} the profile's times "
-                f"({self.placer}: {self.measured / 1000:.2f} ms measured vs {self.simulated / 1000:.2f} simulated; "
-                f"one device: {self.measured_one / 1000:.2f} vs {self.simulated_one / 1000:.2f})")
+                f"({self.placer}'s step / one device's: {self.ratio:.3f} measured in turns, "
+                f"{self.simulated / self.simulated_one:.3f} simulated)")
 
 
-def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 4, steps: int = 4) -> ParallelFactor:
+def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 8, steps: int = 4) -> ParallelFactor:
     """Time ``plan`` (a reference multi-device plan, not the one to predict)
     and the one-device step in turns (:func:`time_interleaved`) and compare
-    their ratio with the simulator's on ``graph`` (one-device costs).
+    their ratio with the simulator's on ``graph`` (one-device costs). The
+    measured ratio is the median of the rounds' ratios (each round's two
+    medians are taken a fraction of a second apart, so the machine's drift
+    cancels in each); ``measured`` and ``measured_one`` are medians over the
+    rounds kept.
 
     On logical CPU devices the cores share caches and memory bandwidth, and
     every cross-device hand-off goes through TensorFlow's executor threads,
@@ -179,11 +185,14 @@ def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 4, st
     with PlacedRun(build, plan, n_devices=len(cluster)) as placed, \
             PlacedRun(build, None, n_devices=len(cluster)) as one:
         timing = time_interleaved([placed, one], rounds=rounds, steps=steps)
+        ratios = [statistics.median(placed.times[i * steps:(i + 1) * steps])
+                  / statistics.median(one.times[i * steps:(i + 1) * steps]) for i in timing.kept]
     measured, measured_one = timing.step_us
     simulated = simulate(graph, cluster, plan).makespan
     simulated_one = simulate(graph, cluster, {o: dev0 for o in graph.names}).makespan
-    factor = max(1.0, (measured / measured_one) / (simulated / simulated_one))
-    return ParallelFactor(factor, plan.placer, measured, measured_one, simulated, simulated_one)
+    factor = max(1.0, statistics.median(ratios) / (simulated / simulated_one))
+    return ParallelFactor(factor, plan.placer, statistics.median(ratios), measured, measured_one, simulated,
+                          simulated_one)
 
 
 class PlacedRun:
