@@ -93,16 +93,17 @@ def main(argv=None) -> int:
     place_s = time.perf_counter() - t0
     print(f"[3/5] {plan.summary()}")
     expert = _placer("expert", graph, cluster)
-    return _run_and_report(build, alone, cluster, plan, place_s, expert, args)
+    return _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference, graph)
 
 
-def _run_and_report(build, alone, cluster, plan, place_s, expert, args) -> int:
+def _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference=None, graph=None) -> int:
     """Steps 4 and 5: train under each placement, time them in turns, print the table."""
     from tf_patch.devices import detect
     from tf_patch.pipeline import PlacedRun, time_interleaved
 
     n, dev0 = args.gpus, cluster.names[0]
     on_cpu = detect(n)[0] == "CPU"
+    graph = alone if graph is None else graph
     # one device, one busy core: the model's costs alone
     default_pred = simulate(alone, cluster, {o: dev0 for o in alone.names}).makespan
     print(f"[4/5] training under Pesto's plan, Expert's and TF's default placement ({n} devices)"
@@ -111,6 +112,9 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args) -> int:
     rows = [("Pesto", place_s, plan.makespan, PlacedRun(build, plan, n_devices=n))]
     if expert is not None:
         rows.append(("Expert", expert.wall_time, expert.makespan, PlacedRun(build, expert, n_devices=n)))
+    if reference is not None:
+        rows.append((f"{reference.placer} (reference)", reference.wall_time,
+                     simulate(graph, cluster, reference).makespan, PlacedRun(build, reference, n_devices=n)))
     rows.append((f"TF default (all on {dev0})", 0.0, default_pred, PlacedRun(build, None, n_devices=n)))
     if on_cpu:  # TF's own threading on one device: no device model, so no prediction
         rows.append((f"TF on {dev0}, all cores *", 0.0, float("nan"),
@@ -119,7 +123,6 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args) -> int:
     try:
         losses = runs[0].train(args.steps)
         timing = time_interleaved(runs, rounds=args.rounds, steps=4)
-        measured = timing.step_us
         tr = runs[0].trace()
         applied = runs[0].applied
     finally:
@@ -128,13 +131,10 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args) -> int:
     print(f"      Pesto plan enforced: {len(applied.control_edges)} control edges added "
           f"({applied.skipped} already implied); trace: {len(tr['misplaced'])} ops off-plan, "
           f"{len(tr['order_violations'])}/{tr['checked_edges']} order violations")
-    print(f"[5/5] results (step times in ms; placements timed in turns, 4 steps each per round; {timing.note()})")
-    print(f"  {'placement':<28}{'place s':>9}{'predicted':>11}{'measured':>10}{'error':>8}{'cores':>7}")
-    for (name, s, pred, run), meas in zip(rows, measured):
-        err = f"{100 * (meas - pred) / pred:+.0f}%" if pred == pred else "-"  # of the prediction
-        print(f"  {name:<28}{s:>9.2f}{pred / 1000:>11.3f}{meas / 1000:>10.3f}{err:>8}{run.cores_used:>7.2f}")
-    ref = len(rows) - (2 if on_cpu else 1)  # the TF default placement row
-    print(f"  Pesto vs TF default placement: {measured[ref] / measured[0]:.2f}x measured, "
+    _print_table(rows, timing, reference is not None)
+    measured = timing.step_us
+    one = len(rows) - (2 if on_cpu else 1)  # the TF default placement row
+    print(f"  Pesto vs TF default placement: {measured[one] / measured[0]:.2f}x measured, "
           f"{default_pred / plan.makespan:.2f}x predicted")
     if on_cpu:
         _cpu_note(n, timing, dev0)
@@ -143,6 +143,26 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args) -> int:
     if losses[-1] >= losses[0]:
         print("  (loss did not fall: try more --steps)")
     return 0
+
+
+def _print_table(rows, timing, anchored: bool) -> None:
+    """The results table. ``anchored``: the row before TF default's is the
+    reference plan, and every prediction is also given scaled by its
+    measured / simulated step in these same rounds (the machine's speed
+    now), with the error taken against that."""
+    measured = timing.step_us
+    k = len(rows) - (3 if rows[-1][2] != rows[-1][2] else 2)  # the reference row, when anchored
+    speed = measured[k] / rows[k][2] if anchored else 1.0
+    print(f"[5/5] results (step times in ms; placements timed in turns, 4 steps each per round; {timing.note()})")
+    print(f"  {'placement':<28}{'place s':>9}{'profile':>9}{'predicted':>11}{'measured':>10}{'error':>10}{'cores':>7}")
+    for i, ((name, s, pred, run), meas) in enumerate(zip(rows, measured)):
+        err = "-" if pred != pred else "anchor" if anchored and i == k else f"{100 * (meas - speed * pred) / (speed * pred):+.0f}%"
+        print(f"  {name:<28}{s:>9.2f}{pred / 1000:>9.3f}{speed * pred / 1000:>11.3f}{meas / 1000:>10.3f}{err:>10}"
+              f"{run.cores_used:>7.2f}")
+    if anchored:
+        print(f"  profile: the simulator's step on the profile of [1/5] (x the factor of [2/5] on several devices);\n"
+              f"  predicted: that x {speed:.3f}, {rows[k][0]}'s measured / profile step in these rounds (the\n"
+              "  machine's speed now: on a shared VM it drifts 10-20 % within a minute); error: of the prediction")
 
 
 def _cpu_note(n, timing, dev0) -> None:

@@ -141,7 +141,7 @@ def test_demo_prints_the_measured_table(capsys):
     out = capsys.readouterr().out
     for text in ("[5/5]", "Pesto ", "Expert ", "TF default (all on /CPU:0)", "TF on /CPU:0, all cores *",
                  "Pesto vs TF default placement:", "one executor thread per device", "0 ops off-plan",
-                 "runs x", "m-etf's step / one device's"):
+                 "runs x", "m-etf's step / one device's", "m-etf (reference)", "anchor", "predicted: that x"):
         assert text in out, text
 
 
