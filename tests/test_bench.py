@@ -180,3 +180,25 @@ def test_readme_table_names_experts_rule():
     rows = [_row("w", "c", "expert", "10.0", rule="scopes"), _row("w", "c", "cpsat", "8.0")]
     assert "| 10.00 (scopes) |" in table(rows)
     assert "(scopes)" in placement._cell(dict(rows[0], step_ms=10.0))
+
+
+def test_tf_bench_summary_reports_the_factor_and_both_error_counts():
+    import argparse
+
+    from benchmarks import bench_tf
+
+    def row(model, placement, pred, meas, err, anchored, factor):
+        return dict(model=model, preset="demo", placement=placement, ops=10, devices_used=2, predicted_ms=pred,
+                    measured_ms=meas, error_pct=err, anchored_error_pct=anchored, measured_spread_ms=0.1,
+                    cores_used=1.5, busy_cores=0.0, parallel_factor=factor)
+
+    rows = [row("rnnlm", "m-etf", 10.0, 10.5, 5.0, 0.0, 1.25), row("rnnlm", "pesto", 9.0, 10.8, 20.0, 3.0, 1.25),
+            row("nmt", "m-etf", 20.0, 19.0, -5.0, 0.0, 1.1), row("nmt", "pesto", 18.0, 21.6, 20.0, 12.0, 1.1),
+            row("nmt", "TF default (own threads)", float("nan"), 15.0, float("nan"), float("nan"), 1.1)]
+    assert bench_tf._factors(rows) == [("rnnlm/demo", 1.25), ("nmt/demo", 1.1)]
+    a = argparse.Namespace(preset="demo", rounds=3, steps=20)
+    text = "\n".join(bench_tf._summary(rows, a, 0.0, 0.0))
+    assert "rnnlm/demo x 1.25, nmt/demo x 1.10" in text
+    assert "2/4 within the 10% target" in text  # the two m-ETF rows at 5 %, the two Pesto rows at 20 %
+    assert "1/2 within 10%" in text  # anchored: m-ETF left out, Pesto at 3 % and 12 %
+    assert "| rnnlm/demo | pesto | 10 | 2 | 9.000 | 10.800 | +20.0 | +3.0 |" in text

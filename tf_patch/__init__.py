@@ -18,7 +18,7 @@ from .devices import describe, detect, plan_device, session_config, tf_device
 from .extract import _as_graph, allowed_kinds, extract as _extract, step_ops
 from .function import FunctionStep, function_opgraph, function_step, keras_opgraph, keras_step
 from .traces import chrome_trace_costs, step_stats_costs
-from .pipeline import profile_model, run_placed
+from .pipeline import contended, parallel_factor, profile_model, run_placed
 from .profile import Profile, estimate, measure
 
 # No submodule imports TensorFlow at import time: each function that needs it
@@ -27,7 +27,8 @@ from .profile import Profile, estimate, measure
 __all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "function_step",
            "keras_step", "FunctionStep", "step_stats_costs",
            "chrome_trace_costs", "measure", "estimate", "apply_plan", "verify",
-           "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "run_placed"]
+           "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "parallel_factor",
+           "contended", "run_placed"]
 
 
 def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead: float = 0.0,

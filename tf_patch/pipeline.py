@@ -9,8 +9,8 @@ Used by ``python -m pesto.demo``, the TF tests and ``benchmarks.bench_tf``.
   untraced step, kernel times are scaled down to match it.
 * :func:`parallel_factor`: a step that keeps several logical CPU devices
   busy runs slower than the profile (taken on one device, one core) says:
-  the cores share one memory system, and each cross-device hand-off wakes
-  an executor thread. The factor is measured on a reference 2-device plan
+  the cores share caches and memory bandwidth, and TensorFlow's executor
+  loses time handing ops between its threads. The factor is measured on a reference 2-device plan
   (the heuristic m-ETF's, not the plan to predict) timed in turns with the
   one-device step; :func:`contended` scales the profile by it for plans
   that use several devices. On GPUs (no shared compute) it is 1.
@@ -39,8 +39,9 @@ from .apply import apply_plan
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-__all__ = ["profile_model", "parallel_factor", "ParallelFactor", "contended", "run_placed", "PlacedRun", "time_interleaved", "RunResult", "trace_check",
-           "calibrate_overhead", "busy_cores", "other_cores", "Timing"]
+__all__ = ["profile_model", "parallel_factor", "ParallelFactor", "contended", "run_placed", "PlacedRun",
+           "time_interleaved", "RunResult", "trace_check", "calibrate_overhead", "busy_cores", "other_cores",
+           "Timing"]
 
 
 @dataclass
@@ -173,11 +174,12 @@ def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 8, st
     rounds kept.
 
     On logical CPU devices the cores share caches and memory bandwidth, and
-    every cross-device hand-off goes through TensorFlow's executor threads,
-    so a step that keeps both busy runs slower than its one-core profile:
-    :func:`contended` scales the profile by the factor. Measuring it against
-    the one-device step of the same rounds cancels the machine's drift
-    between profiling and timing. A ratio below 1 (noise) counts as 1.
+    TensorFlow's executor loses time handing ops between its threads, so a
+    step that keeps both busy runs slower than its one-core profile
+    (benchmarks/results/demo_runs.md): :func:`contended` scales the profile
+    by the factor. Taking the ratio to the one-device step of the same
+    rounds keeps the machine's drift out of it. A factor below 1 (noise)
+    counts as 1.
     """
     from pesto.simulate import simulate
 
