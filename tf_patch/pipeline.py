@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from pesto.graph import Op, OpGraph
+from pesto.simulate import simulate
 
 from .devices import detect, plan_device, session_config
 from .extract import extract, step_ops
@@ -181,8 +182,6 @@ def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 8, st
     rounds keeps the machine's drift out of it. A factor below 1 (noise)
     counts as 1.
     """
-    from pesto.simulate import simulate
-
     dev0 = cluster.names[0]
     with PlacedRun(build, plan, n_devices=len(cluster)) as placed, \
             PlacedRun(build, None, n_devices=len(cluster)) as one:
