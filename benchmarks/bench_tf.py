@@ -74,7 +74,8 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
     from pesto.simulate import simulate
     from pesto.zoo import build_model
     from tf_patch.commfit import fit_transfers
-    from tf_patch.pipeline import PlacedRun, contended, parallel_factor, profile_model, time_interleaved
+    from tf_patch.pipeline import (PlacedRun, anchored_errors, contended, parallel_factor, profile_model,
+                                   time_interleaved)
 
     def build():
         return build_model(model, preset)
@@ -88,7 +89,7 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
     print(f"  {factor}")
     names = list(plans) + ["TF default (1 thread)", "TF default (own threads)"]
     pred, meas, par, busy = {k: [] for k in names}, {k: [] for k in names}, {k: [] for k in names}, []
-    speed = []  # per round: m-ETF's measured / predicted step, the machine's speed then
+    anch = {k: [] for k in names}  # per round: errors at m-ETF's measured / predicted step then
     for r in range(rounds):
         # re-profile every round: the costs the simulator gets are measured
         # under the same machine load as the steps they predict
@@ -106,16 +107,17 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
         busy_g = contended(g_r, factor.factor)
         preds = [simulate(busy_g if len(plan.devices_used()) > 1 else g_r, cluster, plan).makespan
                  for plan in plans.values()] + [single, float("nan")]
-        speed.append(med[names.index("m-etf")] / preds[names.index("m-etf")])
-        for name, p, m, run in zip(names, preds, med, runs):
+        _, errs_r = anchored_errors(preds, med, names.index("m-etf"))
+        for name, p, m, e, run in zip(names, preds, med, errs_r, runs):
             pred[name].append(p)
             meas[name].append(m)
+            anch[name].append(e)
             par[name].append(run.cores_used)
     rows = []
     for name in names:
         plan = plans.get(name)
         errs = [100 * (m - p) / p for m, p in zip(meas[name], pred[name])]
-        anchored = [100 * (m - a * p) / (a * p) for m, p, a in zip(meas[name], pred[name], speed)]
+        anchored = anch[name]
         p, m = statistics.median(pred[name]), statistics.median(meas[name])
         rows.append(dict(model=model, preset=preset, placement=name, ordered=plan is not None, ops=graph.num_ops,
                          devices_used=len(plan.devices_used()) if plan is not None else 1,

@@ -4,13 +4,16 @@
 
 Build the model (its ``demo`` preset where it has one: ms-scale kernels) ->
 profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
-fit the transfer cost between devices (or its documented fallback) ->
-on logical CPU devices, measure how much slower a step that keeps both
-cores busy runs than the profile says (:func:`tf_patch.pipeline.parallel_factor`,
-on m-ETF's plan) and scale the profile by it -> ``pesto.solve`` -> enforce the plan on the tf.Graph (devices + control
-dependencies) -> train. Pesto's, Expert's and TF's default placement are
-then timed in turns and the table gives placement time, predicted and
-measured step time, the prediction's error and the cores used, then Pesto's
+fit the transfer cost between devices (or its documented fallback) -> on
+logical CPU devices, measure how much slower a step that keeps both cores
+busy runs than the profile says (:func:`tf_patch.pipeline.parallel_factor`,
+on m-ETF's plan) and scale the profile by it -> ``pesto.solve`` -> enforce
+the plan on the tf.Graph (devices + control dependencies) -> train.
+Pesto's, Expert's, m-ETF's (the reference, on CPUs) and TF's default
+placement are then timed in turns and the table gives placement time, the
+step predicted from the profile, the same times the machine's speed now
+(the reference's measured over predicted step in these rounds), the
+measured step, the prediction's error and the cores used, then Pesto's
 speed-up over TF's default placement and its loss curve.
 
 Without GPUs it uses N logical CPU devices and says so. Each is one core
@@ -31,6 +34,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 from solver import get_placer
 
@@ -96,6 +100,17 @@ def main(argv=None) -> int:
     return _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference, graph)
 
 
+@dataclass
+class _Row:
+    """One placement of the results table: its plan's run and prediction (µs;
+    NaN where there is no device model)."""
+
+    name: str
+    place_s: float
+    predicted: float
+    run: object  # tf_patch.pipeline.PlacedRun
+
+
 def _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference=None, graph=None) -> int:
     """Steps 4 and 5: train under each placement, time them in turns, print the table."""
     from tf_patch.devices import detect
@@ -106,34 +121,36 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     graph = alone if graph is None else graph
     # one device, one busy core: the model's costs alone
     default_pred = simulate(alone, cluster, {o: dev0 for o in alone.names}).makespan
-    print(f"[4/5] training under Pesto's plan, Expert's and TF's default placement ({n} devices)"
+    print(f"[4/5] training under Pesto's plan, Expert's{', ' + reference.placer + chr(39) + 's' if reference else ''} "
+          f"and TF's default placement ({n} devices)"
           + ("; each logical device is one core: kernels single-threaded, one executor thread per device "
              "used (tf_patch.session_config)" if on_cpu else ""))
-    rows = [("Pesto", place_s, plan.makespan, PlacedRun(build, plan, n_devices=n))]
+    rows = [_Row("Pesto", place_s, plan.makespan, PlacedRun(build, plan, n_devices=n))]
     if expert is not None:
-        rows.append(("Expert", expert.wall_time, expert.makespan, PlacedRun(build, expert, n_devices=n)))
+        rows.append(_Row("Expert", expert.wall_time, expert.makespan, PlacedRun(build, expert, n_devices=n)))
+    ref = None
     if reference is not None:
-        rows.append((f"{reference.placer} (reference)", reference.wall_time,
-                     simulate(graph, cluster, reference).makespan, PlacedRun(build, reference, n_devices=n)))
-    rows.append((f"TF default (all on {dev0})", 0.0, default_pred, PlacedRun(build, None, n_devices=n)))
+        ref = len(rows)
+        rows.append(_Row(f"{reference.placer} (reference)", reference.wall_time,
+                         simulate(graph, cluster, reference).makespan, PlacedRun(build, reference, n_devices=n)))
+    one = len(rows)  # the TF default placement row
+    rows.append(_Row(f"TF default (all on {dev0})", 0.0, default_pred, PlacedRun(build, None, n_devices=n)))
     if on_cpu:  # TF's own threading on one device: no device model, so no prediction
-        rows.append((f"TF on {dev0}, all cores *", 0.0, float("nan"),
-                     PlacedRun(build, None, n_devices=n, inter_op=0)))
-    runs = [r[3] for r in rows]
+        rows.append(_Row(f"TF on {dev0}, all cores *", 0.0, float("nan"),
+                         PlacedRun(build, None, n_devices=n, inter_op=0)))
     try:
-        losses = runs[0].train(args.steps)
-        timing = time_interleaved(runs, rounds=args.rounds, steps=4)
-        tr = runs[0].trace()
-        applied = runs[0].applied
+        losses = rows[0].run.train(args.steps)
+        timing = time_interleaved([r.run for r in rows], rounds=args.rounds, steps=4)
+        tr = rows[0].run.trace()
+        applied = rows[0].run.applied
     finally:
-        for r in runs:
-            r.close()
+        for r in rows:
+            r.run.close()
     print(f"      Pesto plan enforced: {len(applied.control_edges)} control edges added "
           f"({applied.skipped} already implied); trace: {len(tr['misplaced'])} ops off-plan, "
           f"{len(tr['order_violations'])}/{tr['checked_edges']} order violations")
-    _print_table(rows, timing, reference is not None)
+    _print_table(rows, timing, ref)
     measured = timing.step_us
-    one = len(rows) - (2 if on_cpu else 1)  # the TF default placement row
     print(f"  Pesto vs TF default placement: {measured[one] / measured[0]:.2f}x measured, "
           f"{default_pred / plan.makespan:.2f}x predicted")
     if on_cpu:
@@ -145,23 +162,25 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     return 0
 
 
-def _print_table(rows, timing, anchored: bool) -> None:
-    """The results table. ``anchored``: the row before TF default's is the
-    reference plan, and every prediction is also given scaled by its
-    measured / simulated step in these same rounds (the machine's speed
-    now), with the error taken against that."""
+def _print_table(rows: list[_Row], timing, ref: int | None) -> None:
+    """The results table. With a reference row (index ``ref``), every
+    prediction is also given at the machine's speed now, the reference's
+    measured / profile step in these same rounds, and the error is taken
+    against that (:func:`tf_patch.pipeline.anchored_errors`)."""
+    from tf_patch.pipeline import anchored_errors
+
     measured = timing.step_us
-    k = len(rows) - (3 if rows[-1][2] != rows[-1][2] else 2)  # the reference row, when anchored
-    speed = measured[k] / rows[k][2] if anchored else 1.0
+    profile = [r.predicted for r in rows]
+    speed, errors = anchored_errors(profile, measured, ref)
     print(f"[5/5] results (step times in ms; placements timed in turns, 4 steps each per round; {timing.note()})")
     print(f"  {'placement':<28}{'place s':>9}{'profile':>9}{'predicted':>11}{'measured':>10}{'error':>10}{'cores':>7}")
-    for i, ((name, s, pred, run), meas) in enumerate(zip(rows, measured)):
-        err = "-" if pred != pred else "anchor" if anchored and i == k else f"{100 * (meas - speed * pred) / (speed * pred):+.0f}%"
-        print(f"  {name:<28}{s:>9.2f}{pred / 1000:>9.3f}{speed * pred / 1000:>11.3f}{meas / 1000:>10.3f}{err:>10}"
-              f"{run.cores_used:>7.2f}")
-    if anchored:
+    for i, (r, meas, err) in enumerate(zip(rows, measured, errors)):
+        cell = "anchor" if i == ref else "-" if err != err else f"{err:+.0f}%"
+        print(f"  {r.name:<28}{r.place_s:>9.2f}{r.predicted / 1000:>9.3f}{speed * r.predicted / 1000:>11.3f}"
+              f"{meas / 1000:>10.3f}{cell:>10}{r.run.cores_used:>7.2f}")
+    if ref is not None:
         print(f"  profile: the simulator's step on the profile of [1/5] (x the factor of [2/5] on several devices);\n"
-              f"  predicted: that x {speed:.3f}, {rows[k][0]}'s measured / profile step in these rounds (the\n"
+              f"  predicted: that x {speed:.3f}, {rows[ref].name}'s measured / profile step in these rounds (the\n"
               "  machine's speed now: on a shared VM it drifts 10-20 % within a minute); error: of the prediction")
 
 

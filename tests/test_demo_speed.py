@@ -185,3 +185,43 @@ def test_parallel_factor_compares_measured_and_simulated_ratios():
     # one round: its ratio is the ratio of the two medians
     assert par.ratio == pytest.approx(par.measured / par.measured_one)
     assert f"x {par.factor:.2f}" in str(par)
+
+
+def test_anchored_errors_put_every_prediction_at_the_reference_speed():
+    from tf_patch.pipeline import anchored_errors
+
+    speed, errs = anchored_errors([10.0, 20.0, 40.0, float("nan")], [13.0, 24.0, 52.0, 7.0], ref=0)
+    assert speed == pytest.approx(1.3)
+    assert errs[0] == pytest.approx(0.0)
+    assert errs[1] == pytest.approx(100 * (24.0 - 26.0) / 26.0)
+    assert errs[2] == pytest.approx(0.0)
+    assert errs[3] != errs[3]  # no device model, no error
+    # no reference: the plain errors, of the prediction
+    speed, errs = anchored_errors([10.0, 20.0], [13.0, 18.0], ref=None)
+    assert speed == 1.0 and errs == pytest.approx([30.0, -10.0])
+
+
+def test_demo_table_takes_errors_against_the_reference_row(capsys):
+    from types import SimpleNamespace
+
+    from pesto.demo import _print_table, _Row
+
+    run = SimpleNamespace(cores_used=1.5)
+    rows = [_Row("Pesto", 1.0, 20_000.0, run), _Row("Expert", 0.1, 30_000.0, run),
+            _Row("m-etf (reference)", 0.1, 25_000.0, run), _Row("TF default", 0.0, 40_000.0, run),
+            _Row("TF all cores *", 0.0, float("nan"), run)]
+    timing = SimpleNamespace(step_us=[23_000.0, 27_000.0, 27_500.0, 46_200.0, 21_000.0], note=lambda: "test")
+    _print_table(rows, timing, ref=2)
+    out = capsys.readouterr().out
+    lines = {ln.split("  ")[1].strip(): ln for ln in out.splitlines() if ln.startswith("  ") and "   " in ln}
+    # speed now = 27.5 / 25 = 1.1: Pesto predicted 22.0 ms, measured 23.0 (+5 %)
+    assert "22.000" in lines["Pesto"] and lines["Pesto"].split()[-2] == "+5%"
+    assert lines["Expert"].split()[-2] == "-18%"  # 27.0 against 33.0
+    assert lines["m-etf (reference)"].split()[-2] == "anchor"
+    assert lines["TF default"].split()[-2] == "+5%"  # 46.2 against 44.0
+    assert lines["TF all cores *"].split()[-2] == "-"
+    assert "that x 1.100, m-etf (reference)'s measured" in out
+    # without a reference the predictions are the profile's
+    _print_table(rows[:2], SimpleNamespace(step_us=[23_000.0, 27_000.0], note=lambda: "test"), ref=None)
+    out = capsys.readouterr().out
+    assert "+15%" in out and "-10%" in out and "anchor" not in out and "that x" not in out

@@ -40,7 +40,8 @@ from .apply import apply_plan
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-__all__ = ["profile_model", "parallel_factor", "ParallelFactor", "contended", "run_placed", "PlacedRun",
+__all__ = ["profile_model", "parallel_factor", "ParallelFactor", "contended", "anchored_errors", "run_placed",
+           "PlacedRun",
            "time_interleaved", "RunResult", "trace_check", "calibrate_overhead", "busy_cores", "other_cores",
            "Timing"]
 
@@ -194,6 +195,29 @@ def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 8, st
     factor = max(1.0, statistics.median(ratios) / (simulated / simulated_one))
     return ParallelFactor(factor, plan.placer, statistics.median(ratios), measured, measured_one, simulated,
                           simulated_one)
+
+
+def anchored_errors(predicted, measured, ref: int | None) -> tuple[float, list[float]]:
+    """Errors (%, of the prediction) once every prediction is put at the
+    machine's speed now: ``speed = measured[ref] / predicted[ref]``, the
+    reference placement's measured over predicted step in the same timing
+    rounds (1 when ``ref`` is None: the plain errors). Returns ``(speed,
+    errors)``; the reference's own error is 0 and a NaN prediction (a
+    placement with no device model) gives NaN.
+
+    A shared VM's speed drifts 10-20 % within a minute, so a profile taken
+    before the timing rounds cannot predict absolute times to 10 %; scaled by
+    a plan timed in the same rounds (not the plan predicted), the error says
+    how well the simulator ranks and sizes plans against each other.
+
+    Examples
+    --------
+    >>> speed, errs = anchored_errors([10.0, 20.0, float("nan")], [12.0, 22.0, 9.0], ref=0)
+    >>> round(speed, 3), [round(e, 2) for e in errs[:2]]
+    (1.2, [0.0, -8.33])
+    """
+    speed = 1.0 if ref is None else measured[ref] / predicted[ref]
+    return speed, [100 * (m - speed * p) / (speed * p) for p, m in zip(predicted, measured)]
 
 
 class PlacedRun:
