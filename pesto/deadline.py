@@ -223,7 +223,9 @@ class Deadline:
         """Turn the first SIGINT / SIGTERM into :meth:`interrupt`; a second
         SIGINT raises :class:`KeyboardInterrupt`. Only in the main thread
         (elsewhere Python cannot install handlers, and this does nothing);
-        the previous handlers come back on exit."""
+        the previous handlers come back on exit. A signal the process ignores
+        (``nohup``, or a job a script started with ``&``, whose shell ignores
+        Ctrl-C for it) stays ignored: the caller chose not to be stopped by it."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -234,7 +236,8 @@ class Deadline:
                 raise KeyboardInterrupt  # the second Ctrl-C: abort now
             self.interrupt(name)
 
-        saved = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        saved = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+                 if signal.getsignal(s) is not signal.SIG_IGN}
         try:
             yield
         finally:

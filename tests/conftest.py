@@ -1,7 +1,11 @@
 """Shared pytest setup: make ``tests/`` importable (``from strategies import dags``)
 and keep matplotlib off-screen."""
 import os
+import signal
 import sys
+import threading
+
+import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -11,3 +15,18 @@ if _here not in sys.path:
 # pesto loads OR-Tools with RTLD_DEEPBIND (see pesto._load_ortools); a bare
 # OR-Tools import here first would load it without that.
 import pesto  # noqa: E402,F401
+
+
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C as in a terminal: Python's KeyboardInterrupt handler for SIGINT
+    during the test, whatever pytest was started with (a job started with
+    ``&`` from a script, or under ``nohup``, inherits SIGINT ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -15,6 +15,9 @@ from solver.cpsat import place_cpsat
 from solver.registry import get_placer
 from solver.search import reschedule
 
+# Ctrl-C as in a terminal, however pytest was started (conftest.ctrl_c)
+pytestmark = pytest.mark.usefixtures("ctrl_c")
+
 
 class FakeClock:
     def __init__(self):
@@ -151,3 +154,40 @@ def test_reschedule_past_its_deadline_keeps_the_given_order_only():
     assert list(p.stats["reschedule"]) == ["given"] and p.stats["reschedule_cut"] == "time limit"
     assert p.makespan == pytest.approx(start.makespan)
     assert len(reschedule(g, c, start, deadline=Deadline(60)).stats["reschedule"]) == 4
+
+
+def test_ignored_signals_stay_ignored():
+    # nohup, or a job a script started with '&': the caller chose not to be stopped by Ctrl-C
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        d = Deadline(60.0)
+        with d.catching_signals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert not d.interrupted
+            os.kill(os.getpid(), signal.SIGTERM)  # not ignored: still caught
+            time.sleep(0.05)
+            assert d.interrupted and d.reason == "SIGTERM"
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_an_ignored_sigint_does_not_cut_a_solve_short():
+    import pesto
+
+    g = layered_dag(400, width=8, seed=2)
+    cluster = pesto.v100x2_nvlink()
+    sent = []
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    timer = threading.Timer(0.5, lambda: (sent.append(time.perf_counter()), os.kill(os.getpid(), signal.SIGINT)))
+    try:
+        timer.start()
+        plan = pesto.solve(g, cluster=cluster, time_limit=3.0, workers=1)
+        end = time.perf_counter()
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, before)
+    assert sent and sent[0] < end  # the signal came while the solve ran
+    assert plan.status != "interrupted" and plan.log.stopped != "SIGINT"

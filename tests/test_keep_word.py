@@ -10,12 +10,17 @@ import sys
 import threading
 import time
 
+import pytest
+
 import pesto
 from benchmarks.generators import layered_dag
 from pesto.deadline import CHECK_EVERY
 from pesto.plan import Plan, check_plan
 
 CLUSTER = pesto.v100x2_nvlink()
+
+# Ctrl-C as in a terminal, however pytest was started (conftest.ctrl_c)
+pytestmark = pytest.mark.usefixtures("ctrl_c")
 
 
 def _same_plan(a: Plan, b: Plan) -> bool:
