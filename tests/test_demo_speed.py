@@ -8,6 +8,7 @@ fallback and the demo's output are checked.
 import os
 import statistics
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -111,6 +112,30 @@ def test_transfer_fit_used_only_when_it_explains_the_points():
     assert flat.cluster().route("/CPU:0", "/CPU:1").beta0 == 3.5
     gpu = choose_model(6.0, -1e-8, MIN_R2 - 0.01, sizes, [2.0, 9.0, 3.0, 4.0], kind="GPU")
     assert (gpu.beta0, gpu.beta1) == NVLINK_GG and "NVLink" in gpu.fallback
+
+
+def test_transfer_fit_that_rests_on_one_point_is_not_used():
+    from tf_patch.commfit import DEFAULT_SIZES, fit_line
+
+    sizes = list(DEFAULT_SIZES)  # 1 KiB .. 16 MiB by powers of 4
+    # measured here between logical CPU devices: flat noise and one slow 16 MiB hop
+    one = [4.1, 5.3, 5.7, 1.0, 4.1, 7.7, 7.2, 42.7]
+    b0, b1, r2 = fit_line(sizes, one)
+    assert r2 >= MIN_R2  # R^2 alone would take the line
+    fit = choose_model(b0, b1, r2, sizes, one)
+    assert fit.beta1 == 0.0 and fit.beta0 == pytest.approx(statistics.median(one))
+    assert "rests on one point" in fit.fallback and "16 MiB" in fit.fallback and fit.r2_without_one < 0.5
+    gpu = choose_model(b0, b1, r2, sizes, one, kind="GPU")
+    assert (gpu.beta0, gpu.beta1) == NVLINK_GG and "rests on one point" in gpu.fallback
+    # also measured here: time growing over the three largest sizes, whichever point is left out
+    grows = [0.7, 7.5, 4.8, 8.9, 12.0, 15.2, 69.4, 231.9]
+    fit = choose_model(*fit_line(sizes, grows), sizes, grows)
+    assert fit.fallback == "" and fit.beta1 > 0 and fit.r2_without_one >= MIN_R2
+    # a GPU link: 10 us + 12 GB/s, with 3 % noise
+    rng = np.random.default_rng(0)
+    link = [(10.0 + s / 12e3) * (1 + 0.03 * rng.standard_normal()) for s in sizes]
+    fit = choose_model(*fit_line(sizes, link), sizes, link, kind="GPU")
+    assert fit.fallback == "" and fit.beta1 * 1e3 == pytest.approx(1 / 12, rel=0.1)
 
 
 def test_timing_note_says_which_rounds_count():

@@ -7,8 +7,12 @@ is the difference of the medians over ``repeats`` interleaved runs, divided
 by the number of hops. A least-squares line through (bytes, µs) gives beta0,
 beta1 and R^2.
 
-The line is used only when it explains the points (``R^2 >= MIN_R2``).
-Otherwise :func:`fit_transfers` falls back, and :class:`CommFit` says so:
+The line is used only when it explains the points (``R^2 >= MIN_R2``), and
+still does with any one of them left out: sizes grow by powers of 4, so the
+largest dominates R^2, and one noisy time there would otherwise make a line
+through flat noise (seen between logical CPU devices: R^2 0.96 from one
+16 MiB point, 0.30 without it). Otherwise :func:`fit_transfers` falls back,
+and :class:`CommFit` says so:
 
 * between logical CPU devices a transfer copies nothing (TF hands the
   consumer a reference to the same host buffer), so its time does not grow
@@ -34,7 +38,7 @@ from pesto.cluster import NVLINK_GG, GiB, gpus, logical_cpus
 
 from .devices import detect, session_config, tf_device
 
-__all__ = ["CommFit", "fit_line", "measure_transfers", "fit_transfers", "choose_model", "MIN_R2"]
+__all__ = ["CommFit", "fit_line", "without_one", "measure_transfers", "fit_transfers", "choose_model", "MIN_R2"]
 
 DEFAULT_SIZES = tuple(1 << k for k in range(10, 25, 2))  # 1 KiB .. 16 MiB
 MIN_R2 = 0.9  # below this the fitted line is not used (see the module docstring)
@@ -45,8 +49,10 @@ class CommFit:
     """The transfer model used: ``beta0`` (µs), ``beta1`` (µs/byte).
 
     ``line`` is the least-squares fit ``(beta0, beta1)`` through the
-    measured ``times`` and ``r2`` its R^2; ``fallback`` is empty when the
-    line is used, else says what replaced it and why (module docstring).
+    measured ``times``, ``r2`` its R^2 and ``r2_without_one`` the lowest
+    R^2 of the line fitted with one point left out (NaN under 4 points);
+    ``fallback`` is empty when the line is used, else says what replaced it
+    and why (module docstring).
     """
 
     beta0: float
@@ -58,6 +64,7 @@ class CommFit:
     kind: str = "CPU"
     line: tuple = (float("nan"), float("nan"))
     fallback: str = ""
+    r2_without_one: float = float("nan")
 
     def cluster(self, memory: int | None = None):
         """``pesto.cluster.logical_cpus(n)`` with this fit on every route
@@ -71,7 +78,8 @@ class CommFit:
         fit = (f"{self.line[0]:.2f} us + {self.line[1] * 1e6:.4f} us/MB (R^2 = {self.r2:.3f}, "
                f"{len(self.sizes)} sizes)")
         if not self.fallback:
-            return "transfer fit: " + fit
+            loo = self.r2_without_one
+            return "transfer fit: " + fit[:-1] + (f", {loo:.3f} or more without any one)" if loo == loo else ")")
         return (f"transfer fit {fit} not used: {self.fallback}; using {self.beta0:.2f} us + "
                 f"{self.beta1 * 1e6:.4f} us/MB")
 
@@ -88,6 +96,26 @@ def fit_line(sizes, times) -> tuple[float, float, float]:
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     return float(b0), float(b1), r2
+
+
+def without_one(sizes, times) -> tuple[float, int]:
+    """The lowest R^2 of the line fitted with one point left out, and that
+    point's size; ``(nan, 0)`` with fewer than 4 points (a line through 2
+    explains them by construction).
+
+    Examples
+    --------
+    >>> r2, size = without_one([1, 4, 16, 64], [3.0, 2.0, 3.0, 40.0])  # one point makes the line
+    >>> round(r2, 2), size
+    (0.11, 64)
+    >>> round(without_one([1, 4, 16, 64], [3.0, 6.0, 18.0, 66.0])[0], 3)  # a real line
+    1.0
+    """
+    if len(sizes) < 4:
+        return float("nan"), 0
+    fits = [(fit_line(sizes[:i] + sizes[i + 1:], times[:i] + times[i + 1:])[2], sizes[i])
+            for i in range(len(sizes))]
+    return min(fits)
 
 
 def ping_pong_graph(a: str, b: str, sizes, hops: int, *, work: int = 0):
@@ -186,7 +214,8 @@ def fit_transfers(n_devices: int = 2, sizes=DEFAULT_SIZES, repeats: int = 9,
 def choose_model(b0, b1, r2, sizes, times, n_devices: int = 2, kind: str = "CPU",
                  min_r2: float = MIN_R2) -> CommFit:
     """The :class:`CommFit` of a fitted line: the line itself when
-    ``r2 >= min_r2``, else the fallback of ``kind``.
+    ``r2 >= min_r2`` and still with any one point left out
+    (:func:`without_one`), else the fallback of ``kind``.
 
     Examples
     --------
@@ -198,12 +227,23 @@ def choose_model(b0, b1, r2, sizes, times, n_devices: int = 2, kind: str = "CPU"
     >>> choose_model(5.0, -1e-7, 0.1, [1, 2], [2.0, 3.0], kind="GPU").beta0
     40.77
     """
-    line = (float(b0), float(b1))
-    if r2 >= min_r2:
-        return CommFit(b0, b1, r2, list(sizes), list(times), n_devices, kind, line)
+    sizes, times, line = list(sizes), list(times), (float(b0), float(b1))
+    loo, point = without_one(sizes, times)
+    if r2 >= min_r2 and not loo < min_r2:
+        return CommFit(b0, b1, r2, sizes, times, n_devices, kind, line, r2_without_one=loo)
+    why = (f"R^2 < {min_r2}" if r2 < min_r2 else
+           f"R^2 = {r2:.3f} rests on one point ({loo:.3f} without the {_size(point)} one)")
     if kind == "GPU":
-        why = f"R^2 < {min_r2}: using pesto.cluster's NVLink preset"
-        return CommFit(*NVLINK_GG, r2, list(sizes), list(times), n_devices, kind, line, why)
-    why = (f"R^2 < {min_r2}: between logical CPU devices a transfer copies nothing (the consumer gets a "
-           "reference), so its time does not grow with size; using the median measured time per transfer")
-    return CommFit(float(np.median(times)), 0.0, r2, list(sizes), list(times), n_devices, kind, line, why)
+        return CommFit(*NVLINK_GG, r2, sizes, times, n_devices, kind, line,
+                       f"{why}: using pesto.cluster's NVLink preset", loo)
+    why += (": between logical CPU devices a transfer copies nothing (the consumer gets a reference), so its "
+            "time does not grow with size; using the median measured time per transfer")
+    return CommFit(float(np.median(times)), 0.0, r2, sizes, times, n_devices, kind, line, why, loo)
+
+
+def _size(nbytes: int) -> str:
+    """``16 MiB``, ``4 KiB``, ``512 B``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):g} {unit}"
+    return f"{nbytes} B"
