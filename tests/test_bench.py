@@ -188,9 +188,11 @@ def test_tf_bench_summary_reports_the_factor_and_both_error_counts():
     from benchmarks import bench_tf
 
     def row(model, placement, pred, meas, err, anchored, factor):
-        return dict(model=model, preset="demo", placement=placement, ops=10, devices_used=2, predicted_ms=pred,
+        return dict(model=model, preset="demo", placement=placement, ops=10,
+                    devices_used=1 if placement.startswith("TF") else 2, predicted_ms=pred,
                     measured_ms=meas, error_pct=err, anchored_error_pct=anchored, measured_spread_ms=0.1,
-                    cores_used=1.5, busy_cores=0.0, parallel_factor=factor)
+                    cores_used=1.5, busy_cores=0.0, parallel_factor=factor, transfers=40 if placement == "expert"
+                    else 400, slowdown=float("nan") if placement.startswith("TF") else 1.15)
 
     rows = [row("rnnlm", "m-etf", 10.0, 10.5, 5.0, 0.0, 1.25), row("rnnlm", "pesto", 9.0, 10.8, 20.0, 3.0, 1.25),
             row("nmt", "m-etf", 20.0, 19.0, -5.0, 0.0, 1.1), row("nmt", "pesto", 18.0, 21.6, 20.0, 12.0, 1.1),
@@ -201,4 +203,6 @@ def test_tf_bench_summary_reports_the_factor_and_both_error_counts():
     assert "rnnlm/demo x 1.25, nmt/demo x 1.10" in text
     assert "2/4 within the 10% target" in text  # the two m-ETF rows at 5 %, the two Pesto rows at 20 %
     assert "1/2 within 10%" in text  # anchored: m-ETF left out, Pesto at 3 % and 12 %
-    assert "| rnnlm/demo | pesto | 10 | 2 | 9.000 | 10.800 | +20.0 | +3.0 |" in text
+    assert "| rnnlm/demo | pesto | 10 | 2 | 400 | 9.000 | 10.800 | +20.0 | +3.0 | 1.15 |" in text
+    assert "rnnlm/demo pesto x 1.15 (400 transfers, 1.50 cores)" in text
+    assert "TF default (own threads) x" not in text  # one device: no slowdown to report

@@ -7,13 +7,12 @@ Used by ``python -m pesto.demo``, the TF tests and ``benchmarks.bench_tf``.
   between kernels (absent from step stats) is added to every op as a
   *dispatch overhead*, or, when tracing made kernels look slower than the
   untraced step, kernel times are scaled down to match it.
-* :func:`parallel_factor`: a step that keeps several logical CPU devices
-  busy runs slower than the profile (taken on one device, one core) says:
-  the cores share caches and memory bandwidth, and TensorFlow's executor
-  loses time handing ops between its threads. The factor is measured on a reference 2-device plan
-  (the heuristic m-ETF's, not the plan to predict) timed in turns with the
-  one-device step; :func:`contended` scales the profile by it for plans
-  that use several devices. On GPUs (no shared compute) it is 1.
+* :func:`parallel_factor`: on logical CPU devices a plan that hands
+  tensors between the cores often runs slower than the profile (taken on
+  one device, one core) says. The factor is measured on a reference
+  2-device plan (the heuristic m-ETF's, not the plan to predict) timed in
+  turns with the one-device step; :func:`contended` scales the profile by
+  it for plans that use several devices. On GPUs (no shared compute) it is 1.
 * :func:`run_placed`: build a fresh copy of the model, enforce a plan (or
   none: TF's default placement), train ``steps`` steps, return losses and
   median step wall time, and optionally a trace check.
@@ -175,11 +174,15 @@ def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 8, st
     cancels in each); ``measured`` and ``measured_one`` are medians over the
     rounds kept.
 
-    On logical CPU devices the cores share caches and memory bandwidth, and
-    TensorFlow's executor loses time handing ops between its threads, so a
-    step that keeps both busy runs slower than its one-core profile
-    (benchmarks/results/demo_runs.md): :func:`contended` scales the profile
-    by the factor. Taking the ratio to the one-device step of the same
+    On logical CPU devices a plan that hands tensors between the cores
+    hundreds of times a step (m-ETF's, Pesto's) runs 5-20 % slower than its
+    one-core profile; Expert's layer split, as busy on both cores but
+    crossing a few dozen times, does not. It is neither the cores sharing
+    memory bandwidth nor the data crossing them (~3 % of a step); each
+    core's cache working set and the executor threads the devices share are
+    the candidates left (benchmarks/results/demo_runs.md). :func:`contended`
+    scales the profile by the factor: right for plans that cross as often
+    as the reference, too high for plans that rarely do. Taking the ratio to the one-device step of the same
     rounds keeps the machine's drift out of it. A factor below 1 (noise)
     counts as 1.
     """
