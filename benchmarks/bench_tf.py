@@ -233,20 +233,27 @@ def _summary(rows, a, load0, load1) -> list[str]:
                       "measured once per model before the rounds on m-ETF's plan timed in turns with the "
                       "one-device step (`tf_patch.pipeline.parallel_factor`): "
                       + ", ".join(f"{m} x {f:.2f}" for m, f in _factors(rows))
-                      + ". *Slowdown vs one-core profile*: a plan's measured step over its step simulated on "
+                      + "; in the rounds themselves m-ETF's plan ran "
+                      + ", ".join(f"x {r['slowdown']:.2f}" for r in rows if r["placement"] == "m-etf")
+                      + " (slowdown column). The factor is only as good as the machine is steady between the "
+                      "minute it was taken and the rounds, which is why the anchored error, taken in the same "
+                      "rounds, is the one the demo checks. *Slowdown vs one-core profile*: a plan's measured step over its step simulated on "
                       "the one-core profile, divided by the same ratio of the one-device step in that round "
                       "(so the machine's drift cancels); 1 means the plan runs as fast as its kernels did alone. "
                       + _slowdown_text(rows),
-                  "", "What the slowdown is and is not (demo_runs.md, 2026-11-24): it is not two busy cores "
-                      "sharing memory bandwidth (Expert's plan keeps 1.5 cores busy and runs at its one-core "
-                      "speed, m-ETF's and Pesto's keep 1.6-1.7 busy and run 1.05-1.22x slower), nor the data "
+                  "", "What the slowdown is and is not (demo_runs.md, 2026-11-24, over the demo runs and the runs "
+                      "of this benchmark): it is not two busy cores sharing memory bandwidth (Expert's plan, "
+                      "with about as many cores busy, ran x 0.87-0.98 on NMT against m-ETF's x 1.11-1.27 and "
+                      "Pesto's x 1.09-1.21; on RNNLM x 1.00-1.16 against x 1.05-1.22 and x 1.06-1.22, least of "
+                      "the three in 7 of 9 runs), nor the data "
                       "crossing cores (a hop that reads a tensor made on the other core costs ~2 us per 256 KiB "
                       "more than on its own, ~3 % of a step). It grows with how finely a plan spreads a layer's "
-                      "ops over the cores (~400 transfers a step against Expert's ~30); the candidates left are "
+                      "ops over the cores (hundreds of transfers a step against Expert's few dozen); the "
+                      "candidates left are "
                       "each core's cache working set (a layer's weights used on both cores) and the executor "
                       "threads, which both logical devices share (a cheap op runs on whichever thread made it "
                       "ready). One factor per model, measured on m-ETF's plan, is therefore right for plans that "
-                      "cross as often as m-ETF's (Pesto's) and too high for Expert's. \"TF default (own "
+                      "cross as often as m-ETF's (Pesto's) and too high for Expert's on NMT. \"TF default (own "
                       "threads)\" (TF's dynamic scheduling of one device on every core) is the CPU alternative "
                       "to placement: on a CPU there is no transfer cost to save."]
     return lines

@@ -190,7 +190,7 @@ def _cpu_note(n, timing, dev0) -> None:
           f"  would be one GPU; TF's default placement puts every op on {dev0}, one core. The rows show\n"
           "  the plan's overlap on real cores and how well it was predicted, not GPU speed-ups: the cores\n"
           "  share one memory (no copies). A plan that hands tensors between the cores hundreds of times\n"
-          "  a step (m-ETF's, Pesto's) runs 5-20 % slower than its one-core profile: the multi-device\n"
+          "  a step (m-ETF's, Pesto's) runs 5-25 % slower than its one-core profile: the multi-device\n"
           "  predictions scale the profile by the factor measured in [2/5] on m-ETF's plan, not Pesto's.\n"
           "  Expert's layer split crosses a few dozen times and runs at its one-core speed, so it measures\n"
           "  faster than predicted (benchmarks/results/demo_runs.md).\n"

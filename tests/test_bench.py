@@ -200,7 +200,7 @@ def test_tf_bench_summary_reports_the_factor_and_both_error_counts():
     assert bench_tf._factors(rows) == [("rnnlm/demo", 1.25), ("nmt/demo", 1.1)]
     a = argparse.Namespace(preset="demo", rounds=3, steps=20)
     text = "\n".join(bench_tf._summary(rows, a, 0.0, 0.0))
-    assert "rnnlm/demo x 1.25, nmt/demo x 1.10" in text
+    assert "rnnlm/demo x 1.25, nmt/demo x 1.10; in the rounds themselves m-ETF's plan ran x 1.15, x 1.15" in text
     assert "2/4 within the 10% target" in text  # the two m-ETF rows at 5 %, the two Pesto rows at 20 %
     assert "1/2 within 10%" in text  # anchored: m-ETF left out, Pesto at 3 % and 12 %
     assert "| rnnlm/demo | pesto | 10 | 2 | 400 | 9.000 | 10.800 | +20.0 | +3.0 | 1.15 |" in text

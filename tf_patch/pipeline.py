@@ -175,7 +175,7 @@ def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 8, st
     rounds kept.
 
     On logical CPU devices a plan that hands tensors between the cores
-    hundreds of times a step (m-ETF's, Pesto's) runs 5-20 % slower than its
+    hundreds of times a step (m-ETF's, Pesto's) runs 5-25 % slower than its
     one-core profile; Expert's layer split, as busy on both cores but
     crossing a few dozen times, does not. It is neither the cores sharing
     memory bandwidth nor the data crossing them (~3 % of a step); each
