@@ -175,10 +175,11 @@ def parallel_factor(build, graph: OpGraph, cluster, plan, *, rounds: int = 8, st
     rounds kept.
 
     On logical CPU devices a plan that hands tensors between the cores
-    hundreds of times a step (m-ETF's, Pesto's) runs 5-25 % slower than its
-    one-core profile; Expert's layer split, as busy on both cores but
-    crossing a few dozen times, does not. It is neither the cores sharing
-    memory bandwidth nor the data crossing them (~3 % of a step); each
+    hundreds of times a step (m-ETF's, Pesto's) runs slower than its
+    one-core profile (typically by 10-25 %); Expert's layer split, as busy
+    on both cores but crossing a few dozen times, is slowed less. It is
+    neither the cores sharing memory bandwidth nor mainly the data crossing
+    them (at most ~8 % of a step); each
     core's cache working set and the executor threads the devices share are
     the candidates left (benchmarks/results/demo_runs.md). :func:`contended`
     scales the profile by the factor: right for plans that cross as often
