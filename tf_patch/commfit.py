@@ -15,9 +15,9 @@ through flat noise (seen between logical CPU devices: R^2 0.96 from one
 and :class:`CommFit` says so:
 
 * between logical CPU devices a transfer copies nothing (TF hands the
-  consumer a reference to the same host buffer), so its time does not grow
-  with size and a line through noise means nothing: the fallback is a
-  constant, the median measured time per transfer (``beta1 = 0``);
+  consumer a reference to the same host buffer), so its time grows little
+  if at all with size and a line through noise means nothing: the fallback
+  is a constant, the median measured time per transfer (``beta1 = 0``);
 * between GPUs the fallback is :data:`pesto.cluster.NVLINK_GG`, the
   documented NVLink preset.
 
@@ -237,7 +237,7 @@ def choose_model(b0, b1, r2, sizes, times, n_devices: int = 2, kind: str = "CPU"
         return CommFit(*NVLINK_GG, r2, sizes, times, n_devices, kind, line,
                        f"{why}: using pesto.cluster's NVLink preset", loo)
     why += (": between logical CPU devices a transfer copies nothing (the consumer gets a reference), so its "
-            "time does not grow with size; using the median measured time per transfer")
+            "time grows little if at all with size; using the median measured time per transfer")
     return CommFit(float(np.median(times)), 0.0, r2, sizes, times, n_devices, kind, line, why, loo)
 
 
