@@ -121,8 +121,8 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     graph = alone if graph is None else graph
     # one device, one busy core: the model's costs alone
     default_pred = simulate(alone, cluster, {o: dev0 for o in alone.names}).makespan
-    print(f"[4/5] training under Pesto's plan, Expert's{', ' + reference.placer + chr(39) + 's' if reference else ''} "
-          f"and TF's default placement ({n} devices)"
+    also = f", {reference.placer}'s" if reference is not None else ""
+    print(f"[4/5] training under Pesto's plan, Expert's{also} and TF's default placement ({n} devices)"
           + ("; each logical device is one core: kernels single-threaded, one executor thread per device "
              "used (tf_patch.session_config)" if on_cpu else ""))
     rows = [_Row("Pesto", place_s, plan.makespan, PlacedRun(build, plan, n_devices=n))]

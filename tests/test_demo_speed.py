@@ -115,7 +115,7 @@ def test_transfer_fit_used_only_when_it_explains_the_points():
 
 
 def test_transfer_fit_that_rests_on_one_point_is_not_used():
-    from tf_patch.commfit import DEFAULT_SIZES, fit_line
+    from tf_patch.commfit import DEFAULT_SIZES, fit_line, without_one
 
     sizes = list(DEFAULT_SIZES)  # 1 KiB .. 16 MiB by powers of 4
     # measured here between logical CPU devices: flat noise and one slow 16 MiB hop
@@ -123,6 +123,7 @@ def test_transfer_fit_that_rests_on_one_point_is_not_used():
     b0, b1, r2 = fit_line(sizes, one)
     assert r2 >= MIN_R2  # R^2 alone would take the line
     fit = choose_model(b0, b1, r2, sizes, one)
+    assert without_one(np.array(sizes), np.array(one)) == without_one(sizes, one)  # arrays as lists
     assert fit.beta1 == 0.0 and fit.beta0 == pytest.approx(statistics.median(one))
     assert "rests on one point" in fit.fallback and "16 MiB" in fit.fallback and fit.r2_without_one < 0.5
     gpu = choose_model(b0, b1, r2, sizes, one, kind="GPU")

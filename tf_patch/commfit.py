@@ -111,6 +111,7 @@ def without_one(sizes, times) -> tuple[float, int]:
     >>> round(without_one([1, 4, 16, 64], [3.0, 6.0, 18.0, 66.0])[0], 3)  # a real line
     1.0
     """
+    sizes, times = list(sizes), list(times)  # arrays would add elementwise below
     if len(sizes) < 4:
         return float("nan"), 0
     fits = [(fit_line(sizes[:i] + sizes[i + 1:], times[:i] + times[i + 1:])[2], sizes[i])
