@@ -106,10 +106,12 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
                 run.close()
         single = simulate(g_r, cluster, {n: cluster.names[0] for n in g_r.names}).makespan
         busy_g = contended(g_r, factor.factor)
-        preds = [simulate(busy_g if len(plan.devices_used()) > 1 else g_r, cluster, plan).makespan
-                 for plan in plans.values()] + [single, float("nan")]
+        # each plan on the one-core profile; on both devices predicted on the contended one
+        alone = [simulate(g_r, cluster, plan).makespan for plan in plans.values()]
+        preds = [simulate(busy_g, cluster, plan).makespan if len(plan.devices_used()) > 1 else a
+                 for plan, a in zip(plans.values(), alone)] + [single, float("nan")]
+        alone += [single, float("nan")]
         _, errs_r = anchored_errors(preds, med, names.index("m-etf"))
-        alone = [simulate(g_r, cluster, plan).makespan for plan in plans.values()] + [single, float("nan")]
         one = med[names.index("TF default (1 thread)")] / single  # one core: measured / profile now
         for name, p, m, e, a1, run in zip(names, preds, med, errs_r, alone, runs):
             pred[name].append(p)
@@ -128,7 +130,7 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
                          predicted_ms=p / 1000, measured_ms=m / 1000, error_pct=statistics.median(errs),
                          anchored_error_pct=statistics.median(anchored),
                          slowdown=statistics.median(slow[name]),
-                         transfers=len(simulate(graph, cluster, plan).transfers) if plan is not None else 0,
+                         transfers=len(plan.transfers) if plan is not None else 0,
                          measured_spread_ms=(max(meas[name]) - min(meas[name])) / 1000,
                          beta0_us=fit.beta0, beta1_us_per_mb=fit.beta1 * 1e6, fit_r2=fit.r2,
                          fit_fallback=bool(fit.fallback), overhead_us=prof.overhead, kernel_scale=prof.scale,

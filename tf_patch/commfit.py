@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pesto.cluster import NVLINK_GG, GiB, gpus, logical_cpus
+from pesto.memory import fmt_bytes
 
 from .devices import detect, session_config, tf_device
 
@@ -233,18 +234,10 @@ def choose_model(b0, b1, r2, sizes, times, n_devices: int = 2, kind: str = "CPU"
     if r2 >= min_r2 and not loo < min_r2:
         return CommFit(b0, b1, r2, sizes, times, n_devices, kind, line, r2_without_one=loo)
     why = (f"R^2 < {min_r2}" if r2 < min_r2 else
-           f"R^2 = {r2:.3f} rests on one point ({loo:.3f} without the {_size(point)} one)")
+           f"R^2 = {r2:.3f} rests on one point ({loo:.3f} without the {fmt_bytes(point)} one)")
     if kind == "GPU":
         return CommFit(*NVLINK_GG, r2, sizes, times, n_devices, kind, line,
                        f"{why}: using pesto.cluster's NVLink preset", loo)
     why += (": between logical CPU devices a transfer copies nothing (the consumer gets a reference), so its "
             "time grows little if at all with size; using the median measured time per transfer")
     return CommFit(float(np.median(times)), 0.0, r2, sizes, times, n_devices, kind, line, why, loo)
-
-
-def _size(nbytes: int) -> str:
-    """``16 MiB``, ``4 KiB``, ``512 B``."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift:
-            return f"{nbytes / (1 << shift):g} {unit}"
-    return f"{nbytes} B"
