@@ -25,10 +25,10 @@ test: install
 	$(BIN)/python -m pytest -n 2 -q
 
 demo: install
-	$(if $(HOSTS),$(BIN)/python -m pesto.demo_hosts --hosts $(HOSTS),$(BIN)/python -m pesto.demo --gpus $(GPUS))
+	$(if $(HOSTS),$(BIN)/python -m tf_patch.demo_hosts --hosts $(HOSTS),$(BIN)/python -m tf_patch.demo --gpus $(GPUS))
 
 train: install
-	$(BIN)/python -m pesto.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS)
+	$(BIN)/python -m tf_patch.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS)
 
 bench: install
 	$(BIN)/python -m benchmarks.run_all $(if $(PLACEMENT),--placement $(PLACEMENT))

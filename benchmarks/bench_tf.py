@@ -72,7 +72,7 @@ def _plans(graph, cluster, time_limit):
 
 def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: str = "demo"):
     from pesto.simulate import simulate
-    from pesto.zoo import build_model
+    from tf_patch.zoo import build_model
     from tf_patch.commfit import fit_transfers
     from tf_patch.pipeline import (PlacedRun, anchored_errors, contended, parallel_factor, profile_model,
                                    time_interleaved)

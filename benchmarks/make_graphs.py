@@ -99,7 +99,7 @@ def make(w: Workload, costs: str = "v100"):
     if w.model.startswith("keras:"):
         if costs != "v100":
             raise ValueError(f"{w.key}: Keras workloads are costed with grappler's V100 model only")
-        from pesto.zoo.keras_apps import keras_model
+        from tf_patch.zoo.keras_apps import keras_model
         model, x, y = keras_model(w.model[6:], **dict(w.overrides))
         g, _ = keras_opgraph(model, "sparse_categorical_crossentropy", "sgd", x, y, name=w.key)
     else:

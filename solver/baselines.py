@@ -230,7 +230,7 @@ def expert_assignment(graph: OpGraph, n_devices: int) -> tuple[list[int], dict]:
       get the generic split: contiguous chunks of the topological order
       balancing compute.
 
-    What that gives on the zoo models (:mod:`pesto.zoo` scopes), ``n`` GPUs:
+    What that gives on the zoo models (:mod:`tf_patch.zoo` scopes), ``n`` GPUs:
 
     * rnnlm: ``embed`` + the first layers on GPU 0, ``rnn/layer_<k>/t<s>``
       in contiguous blocks, ``softmax``/``loss`` with the last layer;

@@ -12,13 +12,11 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tf_patch  # noqa: E402,F401  (loads OR-Tools before TensorFlow)
-
 tf = pytest.importorskip("tensorflow")
 
 from pesto import Plan  # noqa: E402
 from pesto.cluster import NVLINK_GG  # noqa: E402
-from pesto.zoo import build_model, presets  # noqa: E402
+from tf_patch.zoo import build_model, presets  # noqa: E402
 from tf_patch.commfit import MIN_R2, choose_model  # noqa: E402
 from tf_patch.devices import session_config  # noqa: E402
 from tf_patch.pipeline import (PlacedRun, Timing, busy_cores, contended, parallel_factor,  # noqa: E402
@@ -160,7 +158,7 @@ def test_demo_presets_exist_and_are_bigger_than_small():
 
 
 def test_demo_prints_the_measured_table(capsys):
-    from pesto import demo
+    from tf_patch import demo
 
     assert demo.main(["--model", "rnnlm", "--preset", "small", "--time-limit", "2", "--steps", "2",
                       "--rounds", "1"]) == 0
@@ -230,7 +228,7 @@ def test_anchored_errors_put_every_prediction_at_the_reference_speed():
 def test_demo_table_takes_errors_against_the_reference_row(capsys):
     from types import SimpleNamespace
 
-    from pesto.demo import _print_table, _Row
+    from tf_patch.demo import _print_table, _Row
 
     run = SimpleNamespace(cores_used=1.5)
     rows = [_Row("Pesto", 1.0, 20_000.0, run), _Row("Expert", 0.1, 30_000.0, run),

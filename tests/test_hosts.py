@@ -11,15 +11,15 @@ import time
 
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tf_patch  # noqa: E402,F401  (loads OR-Tools before TensorFlow)
+import pesto
+from pesto.cluster import NETWORKS, Cluster, Network, hosts, preset, task_device, two_hosts
+from pesto.errors import InvalidClusterError, InvalidPlanError
+from pesto.graph import OpGraph
+from pesto.problem import Problem
+from pesto.simulate import simulate
+from solver import get_placer
 
-import pesto  # noqa: E402
-from pesto.cluster import NETWORKS, Cluster, Network, hosts, preset, task_device, two_hosts  # noqa: E402
-from pesto.errors import InvalidClusterError, InvalidPlanError  # noqa: E402
-from pesto.graph import OpGraph  # noqa: E402
-from pesto.problem import Problem  # noqa: E402
-from pesto.simulate import simulate  # noqa: E402
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 # -- clusters of hosts -------------------------------------------------------------
@@ -138,15 +138,16 @@ def test_bench_hosts_counts_hosts_and_nic_bytes():
 # -- a local cluster of tf.distribute.Servers ----------------------------------------
 try:
     import tensorflow as tf
-except ImportError:  # the cluster tests above still run
+
+    import tf_patch
+    from tf_patch.distributed import (LocalServers, PortInUseError, ServerStartError, WorkerLostError,
+                                      free_ports, run_on_servers, run_step_on_servers, single_process_losses,
+                                      task_plan)
+    from tf_patch.extract import extract
+    from tf_patch.pipeline import run_placed
+    from tf_patch.zoo import build_model
+except ImportError:  # without TensorFlow the cluster tests above still run
     tf = None
-from pesto.zoo import build_model  # noqa: E402
-from solver import get_placer  # noqa: E402
-from tf_patch.distributed import (LocalServers, PortInUseError, ServerStartError, WorkerLostError,  # noqa: E402
-                                  free_ports, run_on_servers, run_step_on_servers, single_process_losses,
-                                  task_plan)
-from tf_patch.extract import extract  # noqa: E402
-from tf_patch.pipeline import run_placed  # noqa: E402
 
 needs_tf = pytest.mark.skipif(tf is None, reason="needs TensorFlow")
 
@@ -326,7 +327,7 @@ def test_demo_hosts_runs_and_leaves_nothing_running():
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-m", "pesto.demo_hosts", "--steps", "3", "--time-limit", "2",
+    r = subprocess.run([sys.executable, "-m", "tf_patch.demo_hosts", "--steps", "3", "--time-limit", "2",
                         "--timeout", "240"], cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout

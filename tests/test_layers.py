@@ -2,8 +2,8 @@
 
 Layers (ARCHITECTURE.md): the pesto core (graph, cluster, plan, memory,
 problem arrays, dag, engine, simulate, errors) <- coarsen/ <- solver/ <- the
-facade (pesto.api, pesto.cli, pesto.demo). tf_patch/ uses the core and the
-facade's public ``pesto.solve`` only. These tests read the source (AST), so a
+facade (pesto.api, pesto.cli). tf_patch/ (with its model zoo and the demos)
+uses the core and the public ``pesto`` and ``solver`` fronts only. These tests read the source (AST), so a
 violation names the file, line and import.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pesto", "coarsen", "solver", "tf_patch")
-FACADE = {"pesto.api", "pesto.cli", "pesto.demo", "pesto.demo_hosts", "pesto.__init__", "pesto.__main__"}
+FACADE = {"pesto.api", "pesto.cli", "pesto.__init__", "pesto.__main__"}
 PROJECT = ("pesto", "coarsen", "solver", "tf_patch", "benchmarks")
 
 # What each layer may import from the project (prefix match on module names).
@@ -41,8 +41,6 @@ def _modules():
 def _layer(mod: str) -> str:
     if mod in FACADE:
         return "facade"
-    if mod.startswith("pesto.zoo"):
-        return "tf_patch"  # TensorFlow model builders: same rules as tf_patch
     return "core" if mod.startswith("pesto") else mod.split(".")[0]
 
 
@@ -72,8 +70,8 @@ def test_imports_point_downward():
     for mod, rel, tree in _modules():
         allowed = ALLOWED[_layer(mod)]
         for line, name, _ in _imports(mod, tree):
-            if name in ("pesto", "pesto.api") and _layer(mod) == "tf_patch":
-                continue  # tf_patch may call the public pesto.solve
+            if name in ("pesto", "solver") and _layer(mod) == "tf_patch":
+                continue  # tf_patch may use the public pesto.solve and solver.get_placer
             if not name.startswith(allowed):
                 bad.append(f"{rel}:{line} ({_layer(mod)}) imports {name}")
             elif _layer(mod) in ("core", "coarsen", "solver") and name in ("pesto", "pesto.api"):
@@ -82,14 +80,14 @@ def test_imports_point_downward():
 
 
 def test_no_project_import_inside_functions():
-    """Only TensorFlow code (tf_patch, pesto.zoo, the demo) and the optional
-    benchmarks package may be imported lazily."""
+    """Only TensorFlow code (tf_patch) and the optional benchmarks package may
+    be imported lazily."""
     bad = []
     for mod, rel, tree in _modules():
         for line, name, inside in _imports(mod, tree):
             if not inside:
                 continue
-            lazy_ok = name.startswith(("tf_patch", "pesto.zoo", "benchmarks"))
+            lazy_ok = name.startswith(("tf_patch", "benchmarks"))
             if not lazy_ok:
                 bad.append(f"{rel}:{line} imports {name} inside a function")
     assert not bad, "\n".join(bad)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
-
 tf = pytest.importorskip("tensorflow")
+
+import tf_patch  # noqa: E402
 
 from pesto import Plan, logical_cpus  # noqa: E402
 from pesto.errors import CycleError, InvalidGraphError, InvalidPlanError  # noqa: E402
-from pesto.zoo import build_model  # noqa: E402
+from tf_patch.zoo import build_model  # noqa: E402
 from tf_patch.apply import apply_plan, check_colocation  # noqa: E402
 from tf_patch.commfit import fit_line, fit_transfers  # noqa: E402
 from tf_patch.devices import plan_device, tf_device  # noqa: E402
@@ -369,12 +369,12 @@ def test_keras_step_trains_placed_with_the_eager_losses():
 
 
 def test_demo_knows_keras_models_and_refuses_others(capsys):
-    from pesto import demo
+    from tf_patch import demo
     assert demo._model_name("keras:mobilenetv2") == "keras:mobilenetv2"
     with pytest.raises(SystemExit):
         demo.main(["--model", "keras:vgg99"])
     assert "keras:mobilenetv2" in capsys.readouterr().err
-    from pesto.zoo.keras_apps import keras_model
+    from tf_patch.zoo.keras_apps import keras_model
     model, x, y = keras_model("mobilenetv2")
     assert model.count_params() > 1_000_000 and x.shape[0] == y.shape[0]
 

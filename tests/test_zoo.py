@@ -1,4 +1,4 @@
-"""pesto.zoo: offline data, model presets, name-scope convention, training."""
+"""tf_patch.zoo: offline data, model presets, name-scope convention, training."""
 import os
 import re
 import resource
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from pesto.zoo import MODELS, build_model, presets  # noqa: E402
-from pesto.zoo.data import corpus, lm_batches, translation_pair  # noqa: E402
-
 tf = pytest.importorskip("tensorflow")
+
+from tf_patch.zoo import MODELS, build_model, presets  # noqa: E402
+from tf_patch.zoo.data import corpus, lm_batches, translation_pair  # noqa: E402
 pytestmark = pytest.mark.tf
 
 

@@ -1,15 +1,17 @@
-"""Everything that touches TensorFlow: extract, profile, fit comms, apply.
+"""Everything that touches TensorFlow: extract, profile, fit comms, apply, the
+model zoo (:mod:`tf_patch.zoo`) and the demos (``python -m tf_patch.demo``).
+
+``import tf_patch`` needs TensorFlow installed (ImportError otherwise, naming
+the ``tf`` extra) but does not import it: the functions that run TensorFlow
+import it when called (it is slow to import).
 
 >>> import tf_patch                                          # doctest: +SKIP
 >>> g = tf_patch.opgraph_for("rnnlm", "small", costs="v100")  # doctest: +SKIP
 """
 from __future__ import annotations
 
+import importlib.util
 import time
-
-import pesto  # noqa: F401  (loads OR-Tools so it works beside TensorFlow: pesto._load_ortools)
-
-from pesto.zoo import build_model
 
 from . import apply, commfit, devices, extract, function, pipeline, profile, traces  # noqa: F401  (submodules)
 from .apply import apply_plan, check_colocation, verify
@@ -20,9 +22,24 @@ from .function import FunctionStep, function_opgraph, function_step, keras_opgra
 from .traces import chrome_trace_costs, step_stats_costs
 from .pipeline import contended, parallel_factor, profile_model, run_placed
 from .profile import Profile, estimate, measure
+from .zoo import build_model
 
-# No submodule imports TensorFlow at import time: each function that needs it
-# imports it when called, so ``import tf_patch`` works without TensorFlow.
+
+def _require_tensorflow() -> None:
+    """Raise ImportError, naming the ``tf`` extra, when TensorFlow is not
+    installed: without it nothing here works, and the CLI turns the error into
+    its "not installed" exit (3). TensorFlow itself is imported only by the
+    functions that run it (it is slow to import)."""
+    try:
+        found = importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):  # an import hook that refuses it; a broken install
+        found = False
+    if not found:
+        raise ImportError("tf_patch needs TensorFlow, which is not installed: pip install 'pesto-placer[tf]' "
+                          "(from a source checkout: pip install -e '.[tf]')", name="tensorflow")
+
+
+_require_tensorflow()
 
 __all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "function_step",
            "keras_step", "FunctionStep", "step_stats_costs",
@@ -61,7 +78,7 @@ def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead:
 
 def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int = 5,
                   warmup: int = 2, progress: bool = True, overhead: float = 0.0):
-    """``(OpGraph, Profile)`` of a built :class:`pesto.zoo.ZooModel`.
+    """``(OpGraph, Profile)`` of a built :class:`tf_patch.zoo.ZooModel`.
 
     ``costs``: a GPU name ("v100", "a100", "h100") for grappler's analytical
     estimate (kind "GPU"; ops without a GPU kernel get kind "CPU"), or

@@ -33,8 +33,11 @@ Examples
 """
 from __future__ import annotations
 
+from .apply import apply_plan
+from .devices import detect, session_config
 from .extract import allowed_kinds, extract, step_ops, unsized_tensors
-from .profile import estimate
+from .pipeline import trace_check
+from .profile import estimate, measure
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "function_step", "keras_step", "FunctionStep"]
 
@@ -215,8 +218,6 @@ class FunctionStep:
         (each kernel timed alone, as :func:`tf_patch.model_opgraph` does), in a
         session of its own: the step's variables are left as they were."""
         import tensorflow as tf
-        from .devices import session_config
-        from .profile import measure
 
         sess = tf.compat.v1.Session(graph=self.tf_graph, config=session_config(1, inter_op=1))
         try:
@@ -231,7 +232,6 @@ class FunctionStep:
 
     def _session(self):
         import tensorflow as tf
-        from .devices import detect, session_config
 
         if self._sess is None:
             self._sess = tf.compat.v1.Session(graph=self.tf_graph,
@@ -268,8 +268,6 @@ class FunctionStep:
         which. Training goes on from the current values. Returns what
         :func:`tf_patch.apply_plan` did.
         """
-        from .apply import apply_plan
-
         self._values = self.values()
         self.close()
         self.applied = apply_plan(self.tf_graph, plan, n_devices=self.n_devices)
@@ -281,7 +279,6 @@ class FunctionStep:
         (:func:`tf_patch.pipeline.trace_check`: ``misplaced`` ops,
         ``order_violations``); it trains that step too."""
         import tensorflow as tf
-        from .pipeline import trace_check
 
         md = tf.compat.v1.RunMetadata()
         opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)

@@ -1,6 +1,6 @@
 """The whole loop on one model: profile -> fit comms -> solve -> apply -> train.
 
-Used by ``python -m pesto.demo``, the TF tests and ``benchmarks.bench_tf``.
+Used by ``python -m tf_patch.demo``, the TF tests and ``benchmarks.bench_tf``.
 
 * :func:`profile_model`: measured op costs, calibrated against an untraced
   serial step (one device, one thread): the time TF's executor spends

@@ -73,7 +73,7 @@ def measure(model=None, *, graph=None, fetches=None, feed_fn=None, init_op=None,
             progress: bool = True) -> Profile:
     """Median op times over ``steps`` traced steps (after ``warmup``).
 
-    Pass a :class:`pesto.zoo.ZooModel` or ``graph``/``fetches``/``feed_fn``.
+    Pass a :class:`tf_patch.zoo.ZooModel` or ``graph``/``fetches``/``feed_fn``.
     With ``session`` given, that session is used as is (already initialised).
     """
     import tensorflow as tf

@@ -2,7 +2,7 @@
 
 Scopes: ``embed``, ``rnn/layer_<k>/t<step>``, ``softmax``, ``loss``; gradients
 get TF's ``gradients/`` prefix and optimizer updates ``train/update_<var>``.
-Data: the seeded synthetic Zipf corpus of :mod:`pesto.zoo.data` (or
+Data: the seeded synthetic Zipf corpus of :mod:`tf_patch.zoo.data` (or
 ``corpus="stdlib"`` for the words of Python's standard library).
 
 Examples

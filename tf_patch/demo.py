@@ -1,6 +1,6 @@
 """``make demo`` / ``make train``: place and train a zoo model on N devices.
 
-    python -m pesto.demo [--model rnnlm|nmt|transformer|nasnet|keras:NAME] [--gpus 2] [--steps 20]
+    python -m tf_patch.demo [--model rnnlm|nmt|transformer|nasnet|keras:NAME] [--gpus 2] [--steps 20]
 
 Build the model (its ``demo`` preset where it has one: ms-scale kernels) ->
 profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
@@ -22,7 +22,7 @@ thread per device used), so a 2-device plan really overlaps on 2 cores and
 TF's default placement runs on one, as on one GPU; the timings show the
 plan's overlap and the simulator's prediction of it, not GPU speed-ups.
 
-``keras:NAME`` (:data:`pesto.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
+``keras:NAME`` (:data:`tf_patch.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
 traces its training step (:func:`tf_patch.keras_step`) with grappler's V100
 costs, places it, trains it placed and checks the trace.
@@ -36,16 +36,22 @@ import sys
 import time
 from dataclasses import dataclass
 
+from pesto import evaluate, solve
+from pesto.simulate import simulate
 from solver import get_placer
 
-from .api import evaluate, solve
-from .simulate import simulate
+from .commfit import fit_transfers
+from .devices import describe, detect
+from .function import keras_step
+from .pipeline import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
+from .zoo import build_model, presets
+from .zoo.keras_apps import KERAS_MODELS, keras_model
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pesto.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tf_patch.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="rnnlm", type=_model_name,
                     help="rnnlm, nmt, transformer, nasnet, or keras:NAME (keras:mobilenetv2, keras:resnet50)")
     ap.add_argument("--preset", default=None, help="model preset (default: 'demo' where the model has one, "
@@ -56,13 +62,6 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0, help="solver seconds")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-
-    # TensorFlow is optional for the library: the zoo and tf_patch load it, so
-    # they are imported here (pesto, hence OR-Tools, is already loaded: see tf_patch)
-    from pesto.zoo import build_model, presets
-    from tf_patch.commfit import fit_transfers
-    from tf_patch.devices import describe
-    from tf_patch.pipeline import contended, parallel_factor, profile_model
 
     n = args.gpus
     print(describe(n))
@@ -113,9 +112,6 @@ class _Row:
 
 def _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference=None, graph=None) -> int:
     """Steps 4 and 5: train under each placement, time them in turns, print the table."""
-    from tf_patch.devices import detect
-    from tf_patch.pipeline import PlacedRun, time_interleaved
-
     n, dev0 = args.gpus, cluster.names[0]
     on_cpu = detect(n)[0] == "CPU"
     graph = alone if graph is None else graph
@@ -167,8 +163,6 @@ def _print_table(rows: list[_Row], timing, ref: int | None) -> None:
     prediction is also given at the machine's speed now, the reference's
     measured / profile step in these same rounds, and the error is taken
     against that (:func:`tf_patch.pipeline.anchored_errors`)."""
-    from tf_patch.pipeline import anchored_errors
-
     measured = timing.step_us
     profile = [r.predicted for r in rows]
     speed, errors = anchored_errors(profile, measured, ref)
@@ -210,8 +204,6 @@ REFERENCE_PLACER = "m-etf"
 
 
 def _model_name(text: str) -> str:
-    from pesto.zoo.keras_apps import KERAS_MODELS
-
     if text in ZOO_MODELS or (text.startswith("keras:") and text[6:] in KERAS_MODELS):
         return text
     raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose one of {', '.join(ZOO_MODELS)} or "
@@ -221,12 +213,10 @@ def _model_name(text: str) -> str:
 def keras_demo(args) -> int:
     """Trace, place, train placed and check a Keras model's training step."""
     import tensorflow as tf
-    import tf_patch
-    from pesto.zoo.keras_apps import keras_model
 
     t0 = time.perf_counter()
     model, x, y = keras_model(args.model[6:], seed=args.seed)
-    step = tf_patch.keras_step(model, "sparse_categorical_crossentropy", tf.keras.optimizers.SGD(0.01), x, y,
+    step = keras_step(model, "sparse_categorical_crossentropy", tf.keras.optimizers.SGD(0.01), x, y,
                                n_devices=args.gpus)
     g = step.graph
     print(f"[1/4] {args.model}: {g.num_ops} ops, weights {sum(o.persistent_bytes for o in g.ops) / 2**20:.1f} MiB, "

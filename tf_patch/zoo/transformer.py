@@ -2,7 +2,7 @@
 
 Scopes: ``embed``, ``layer_<k>/attention`` (multi-head self-attention),
 ``layer_<k>/ffn``, ``layer_<k>/ln_<i>``, ``output_projection``, ``loss``.
-Data: next-token prediction over the seeded Zipf corpus of :mod:`pesto.zoo.data`.
+Data: next-token prediction over the seeded Zipf corpus of :mod:`tf_patch.zoo.data`.
 """
 from __future__ import annotations
 

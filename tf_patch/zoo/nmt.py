@@ -4,7 +4,7 @@ statically unrolled.
 Scopes: ``embed_src``/``embed_tgt`` (contain "embed"), ``encoder/layer_<k>/t<s>``,
 ``decoder/layer_<k>/t<s>``, ``attention/t<s>``, ``output_projection``, ``loss``.
 Data: a synthetic translation task over the seeded Zipf corpus of
-:mod:`pesto.zoo.data` (target = source reversed through a fixed token map).
+:mod:`tf_patch.zoo.data` (target = source reversed through a fixed token map).
 """
 from __future__ import annotations
 

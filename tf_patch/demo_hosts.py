@@ -1,6 +1,6 @@
 """``make demo HOSTS=2``: place and train a zoo model across hosts on TensorFlow's distributed runtime.
 
-    python -m pesto.demo_hosts [--hosts 2] [--devices 2] [--model rnnlm] [--steps 20] [--timeout 300]
+    python -m tf_patch.demo_hosts [--hosts 2] [--devices 2] [--model rnnlm] [--steps 20] [--timeout 300]
 
 Starts ``--hosts`` ``tf.distribute.Server`` processes on free localhost ports
 (the stand-in for hosts; each with ``--devices`` logical CPU devices when
@@ -20,10 +20,15 @@ import signal
 import sys
 import time
 
-from .api import solve
-from .cluster import GiB, Network, hosts
+from pesto import solve
+from pesto.cluster import GiB, Network, hosts
+from pesto.simulate import simulate
+
+from .commfit import fit_transfers
 from .demo import ZOO_MODELS, cluster_kind
-from .simulate import simulate
+from .distributed import LocalServers, fit_task_transfers, run_on_servers, single_process_losses
+from .pipeline import profile_model
+from .zoo import build_model
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -37,7 +42,7 @@ def _alarm(signum, frame):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pesto.demo_hosts", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tf_patch.demo_hosts", description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=2, help="servers (stand-ins for hosts)")
     ap.add_argument("--devices", type=int, default=2, help="devices per host (logical if no GPU)")
     ap.add_argument("--model", default="rnnlm", choices=ZOO_MODELS)
@@ -49,8 +54,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.hosts < 1 or args.devices < 1 or args.steps < 1:
         ap.error("--hosts, --devices and --steps must be at least 1")
-
-    from tf_patch.distributed import LocalServers
 
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(max(1, int(args.timeout)))
@@ -71,11 +74,6 @@ def main(argv=None) -> int:
 
 
 def _run(args, servers) -> int:
-    from pesto.zoo import build_model
-    from tf_patch.commfit import fit_transfers
-    from tf_patch.distributed import fit_task_transfers, run_on_servers, single_process_losses
-    from tf_patch.pipeline import profile_model
-
     def build():
         return build_model(args.model, args.preset, seed=args.seed)
 

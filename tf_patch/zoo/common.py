@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .data import corpus
+
 __all__ = ["ZooModel", "tf1", "lstm_cell", "train_step", "merge_preset", "projection_loss", "lazy_corpus",
            "lstm_stack_step"]
 
@@ -121,8 +123,6 @@ def projection_loss(x2d, labels, n_in: int, vocab: int, init, *, scope: str, bia
 def lazy_corpus(vocab: int, n_tokens: int, cfg: dict):
     """A function returning the token ids of the configured corpus, built on
     first call (building a graph must not build the data)."""
-    from .data import corpus
-
     cache: list = []
 
     def ids():
