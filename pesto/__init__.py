@@ -6,27 +6,13 @@ Public API::
     plan = pesto.solve(graph, gpus=2)          # graph: OpGraph, networkx DiGraph or JSON path
     sched = pesto.simulate(graph, cluster, plan)
     pesto.check_plan(graph, cluster, plan).raise_if_invalid()
+
+The core (graph, cluster, plan, memory, simulate, ...) is imported here. The
+facade, :func:`solve` and :func:`evaluate` of :mod:`pesto.api`, which loads the
+solver and OR-Tools, is imported on first use (PEP 562 ``__getattr__``): so
+``import pesto.graph`` loads neither.
 """
-import os as _os
-import sys as _sys
-
-
-def _load_ortools() -> None:
-    """Load OR-Tools' native libraries so they bind to their own protobuf and
-    abseil (``RTLD_DEEPBIND``). Loaded after TensorFlow without it, CP-SAT and
-    GLOP's parameter parser segfault (or-tools#3230: the two bundle different
-    protobuf/abseil builds); with it, either import order works."""
-    flags = _sys.getdlopenflags()
-    if hasattr(_os, "RTLD_DEEPBIND"):  # glibc; elsewhere load as usual
-        _sys.setdlopenflags(flags | _os.RTLD_DEEPBIND)
-    try:
-        import ortools.linear_solver.pywraplp  # noqa: F401
-        import ortools.sat.python.cp_model  # noqa: F401
-    finally:
-        _sys.setdlopenflags(flags)
-
-
-_load_ortools()
+from typing import TYPE_CHECKING
 
 from .errors import (PestoError, InvalidGraphError, CycleError, InvalidClusterError,
                      SchemaError, InvalidPlanError, InfeasibleError)
@@ -38,11 +24,28 @@ from .plan import Plan, Transfer, Report, check_plan
 from .simulate import Schedule, simulate
 from .solvelog import SolveLog, Stage
 
+if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ imports them
+    from .api import evaluate, solve
+
 __version__ = "0.1.0"
 
-# The facade last: pesto.api imports solver.pipeline, which imports the core
-# modules above (whichever of ``import pesto`` / ``import solver`` comes first).
-from .api import evaluate, solve  # noqa: E402
+#: what ``pesto.<name>`` takes from the facade, :mod:`pesto.api` ("api": the module itself)
+_FACADE = ("solve", "evaluate", "api")
+
+
+def __getattr__(name: str):
+    """``pesto.solve``, ``pesto.evaluate`` and ``pesto.api``, imported from
+    :mod:`pesto.api` on first use and kept as attributes."""
+    if name not in _FACADE:
+        raise AttributeError(f"module 'pesto' has no attribute {name!r}")
+    from .api import evaluate, solve  # the import binds pesto.api too
+
+    globals().update(solve=solve, evaluate=evaluate)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FACADE))
 
 
 __all__ = ["PestoError", "InvalidGraphError", "CycleError", "InvalidClusterError", "SchemaError",

@@ -10,10 +10,7 @@ the stages of ``pesto.solve``.
 """
 from __future__ import annotations
 
-# The core first: importing any pesto module runs pesto/__init__, whose facade
-# (pesto.solve) imports solver.pipeline, which needs solver.registry whole.
-# Importing it here, before the registry, makes ``import solver`` first work.
-import pesto.errors  # noqa: F401  (import order matters)
+import pesto.deepbind  # noqa: F401  (OR-Tools' native libraries, loaded to work beside TensorFlow)
 
 from .registry import PLACERS, accepted_options, get_placer, run_placers
 

@@ -12,9 +12,9 @@ _here = os.path.dirname(os.path.abspath(__file__))
 if _here not in sys.path:
     sys.path.insert(0, _here)
 
-# pesto loads OR-Tools with RTLD_DEEPBIND (see pesto._load_ortools); a bare
-# OR-Tools import here first would load it without that.
-import pesto  # noqa: E402,F401
+# OR-Tools' native libraries with RTLD_DEEPBIND (pesto.deepbind), as solver
+# loads them, before any test imports OR-Tools itself beside TensorFlow
+import pesto.deepbind  # noqa: E402,F401
 
 
 @pytest.fixture

@@ -435,8 +435,8 @@ def test_order_edges_that_a_runtime_fusion_would_close_into_a_cycle_are_left_out
 
 def test_tensorflow_imported_first_then_pesto_solves_with_cp_sat_and_glop():
     """A Keras user imports TensorFlow first. OR-Tools loaded after it used to
-    segfault (CP-SAT's solve, GLOP's parameter parser in m-SCT); pesto loads
-    it with RTLD_DEEPBIND, so any import order works."""
+    segfault (CP-SAT's solve, GLOP's parameter parser in m-SCT); solver loads
+    it with RTLD_DEEPBIND (pesto.deepbind), so any import order works."""
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
