@@ -12,8 +12,10 @@ breakpoints) and ``"parallel"`` (acyclic matchings under a critical-path
 budget: keeps the parallelism work / critical path; ``report.kept_at`` says
 down to which size 90% of it was kept).
 
->>> from benchmarks.generators import layered_dag
->>> cg = coarsen(layered_dag(1000, seed=0), 100)
+>>> from pesto.graph import OpGraph
+>>> ops = {f"n{i}": 1 + i % 7 for i in range(1000)}  # a 40 x 25 grid DAG
+>>> g = OpGraph.from_edges(ops, [(f"n{i}", f"n{j}", 4096) for i in range(1000) for j in (i + 25, i + 26) if j < 1000])
+>>> cg = coarsen(g, 100)
 >>> cg.graph.num_ops <= 100
 True
 """
@@ -95,8 +97,10 @@ def verify(cg: CoarseGraph) -> None:
 
     Examples
     --------
-    >>> from benchmarks.generators import layered_dag
-    >>> cg = coarsen(layered_dag(200, seed=0), 20)
+    >>> from pesto.graph import OpGraph
+    >>> ops = {f"n{i}": 1 + i % 7 for i in range(200)}  # a 20 x 10 grid DAG
+    >>> g = OpGraph.from_edges(ops, [(f"n{i}", f"n{j}", 4096) for i in range(200) for j in (i + 10, i + 11) if j < 200])
+    >>> cg = coarsen(g, 20)
     >>> verify(cg)
     >>> v = next(iter(cg.members))
     >>> cg.members[v] = cg.members[v][1:]

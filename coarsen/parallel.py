@@ -294,8 +294,10 @@ def coarsen_parallel(graph: OpGraph, target_vertices: int = 200, *, cluster=None
 
     Examples
     --------
-    >>> from benchmarks.generators import layered_dag
-    >>> cg = coarsen_parallel(layered_dag(500, seed=1), 50)
+    >>> from pesto.graph import OpGraph
+    >>> ops = {f"n{i}": 1 + i % 7 for i in range(500)}  # a 25 x 20 grid DAG
+    >>> g = OpGraph.from_edges(ops, [(f"n{i}", f"n{j}", 4096) for i in range(500) for j in (i + 20, i + 21) if j < 500])
+    >>> cg = coarsen_parallel(g, 50)
     >>> cg.graph.num_ops <= 50, sum(map(len, cg.members.values()))
     (True, 500)
     >>> r = cg.report

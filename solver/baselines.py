@@ -411,9 +411,10 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
 
     Examples
     --------
-    >>> from benchmarks.generators import transformer_like
     >>> from pesto.cluster import gpus
-    >>> g = transformer_like(4)
+    >>> from pesto.graph import OpGraph
+    >>> names = ["input"] + [f"{d}/block{b}/{op}" for d in ("fwd", "bwd") for b in range(4) for op in ("mm", "concat")]
+    >>> g = OpGraph.from_edges({n: 10.0 for n in names}, [(u, v, 1 << 20) for u, v in zip(names, names[1:])])
     >>> p = place_expert(g, gpus(2), mapping={"fwd": "/GPU:0", "bwd": "GPU:1", "input": "/GPU:0"})
     >>> p.stats["expert_rule"], p.placement["fwd/block0/concat"], p.placement["bwd/block3/concat"]
     ('mapping', '/GPU:0', '/GPU:1')
@@ -492,8 +493,9 @@ def expert_blocks(graph: OpGraph, *, prefer: str | None = None) -> tuple[list[in
 
     Examples
     --------
-    >>> from benchmarks.generators import transformer_like
-    >>> g = transformer_like(3)
+    >>> from pesto.graph import OpGraph
+    >>> names = [f"fwd/block{b}/{op}" for b in range(3) for op in ("mm", "concat")]
+    >>> g = OpGraph.from_edges({n: 10.0 for n in names}, [(u, v, 1 << 20) for u, v in zip(names, names[1:])])
     >>> block, found = expert_blocks(g)
     >>> found, block[g.index["fwd/block0/concat"]] < block[g.index["fwd/block2/concat"]]
     ('scopes', True)

@@ -801,9 +801,10 @@ def solve_fine(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, targ
     skipped, named in ``plan.log.skipped``), ``extra_starts`` joining them,
     then :func:`improve` (``time_limit`` split between CP-SAT, LNS and refinement).
 
-    >>> from benchmarks.generators import layered_dag
     >>> from pesto.cluster import gpus
-    >>> g = layered_dag(300, seed=0)
+    >>> from pesto.graph import OpGraph
+    >>> ops = {f"n{i}": 1 + i % 7 for i in range(300)}  # a 20 x 15 grid DAG
+    >>> g = OpGraph.from_edges(ops, [(f"n{i}", f"n{j}", 4096) for i in range(300) for j in (i + 15, i + 16) if j < 300])
     >>> p = solve_fine(g, gpus(2), time_limit=2, target_vertices=40, workers=1)
     >>> p.makespan <= min(p.log.candidates.values())
     True

@@ -2,6 +2,7 @@
 import doctest
 import importlib
 import pkgutil
+import re
 
 import pytest
 
@@ -33,3 +34,13 @@ def test_examples_exist():
     total = sum(doctest.testmod(importlib.import_module(m)).attempted
                 for m in ["pesto.graph", "pesto.cluster", "pesto.plan", "pesto.simulate"])
     assert total >= 8
+
+
+def test_library_examples_need_only_the_library():
+    """An installed package has no benchmarks/ or tests/: the library's
+    examples build their graphs themselves (``OpGraph.from_edges``)."""
+    finder = doctest.DocTestFinder()
+    outside = re.compile(r"^\s*(from|import)\s+(benchmarks|tests|strategies)\b", re.M)
+    bad = [f"{test.name}: {ex.source.strip()}" for m in _modules() if m.split(".")[0] in PACKAGES
+           for test in finder.find(importlib.import_module(m)) for ex in test.examples if outside.search(ex.source)]
+    assert not bad, "examples importing what the package does not ship:\n" + "\n".join(bad)
