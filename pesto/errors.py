@@ -76,3 +76,36 @@ class InfeasibleError(PestoError):
 class CoarsenError(PestoError):
     """A coarse graph does not represent its fine graph (``coarsen.verify``):
     the message names the defect (lost edge, unconserved compute, ...)."""
+
+
+class MicroBatchError(PestoError, ValueError):
+    """A micro-batch or replica count Pesto cannot use (not an int, below 1),
+    or a split it cannot make (a device kind with no accumulation cost).
+
+    Attributes
+    ----------
+    culprit : object
+        The value or name to blame.
+    """
+
+    def __init__(self, message, culprit=None):
+        self.culprit = culprit
+        super().__init__(message)
+
+
+class BatchMarkError(MicroBatchError, InvalidGraphError):
+    """Ops whose batch mark (:attr:`pesto.graph.Op.batch`) is missing or does
+    not fit the split (``pesto.microbatch``).
+
+    Attributes
+    ----------
+    ops : list of str
+        The ops to blame (all of them; the message shows the first 20).
+    """
+
+    def __init__(self, message, ops=()):
+        self.ops = list(ops)
+        shown = ", ".join(map(repr, self.ops[:20]))
+        more = f" ... and {len(self.ops) - 20} more" if len(self.ops) > 20 else ""
+        super().__init__(f"{message}{': ' + shown + more if self.ops else ''}",
+                         culprit=self.ops[0] if self.ops else None)

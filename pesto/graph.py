@@ -22,7 +22,8 @@ JSON schema (``format = "pesto.opgraph"``, ``version = 1``)::
      "ops": [{"name": "a", "compute": {"GPU": 12.5, "CPU": 40.0},
               "kinds": ["GPU", "CPU"],          # optional, default: keys of compute
               "persistent_bytes": 0, "output_bytes": 4096, "temporary_bytes": 0,
-              "colocation_group": null, "scope": "", "type": ""}],
+              "colocation_group": null, "scope": "", "type": "",
+              "batch": true}],                  # optional: true / false / absent (unknown)
      "tensors": [{"name": "a:0", "src": "a", "bytes": 4096}],
      "edges": [{"src": "a", "dst": "b", "tensors": ["a:0"]},
                {"src": "a", "dst": "c", "tensors": []}]}   # control edge
@@ -71,6 +72,20 @@ class Op:
         Name scope (e.g. ``"rnn/layer_2"``), used by the Expert placer.
     type : str
         Op type (``"MatMul"``), informative.
+    batch : bool or None
+        Whether the op runs once per slice of the batch (``True``: it reads or
+        writes per-sample data -- activations, the loss, their gradients, and
+        the per-slice weight gradients before they are summed), once per step
+        (``False``: variables and their reads, constants, the optimizer's
+        update) or is not known (``None``, the default; old JSON files load
+        so). :func:`pesto.microbatch.microbatch` copies the batched ops once per
+        micro-batch and refuses a graph with unknown ops. ``tf_patch`` is to
+        fill it from static shapes: an op is batched when one of its input or
+        output tensors has a leading dimension equal to the batch size and it
+        is not an optimizer update (tensors of the step's batch size are
+        per-sample data; a weight gradient reads them and so runs per slice).
+        :func:`pesto.training.infer_batch_marks` marks TensorFlow graphs that
+        came without marks by a stated name/type rule instead.
     """
 
     name: str
@@ -82,6 +97,7 @@ class Op:
     colocation_group: str | None = None
     scope: str = ""
     type: str = ""
+    batch: bool | None = None
 
     def __post_init__(self):
         try:
@@ -105,7 +121,7 @@ class Op:
     def __hash__(self):
         return hash((self.name, tuple(sorted(self.compute.items())), self.kinds,
                      self.persistent_bytes, self.output_bytes, self.temporary_bytes,
-                     self.colocation_group, self.scope, self.type))
+                     self.colocation_group, self.scope, self.type, self.batch))
 
     def time_on(self, kind: str, speed: float = 1.0) -> float:
         """Compute time on a device of ``kind`` running at ``speed``."""
@@ -125,6 +141,8 @@ class Op:
         d["colocation_group"] = self.colocation_group
         d["scope"] = self.scope
         d["type"] = self.type
+        if self.batch is not None:
+            d["batch"] = self.batch
         return d
 
 
@@ -445,7 +463,7 @@ class OpGraph:
         Node attributes: ``compute`` (dict kind -> µs; or ``time`` = µs on GPU),
         optional ``kinds``, ``persistent_bytes``, ``output_bytes`` (default:
         the sum of the distinct tensors the op produces), ``temporary_bytes``,
-        ``colocation_group``, ``scope``, ``type``.
+        ``colocation_group``, ``scope``, ``type``, ``batch``.
         Edge attributes: ``bytes`` (default 0) and optional ``tensor`` (a name;
         edges from one op with the same tensor name carry one tensor, sent
         once per device); ``tensors`` (list of names) with ``tensor_bytes``
@@ -518,7 +536,8 @@ class OpGraph:
             kw.setdefault("output_bytes", produced.get(str(n), 0))
             ops.append(Op(str(n), compute, kinds=a.get("kinds"),
                           colocation_group=a.get("colocation_group"),
-                          scope=a.get("scope", ""), type=a.get("type", ""), **kw))
+                          scope=a.get("scope", ""), type=a.get("type", ""),
+                          batch=a.get("batch"), **kw))
         return cls(ops, edges, tensors.values(), name=name or g.graph.get("name", "graph"))
 
     def to_networkx(self):
@@ -570,7 +589,8 @@ class OpGraph:
                       output_bytes=o.get("output_bytes", 0),
                       temporary_bytes=o.get("temporary_bytes", 0),
                       colocation_group=o.get("colocation_group"),
-                      scope=o.get("scope", ""), type=o.get("type", ""))
+                      scope=o.get("scope", ""), type=o.get("type", ""),
+                      batch=o.get("batch"))
                    for o in _field(d, "ops")]
             tensors = [Tensor(t["name"], t["src"], t["bytes"]) for t in d.get("tensors", [])]
             edges = [Edge(e["src"], e["dst"], tuple(e.get("tensors", ()))) for e in _field(d, "edges")]
@@ -662,6 +682,9 @@ def _validate_op(op: Op) -> None:
             raise InvalidGraphError(f"op {op.name!r} has invalid {key} {v!r}")
     if op.colocation_group is not None and not isinstance(op.colocation_group, str):
         raise InvalidGraphError(f"op {op.name!r} has a non-string colocation group {op.colocation_group!r}")
+    if op.batch is not None and not isinstance(op.batch, bool):
+        raise InvalidGraphError(f"op {op.name!r}: batch must be true, false or null (unknown), "
+                                f"got {op.batch!r}")
 
 
 def _check_header(d, fmt, version):
