@@ -1,0 +1,31 @@
+"""Hypothesis strategies for the micro-batch tests: random DAGs with batch marks.
+
+    from mb_strategies import marked_dags
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from pesto.graph import OpGraph
+from strategies import dags
+
+__all__ = ["marked_dags", "mark"]
+
+
+def mark(graph: OpGraph, batched) -> OpGraph:
+    """``graph`` with ops in ``batched`` marked True (their persistent bytes
+    dropped: weights belong to unbatched ops), the rest False."""
+    ops = [replace(op, batch=True, persistent_bytes=0) if op.name in batched else replace(op, batch=False)
+           for op in graph.ops]
+    return OpGraph(ops, graph.edges, graph.tensors, name=graph.name)
+
+
+@st.composite
+def marked_dags(draw, max_ops: int = 10, **kw) -> OpGraph:
+    """A random DAG (``strategies.dags``) with random marks, at least one op batched."""
+    g = draw(dags(max_ops=max_ops, **kw))
+    flags = draw(st.lists(st.booleans(), min_size=g.num_ops, max_size=g.num_ops))
+    flags[draw(st.integers(0, g.num_ops - 1))] = True
+    return mark(g, {n for n, f in zip(g.names, flags) if f})
