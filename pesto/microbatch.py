@@ -114,7 +114,7 @@ from .graph import Edge, Op, OpGraph, Tensor
 
 __all__ = ["microbatch", "split_step", "MicroBatched", "Origin", "check_count", "check_marks",
            "partial_tensors", "fixed_ops", "slice_op", "accumulate_op", "copy_name", "parse_name",
-           "FLOOR_US", "BANDWIDTH", "SUM_TYPES"]
+           "FLOOR_US", "BANDWIDTH", "SUM_TYPES", "RESERVED"]
 
 #: Shortest time of a slice's kernel (µs): a V100 kernel's duration floor with
 #: launches pipelined. An op already faster keeps its own time.
@@ -126,7 +126,8 @@ BANDWIDTH = MappingProxyType({"GPU": 900e3, "CPU": 50e3})
 #: Op types that sum their inputs elementwise (partials flow back through them).
 SUM_TYPES = frozenset({"AddN", "AddV2", "Add", "AccumulateNV2"})
 
-_RESERVED = re.compile(r"@(mb|acc|r|rs|ag)\d")
+#: Names :func:`microbatch` makes: an original op or tensor may not look like them.
+RESERVED = re.compile(r"@(mb|acc)\d")
 
 
 @dataclass(frozen=True)
@@ -206,8 +207,10 @@ def check_count(n, what: str = "micro_batches") -> int:
     return n
 
 
-def check_marks(graph: OpGraph) -> None:
+def check_marks(graph: OpGraph, reserved: re.Pattern = RESERVED) -> None:
     """Refuse a graph :func:`microbatch` cannot split, naming the ops to blame.
+
+    ``reserved``: the names the transformation makes (a name matching it is refused).
 
     Raises
     ------
@@ -234,11 +237,11 @@ def check_marks(graph: OpGraph) -> None:
     if held:
         raise BatchMarkError("batched ops hold persistent bytes (weights belong to unbatched "
                              "variables; a copy per slice would hold them M times)", held)
-    taken = [n for n in graph.names if _RESERVED.search(n)]
-    taken += [t.name for t in graph.tensors if _RESERVED.search(t.name)]
+    taken = [n for n in graph.names if reserved.search(n)]
+    taken += [t.name for t in graph.tensors if reserved.search(t.name)]
     if taken:
-        raise BatchMarkError("names use the split's naming rule ('@mb<i>', '@acc<k>', '@r<r>', ...): "
-                             "rename them", taken)
+        raise BatchMarkError(f"names look like the ones the split makes ({reserved.pattern}): rename them",
+                             taken)
 
 
 def copy_name(name: str, i: int) -> str:

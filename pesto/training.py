@@ -19,11 +19,14 @@ The batch rule (for TensorFlow graphs; a graph that carries marks needs none)
    gradient to a variable (types ``*Apply*``, ``AssignSubVariableOp``,
    ``AssignAddVariableOp``, ``ResourceScatterAdd/Sub``: ``train``, Keras'
    ``sgd_1``) unless some op under it is *forward*: reached from a data input
-   through tensors without passing a gradient scope (:data:`GRADIENT_ROOT`) --
+   without passing a gradient scope (:data:`GRADIENT_ROOT`) --
    a model scope whose batch norm updates its moving averages is no optimizer;
-3. **batched**: the data inputs and every op reached from them through edges
-   carrying tensors, without passing through a step op (activations, the loss,
-   their gradients, the weight gradients: they read per-sample data);
+3. **batched**: the data inputs and every op reached from them, through data
+   or control edges, without passing through a step op (activations, the loss,
+   their gradients, the weight gradients: they read per-sample data; a
+   constant a gradient builds under a control dependency on a batched op is
+   part of that slice's gradient -- left unbatched it would make every slice
+   wait for all others there);
 4. **unbatched**: everything else (variables, their reads, constants, shape
    arithmetic on constants, the optimizer).
 
@@ -119,8 +122,8 @@ def optimizer_scopes(graph: OpGraph, inputs: Iterable[str] | None = None) -> fro
 
 
 def _reach(graph: OpGraph, seeds, blocked) -> set:
-    """Indices reached from ``seeds`` through tensors, never entering ``blocked``."""
-    succ = graph.data_succ_idx()
+    """Indices reached from ``seeds`` (any edge), never entering ``blocked``."""
+    succ = graph.succ_idx()
     seen = set(seeds)
     todo = list(seen)
     while todo:

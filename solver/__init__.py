@@ -6,7 +6,7 @@ first use. :mod:`solver.search` holds the local search, :mod:`solver.pipeline`
 the stages of ``pesto.solve``.
 
 >>> sorted(PLACERS)[:3]
-['celeritas', 'cpsat', 'expert']
+['1f1b', 'celeritas', 'cpsat']
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The placer registry: every placer is ``place(graph, cluster, *, options) -> Plan``.
 
 >>> sorted(PLACERS)[:3]
-['celeritas', 'cpsat', 'expert']
+['1f1b', 'celeritas', 'cpsat']
 """
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ PLACERS = {
     "cpsat": "solver.cpsat:place_cpsat",
     "mip": "solver.mip:place_mip",
 }
+
+# Micro-batch baselines (issue 24): their plans place the transformed step (the
+# micro-batched or replicated graph), not the graph given; see solver.pipeline_baselines.
+PLACERS.update({
+    "data-parallel": "solver.pipeline_baselines:place_data_parallel",
+    "gpipe": "solver.pipeline_baselines:place_gpipe",
+    "1f1b": "solver.pipeline_baselines:place_1f1b",
+})
 
 
 def get_placer(name: str):

@@ -230,7 +230,7 @@ def test_a_graph_without_batched_ops_is_refused():
 def test_batched_ops_with_weights_and_reserved_names_are_refused():
     with pytest.raises(BatchMarkError, match=r"hold persistent bytes .*: 'w'"):
         microbatch(OpGraph([Op("w", {"GPU": 1.0}, persistent_bytes=8, batch=True)]), 2)
-    with pytest.raises(BatchMarkError, match="naming rule.*'a@mb1'"):
+    with pytest.raises(BatchMarkError, match="names look like the ones the split makes.*'a@mb1'"):
         microbatch(OpGraph([Op("a@mb1", {"GPU": 1.0}, batch=True)]), 2)
 
 

@@ -1,0 +1,530 @@
+"""Practitioners' parallel baselines on micro-batched steps: GPipe, 1F1B, data parallel.
+
+Each placer takes a step whose ops carry batch marks (:attr:`pesto.graph.Op.batch`;
+:func:`pesto.training.infer_batch_marks` marks a TensorFlow graph that has
+none), builds the transformed step as an ordinary graph and returns a
+:class:`~pesto.plan.Plan` *of that graph*, simulated and checked by
+:func:`solver.common.finalize` like every placer. The typed
+:func:`pipeline_plan` / :func:`data_parallel_plan` return it with the graph
+(:class:`StepPlan`); ``pesto.check_plan(result.graph, cluster, result.plan)``
+checks it.
+
+* ``gpipe`` / ``1f1b`` (:func:`place_gpipe`, :func:`place_1f1b`): the step split
+  into ``micro_batches`` slices (:func:`pesto.microbatch.split_step`), cut into
+  ``k`` contiguous stages, every slice's copy of an op on its stage's GPU, for
+  every ``k`` up to the number of GPUs and every candidate block order below;
+  the plan with the smallest simulated step wins (one that fits memory first).
+  Per device the slices run in the schedule's order: GPipe all forward
+  slices, then all backward slices (in slice order, the order their gradients
+  are accumulated in); 1F1B (PipeDream-flush) ``k - s - 1`` forward slices on
+  stage ``s``, then one forward / one backward, then the remaining backward.
+  Once-per-step ops (variable reads, accumulation, the update) run as soon as
+  they are ready.
+* ``data-parallel`` (:func:`place_data_parallel`): :func:`pesto.replicate.replicate`
+  with one replica per GPU (replica ``r`` on GPU ``r``, the ring all-reduce as
+  transfers on the cluster's links), each replica optionally split into
+  ``micro_batches``; the better of TensorFlow's FIFO order and an order that
+  runs the all-reduce as soon as it is ready.
+
+Stages (documented rule)
+------------------------
+**Forward and backward.** Among batched ops, the backward pass is
+:func:`pesto.training.backward_ops` (TensorFlow's gradient scopes, or the ops
+after ``loss=``). Every backward op is *anchored* to a forward op: the op its
+scope mirrors (``gradients/<op>_grad/...`` and ``gradient_tape/<op>/...`` name
+the forward op they differentiate; failing an op, a layer scope of depth >= 2,
+whose middle op is taken); else the latest forward op it reads; else the
+earliest anchor of the backward ops it reads; else the last forward op.
+**Blocks.** Forward ops are put in a pipeline order, then cut into ``CHUNKS``
+blocks of equal work (a block's work is its forward ops' and their anchored
+backward ops'), the unit a stage holds whole. The candidate orders: the
+topological order, and layer by layer for every scope depth ``d`` (ops
+grouped by their scope cut at depth ``d`` -- ``rnn/layer_0``, ``layer_3``,
+``resnet50_1/conv2_block1_...`` -- groups in the order of their ops' mean
+topological position, ops in topological order within a group). **Cuts.** A dynamic programme cuts the blocks into ``k`` contiguous stages
+minimising the largest stage cost: its work per slice plus the transfer time
+(the cluster's mean GPU route) of the slice's activations and gradients
+crossing its two cuts. **Once-per-step ops** go with the first stage reading
+them (variable reads), else the last stage feeding them, else their
+neighbours'; an accumulate op with the op whose gradient it sums; a
+colocation group goes where most of its members' compute would (a slice's
+copy bound to a variable outweighs the rest).
+
+Examples
+--------
+>>> from pesto.graph import Op, OpGraph, Tensor, Edge
+>>> from pesto.cluster import gpus
+>>> names = ["l0", "l1", "gradients/l1_grad", "gradients/l0_grad"]
+>>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n) for n in names]
+>>> es = [Edge(a, b, f"{a}:0") for a, b in zip(names, names[1:])]
+>>> g = OpGraph(ops, es, [Tensor(f"{n}:0", n, 8) for n in names])
+>>> r = pipeline_plan(g, gpus(2, beta=(1.0, 0.0)), schedule="gpipe", micro_batches=2)
+>>> r.stages, r.plan.placement["l1@mb1"], r.plan.placement["gradients/l1_grad@mb0"]
+(2, '/GPU:1', '/GPU:1')
+>>> r.plan.makespan < place_data_parallel(g, gpus(1)).makespan
+True
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from pesto.cluster import Cluster
+from pesto.graph import OpGraph
+from pesto.microbatch import MicroBatched, split_step
+from pesto.plan import Plan
+from pesto.replicate import replicate
+from pesto.training import GRADIENT_ROOT, backward_ops
+
+from .common import finalize, order_by_key
+
+__all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
+           "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
+           "SCHEDULES", "CHUNKS"]
+
+SCHEDULES = ("gpipe", "1f1b")
+CHUNKS = 64   # blocks per candidate order (equal work); the cut DP is quadratic in them
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A plan of a transformed step and the graph it places.
+
+    Attributes
+    ----------
+    plan : Plan
+        Over ``graph``'s ops (simulated, checked status).
+    graph : OpGraph
+        The micro-batched (and, for data parallelism, replicated) step.
+    micro_batches : int
+    stages : int
+        Pipeline stages used (replicas for data parallelism).
+    schedule : str
+        ``"gpipe"``, ``"1f1b"`` or ``"data-parallel"``.
+    blocking : str
+        The block order of the winning split (``"scope:2"``, ``"topological"``),
+        the order rule for data parallelism (``"fifo"``, ``"all-reduce first"``).
+    """
+
+    plan: Plan
+    graph: OpGraph
+    micro_batches: int
+    stages: int
+    schedule: str
+    blocking: str
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Forward and backward batched ops of a step (:func:`phases`).
+
+    Attributes
+    ----------
+    forward : tuple of int
+        Batched forward ops (indices of the step), in topological order.
+    backward : frozenset of int
+        Batched backward ops.
+    anchor : mapping int -> int
+        Backward op -> the forward op it is staged with (the module doc's rule).
+    """
+
+    forward: tuple
+    backward: frozenset
+    anchor: Mapping[int, int]
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Batched ops grouped into blocks a stage holds whole, in pipeline order.
+
+    Attributes
+    ----------
+    name : str
+    block : tuple of int
+        Per op of the step, its block (-1 for unbatched ops).
+    count : int
+    """
+
+    name: str
+    block: tuple
+    count: int
+
+
+def phases(graph: OpGraph, *, loss: str | None = None) -> Phases:
+    """Forward / backward batched ops and every backward op's anchor (module doc).
+
+    >>> from dataclasses import replace
+    >>> g = OpGraph.from_edges({"a": 1, "b": 1, "gradients/b_grad/x": 1, "gradients/a_grad/x": 1},
+    ...                        [("a", "b"), ("b", "gradients/b_grad/x"), ("gradients/b_grad/x", "gradients/a_grad/x")])
+    >>> g = OpGraph([replace(op, batch=True, scope=op.name.rpartition("/")[0]) for op in g.ops], g.edges, g.tensors)
+    >>> p = phases(g)
+    >>> p.forward, sorted(p.backward), dict(p.anchor)   # each gradient staged with the op it differentiates
+    ((0, 1), [2, 3], {2: 1, 3: 0})
+    """
+    back = backward_ops(graph, loss=loss)
+    idx, ops = graph.index, graph.ops
+    topo = graph.topo_idx()
+    forward = tuple(i for i in topo if ops[i].batch and graph.names[i] not in back)
+    backward = frozenset(i for i in topo if ops[i].batch and graph.names[i] in back)
+    pos = {i: k for k, i in enumerate(topo)}
+    fwd = set(forward)
+    by_scope = _forward_scopes(graph, forward)
+    anchor: dict[int, int] = {}
+    pred = graph.pred_idx()
+    for i in topo:
+        if i not in backward:
+            continue
+        a = _mirror(ops[i].scope or graph.names[i], idx, fwd, by_scope)
+        if a is None:
+            reads = [p for p in pred[i] if p in fwd]
+            later = [anchor[p] for p in pred[i] if p in anchor]
+            a = (max(reads, key=pos.get) if reads else min(later, key=pos.get) if later
+                 else forward[-1] if forward else i)
+        anchor[i] = a
+    return Phases(forward, backward, anchor)
+
+
+def _forward_scopes(graph: OpGraph, forward) -> dict:
+    """Scope prefix (depth >= 2) -> the middle forward op under it (topological order)."""
+    under: dict[str, list[int]] = {}
+    for i in forward:
+        parts = graph.ops[i].scope.split("/")
+        for d in range(2, len(parts) + 1):
+            under.setdefault("/".join(parts[:d]), []).append(i)
+    return {k: v[len(v) // 2] for k, v in under.items()}
+
+
+def _mirror(scope: str, idx, fwd, by_scope):
+    """The forward op a gradient scope names (its longest prefix that is one), else a layer's."""
+    parts = scope.split("/")
+    if not parts or not GRADIENT_ROOT.match(parts[0]):
+        return None
+    parts = [p[:-5] if p.endswith("_grad") else p for p in parts[1:]]
+    for k in range(len(parts), 0, -1):
+        j = idx.get("/".join(parts[:k]))
+        if j is not None and j in fwd:
+            return j
+    for k in range(len(parts), 1, -1):
+        j = by_scope.get("/".join(parts[:k]))
+        if j is not None:
+            return j
+    return None
+
+
+def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Blocking]:
+    """The candidate block orders of the module doc: forward ops in topological
+    order, or layer by layer (scope cut at each depth), cut into ``chunks``
+    pieces of equal work (forward ops and their anchored backward ops).
+
+    >>> from dataclasses import replace
+    >>> g = OpGraph.from_edges({"a/x": 1, "b/x": 1, "a/y": 1, "b/y": 1},
+    ...                        [("a/x", "b/x"), ("b/x", "a/y"), ("a/y", "b/y")])
+    >>> g = OpGraph([replace(op, batch=True, scope=op.name[0]) for op in g.ops], g.edges, g.tensors)
+    >>> [(b.name, b.block) for b in blockings(g, phases(g, loss="b/y"), chunks=2)]
+    [('topological', (0, 0, 1, 1)), ('scope:1', (0, 1, 0, 1))]
+    """
+    fwd = list(ph.forward)
+    if not fwd:
+        return []
+    ops = graph.ops
+    pos = {i: k for k, i in enumerate(graph.topo_idx())}
+    work = np.zeros(graph.num_ops)
+    for i in fwd:
+        work[i] += min(ops[i].compute.values())
+    for b, a in ph.anchor.items():
+        work[a] += min(ops[b].compute.values())
+    candidates = [("topological", fwd)]
+    for depth in range(1, 9):
+        keys = {i: "/".join(_scope_parts(graph, i)[:depth]) for i in fwd}
+        first: dict[str, list[int]] = {}
+        for i in fwd:
+            first.setdefault(keys[i], []).append(pos[i])
+        if len(first) < 2:
+            continue
+        rank = {k: r for r, k in enumerate(sorted(first, key=lambda k: (np.mean(first[k]), k)))}
+        candidates.append((f"scope:{depth}", sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))))
+    out, seen = [], set()
+    for name, order in candidates:
+        if tuple(order) in seen:
+            continue
+        seen.add(tuple(order))
+        cum = np.cumsum(work[order])
+        n = min(chunks, len(order))
+        chunk = np.minimum((cum - 1e-9) * n // max(cum[-1], 1e-9), n - 1).astype(int)
+        out.append(_blocking(graph, ph, name, {i: int(c) for i, c in zip(order, chunk)}))
+    return out
+
+
+def _scope_parts(graph: OpGraph, i: int) -> list[str]:
+    op = graph.ops[i]
+    return op.scope.split("/") if op.scope else op.name.split("/")[:-1] or [op.name]
+
+
+def _blocking(graph: OpGraph, ph: Phases, name: str, fwd_block: Mapping[int, int]) -> Blocking:
+    used = sorted(set(fwd_block.values()))
+    dense = {b: k for k, b in enumerate(used)}
+    block = [-1] * graph.num_ops
+    for i, b in fwd_block.items():
+        block[i] = dense[b]
+    for i, a in ph.anchor.items():
+        block[i] = block[a] if block[a] >= 0 else len(used) - 1   # no forward op at all: the last block
+    return Blocking(name, tuple(block), len(used))
+
+
+def split_stages(work: Sequence[float], comm: Sequence[float], k: int) -> tuple[int, ...]:
+    """First block of each of ``k`` contiguous stages (stage 0 starts at 0)
+    minimising the largest ``sum(work[i:j]) + comm[i] + comm[j]`` (``comm[c]``:
+    cost of cutting before block ``c``; none at 0 and at the end).
+
+    >>> split_stages([4, 1, 1, 4], [0, 0, 0, 0], 2), split_stages([1, 1, 1, 1], [0, 0, 9, 0], 2)
+    ((0, 2), (0, 1))
+    """
+    n = len(work)
+    k = max(1, min(k, n))
+    pre = np.concatenate([[0.0], np.cumsum(work, dtype=float)])
+    cut = np.zeros(n + 1)
+    cut[1:n] = np.asarray(comm, dtype=float)[1:n]
+    best = np.full((k + 1, n + 1), np.inf)
+    best[0, 0] = 0.0
+    arg = np.zeros((k + 1, n + 1), dtype=int)
+    for s in range(1, k + 1):
+        for j in range(s, n + 1):
+            i = np.arange(s - 1, j)
+            cost = pre[j] - pre[i] + cut[i] + (cut[j] if j < n else 0.0)
+            val = np.maximum(best[s - 1, i], cost)
+            a = int(np.argmin(val))
+            best[s, j], arg[s, j] = val[a], i[a]
+    starts, j = [], n
+    for s in range(k, 0, -1):
+        j = int(arg[s, j])
+        starts.append(j)
+    return tuple(reversed(starts))
+
+
+def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int]]:
+    """The (phase, slice) tasks of ``stage`` in the order it runs them.
+
+    >>> task_order("gpipe", 0, 2, 2)
+    [('F', 0), ('F', 1), ('B', 0), ('B', 1)]
+    >>> task_order("1f1b", 0, 3, 4)
+    [('F', 0), ('F', 1), ('F', 2), ('B', 0), ('F', 3), ('B', 1), ('B', 2), ('B', 3)]
+    """
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    if schedule != "1f1b":
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; known: {list(SCHEDULES)}")
+    w = min(stages - stage - 1, m)
+    seq = [("F", i) for i in range(w)]
+    for j in range(m - w):
+        seq += [("F", w + j), ("B", j)]
+    return seq + [("B", i) for i in range(m - w, m)]
+
+
+def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", micro_batches: int = 4,
+                  loss: str | None = None, stages: int | None = None) -> StepPlan:
+    """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
+
+    ``stages``: that many stages only (at most the GPUs and the blocks);
+    default every number from 1 to the number of GPUs.
+
+    Raises
+    ------
+    MicroBatchError, BatchMarkError
+        As :func:`pesto.microbatch.split_step`.
+    ValueError
+        An unknown ``schedule``.
+    """
+    t0 = time.perf_counter()
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; known: {list(SCHEDULES)}")
+    split = split_step(graph, micro_batches)
+    ph = phases(graph, loss=loss)
+    gpus = _gpus(cluster)
+    beta = _mean_route(cluster, gpus)
+    best, tried = None, set()
+    for bl in blockings(graph, ph) or [Blocking("one", tuple(0 if op.batch else -1 for op in graph.ops), 1)]:
+        work, comm = _block_costs(graph, bl, split.micro_batches, beta)
+        for k in ([stages] if stages else range(1, len(gpus) + 1)):
+            starts = split_stages(work, comm, min(k, len(gpus)))
+            stage_of = np.searchsorted(np.asarray(starts), np.arange(bl.count), side="right") - 1
+            key = (tuple(stage_of), bl.count)
+            if key in tried:
+                continue
+            tried.add(key)
+            stage = [int(stage_of[b]) if b >= 0 else -1 for b in bl.block]
+            plan = _pipeline(split, cluster, gpus, stage, len(starts), ph, schedule, t0)
+            if best is None or _rank(plan) < _rank(best.plan):
+                best = StepPlan(plan, split.graph, split.micro_batches, len(starts), schedule, bl.name)
+    return best
+
+
+def _rank(plan: Plan):
+    return (plan.status == "infeasible", plan.makespan)
+
+
+def _gpus(cluster: Cluster) -> list[str]:
+    gpus = [d.name for d in cluster.gpus]
+    return gpus or [d.name for d in cluster.devices]
+
+
+def _mean_route(cluster: Cluster, devs: Sequence[str]) -> tuple[float, float]:
+    routes = [cluster.route(a, b) for a in devs for b in devs if a != b]
+    if not routes:
+        return (0.0, 0.0)
+    return (float(np.mean([r.beta0 for r in routes])), float(np.mean([r.beta1 for r in routes])))
+
+
+def _block_costs(graph: OpGraph, bl: Blocking, m: int, beta) -> tuple[np.ndarray, np.ndarray]:
+    """Per block its work per slice; per cut position the transfer time of a slice across it."""
+    work = np.zeros(bl.count)
+    for i, op in enumerate(graph.ops):
+        if bl.block[i] >= 0:
+            work[bl.block[i]] += min(op.compute.values()) / m
+    nbytes = np.zeros(bl.count + 1)
+    for name, src, b, cons in graph.tensor_table():
+        bu = bl.block[src]
+        for bv in {bl.block[j] for j in cons} - {bu, -1}:
+            if bu >= 0:
+                nbytes[min(bu, bv) + 1: max(bu, bv) + 1] += b / m
+    comm = np.where(nbytes > 0, beta[0] + beta[1] * nbytes, 0.0)
+    return work, comm
+
+
+def _pipeline(split: MicroBatched, cluster: Cluster, gpus, stage, stages: int, ph: Phases,
+              schedule: str, t0: float) -> Plan:
+    """Place and order one stage split of ``split`` and simulate it."""
+    g = split.source
+    step_stage = _step_stages(g, stage)
+    dev = {}
+    for name, o in split.origin.items():
+        i = g.index[o.op]
+        dev[name] = gpus[stage[i] if o.role != "step" else step_stage[i]]
+    placement = _fix_groups(split.graph, cluster, dev)
+    n0 = g.num_ops
+    pos = {i: k for k, i in enumerate(g.topo_idx())}
+    task = {s: {t: k for k, t in enumerate(task_order(schedule, s, stages, split.micro_batches))}
+            for s in range(stages)}
+    key = []
+    for name in split.graph.names:
+        o = split.origin[name]
+        if o.role != "copy":
+            key.append(-1.0)
+            continue
+        i = g.index[o.op]
+        phase = "B" if i in ph.backward else "F"
+        key.append(float(task[stage[i]][(phase, o.slice)] * n0 + pos[i]))
+    order = order_by_key(split.graph, key)
+    return finalize(split.graph, cluster, placement, order=order, placer=schedule, t0=t0,
+                    stats={"stages": stages, "micro_batches": split.micro_batches})
+
+
+def _step_stages(graph: OpGraph, stage) -> list[int]:
+    """Stage of each once-per-step op: first batched reader, else last batched
+    producer, else a neighbour's (breadth first), else 0."""
+    succ, pred = graph.succ_idx(), graph.pred_idx()
+    out = list(stage)
+    todo = []
+    for i, op in enumerate(graph.ops):
+        if op.batch:
+            continue
+        reads = [stage[j] for j in succ[i] if stage[j] >= 0]
+        made = [stage[j] for j in pred[i] if stage[j] >= 0]
+        out[i] = min(reads) if reads else max(made) if made else -1
+        if out[i] >= 0:
+            todo.append(i)
+    while todo:
+        nxt = []
+        for i in todo:
+            for j in list(pred[i]) + list(succ[i]):
+                if out[j] < 0:
+                    out[j] = out[i]
+                    nxt.append(j)
+        todo = nxt
+    return [max(s, 0) for s in out]
+
+
+def _fix_groups(graph: OpGraph, cluster: Cluster, dev: Mapping[str, str]) -> dict[str, str]:
+    """Kinds and colocation respected: each op on an allowed device; each group
+    where most of its members' compute would go (batched members count 10^6
+    more: a copy bound to a variable decides)."""
+    allowed_dev = {}
+    out = dict(dev)
+    for op in graph.ops:
+        if cluster.device(out[op.name]).kind not in op.kinds:
+            if op.kinds not in allowed_dev:
+                allowed_dev[op.kinds] = next(d.name for d in cluster.devices if d.kind in op.kinds)
+            out[op.name] = allowed_dev[op.kinds]
+    for group, members in graph.colocation_groups().items():
+        kinds = frozenset.intersection(*(graph.op(m).kinds for m in members))
+        votes: Counter = Counter()
+        for m in members:
+            op = graph.op(m)
+            if cluster.device(out[m]).kind in kinds:
+                votes[out[m]] += min(op.compute.values()) + (1e6 if op.batch else 1e-9)
+        d = max(votes, key=lambda e: (votes[e], e)) if votes else \
+            next(x.name for x in cluster.devices if x.kind in kinds)
+        for m in members:
+            out[m] = d
+    return out
+
+
+def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1) -> StepPlan:
+    """One replica per GPU (:func:`pesto.replicate.replicate`), each split into
+    ``micro_batches`` slices; the better of two device orders (module doc).
+
+    Raises
+    ------
+    MicroBatchError, BatchMarkError
+        As :func:`pesto.microbatch.split_step`.
+    """
+    t0 = time.perf_counter()
+    gpus = _gpus(cluster)
+    rep = replicate(graph, len(gpus))
+    if micro_batches == 1:
+        g, replica_of = rep.graph, {n: o.replica for n, o in rep.origin.items()}
+        first = [-1.0 if rep.origin[n].role not in ("copy", "step") else 0.0 for n in g.names]
+    else:
+        split = split_step(rep.graph, micro_batches)
+        g = split.graph
+        replica_of = {n: rep.origin[o.op].replica for n, o in split.origin.items()}
+        first = [float(split.origin[n].slice) if split.origin[n].role == "copy" else -1.0 for n in g.names]
+    placement = _fix_groups(g, cluster, {n: gpus[r] for n, r in replica_of.items()})
+    stats = {"replicas": len(gpus), "micro_batches": micro_batches}
+    pos = {i: k for k, i in enumerate(g.topo_idx())}
+    key = [f * g.num_ops + pos[i] if f >= 0 else -1.0 for i, f in enumerate(first)]
+    plans = [(finalize(g, cluster, placement, order=None, placer="data-parallel", t0=t0, stats=stats), "fifo"),
+             (finalize(g, cluster, placement, order=order_by_key(g, key), placer="data-parallel", t0=t0,
+                       stats=stats), "all-reduce first")]
+    plan, how = min(plans, key=lambda p: _rank(p[0]))
+    return StepPlan(plan, g, micro_batches, len(gpus), "data-parallel", how)
+
+
+def place_gpipe(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss: str | None = None) -> Plan:
+    """GPipe on the step split into ``micro_batches`` slices (the plan places the split graph).
+
+    :func:`pipeline_plan` with ``schedule="gpipe"``: contiguous stages, all
+    forward slices then all backward slices on each.
+    """
+    return pipeline_plan(graph, cluster, schedule="gpipe", micro_batches=micro_batches, loss=loss).plan
+
+
+def place_1f1b(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss: str | None = None) -> Plan:
+    """1F1B (PipeDream-flush) on the step split into ``micro_batches`` slices (the plan places the split graph).
+
+    :func:`pipeline_plan` with ``schedule="1f1b"``: contiguous stages, one
+    forward / one backward slice in the steady state.
+    """
+    return pipeline_plan(graph, cluster, schedule="1f1b", micro_batches=micro_batches, loss=loss).plan
+
+
+def place_data_parallel(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1) -> Plan:
+    """Data parallelism, one replica per GPU and a ring all-reduce (the plan places the replicated graph).
+
+    :func:`data_parallel_plan`: :func:`pesto.replicate.replicate`, replica ``r``
+    on GPU ``r``, each replica split into ``micro_batches`` slices.
+    """
+    return data_parallel_plan(graph, cluster, micro_batches=micro_batches).plan
