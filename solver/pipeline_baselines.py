@@ -84,10 +84,11 @@ from .common import finalize, order_by_key
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
-           "SCHEDULES", "CHUNKS"]
+           "SCHEDULES", "CHUNKS", "CANDIDATES"]
 
 SCHEDULES = ("gpipe", "1f1b")
-CHUNKS = 64   # blocks per candidate order (equal work); the cut DP is quadratic in them
+CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
+CANDIDATES = 8   # stage splits simulated per call (those of the smallest estimate)
 
 
 @dataclass(frozen=True)
@@ -325,11 +326,13 @@ def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str
 
 
 def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", micro_batches: int = 4,
-                  loss: str | None = None, stages: int | None = None) -> StepPlan:
+                  loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES) -> StepPlan:
     """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
 
     ``stages``: that many stages only (at most the GPUs and the blocks);
-    default every number from 1 to the number of GPUs.
+    default every number from 1 to the number of GPUs. ``candidates``: the
+    stage splits simulated, those of smallest estimate ``(M + k - 1)`` times
+    the largest stage cost per slice (:func:`split_stages`' objective).
 
     Raises
     ------
@@ -345,21 +348,31 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     ph = phases(graph, loss=loss)
     gpus = _gpus(cluster)
     beta = _mean_route(cluster, gpus)
-    best, tried = None, set()
+    m = split.micro_batches
+    splits: dict[tuple, tuple] = {}   # per-op stages -> (estimate, stages, block order)
     for bl in blockings(graph, ph) or [Blocking("one", tuple(0 if op.batch else -1 for op in graph.ops), 1)]:
-        work, comm = _block_costs(graph, bl, split.micro_batches, beta)
+        work, comm = _block_costs(graph, bl, m, beta)
         for k in ([stages] if stages else range(1, len(gpus) + 1)):
             starts = split_stages(work, comm, min(k, len(gpus)))
             stage_of = np.searchsorted(np.asarray(starts), np.arange(bl.count), side="right") - 1
-            key = (tuple(stage_of), bl.count)
-            if key in tried:
-                continue
-            tried.add(key)
-            stage = [int(stage_of[b]) if b >= 0 else -1 for b in bl.block]
-            plan = _pipeline(split, cluster, gpus, stage, len(starts), ph, schedule, t0)
-            if best is None or _rank(plan) < _rank(best.plan):
-                best = StepPlan(plan, split.graph, split.micro_batches, len(starts), schedule, bl.name)
+            stage = tuple(int(stage_of[b]) if b >= 0 else -1 for b in bl.block)
+            est = (m + len(starts) - 1) * _largest_stage(work, comm, starts)
+            if stage not in splits or est < splits[stage][0]:
+                splits[stage] = (est, len(starts), bl.name)
+    best = None
+    for stage, (_, k, name) in sorted(splits.items(), key=lambda kv: kv[1][:2])[:max(1, candidates)]:
+        plan = _pipeline(split, cluster, gpus, stage, k, ph, schedule, t0)
+        if best is None or _rank(plan) < _rank(best.plan):
+            best = StepPlan(plan, split.graph, m, k, schedule, name)
     return best
+
+
+def _largest_stage(work, comm, starts) -> float:
+    """:func:`split_stages`' objective for the stages beginning at ``starts``."""
+    n = len(work)
+    ends = list(starts[1:]) + [n]
+    return max(float(np.sum(work[i:j])) + (comm[i] if i else 0.0) + (comm[j] if j < n else 0.0)
+               for i, j in zip(starts, ends))
 
 
 def _rank(plan: Plan):
