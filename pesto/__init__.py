@@ -23,6 +23,7 @@ from .memory import memory_profile
 from .plan import Plan, Transfer, Report, check_plan
 from .simulate import Schedule, simulate
 from .solvelog import SolveLog, Stage
+from .microbatch import microbatch  # the function; the module stays importable as pesto.microbatch
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ imports them
     from .api import evaluate, solve
@@ -52,4 +53,4 @@ __all__ = ["PestoError", "InvalidGraphError", "CycleError", "InvalidClusterError
            "InvalidPlanError", "InfeasibleError", "Op", "Tensor", "Edge", "OpGraph", "Device",
            "Route", "Cluster", "gpus", "v100x2_nvlink", "v100x4_pcie", "heterogeneous",
            "two_hosts", "logical_cpus", "preset", "Plan", "Transfer", "Report", "check_plan",
-           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve", "evaluate"]
+           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve", "evaluate", "microbatch"]
