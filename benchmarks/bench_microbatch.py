@@ -49,10 +49,26 @@ OUT = HERE / "results"
 GRAPHS = ("keras_resnet50", "transformer_6", "rnnlm_4x2048", "nmt_4x1024")
 CLUSTERS = {"v100x2_nvlink": lambda: v100x2_nvlink(with_cpu=False),
             "v100x4_pcie": lambda: v100x4_pcie(with_cpu=False)}
-#: Batch size of each cached graph: the zoo presets (pesto/zoo/*.py PRESETS) and
+#: Batch size of each cached graph: the zoo presets (tf_patch/zoo/*.py PRESETS) and
 #: the manifest's overrides (benchmarks/graphs/manifest.json).
 BATCH = {"keras_resnet50": 32, "keras_mobilenetv2": 32, "transformer_6": 64, "rnnlm_2x2048": 128,
          "rnnlm_4x2048": 128, "rnnlm_16x1024": 128, "nmt_2x1024": 128, "nmt_4x1024": 128, "nasnet_b16": 16}
+
+
+NOTES = [
+    "Reading the figures:",
+    "",
+    "- The split's cost rule divides an op's time by M (floor 2 µs) but keeps the time of an op that only "
+    "sums weight-shaped partials (an RNN's AddN over time steps of a 134 MB weight gradient: ~3 ms per slice), "
+    "and adds M - 1 accumulations per gradient (3 x bytes / 900 GB/s each). RNNs with large weights therefore "
+    "lose with M (rnnlm_4x2048: work 215 -> 270 ms at M = 4), as naive gradient accumulation does in TensorFlow.",
+    "- GPipe and 1F1B are the best of the 8 stage splits of smallest estimate (contiguous blocks of a layer or "
+    "topological order); 1F1B takes about the step of GPipe or more here and needs less memory (peak columns).",
+    "- \"pesto\" on the split graph is `pesto.solve` with no knowledge of slices: it coarsens the M-times larger "
+    "graph to ~200 vertices and has the same time limit; the joint slice-aware model is the next step.",
+    "- The bound is valid for any placement and order of the row's graph but leaves communication out, so "
+    "gaps of pipelines over slow links (PCIe) are mostly transfer time it does not see.",
+]
 
 
 @dataclass
@@ -159,6 +175,7 @@ def _markdown(rows: list[Row], settings: str) -> list[str]:
         best = min((r for r in rs if r.status != "infeasible"), key=lambda r: r.step_ms, default=single)
         lines.append(f"| {w} | {c} | {single.step_ms:.1f} | {best.plan} | {best.micro_batches} | {best.step_ms:.1f} "
                      f"| {best.per_sample_us:.1f} | {best.speedup:.2f}x | {100 * best.gap:.1f} % |")
+    lines += _speedups(groups) + ["", *NOTES]
     for (w, c), rs in groups.items():
         lines += ["", f"## {w} on {c}", "",
                   "| plan | M | ops | step ms | µs / sample | speed-up | peak GiB per device | bound ms | gap "
@@ -168,6 +185,30 @@ def _markdown(rows: list[Row], settings: str) -> list[str]:
                          f"| {r.speedup:.2f}x | {r.peak_gib} | {r.bound_ms:.1f} | {100 * r.gap:.1f} % | {r.status} "
                          f"| {r.wall_s:.1f} | {r.note} |")
     return lines
+
+
+def _speedups(groups: dict) -> list[str]:
+    """Speed-up over one GPU per kind of plan (the best M of each; M in brackets)."""
+    kinds = [("pesto", (1,)), ("data-parallel", (1,)), ("gpipe", None), ("1f1b", None), ("pesto", None)]
+    lines = ["", "## Speed-up over one GPU (best M of each kind; M in brackets)", "",
+             "| workload | cluster | Pesto M=1 | data-parallel | GPipe | 1F1B | Pesto on the split graph |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for (w, c), rs in groups.items():
+        cells = []
+        for plan, ms in kinds:
+            mine = [r for r in rs if r.plan == plan and (r.micro_batches in ms if ms else r.micro_batches > 1)]
+            best = max(mine, key=lambda r: r.speedup, default=None)
+            cells.append("-" if best is None else f"{best.speedup:.2f}x" + ("" if ms else f" [{best.micro_batches}]"))
+        lines.append(f"| {w} | {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def read(path: Path) -> list[Row]:
+    """The rows of a ``microbatch.csv``."""
+    types = {f.name: f.type for f in fields(Row)}
+    conv = {"int": int, "float": float, "str": str}
+    with open(path) as f:
+        return [Row(**{k: conv[types[k]](v) for k, v in d.items()}) for d in csv.DictReader(f)]
 
 
 def main(argv=None) -> int:
@@ -180,7 +221,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="transformer_6 on v100x2_nvlink, M=2, 5 s")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--from-csv", help="rewrite microbatch.md from this microbatch.csv (no run)")
+    ap.add_argument("--settings", default="", help="with --from-csv: the settings line of the run")
     a = ap.parse_args(argv)
+    if a.from_csv:
+        write(read(Path(a.from_csv)), Path(a.out), a.settings)
+        return 0
     if a.quick:
         a.graphs, a.clusters, a.micro, a.pesto_micro, a.time_limit = "transformer_6", "v100x2_nvlink", "2", "2", 5.0
     a.micro = [int(x) for x in str(a.micro).split(",") if x]

@@ -22,10 +22,14 @@ def test_rows_of_a_small_step_are_sound(tmp_path):
     bm.write(rows, tmp_path, "test settings")
     with open(tmp_path / "microbatch.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
+    back = bm.read(tmp_path / "microbatch.csv")
+    assert [(r.plan, r.micro_batches, r.status) for r in back] == [(r.plan, r.micro_batches, r.status) for r in rows]
     md = (tmp_path / "microbatch.md").read_text()
     best = min(rows, key=lambda r: r.step_ms)
     assert f"| layered | v100x2_nvlink | {rows[0].step_ms:.1f} | {best.plan} | {best.micro_batches} |" in md
     assert "Settings: test settings" in md
+    gp = max((r for r in rows if r.plan == "gpipe"), key=lambda r: r.speedup)
+    assert f"| {gp.speedup:.2f}x [{gp.micro_batches}] |" in md
 
 
 def test_pesto_exports_microbatch():
