@@ -45,7 +45,14 @@ How the graph is built
   ``t@acc1 .. t@acc{M-1}`` (``t@acck`` = slices ``0..k``, so slice ``k`` can be
   added as soon as it is done, into one buffer), and the unbatched consumers read
   the last one. Slice ``i + 1`` depends on slice ``i`` through nothing else, so
-  slices overlap (pipeline) as far as devices allow.
+  slices overlap (pipeline) as far as devices allow;
+* an unbatched op *between* batched ops (reading a partial, or under a control
+  edge from a batched op, and feeding batched ops) is where every slice waits
+  for all the others: mark it batched if it belongs to one slice (a constant a
+  gradient builds under a control dependency does);
+* the graph knows no batch size: the caller picks an ``M`` that divides it
+  (bytes are rounded up, so an ``M`` that does not divide is costed as if the
+  last slice were as large as the others).
 
 Cost rule of a copy (documented constants, tested)
 --------------------------------------------------
