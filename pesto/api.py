@@ -24,11 +24,11 @@ from typing import Any, Mapping
 import networkx as nx
 
 from solver import pipeline as _pipeline
-from solver.common import finalize
 from solver.pipeline import HEURISTICS
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
 from .errors import InfeasibleError, InvalidGraphError, InvalidPlanError
+from .finalize import finalize
 from .graph import OpGraph
 from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan, check_plan

@@ -42,8 +42,8 @@ from pesto.dag import bottom_levels, priority_order, top_levels
 from pesto.engine import Timeline
 from pesto.graph import OpGraph
 from pesto.problem import INF, Problem
+from pesto.finalize import finalize
 
-from .common import finalize
 
 __all__ = ["lower_bound", "energetic_bound", "chain_bound", "phases", "Phases", "greedy_plan"]
 

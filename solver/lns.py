@@ -33,7 +33,7 @@ Two independent chains all on one GPU: the window puts one chain on the other GP
 >>> c = gpus(2, beta=(1.0, 0.0))
 >>> start = reschedule(g, c, {op: "/GPU:0" for op in g.names})
 >>> p = lns(g, c, start, time_limit=10, max_windows=3)
->>> start.makespan, p.makespan, p.stats["lns"]["kept"] >= 1
+>>> start.makespan, p.makespan, p.info_of(LnsInfo).kept >= 1
 (20.0, 10.0, True)
 """
 from __future__ import annotations
@@ -47,12 +47,13 @@ from pesto.cluster import Cluster
 from pesto.engine import replay
 from pesto.errors import InvalidPlanError
 from pesto.graph import OpGraph
+from pesto.outcome import LnsInfo
 from pesto.plan import Plan
 from pesto.deadline import REPLAY_COST_PER_OP, Deadline
 from pesto.problem import Problem
 from pesto.simulate import simulate
+from pesto.finalize import finalize
 
-from .common import finalize
 from .lns_model import solve_window
 from .search import slack
 
@@ -231,8 +232,8 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
     -------
     Plan
         ``placer="lns"``, simulated in its fixed order, never worse than
-        ``plan`` re-simulated in its order; ``stats["lns"]`` has the windows
-        tried and kept and the gain per kind.
+        ``plan`` re-simulated in its order; its :class:`~pesto.outcome.LnsInfo`
+        has the windows tried and kept and the gain per kind.
     """
     t0 = time.perf_counter()
     clock = deadline.sub(time_limit) if deadline is not None else Deadline(time_limit)
@@ -280,12 +281,11 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
                 per[kind]["gain"] += inc.makespan - new.makespan
                 inc = new
     placement, order = inc.plan_of()
-    stats = dict(plan.stats)
-    stats["lns"] = {"windows": sum(v["tried"] for v in per.values()), "kept": sum(v["kept"] for v in per.values()),
-                    "start_makespan": start_makespan, "makespan": inc.makespan, "by_kind": per,
-                    "cpsat": cpsat, "window": window, "seconds": time.perf_counter() - t0}
-    out = finalize(graph, cluster, placement, order=order, placer="lns", t0=t0, stats=stats)
-    return out
+    info = LnsInfo(windows=sum(v["tried"] for v in per.values()), kept=sum(v["kept"] for v in per.values()),
+                   start_makespan=start_makespan, makespan=inc.makespan, by_kind=per, cpsat=cpsat, window=window,
+                   seconds=time.perf_counter() - t0)
+    return finalize(graph, cluster, placement, order=order, placer="lns", t0=t0, stats=dict(plan.stats),
+                    info=plan.info + (info,))
 
 
 def _try(prob: Problem, inc: _Incumbent, window: list[int], res, topo_pos) -> _Incumbent | None:

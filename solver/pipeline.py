@@ -49,7 +49,9 @@ from pesto.cluster import Cluster
 from pesto.deadline import REPLAY_COST_PER_OP, Deadline
 from pesto.engine import replay
 from pesto.errors import InfeasibleError
+from pesto.finalize import finalize
 from pesto.graph import OpGraph
+from pesto.outcome import LnsInfo, RefineInfo, RescheduleInfo
 from pesto.plan import Plan, check_plan
 from pesto.problem import Problem
 from pesto.solvelog import SolveLog, Stage
@@ -57,7 +59,6 @@ from pesto.solvelog import SolveLog, Stage
 from .registry import PLACERS, accepted_options, get_placer, run_placers
 from .bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, comm_bound
 from .bounds import lower_bound, phases
-from .common import finalize
 from .lns import lns
 from .search import better, refine, reschedule
 from .subcluster import gpu_groups
@@ -400,7 +401,7 @@ def reschedule_starts(run: Run) -> None:
             cut += 1
         else:
             ranked.append(reschedule(run.graph, run.cluster, p, deadline=sub))
-            cut += "reschedule_cut" in ranked[-1].stats
+            cut += ranked[-1].info_of(RescheduleInfo).cut is not None
     run.ranked = sorted(ranked, key=_rank_key)
     run.pool = [(p.placer, p) for p in run.ranked]
     run.baselines, run.starts = {}, []
@@ -488,7 +489,7 @@ def _to_graph(run: Run, name: str, plan: Plan, status: str) -> Plan:
     if run.cg is None:
         return plan
     return finalize(run.graph, run.cluster, dict(fine.placement), order={d: list(o) for d, o in fine.order.items()},
-                    placer=name, t0=run.t0, status=status, stats=dict(plan.stats))
+                    placer=name, t0=run.t0, status=status, stats=dict(plan.stats), info=plan.info)
 
 
 def expand(run: Run) -> None:
@@ -528,8 +529,8 @@ def lns_stage(run: Run) -> None:
     out = lns(run.graph, run.cluster, best, time_limit=budget, seed=run.s.seed,
               workers=run.s.workers or 1, log=run.s.verbose, deadline=run.deadline)
     run.pool.append(("lns", out))
-    st = out.stats["lns"]
-    run.record("lns", t, out.makespan, f"{st['kept']} of {st['windows']} windows kept")
+    st = out.info_of(LnsInfo)
+    run.record("lns", t, out.makespan, f"{st.kept} of {st.windows} windows kept")
 
 
 def local_search(run: Run) -> None:
@@ -545,7 +546,7 @@ def local_search(run: Run) -> None:
     ref = refine(run.graph, run.cluster, choose(run.pool)[1], time_limit=budget, seed=run.s.seed,
                  deadline=run.deadline)
     run.pool.append(("refine", ref))
-    run.record("local search", t, ref.makespan, f"{ref.stats['refine']['accepted']} moves kept")
+    run.record("local search", t, ref.makespan, f"{ref.info_of(RefineInfo).accepted} moves kept")
 
 
 def _bound_time(s: Settings) -> float:
