@@ -1,6 +1,6 @@
 """CP-SAT large-neighbourhood search on the full graph.
 
-:func:`lns` repeatedly frees a *window* of a few hundred ops of the incumbent
+:func:`lns` repeatedly frees a *window* of :data:`WINDOW` ops of the incumbent
 schedule, solves their placement and order exactly against the rest of the
 schedule (:func:`solver.lns_model.solve_window`: fixed ops as release times,
 deadlines and busy intervals, later ops as tails), writes the window back and
@@ -60,7 +60,7 @@ from .search import slack
 __all__ = ["lns", "KINDS", "UNIFORM", "WINDOW"]
 
 KINDS = ("slice", "critical", "pair")
-WINDOW = 120  # ops per window: single-worker CP-SAT improves 100-op windows in 1-3 s, 300-op ones rarely
+WINDOW = 120  # ops per window (the default; sizes compared in benchmarks/results/lns.md, "Window size")
 UNIFORM = 0.25  # share of windows centred on a uniformly drawn time, not an idle gap
 WALL_FACTOR = 3  # wall-clock cap per window, in deterministic seconds (a loaded machine runs 2-10x slower)
 
