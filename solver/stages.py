@@ -129,7 +129,12 @@ def rank_key(p: Plan):
 def choose(pool: Sequence[tuple[str, Plan]]) -> tuple[str, Plan]:
     """The winner among candidates: memory-feasible first, then the shortest
     step; on a tie (within 1e-9 µs) the earlier candidate (:func:`search.better
-    <solver.search.better>`)."""
+    <solver.search.better>`).
+
+    >>> fast_oom = Plan({}, {}, makespan=5.0, status="infeasible")
+    >>> choose([("a", Plan({}, {}, makespan=10.0)), ("b", Plan({}, {}, makespan=10.0)), ("c", fast_oom)])[0]
+    'a'
+    """
     name, best = pool[0]
     for k, p in pool[1:]:
         if better(p, best):
