@@ -34,8 +34,9 @@ from pathlib import Path
 from pesto.api import load_graph
 from pesto.cluster import preset
 from pesto.plan import check_plan
-from solver.pipeline import HEURISTICS, PIPELINES, STAGES, Settings, run_pipeline, stage_shares
-from solver.registry import run_placers
+from solver.options import SolveOptions, stage_shares
+from solver.pipeline import PIPELINES, STAGES, run_pipeline
+from solver.registry import baselines, run_placers
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -58,17 +59,18 @@ def configs() -> dict[str, tuple[str, ...]]:
 def run_config(graph, cluster, stages, starts, budget: float, workers: int) -> tuple:
     """The stage list from ``starts`` with ``budget`` seconds shared by its stages."""
     shares = stage_shares(stages)
-    settings = Settings(**{k: v * budget for k, v in shares.items()}, workers=workers, seed=0,
-                        time_limit=budget, bound_time=0.0)
+    options = SolveOptions(exact_time=shares["exact"] * budget, lns_time=shares["lns"] * budget,
+                           search_time=shares["local search"] * budget, workers=workers, seed=0,
+                           time_limit=budget, bound_time=0.0)
     t = time.perf_counter()
-    plan = run_pipeline(graph, cluster, stages, settings, name="ablation", starts=starts)
+    plan = run_pipeline(graph, cluster, stages, options, name="ablation", starts=starts)
     return plan, time.perf_counter() - t
 
 
 def run_workload(name: str, cl_name: str, args) -> list[dict]:
     graph, cluster = load_graph(str(HERE / "graphs" / f"{name}.json.gz")), preset(cl_name)
     t = time.perf_counter()
-    plans, _ = run_placers(graph, cluster, list(HEURISTICS), time_limit=args.budget, seed=0,
+    plans, _ = run_placers(graph, cluster, list(baselines()), time_limit=args.budget, seed=0,
                            extra={"m-sct": {"lp_time_limit": max(1.0, 0.15 * args.budget)}})
     base_s = time.perf_counter() - t
     rows, ref = [], None
@@ -100,7 +102,7 @@ def write(rows: list[dict], args, started: str) -> None:
              f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}); step times **simulated** with grappler "
              f"V100 costs. Every configuration starts from the same heuristic plans and then gets "
              f"{args.budget:g} s for its stages (CP-SAT with {args.workers} workers); a stage switched off "
-             "leaves its share to the others (`solver.pipeline.stage_shares`).", "",
+             "leaves its share to the others (`solver.options.stage_shares`).", "",
              "Step time in ms; in brackets the change against *heuristics* (the best baseline, re-ordered). "
              "*best* is the configuration with the shortest step (the earliest on a tie).", "",
              "| workload | cluster | ops | " + " | ".join(names) + " | best |",

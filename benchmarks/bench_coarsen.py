@@ -39,6 +39,8 @@ from coarsen import verify
 from pesto import OpGraph, simulate, v100x2_nvlink
 from benchmarks.generators import layered_dag, lstm_grid, transformer_like
 from solver import accepted_options, get_placer, pipeline
+from solver.options import SolveOptions
+from solver.stages import to_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (label, method, options)
@@ -109,17 +111,17 @@ def exact_quality(time_limit: float = 10.0, quick: bool = False) -> list[dict]:
     for gname, make in cases:
         g = make()
         for m in CPSAT_METHODS:
-            s = pipeline.Settings(exact_time=time_limit, heuristic_time=5.0, workers=1,
-                                  coarsen_options={"method": m})
-            run_ = pipeline.Run(g, cl, s, "bench", ("baselines", "reschedule", "coarsen", "exact", "status"), ())
-            for st in ("baselines", "reschedule", "coarsen", "exact"):
-                pipeline.STAGES[st](run_)
-            fine = pipeline._to_graph(run_, "cpsat", run_.solved, "feasible")
-            rep = run_.cg.report
+            options = SolveOptions(time_limit=None, exact_time=time_limit, heuristic_time=5.0, workers=1,
+                                   coarsen_options={"method": m})
+            run_ = pipeline.new_run(g, cl, ("baselines", "reschedule", "coarsen", "exact", "status"), options,
+                                    name="bench")
+            pipeline.run_stages(run_, ("baselines", "reschedule", "coarsen", "exact"))
+            fine = to_graph(run_, "cpsat", run_.solved, "feasible")
+            rep, incumbent = run_.coarse.report, run_.plans.incumbent
             rows.append({"graph": gname, "ops": g.num_ops, "method": m, "vertices": rep.vertices,
-                         "kept": round(rep.parallelism_kept, 3), "incumbent": run_.incumbent.placer,
-                         "incumbent_ms": round(run_.incumbent.makespan / 1000, 3),
-                         "hint_ms": round(simulate(g, cl, run_.cg.expand(run_.hint)).makespan / 1000, 3),
+                         "kept": round(rep.parallelism_kept, 3), "incumbent": incumbent.placer,
+                         "incumbent_ms": round(incumbent.makespan / 1000, 3),
+                         "hint_ms": round(simulate(g, cl, run_.coarse.expand(run_.hint)).makespan / 1000, 3),
                          "cpsat_status": run_.solved.status,
                          "cpsat_coarse_ms": round(run_.solved.makespan / 1000, 3),
                          "expanded_ms": round(fine.makespan / 1000, 3)})

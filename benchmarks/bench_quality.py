@@ -34,6 +34,7 @@ import pesto
 from pesto.cluster import v100x2_nvlink
 from pesto.plan import check_plan
 from solver import accepted_options, get_placer
+from solver.options import SHARES
 from solver.pipeline import improve, solve_fine
 from solver.search import reschedule
 
@@ -126,6 +127,11 @@ def run_graph(name: str, args, base: dict) -> list[dict]:
     return rows
 
 
+def _shares() -> str:
+    """The full pipeline's split of a time limit, as the code has it (:data:`solver.options.SHARES`)."""
+    return ", ".join(f"{s:.0%} {name}" for s, name in zip(SHARES, ("CP-SAT", "LNS", "refine")))
+
+
 def write(rows, args, started):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -142,7 +148,7 @@ def write(rows, args, started):
              "grappler V100 costs, cluster `v100x2_nvlink()`.  ",
              f"Settings: CP-SAT {args.cpsat_time:g} s on the coarse graph (200 vertices, {args.workers} workers), "
              f"refine {args.refine_time:g} s, `pesto.solve` time_limit {args.solve_time:g} s"
-             + (f"; `solve_fine` time_limit {args.solve_fine:g} s (30% CP-SAT, 60% refine)" if args.solve_fine
+             + (f"; `solve_fine` time_limit {args.solve_fine:g} s ({_shares()})" if args.solve_fine
                 else "") + ".", "",
              "Variants: a heuristic as it comes (TF FIFO for Expert/METIS/Single, their list order for the "
              "others); `+reschedule` = same placement, best order of FIFO / upward-rank list schedule / "

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pesto
-from solver.pipeline import SHARES
+from solver.options import SHARES
 from pesto.api import needs_cpu
 from pesto.plan import check_plan
 from pesto.simulate import simulate

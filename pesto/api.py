@@ -15,7 +15,6 @@ Examples
 from __future__ import annotations
 
 import json
-import numbers
 import re
 import time
 from pathlib import Path
@@ -24,11 +23,12 @@ from typing import Any, Mapping
 import networkx as nx
 
 from solver import pipeline as _pipeline
-from solver.common import finalize
-from solver.pipeline import HEURISTICS
+from solver.options import SolveOptions, check_int
+from solver.registry import HEURISTICS
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
 from .errors import InfeasibleError, InvalidGraphError, InvalidPlanError
+from .finalize import finalize
 from .graph import OpGraph
 from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan, check_plan
@@ -71,15 +71,6 @@ def default_cluster(graph: OpGraph | None, n: int = 2) -> Cluster:
     return _gpus(n, with_cpu=needs_cpu(graph), name=f"v100x{n}_nvlink")
 
 
-def _check_int(name: str, value, *, low: int, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-
-
 def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
     """The cluster to solve on: ``cluster`` (a Cluster, a preset name or a
     cluster JSON path) when given, else :func:`default_cluster` with ``gpus``.
@@ -92,7 +83,7 @@ def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
         ``gpus < 1`` or an unknown preset.
     """
     if cluster is None:
-        _check_int("gpus", gpus, low=1)
+        check_int("gpus", gpus, low=1)
         return default_cluster(graph, int(gpus))
     if isinstance(cluster, (str, Path)):
         return preset(str(cluster))
@@ -175,23 +166,24 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         or after it, when the best plan found breaks memory: the message names
         each over-full device, the bytes over and its largest ops or groups,
         ``culprit`` the first such device, ``plan`` the plan.
-    ValueError
-        An unknown pipeline or backend, or an unsupported combination
-        (``pipeline="full"`` with a backend other than CP-SAT; ``hint=None``
-        with the full pipeline on a graph above ``target_vertices``).
+    TypeError, ValueError
+        An option of the wrong type or out of range (each named; checked once,
+        by :class:`solver.options.SolveOptions`), an unknown pipeline, backend
+        or hint, or an unsupported combination (``pipeline="full"`` with a
+        backend other than CP-SAT; ``hint=None`` with the full pipeline on a
+        graph above ``target_vertices``).
     """
     graph = load_graph(graph)
     started = time.perf_counter()  # the limit counts from here: loading excluded, pre-checks included
     cluster = resolve_cluster(graph, gpus, cluster)
-    _check_int("workers", workers, low=1, optional=True)
-    _check_int("seed", seed, low=0)
-    check_feasible(graph, cluster)
     if isinstance(hint, Mapping) or (isinstance(hint, (str, Path)) and str(hint).endswith(".json")):
         hint = evaluate(graph, hint, cluster=cluster)
-    plan = _pipeline.solve(graph, cluster, time_limit=time_limit, target_vertices=target_vertices,
-                           backend=backend, hint=hint, workers=workers, seed=seed,
-                           coarsen_method=coarsen_method, pipeline=pipeline, verbose=verbose,
-                           deterministic=bool(deterministic), progress=progress, started=started)
+    options = SolveOptions(time_limit=time_limit, target_vertices=target_vertices, backend=backend, hint=hint,
+                           workers=workers, seed=seed, coarsen_options={"method": coarsen_method},
+                           pipeline=pipeline, verbose=verbose, deterministic=deterministic, progress=progress,
+                           started=started)
+    check_feasible(graph, cluster)
+    plan = _pipeline.solve(graph, cluster, options)
     if plan.status == "infeasible":
         raise_overrun(graph, cluster, plan)
     return plan

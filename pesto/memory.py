@@ -20,13 +20,13 @@ Memory-infeasible behaviour (the same for every baseline placer)
 A placer never raises because memory is short and never hides it. When an op
 (or its colocation group) fits on no allowed device, it goes to the allowed
 device with the most free memory (best effort). The placement is then
-simulated by :func:`solver.common.finalize`, whose liveness-based peak memory
+simulated by :func:`pesto.finalize.finalize`, whose liveness-based peak memory
 is the same as :func:`pesto.plan.check_plan`'s, and while a device is over
 capacity whole colocation units are moved off it (:func:`peak_repair`) and the
-placement simulated again (``solver.baselines.fit_memory``). Only if no repair
-fits is the plan returned over capacity: its status is ``"infeasible"``,
-``stats["memory_over"]`` gives the peak bytes per over-full device and
-``stats["memory_forced"]`` the ops placed best effort. So a plan labelled
+placement simulated again (:func:`pesto.finalize.fit_memory`). Only if no repair
+fits is the plan returned over capacity: its status is ``"infeasible"``, and
+its :class:`~pesto.outcome.MemoryInfo` gives the peak bytes per over-full
+device (``over``) and the ops placed best effort (``forced``). So a plan labelled
 anything but ``"infeasible"`` passes ``check_plan`` including memory.
 
 :class:`~pesto.errors.InfeasibleError` is raised only when no plan can exist

@@ -19,10 +19,12 @@ JSON schema (``format = "pesto.plan"``, ``version = 1``)::
                     "start": 3.0, "finish": 9.0}] | null,
      "makespan": 9.0, "lower_bound": 7.5, "wall_time": 0.2,
      "peak_memory": {"/GPU:0": 1024} | null, "stats": {},
+     "info": [{"kind": "cpsat", "model_status": "optimal", ...}],
      "log": {"pipeline": "full", "stages": [...], "winner": "refine", ...} | null}
 
-``log`` (a :class:`~pesto.solvelog.SolveLog`, from ``pesto.solve``) is optional:
-plan files written before it existed still load. ``pesto place -o`` adds the
+``log`` (a :class:`~pesto.solvelog.SolveLog`, from ``pesto.solve``) and ``info``
+(the typed outcomes, :mod:`pesto.outcome`; ``stats`` is their flat view) are
+optional: plan files written before they existed still load. ``pesto place -o`` adds the
 cluster (``"cluster"``, a ``pesto.cluster`` dict) and ``"graph"`` (its name) for
 ``pesto simulate``; loading a Plan ignores them.
 """
@@ -39,6 +41,7 @@ from .errors import CycleError, InvalidPlanError, SchemaError
 from .graph import OpGraph, _check_header, _field, _load_json
 from .cluster import Cluster
 from .memory import memory_profile
+from .outcome import Outcome, outcome_from_dict
 from .solvelog import SolveLog
 
 FORMAT = "pesto.plan"
@@ -84,10 +87,15 @@ class Plan:
         Seconds the placer took.
     peak_memory : mapping device -> bytes, optional
     stats : mapping
-        Diagnostics for humans (solver figures, notes); not an API.
+        Diagnostics for people and JSON: the flat view of ``info``
+        (:meth:`pesto.outcome.Outcome.view`, merged over any notes given
+        here); not an API: code reads ``info``.
     log : SolveLog, optional
         What ``pesto.solve`` did, stage by stage (typed; see
         :mod:`pesto.solvelog`). None for a plan from a single placer.
+    info : tuple of pesto.outcome.Outcome
+        What the steps that made the plan found out, oldest first (typed:
+        :mod:`pesto.outcome`); read one with :meth:`info_of`.
     """
 
     placement: Mapping[str, str]
@@ -103,6 +111,7 @@ class Plan:
     peak_memory: Mapping[str, int] | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
     log: SolveLog | None = None
+    info: tuple = ()
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -115,7 +124,21 @@ class Plan:
                 object.__setattr__(self, key, MappingProxyType(dict(v)))
         if self.transfers is not None:
             object.__setattr__(self, "transfers", tuple(self.transfers))
-        object.__setattr__(self, "stats", MappingProxyType(dict(self.stats)))
+        object.__setattr__(self, "info", tuple(self.info))
+        stats = dict(self.stats)
+        for outcome in self.info:
+            stats.update(outcome.view())
+        object.__setattr__(self, "stats", MappingProxyType(stats))
+
+    def info_of(self, kind: type[Outcome]):
+        """The last outcome of type ``kind`` in :attr:`info`, or None.
+
+        >>> from pesto.outcome import RescheduleInfo
+        >>> p = Plan({}, {}, info=(RescheduleInfo(schedule="fifo", cut="time limit"),))
+        >>> p.info_of(RescheduleInfo).cut, p.stats["reschedule_cut"]
+        ('time limit', 'time limit')
+        """
+        return next((o for o in reversed(self.info) if isinstance(o, kind)), None)
 
     @property
     def gap(self) -> float | None:
@@ -178,6 +201,7 @@ class Plan:
             "makespan": self.makespan, "lower_bound": self.lower_bound, "wall_time": self.wall_time,
             "peak_memory": None if self.peak_memory is None else dict(self.peak_memory),
             "stats": _jsonable(self.stats),
+            "info": [_jsonable(o.to_dict()) for o in self.info],
             "log": None if self.log is None else _jsonable(self.log.to_dict()),
         }
 
@@ -194,7 +218,8 @@ class Plan:
                        status=d.get("status", "unknown"), placer=d.get("placer", ""),
                        wall_time=d.get("wall_time", 0.0), peak_memory=d.get("peak_memory"),
                        stats=d.get("stats") or {},
-                       log=None if d.get("log") is None else SolveLog.from_dict(d["log"]))
+                       log=None if d.get("log") is None else SolveLog.from_dict(d["log"]),
+                       info=_outcomes(d.get("info")))
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"{FORMAT}: malformed plan ({exc})") from None
 
@@ -208,6 +233,15 @@ class Plan:
     @classmethod
     def from_json(cls, source) -> "Plan":
         return cls.from_dict(_load_json(source))
+
+
+def _outcomes(items) -> tuple:
+    """The typed outcomes of a plan file (kinds this version does not know are left out)."""
+    if items is None:
+        return ()
+    if not isinstance(items, list) or not all(isinstance(x, Mapping) for x in items):
+        raise SchemaError(f"{FORMAT}: field 'info' must be a list of objects, got {items!r}")
+    return tuple(o for o in map(outcome_from_dict, items) if o is not None)
 
 
 def _check_fields(d: Mapping) -> None:

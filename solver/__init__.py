@@ -1,9 +1,9 @@
 """Placers, the local search and the pipeline of ``pesto.solve``.
 
 Every placer is ``place(graph, cluster, *, options) -> Plan``; ``PLACERS``
-(:mod:`solver.registry`) maps a name to ``"module:function"``, imported on
-first use. :mod:`solver.search` holds the local search, :mod:`solver.pipeline`
-the stages of ``pesto.solve``.
+(:mod:`solver.registry`) maps a name to its :class:`~solver.registry.Placer`
+record (the function, its speed, its baseline rank). :mod:`solver.search`
+holds the local search, :mod:`solver.pipeline` the stages of ``pesto.solve``.
 
 >>> sorted(PLACERS)[:3]
 ['1f1b', 'celeritas', 'cpsat']
@@ -12,6 +12,6 @@ from __future__ import annotations
 
 import pesto.deepbind  # noqa: F401  (OR-Tools' native libraries, loaded to work beside TensorFlow)
 
-from .registry import PLACERS, accepted_options, get_placer, run_placers
+from .registry import PLACERS, Placer, accepted_options, get_placer, run_placers
 
-__all__ = ["PLACERS", "get_placer", "run_placers", "accepted_options"]
+__all__ = ["PLACERS", "Placer", "get_placer", "run_placers", "accepted_options"]

@@ -2,13 +2,13 @@
 user mapping, or the paper's split by name), METIS.
 
 All three run under TensorFlow's default scheduling (each device's FIFO ready
-queue): :func:`solver.common.finalize` is called with ``order=None``. All
+queue): :func:`pesto.finalize.finalize` is called with ``order=None``. All
 respect op kinds and colocation groups, and follow the memory-infeasible
 behaviour of :mod:`pesto.memory`: over-full devices are repaired by
-simulation (:func:`fit_memory`, which the list schedulers of
-:mod:`solver.heuristics` use too); the plan is returned over capacity only
-when no repair fits, with status ``"infeasible"``, ``stats["memory_over"]``
-and ``stats["memory_forced"]``.
+simulation (:func:`pesto.finalize.fit_memory`, as in the list schedulers of
+:mod:`solver.heuristics`); the plan is returned over capacity only when no
+repair fits, with status ``"infeasible"`` and a
+:class:`~pesto.outcome.MemoryInfo` (``over``, ``forced``).
 
 Examples
 --------
@@ -29,15 +29,15 @@ from pesto.cluster import Cluster
 from pesto.dag import top_levels
 from pesto.deadline import Deadline
 from pesto.graph import OpGraph
+from pesto.finalize import fit_memory
+from pesto.memory import static_repair
+from pesto.outcome import ExpertInfo, HeuristicInfo
 from pesto.plan import Plan
-
-from .common import finalize
-from pesto.memory import MEMORY_NOTE, peak_repair, static_repair
 from pesto.problem import Problem
 from pesto.simulate import simulate
 
 __all__ = ["place_single", "place_expert", "place_metis", "expert_assignment", "expert_blocks",
-           "pipeline_cuts", "fit_memory"]
+           "pipeline_cuts"]
 
 
 def _main_gpus(prob: Problem) -> list[int]:
@@ -76,98 +76,23 @@ def _fix_units(prob: Problem, place: list[int], weight=None) -> list[int]:
     return place
 
 
-def _done(graph, cluster, prob, place, placer, t0, stats=None, repair=True):
-    """The FIFO plan of ``place``, repaired by simulation (:func:`fit_memory`);
-    if that stays over capacity, also from the static repair
-    (:func:`pesto.memory.static_repair`, whose schedule-free model is too
-    pessimistic to run first), keeping the plan least over capacity."""
-    stats = dict(stats or {})
+def _done(graph, cluster, prob, place, placer, t0, info=(), repair=True):
+    """The FIFO plan of ``place``, repaired by simulation
+    (:func:`pesto.finalize.fit_memory`); if that stays over capacity, also
+    from the static repair (:func:`pesto.memory.static_repair`, whose
+    schedule-free model is too pessimistic to run first), keeping the plan
+    least over capacity."""
     start = list(place)
-    plan = fit_memory(graph, cluster, place, order=None, placer=placer, t0=t0, stats=stats, repair=repair)
+    plan = fit_memory(graph, cluster, place, order=None, placer=placer, t0=t0, info=info, repair=repair)
     if plan.status != "infeasible" or not repair:
         return plan
     stuck = static_repair(prob, start)
-    other = fit_memory(graph, cluster, start, order=None, placer=placer, t0=t0, stats=stats, forced=stuck)
+    other = fit_memory(graph, cluster, start, order=None, placer=placer, t0=t0, info=info, forced=stuck)
     return min((other, plan), key=lambda p: (_overrun(prob, p), p.makespan))
 
 
 def _overrun(prob: Problem, plan: Plan) -> int:
     return sum(max(0, b - prob.cap[prob.dev_index[d]]) for d, b in (plan.peak_memory or {}).items())
-
-
-MEMORY_ROUNDS = 10  # at most this many re-simulations in fit_memory
-
-
-def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, placer: str, t0: float,
-               stats: dict, forced=(), repair: bool = True, deadline: Deadline | None = None) -> Plan:
-    """The plan of ``place`` (simulated by :func:`solver.common.finalize`),
-    repaired while its simulated peak is over capacity.
-
-    Whole colocation units move off over-full devices
-    (:func:`pesto.memory.peak_repair`) and the placement is simulated again,
-    at most ``MEMORY_ROUNDS`` times: first every move the static estimate
-    asks for, then, once a round makes the overrun worse (timed peaks move
-    with the schedule), one move at a time from the best placement so far,
-    never retrying a unit whose move did not help. Returns the first plan
-    that fits, else the one least over capacity, with its
-    ``stats["memory_forced"]`` (the op indices ``forced`` by the placer, as
-    names) and ``stats["memory_note"]``: a baseline returns an over-memory
-    plan only when no repair fits. ``stats["memory_moved_units"]`` counts the
-    units moved in the plan returned. ``place`` ends as that plan's placement.
-    With ``deadline``, no repair round starts once it has passed (the best
-    plan so far is returned, ``stats["memory_repair_cut"]`` says why).
-
-    Examples
-    --------
-    >>> import time
-    >>> from pesto.graph import Op, OpGraph
-    >>> from pesto.cluster import gpus
-    >>> g = OpGraph([Op(x, {"GPU": 1.0}, persistent_bytes=40) for x in "abc"])
-    >>> p = fit_memory(g, gpus(2, memory=100), [0, 0, 0], order=None, placer="demo",
-    ...                t0=time.perf_counter(), stats={})
-    >>> p.status, p.stats["memory_moved_units"]
-    ('heuristic', 1)
-    """
-    prob = Problem.of(graph, cluster)
-    names = graph.names
-    seq = None if order is None else [names[i] for i in order]
-    start = list(place)
-
-    def run():
-        placement = {names[i]: prob.dev_names[place[i]] for i in range(prob.n)}
-        plan = finalize(graph, cluster, placement, order=seq, placer=placer, t0=t0, stats=dict(stats))
-        return _overrun(prob, plan), plan
-
-    best = (*run(), list(place))
-    skip: set = set()
-    one = None  # None: all moves per round; 1 after a round that did not help
-    for _ in range(MEMORY_ROUNDS if repair else 0):
-        if best[0] == 0:
-            break
-        if deadline is not None and deadline.expired():
-            stats = {**stats, "memory_repair_cut": deadline.reason or "time limit"}
-            break
-        place[:] = best[2]
-        if not peak_repair(prob, place, best[1].peak_memory, max_moves=one, skip=skip):
-            break
-        over, plan = run()
-        if over < best[0]:
-            best = (over, plan, list(place))
-        else:
-            skip.update(prob.unit[i] for i in range(prob.n) if place[i] != best[2][i])
-            one = 1
-    over, plan, place[:] = best
-    extra = dict(plan.stats)
-    if "memory_repair_cut" in stats:
-        extra["memory_repair_cut"] = stats["memory_repair_cut"]
-    moved = len({prob.unit[i] for i in range(prob.n) if place[i] != start[i]})
-    if moved:
-        extra["memory_moved_units"] = moved
-    if over and (forced or repair):
-        extra["memory_forced"] = [names[i] for i in list(forced)[:50]]
-        extra["memory_forced_count"] = len(forced)
-        extra["memory_note"] = MEMORY_NOTE
-    return plan.replace(stats=extra) if extra != plan.stats else plan
 
 
 # -- single device ---------------------------------------------------------------
@@ -197,7 +122,7 @@ def place_single(graph: OpGraph, cluster: Cluster) -> Plan:
         d = main if main in allowed else max(allowed, key=lambda e: (devs[e].speed, -e))
         for i in mem:
             place[i] = d
-    return _done(graph, cluster, prob, place, "single", t0, stats={"device": prob.dev_names[main]},
+    return _done(graph, cluster, prob, place, "single", t0, info=(HeuristicInfo(device=prob.dev_names[main]),),
                  repair=False)
 
 
@@ -396,7 +321,7 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
       finest (rule ``"scopes"``); the blocks, in forward order, are cut into
       contiguous stages by :func:`pipeline_cuts` (balanced compute, small
       cuts), stage ``s`` on GPU ``s``. The cuts for 1, 2, ... all GPUs are
-      simulated and the fastest kept (``stats["expert_stages"]``): an
+      simulated and the fastest kept (``ExpertInfo.stages``): an
       expert times a few splits and does not split when splitting is slower.
     * ``rule="paper"``: the layer split of the Pesto paper
       (:func:`expert_assignment`), kept for comparison; ``rule="auto"``
@@ -404,10 +329,11 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
       ``cell_<k>/branch_<b>`` names and keeps it if it is faster.
 
     Kinds and colocation groups are then fixed (a group goes where most of its
-    compute is) and memory is repaired (:func:`fit_memory`). ``stats["expert_rule"]`` says which rule made the
-    plan and ``stats["expert_candidates"]`` the simulated step time of each
-    split tried. With ``deadline``, no further split is timed once it has
-    passed (``stats["expert_cut"]`` says why).
+    compute is) and memory is repaired (:func:`pesto.finalize.fit_memory`).
+    Its :class:`~pesto.outcome.ExpertInfo` says which ``rule`` made the plan
+    and the simulated step time of each split tried (``candidates``). With
+    ``deadline``, no further split is timed once it has passed (``cut`` says
+    why).
 
     Examples
     --------
@@ -416,9 +342,9 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
     >>> names = ["input"] + [f"{d}/block{b}/{op}" for d in ("fwd", "bwd") for b in range(4) for op in ("mm", "concat")]
     >>> g = OpGraph.from_edges({n: 10.0 for n in names}, [(u, v, 1 << 20) for u, v in zip(names, names[1:])])
     >>> p = place_expert(g, gpus(2), mapping={"fwd": "/GPU:0", "bwd": "GPU:1", "input": "/GPU:0"})
-    >>> p.stats["expert_rule"], p.placement["fwd/block0/concat"], p.placement["bwd/block3/concat"]
+    >>> p.info_of(ExpertInfo).rule, p.placement["fwd/block0/concat"], p.placement["bwd/block3/concat"]
     ('mapping', '/GPU:0', '/GPU:1')
-    >>> place_expert(g, gpus(2)).stats["expert_rule"]
+    >>> place_expert(g, gpus(2)).info_of(ExpertInfo).rule
     'scopes'
     """
     if rule not in EXPERT_RULES:
@@ -429,7 +355,7 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
     if mapping is not None:
         slots = _mapped_slots(graph, cluster, prob, mapping)
         place = _fix_units(prob, slots)
-        return _done(graph, cluster, prob, place, "expert", t0, stats={"expert_rule": "mapping"})
+        return _done(graph, cluster, prob, place, "expert", t0, info=(ExpertInfo(rule="mapping"),))
     cands: dict = {}
     if rule in ("auto", "layers", "scopes"):
         blocks, found = expert_blocks(graph, prefer=None if rule == "auto" else rule)
@@ -439,10 +365,10 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
         slot, summary = expert_assignment(graph, len(gpus))
         cands["paper"] = ("paper", len(set(slot)), [gpus[s] for s in slot])
     weight = [min(prob.dur[i][d] for d in prob.allowed[i]) for i in range(prob.n)]
-    timed, fixed, cut = {}, {}, {}
+    timed, fixed, cut = {}, {}, None
     for key, (_, _, slot) in cands.items():
         if timed and deadline is not None and deadline.expired():
-            cut = {"expert_cut": deadline.reason or "time limit"}
+            cut = deadline.reason or "time limit"
             break
         place = fixed[key] = _fix_units(prob, list(slot), weight)
         sched = simulate(graph, cluster, {graph.names[i]: prob.dev_names[place[i]] for i in range(prob.n)},
@@ -451,9 +377,8 @@ def place_expert(graph: OpGraph, cluster: Cluster, *, mapping: Mapping[str, str]
         timed[key] = (over, sched.makespan)
     best = min(timed, key=lambda k: (timed[k], k))
     found, k, _ = cands[best]
-    stats = {"expert_rule": found, "expert_stages": k,
-             "expert_candidates": {key: round(v[1], 3) for key, v in timed.items()}, **cut}
-    return _done(graph, cluster, prob, fixed[best], "expert", t0, stats=stats)
+    info = ExpertInfo(rule=found, stages=k, candidates={key: round(v[1], 3) for key, v in timed.items()}, cut=cut)
+    return _done(graph, cluster, prob, fixed[best], "expert", t0, info=(info,))
 
 
 def _has_paper_names(graph: OpGraph) -> bool:
@@ -720,7 +645,7 @@ def place_metis(graph: OpGraph, cluster: Cluster) -> Plan:
     gpus = _main_gpus(prob)
     n = prob.n
     k = len(gpus)
-    stats: dict = {}
+    edge_cut = None
     if k == 1 or n <= 1:
         place = [gpus[0]] * n
     else:
@@ -749,7 +674,7 @@ def place_metis(graph: OpGraph, cluster: Cluster) -> Plan:
         else:  # pymetis < 2025.2
             cut, parts = pymetis.part_graph(k, xadj=xadj, adjncy=adjncy, vweights=vw, eweights=ew,
                                             tpwgts=tp)
-        stats["edge_cut"] = int(cut)
+        edge_cut = int(cut)
         place = [gpus[p] for p in parts]
     _fix_units(prob, place)
-    return _done(graph, cluster, prob, place, "metis", t0, stats=stats)
+    return _done(graph, cluster, prob, place, "metis", t0, info=(HeuristicInfo(edge_cut=edge_cut),) if edge_cut is not None else ())

@@ -42,8 +42,8 @@ from pesto.dag import bottom_levels, priority_order, top_levels
 from pesto.engine import Timeline
 from pesto.graph import OpGraph
 from pesto.problem import INF, Problem
+from pesto.finalize import finalize
 
-from .common import finalize
 
 __all__ = ["lower_bound", "energetic_bound", "chain_bound", "phases", "Phases", "greedy_plan"]
 
@@ -309,7 +309,7 @@ def greedy_plan(graph: OpGraph, cluster: Cluster, *, placer: str = "greedy"):
     contention-free :class:`pesto.engine.Timeline`; colocated ops follow the
     device of the first member placed; a device is skipped when its static
     held bytes (persistent + outputs) would exceed its memory (unless no
-    device fits). Returns a Plan via :func:`solver.common.finalize`.
+    device fits). Returns a Plan via :func:`pesto.finalize.finalize`.
     """
     t0 = time.perf_counter()
     prob = Problem.of(graph, cluster)

@@ -55,16 +55,18 @@ The model (DESIGN.md, "The CP-SAT model"), over a (coarse) OpGraph and any Clust
   the simulated replay matched it; the problem it proves it for includes the
   static memory constraint above. With aggregated transfers the model is a
   restriction, so the plan is only ``feasible`` and the lower bound falls back
-  to the explicit one (``stats["model_status"]`` keeps CP-SAT's word).
+  to the explicit one (:attr:`CpsatInfo.model_status <pesto.outcome.CpsatInfo>`
+  keeps CP-SAT's word).
 * **Time unit.** For integer data (all compute and transfer times integral, the
   horizon below 1e8) one unit is one µs and the optimum is exact. Otherwise
   times are scaled and rounded *up*; the model's schedule is then feasible for
-  the true times, and ``stats["rounding_error_us"]`` bounds what rounding can
+  the true times, and ``CpsatInfo.rounding_error_us`` bounds what rounding can
   cost; the returned ``lower_bound`` subtracts it, so it stays valid.
 
 The returned Plan is the simulator's replay of the model's placement and
-per-device order (:func:`solver.common.finalize`), so it is comparable with
-every other placer; ``stats`` carries the model's makespan and bound.
+per-device order (:func:`pesto.finalize.finalize`), so it is comparable with
+every other placer; its :class:`~pesto.outcome.CpsatInfo` (``plan.info``)
+carries CP-SAT's status, the model's makespan and bound, and any fallback.
 
 Code: the model is built in pieces by :class:`solver.cpsat_model.CpsatModel`
 (``add_placement``, ``add_ops``, ``add_links``, ``add_cuts``, ``add_memory``,
@@ -73,11 +75,13 @@ Code: the model is built in pieces by :class:`solver.cpsat_model.CpsatModel`
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from pesto.cluster import Cluster
 from pesto.deadline import Deadline
 from pesto.graph import OpGraph
+from pesto.outcome import CpsatInfo
 from pesto.plan import Plan
 
 from .cpsat_model import CpsatModel, symmetric_groups
@@ -104,7 +108,7 @@ def place_cpsat(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, wor
     hint : Plan, optional
         A plan to start from (placement + order); default a greedy list schedule.
         If the search finds nothing in time, this plan is returned with
-        ``stats["fallback"]``.
+        ``CpsatInfo.fallback`` saying why.
     memory_balance : float, optional
         Bound each device's static held bytes by ``(1 + memory_balance)`` x mean.
     log : bool
@@ -118,18 +122,19 @@ def place_cpsat(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, wor
         search (:class:`KeyboardInterrupt` is raised after it stopped).
     symmetry, aggregate, memory : see :class:`CpsatModel`. When the static
         memory model is infeasible, the search is repeated once with
-        ``memory="persistent"`` (``stats["memory_model"]`` says which held).
+        ``memory="persistent"`` (``CpsatInfo.memory_model`` says which held).
         When transfers were aggregated automatically and that model was solved
         to optimality with time left, the exact per-tensor model continues from
         its plan for the rest of the time to prove a valid bound
-        (``stats["phases"]``).
+        (``CpsatInfo.phases``).
 
     Returns
     -------
     Plan
         ``status`` optimal / feasible / infeasible / unknown (or the fallback's);
         ``lower_bound`` = max(CP-SAT's bound, explicit bound), valid for the
-        true (unrounded) times; ``stats`` has model figures.
+        true (unrounded) times; ``plan.info_of(CpsatInfo)`` has CP-SAT's
+        status and the model figures (``stats``: their view).
 
     Raises
     ------
@@ -160,28 +165,35 @@ def place_cpsat(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, wor
     model = CpsatModel(graph, cluster, aggregate=aggregate, memory=memory, **build)
     plan = model.solve(time_limit=time_limit, hint=hint, **search)
     memory_note = model.memory_mode
-    if plan.stats.get("fallback") == "model proved infeasible" and model.memory_mode == "static":
+    if plan.info_of(CpsatInfo).proved_infeasible and model.memory_mode == "static":
         # The static bound holds every activation all step; retry with the
         # persistent bound and let the simulated liveness peak judge the plan.
         model = CpsatModel(graph, cluster, aggregate=aggregate, memory="persistent", **build)
         plan = model.solve(time_limit=max(MIN_PHASE_SECONDS, left()), hint=hint, **search)
         memory_note = "persistent (static model infeasible)"
-    if (aggregate is None and model.aggregated and plan.stats.get("model_status") == "optimal"
+    if (aggregate is None and model.aggregated and plan.info_of(CpsatInfo).model_status == "optimal"
             and left() >= MIN_PHASE_SECONDS):
         # The aggregated model is a restriction; with time left, the exact
         # per-tensor model starts from its plan to prove a valid bound.
         exact_model = CpsatModel(graph, cluster, aggregate=False, memory=model.memory_mode, **build)
         plan = _after_exact_phase(plan, exact_model.solve(time_limit=left(), hint=plan, **search))
-    return plan.replace(stats={**plan.stats, "memory_model": memory_note}, wall_time=time.perf_counter() - t0)
+    return _with_info(plan, memory_model=memory_note).replace(wall_time=time.perf_counter() - t0)
+
+
+def _with_info(plan: Plan, **changes) -> Plan:
+    """``plan`` with its last :class:`CpsatInfo` changed."""
+    info = plan.info_of(CpsatInfo)
+    k = max(i for i, o in enumerate(plan.info) if o is info)
+    return plan.replace(info=plan.info[:k] + (dataclasses.replace(info, **changes),) + plan.info[k + 1:])
 
 
 def _after_exact_phase(aggregated: Plan, exact: Plan) -> Plan:
     """The better of the aggregated model's plan and the exact model's, with
     the exact model's bound when it found a solution."""
-    solved = "fallback" not in exact.stats
+    exact_info = exact.info_of(CpsatInfo)
+    solved = exact_info.solved
     lb = max(aggregated.lower_bound, exact.lower_bound if solved else aggregated.lower_bound)
     best = exact if solved and exact.makespan <= aggregated.makespan + 1e-9 else aggregated
     status = best.status if best is exact else "feasible"
-    return best.replace(lower_bound=lb, status=status, stats={
-        **best.stats, "phases": {"aggregated": aggregated.makespan, "exact": exact.makespan,
-                                 "exact_status": exact.stats.get("model_status")}})
+    phases = {"aggregated": aggregated.makespan, "exact": exact.makespan, "exact_status": exact_info.model_status}
+    return _with_info(best.replace(lower_bound=lb, status=status), phases=phases)

@@ -2,12 +2,14 @@
 
 :func:`solve` hints the model (the given plan, else a greedy list schedule),
 runs CP-SAT and returns the simulator's replay of the model's placement and
-per-device order (:func:`solver.common.finalize`), or, when the search found
-nothing, the hint's plan saying why (``stats["fallback"]``).
+per-device order (:func:`pesto.finalize.finalize`), or, when the search found
+nothing, the hint's plan saying why (:attr:`CpsatInfo.fallback
+<pesto.outcome.CpsatInfo>`). Either carries a :class:`~pesto.outcome.CpsatInfo`.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -16,11 +18,12 @@ from ortools.sat.python import cp_model
 
 from pesto.deadline import Deadline
 from pesto.errors import InfeasibleError
+from pesto.outcome import CpsatInfo
 from pesto.plan import Plan
 from pesto.simulate import simulate
+from pesto.finalize import finalize
 
 from .bounds import greedy_plan
-from .common import finalize
 
 __all__ = ["solve", "search", "colour_intervals"]
 
@@ -50,7 +53,7 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
         hint = greedy_plan(g, cl)
         model.set_hint(hint)
     if deadline is not None and deadline.expired():  # stopped or out of time: do not start a search
-        return _fallback(model, hint, "unknown", {"stopped": deadline.reason or "deadline"}, t0)
+        return _fallback(model, hint, CpsatInfo(stopped=deadline.reason or "deadline"), t0)
     solver = cp_model.CpSolver()
     if deadline is not None:
         time_limit = deadline.budget(time_limit)
@@ -62,10 +65,10 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
         deadline.charge(solver.deterministic_time)
     if code == cp_model.MODEL_INVALID:  # a bug, not a time-out: say it loudly
         raise RuntimeError(f"CP-SAT model invalid: {model.model.validate()}")
-    stats = ({"hint_rejected": rejected} if rejected else {}) | _stats(model, solver, code, hint)
-    if STATUS.get(code) in ("optimal", "feasible"):
-        return _read_plan(model, solver, code, stats, t0)
-    return _fallback(model, hint, STATUS.get(code, "unknown"), stats, t0)
+    info = _info(model, solver, code, hint, rejected)
+    if info.model_status in ("optimal", "feasible"):
+        return _read_plan(model, solver, code, info, t0)
+    return _fallback(model, hint, info, t0)
 
 
 def search(solver, cp: cp_model.CpModel, deadline: Deadline | None = None) -> int:
@@ -143,21 +146,22 @@ def _deterministic(p, budget: float) -> None:
     p.interleave_search = True
 
 
-def _stats(model, solver, code, hint: Plan) -> dict:
+def _info(model, solver, code, hint: Plan, rejected: str | None) -> CpsatInfo:
+    """CP-SAT's word on the search and the model's figures."""
     cl = model.cluster
-    return {"cpsat_status": solver.status_name(code), "scale": model.scale, "exact_units": model.exact,
-            "horizon_units": model.horizon, "rounding_error_us": model.rounding_units / model.scale,
-            "explicit_lower_bound": model.lb, "hint_used": hint.placer or "plan",
-            "workers": solver.parameters.num_workers,
-            "contended_model": model.contended, "pure_cumulative": model.pure,
-            "aggregated_transfers": model.aggregated, "memory_constraints": model.memory_active,
-            "symmetric_groups": [[cl.devices[k].name for k in grp] for grp in model.sym_groups],
-            "num_variables": len(model.model.proto.variables),
-            "num_constraints": len(model.model.proto.constraints),
-            "solve_time": solver.wall_time, "build_time": model.build_time}
+    return CpsatInfo(
+        model_status=STATUS.get(code, "unknown"), cpsat_status=solver.status_name(code), hint_rejected=rejected,
+        scale=model.scale, exact_units=model.exact, horizon_units=model.horizon,
+        rounding_error_us=model.rounding_units / model.scale, explicit_lower_bound=model.lb,
+        hint_used=hint.placer or "plan", workers=solver.parameters.num_workers,
+        contended_model=model.contended, pure_cumulative=model.pure, aggregated_transfers=model.aggregated,
+        memory_constraints=model.memory_active,
+        symmetric_groups=[[cl.devices[k].name for k in grp] for grp in model.sym_groups],
+        num_variables=len(model.model.proto.variables), num_constraints=len(model.model.proto.constraints),
+        solve_time=solver.wall_time, build_time=model.build_time)
 
 
-def _read_plan(model, solver, code, stats: dict, t0: float) -> Plan:
+def _read_plan(model, solver, code, info: CpsatInfo, t0: float) -> Plan:
     """The simulated replay of the solution's placement and start order."""
     p = model.problem
     status = STATUS[code]
@@ -169,7 +173,7 @@ def _read_plan(model, solver, code, stats: dict, t0: float) -> Plan:
         lb = model.lb
         if status == "optimal":
             status = "feasible"
-        stats["restricted_model"] = "aggregated transfers"
+        info = dataclasses.replace(info, restricted_model="aggregated transfers")
     model_ms = solver.objective_value / model.scale
     topo_pos = {i: r for r, i in enumerate(p.topo)}
     start = [solver.value(v) for v in model.start]
@@ -180,27 +184,29 @@ def _read_plan(model, solver, code, stats: dict, t0: float) -> Plan:
         dev = {i: k for i in range(p.n) for k, lit in model.x[i].items() if solver.boolean_value(lit)}
     placement = {p.names[i]: p.dev_names[dev[i]] for i in range(p.n)}
     seq = sorted(range(p.n), key=lambda i: (start[i], end[i], topo_pos[i]))
-    stats.update(model_makespan=model_ms, best_bound_units=bound, model_status=STATUS.get(code, "unknown"))
+    info = dataclasses.replace(info, model_makespan=model_ms, best_bound_units=bound)
+    above = model_ms + 1e-6 * max(1.0, model_ms)  # FCFS links in the simulator lost against the model's order
     plan = finalize(model.graph, model.cluster, placement, order=[p.names[i] for i in seq], placer="cpsat",
-                    t0=t0, status=status, lower_bound=lb, stats=stats)
-    if plan.status != "infeasible" and plan.makespan > model_ms + 1e-6 * max(1.0, model_ms):
-        # FCFS links in the simulator lost against the model's free link order
-        plan = plan.replace(status="feasible", stats={**plan.stats, "simulated_above_model": True})
-    return plan
+                    t0=t0, status=status, lower_bound=lb)
+    if plan.status != "infeasible" and plan.makespan > above:
+        info = dataclasses.replace(info, simulated_above_model=True)
+        plan = plan.replace(status="feasible")
+    return plan.replace(info=plan.info + (info,))
 
 
-def _fallback(model, hint: Plan, status: str, stats: dict, t0: float) -> Plan:
-    """No solution: the hint's plan, saying why."""
+def _fallback(model, hint: Plan, info: CpsatInfo, t0: float) -> Plan:
+    """No solution: the hint's plan, saying why (``info.fallback``)."""
+    status = info.model_status
     why = ("model proved infeasible" if status == "infeasible" else
-           f"not searched: {stats['stopped']}" if "stopped" in stats else "no solution within the time limit")
+           f"not searched: {info.stopped}" if info.stopped else "no solution within the time limit")
     if status == "infeasible" and hint is None:
         raise InfeasibleError("no placement satisfies the static memory model", culprit="memory")
     base = hint if hint.has_times else simulate(model.graph, model.cluster, hint).to_plan(placer=hint.placer)
-    stats.update(fallback=why, fallback_placer=hint.placer)
+    info = dataclasses.replace(info, fallback=why, fallback_placer=hint.placer)
     if status != "infeasible":
         status = base.status if base.status in ("heuristic", "infeasible") else "unknown"
     return base.replace(placer="cpsat", lower_bound=model.lb, status=status,
-                        wall_time=time.perf_counter() - t0, stats={**dict(base.stats), **stats})
+                        wall_time=time.perf_counter() - t0, info=base.info + (info,))
 
 
 def colour_intervals(start, end, nd: int, topo_pos) -> dict[int, int]:

@@ -4,18 +4,19 @@ Every placer here is ``place_xxx(graph, cluster) -> Plan`` (m-SCT adds its LP li
 computes a placement and a per-device order with its own time estimates
 (comm ``beta0 + beta1 * bytes`` on each route, queued on the route's links in
 the order transfers are booked, a tensor sent once per remote device), then
-calls :func:`solver.common.finalize`, which
+calls :func:`pesto.finalize.fit_memory`, which
 simulates that order so every plan's makespan is the simulator's.
-``stats["estimated_makespan"]`` keeps the placer's own estimate.
+:attr:`HeuristicInfo.estimated_makespan <pesto.outcome.HeuristicInfo>` keeps
+the placer's own estimate.
 
 Constraints: an op runs only on devices of its kinds; a colocation group is
 placed as a whole on first touch (its first placed member pins the group, and
 the memory check reserves the whole group's persistent bytes); memory follows
 Baechi's accounting (:mod:`pesto.memory`). When memory fits nowhere an op goes
 to the allowed device with the most free memory; the plan is then repaired by
-simulation (:func:`solver.baselines.fit_memory`) and, only if no repair fits,
+simulation (:func:`pesto.finalize.fit_memory`) and, only if no repair fits,
 returned over capacity with status ``"infeasible"`` and the best-effort ops in
-``stats["memory_forced"]`` (see :mod:`pesto.memory`, same for every baseline).
+its :class:`~pesto.outcome.MemoryInfo` (see :mod:`pesto.memory`, same for every baseline).
 
 Each placer declares only the options it uses (all are deterministic): m-SCT
 takes ``time_limit`` / ``lp_time_limit`` for its LP; every one takes a
@@ -37,6 +38,7 @@ Examples
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 
@@ -44,12 +46,12 @@ from pesto.cluster import Cluster
 from pesto.deadline import CHECK_EVERY, Deadline
 from pesto.dag import bottom_levels, priority_order
 from pesto.engine import Timeline
+from pesto.finalize import fit_memory
 from pesto.graph import OpGraph
 from pesto.memory import MemoryTracker
+from pesto.outcome import HeuristicInfo
 from pesto.plan import Plan
 from pesto.problem import Problem
-
-from .baselines import fit_memory
 
 __all__ = ["place_m_topo", "place_m_etf", "place_m_sct", "place_celeritas", "place_heft",
            "favourite_children", "bottom_level_order", "heft_ranks"]
@@ -68,11 +70,11 @@ def _candidates(prob: Problem, mem: MemoryTracker, i: int) -> list[int]:
     return [d] if d >= 0 else prob.allowed[i]
 
 
-def _finish(graph, cluster, prob, mem, times, order, placer, t0, stats=None, deadline=None):
-    stats = dict(stats or {})
-    stats["estimated_makespan"] = times.makespan()
+def _finish(graph, cluster, prob, mem, times, order, placer, t0, info=None, deadline=None):
+    """The simulated plan (memory repaired), with the placer's own estimate in its HeuristicInfo."""
+    info = dataclasses.replace(info or HeuristicInfo(), estimated_makespan=times.makespan())
     return fit_memory(graph, cluster, list(times.place), order=order, placer=placer, t0=t0,
-                      stats=stats, forced=mem.forced, deadline=deadline)
+                      info=(info,), forced=mem.forced, deadline=deadline)
 
 
 # -- m-TOPO ------------------------------------------------------------------------
@@ -423,8 +425,8 @@ def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit: float | None = 
     The LP is limited to ``lp_time_limit``, else ``time_limit``, else
     ``LP_TIME_LIMIT`` seconds (GLOP's time grows about quadratically: ~15 s
     for 10k ops on one core); on time-out every op's favourite child is its
-    heaviest-edge child (``stats["lp_status"] == "time_limit"``). ``stats``
-    carries the LP figures.
+    heaviest-edge child (``HeuristicInfo.lp_status == "time_limit"``); ``lp``
+    carries the other LP figures.
 
     Examples
     --------
@@ -440,10 +442,11 @@ def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit: float | None = 
     mem = MemoryTracker(prob)
     times = Timeline(prob)
     limit = lp_time_limit or time_limit or LP_TIME_LIMIT
-    fav_parent, stats = favourite_children(prob, time_limit=limit, deadline=deadline)
+    fav_parent, lp = favourite_children(prob, time_limit=limit, deadline=deadline)
     bl = prob.mean_bottom_levels()
     order = _etf(prob, mem, times, [-b for b in bl], fav_parent=fav_parent, deadline=deadline)
-    return _finish(graph, cluster, prob, mem, times, order, "m-sct", t0, stats=stats, deadline=deadline)
+    info = HeuristicInfo(lp_status=lp["lp_status"], lp={k: v for k, v in lp.items() if k != "lp_status"})
+    return _finish(graph, cluster, prob, mem, times, order, "m-sct", t0, info=info, deadline=deadline)
 
 
 # -- Celeritas ------------------------------------------------------------------------
@@ -536,7 +539,7 @@ def place_celeritas(graph: OpGraph, cluster: Cluster, *, deadline: Deadline | No
             d = cands[0]
         mem.commit(i, d)
         times.commit(i, d, times.earliest(i, d))
-    return _finish(graph, cluster, prob, mem, times, order, "celeritas", t0, stats={"moved": moved},
+    return _finish(graph, cluster, prob, mem, times, order, "celeritas", t0, info=HeuristicInfo(moved=moved),
                    deadline=deadline)
 
 

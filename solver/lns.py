@@ -1,6 +1,6 @@
 """CP-SAT large-neighbourhood search on the full graph.
 
-:func:`lns` repeatedly frees a *window* of a few hundred ops of the incumbent
+:func:`lns` repeatedly frees a *window* of :data:`WINDOW` ops of the incumbent
 schedule, solves their placement and order exactly against the rest of the
 schedule (:func:`solver.lns_model.solve_window`: fixed ops as release times,
 deadlines and busy intervals, later ops as tails), writes the window back and
@@ -33,7 +33,7 @@ Two independent chains all on one GPU: the window puts one chain on the other GP
 >>> c = gpus(2, beta=(1.0, 0.0))
 >>> start = reschedule(g, c, {op: "/GPU:0" for op in g.names})
 >>> p = lns(g, c, start, time_limit=10, max_windows=3)
->>> start.makespan, p.makespan, p.stats["lns"]["kept"] >= 1
+>>> start.makespan, p.makespan, p.info_of(LnsInfo).kept >= 1
 (20.0, 10.0, True)
 """
 from __future__ import annotations
@@ -47,19 +47,20 @@ from pesto.cluster import Cluster
 from pesto.engine import replay
 from pesto.errors import InvalidPlanError
 from pesto.graph import OpGraph
+from pesto.outcome import LnsInfo
 from pesto.plan import Plan
 from pesto.deadline import REPLAY_COST_PER_OP, Deadline
 from pesto.problem import Problem
 from pesto.simulate import simulate
+from pesto.finalize import finalize
 
-from .common import finalize
 from .lns_model import solve_window
 from .search import slack
 
 __all__ = ["lns", "KINDS", "UNIFORM", "WINDOW"]
 
 KINDS = ("slice", "critical", "pair")
-WINDOW = 120  # ops per window: single-worker CP-SAT improves 100-op windows in 1-3 s, 300-op ones rarely
+WINDOW = 120  # ops per window (the default; sizes compared in benchmarks/results/lns.md, "Window size")
 UNIFORM = 0.25  # share of windows centred on a uniformly drawn time, not an idle gap
 WALL_FACTOR = 3  # wall-clock cap per window, in deterministic seconds (a loaded machine runs 2-10x slower)
 
@@ -231,8 +232,8 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
     -------
     Plan
         ``placer="lns"``, simulated in its fixed order, never worse than
-        ``plan`` re-simulated in its order; ``stats["lns"]`` has the windows
-        tried and kept and the gain per kind.
+        ``plan`` re-simulated in its order; its :class:`~pesto.outcome.LnsInfo`
+        has the windows tried and kept and the gain per kind.
     """
     t0 = time.perf_counter()
     clock = deadline.sub(time_limit) if deadline is not None else Deadline(time_limit)
@@ -280,12 +281,11 @@ def lns(graph: OpGraph, cluster: Cluster, plan: Plan, *, time_limit: float, wind
                 per[kind]["gain"] += inc.makespan - new.makespan
                 inc = new
     placement, order = inc.plan_of()
-    stats = dict(plan.stats)
-    stats["lns"] = {"windows": sum(v["tried"] for v in per.values()), "kept": sum(v["kept"] for v in per.values()),
-                    "start_makespan": start_makespan, "makespan": inc.makespan, "by_kind": per,
-                    "cpsat": cpsat, "window": window, "seconds": time.perf_counter() - t0}
-    out = finalize(graph, cluster, placement, order=order, placer="lns", t0=t0, stats=stats)
-    return out
+    info = LnsInfo(windows=sum(v["tried"] for v in per.values()), kept=sum(v["kept"] for v in per.values()),
+                   start_makespan=start_makespan, makespan=inc.makespan, by_kind=per, cpsat=cpsat, window=window,
+                   seconds=time.perf_counter() - t0)
+    return finalize(graph, cluster, placement, order=order, placer="lns", t0=t0, stats=dict(plan.stats),
+                    info=plan.info + (info,))
 
 
 def _try(prob: Problem, inc: _Incumbent, window: list[int], res, topo_pos) -> _Incumbent | None:

@@ -1,4 +1,4 @@
-"""The CP-SAT model of one LNS window: a few hundred ops of a fixed schedule.
+"""The CP-SAT model of one LNS window: a set of ops (:data:`solver.lns.WINDOW` by default) of a fixed schedule.
 
 :func:`solve_window` frees the ops of a window (placement, start times) and
 keeps every other op of the incumbent schedule as a boundary condition. With

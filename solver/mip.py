@@ -37,6 +37,7 @@ placement and a start order (:func:`solver.common.order_by_key`).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ortools.linear_solver import pywraplp
@@ -44,14 +45,16 @@ from ortools.linear_solver import pywraplp
 from pesto.cluster import Cluster
 from pesto.dag import reachability
 from pesto.errors import InvalidClusterError
+from pesto.finalize import finalize
 from pesto.graph import OpGraph
 from pesto.memory import check_feasible, static_bytes
+from pesto.outcome import MipInfo
 from pesto.plan import Plan, check_plan
 from pesto.problem import Problem
 from pesto.simulate import simulate
 
 from .bounds import greedy_plan, lower_bound
-from .common import finalize, order_by_key
+from .common import order_by_key
 
 __all__ = ["place_mip", "PaperMip"]
 
@@ -288,19 +291,19 @@ def place_mip(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, worke
     s, sname = _solver(backend)
     mip = PaperMip(s, graph, cluster)
     code = _run(s, sname, mip, time_limit=time_limit, workers=workers, seed=seed, hint=hint)
-    stats = {"mip_backend": sname, "mip_status": code, "big_m": mip.M, "device_pairs": mip.device_pairs,
-             "link_pairs": mip.link_pairs, "num_variables": s.NumVariables(),
-             "num_constraints": s.NumConstraints(), "explicit_lower_bound": mip.lb,
-             "memory_constraints": mip.memory_active}
+    info = MipInfo(backend=sname, status_code=code, big_m=mip.M, device_pairs=mip.device_pairs,
+                   link_pairs=mip.link_pairs, num_variables=s.NumVariables(), num_constraints=s.NumConstraints(),
+                   explicit_lower_bound=mip.lb, memory_constraints=mip.memory_active)
     if code in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        return _read_plan(s, mip, code, stats, t0)
+        return _read_plan(s, mip, code, info, t0)
     base = hint if hint is not None else greedy_plan(graph, cluster)
     if not base.has_times:
         base = simulate(graph, cluster, base).to_plan(placer=base.placer)
     infeasible = code == pywraplp.Solver.INFEASIBLE
-    stats["fallback"] = "model proved infeasible" if infeasible else "no solution within the time limit"
+    info = dataclasses.replace(info, fallback="model proved infeasible" if infeasible
+                               else "no solution within the time limit")
     return base.replace(placer="mip", status="infeasible" if infeasible else base.status,
-                        lower_bound=mip.lb, wall_time=time.perf_counter() - t0, stats={**dict(base.stats), **stats})
+                        lower_bound=mip.lb, wall_time=time.perf_counter() - t0, info=base.info + (info,))
 
 
 def _run(s, sname: str, mip: PaperMip, *, time_limit, workers, seed, hint) -> int:
@@ -318,7 +321,7 @@ def _run(s, sname: str, mip: PaperMip, *, time_limit, workers, seed, hint) -> in
     return s.Solve(params)
 
 
-def _read_plan(s, mip: PaperMip, code: int, stats: dict, t0: float) -> Plan:
+def _read_plan(s, mip: PaperMip, code: int, info: MipInfo, t0: float) -> Plan:
     """The simulated replay of the MIP's placement, ops in start order."""
     p = mip.p
     status = "optimal" if code == pywraplp.Solver.OPTIMAL else "feasible"
@@ -333,9 +336,10 @@ def _read_plan(s, mip: PaperMip, code: int, stats: dict, t0: float) -> Plan:
     # SCIP's start times meet precedence only within its tolerance: take them
     # in a topological order so a sub-µs op never lands before its producer
     order = order_by_key(p.graph, [S.solution_value() for S in mip.S])
-    stats.update(model_makespan=obj, best_bound=bound)
+    info = dataclasses.replace(info, model_makespan=obj, best_bound=bound)
     plan = finalize(p.graph, p.cluster, placement, order=order, placer="mip", t0=t0, status=status,
-                    lower_bound=max(mip.lb, min(bound, obj)), stats=stats)
+                    lower_bound=max(mip.lb, min(bound, obj)))
     if plan.status != "infeasible" and plan.makespan > obj + 1e-6 * max(1.0, obj):
-        plan = plan.replace(status="feasible", stats={**plan.stats, "simulated_above_model": True})
-    return plan
+        info = dataclasses.replace(info, simulated_above_model=True)
+        plan = plan.replace(status="feasible")
+    return plan.replace(info=plan.info + (info,))

@@ -4,7 +4,7 @@ Each placer takes a step whose ops carry batch marks (:attr:`pesto.graph.Op.batc
 :func:`pesto.training.infer_batch_marks` marks a TensorFlow graph that has
 none), builds the transformed step as an ordinary graph and returns a
 :class:`~pesto.plan.Plan` *of that graph*, simulated and checked by
-:func:`solver.common.finalize` like every placer. The typed
+:func:`pesto.finalize.finalize` like every placer. The typed
 :func:`pipeline_plan` / :func:`data_parallel_plan` return it with the graph
 (:class:`StepPlan`); ``pesto.check_plan(result.graph, cluster, result.plan)``
 checks it.
@@ -74,13 +74,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from pesto.cluster import Cluster
+from pesto.finalize import finalize
 from pesto.graph import OpGraph
 from pesto.microbatch import MicroBatched, split_step
 from pesto.plan import Plan
 from pesto.replicate import replicate
 from pesto.training import GRADIENT_ROOT, backward_ops
 
-from .common import finalize, order_by_key
+from .common import order_by_key
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",

@@ -14,8 +14,9 @@ order. Two cheap passes on the *full* graph win much of it back:
   the simulated step time drops and memory still fits, and ends with
   :func:`reschedule`.
 
-Both return a Plan from :func:`solver.common.finalize` (simulated, fixed
-order), never worse than the plan they start from. The pipeline that calls
+Both return a Plan from :func:`pesto.finalize.finalize` (simulated, fixed
+order), never worse than the plan they start from, with a
+:class:`~pesto.outcome.RescheduleInfo` / :class:`~pesto.outcome.RefineInfo`. The pipeline that calls
 them lives in :mod:`solver.pipeline`.
 
 Examples
@@ -44,12 +45,13 @@ from pesto.dag import UnionFind
 from pesto.engine import Run, replay
 from pesto.graph import OpGraph
 from pesto.kernels import placed_ranks
+from pesto.outcome import RefineInfo, RescheduleInfo
 from pesto.plan import Plan
 from pesto.deadline import REPLAY_COST_PER_OP, Deadline
 from pesto.problem import Problem
 from pesto.simulate import run_peak, simulate
+from pesto.finalize import carried, finalize
 
-from .common import finalize
 
 __all__ = ["reschedule", "refine", "slack", "move_groups", "better", "CANDIDATES", "SINGLE_OPS_UP_TO"]
 
@@ -169,19 +171,20 @@ def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Seque
         without one.
     given_order : per-device op sequences, optional
     placer, status, fields
-        For the returned Plan (``placer`` defaults to the Plan's, else "reschedule").
+        For the returned Plan (``placer`` defaults to the Plan's, else
+        "reschedule"; a Plan's ``info`` and ``stats`` are carried over).
     deadline : pesto.deadline.Deadline, optional
         The ``"given"`` candidate is tried first (it wins ties), and once the
         deadline has passed no further one is (one always is);
-        ``stats["reschedule_cut"]`` then says why.
+        ``RescheduleInfo.cut`` then says why.
 
     Returns
     -------
     Plan
         Simulated in its fixed order (the winner's order replayed gives the
         same times); memory-feasible candidates beat infeasible ones, then the
-        shortest step wins. ``stats["reschedule"]`` has every candidate's step
-        (a diagnostic).
+        shortest step wins. Its :class:`~pesto.outcome.RescheduleInfo` has
+        every candidate's step, the winner and any cut.
 
     Examples
     --------
@@ -190,7 +193,7 @@ def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Seque
     >>> g = OpGraph.from_edges({"a": 1, "b": 9, "c": 1, "d": 1},
     ...                        [("a", "b", 0), ("c", "d", 0), ("d", "b", 0)])
     >>> p = reschedule(g, gpus(1), {op: "/GPU:0" for op in g.names}, candidates=("rank",))
-    >>> p.makespan, p.stats["reschedule"]
+    >>> p.makespan, dict(p.info_of(RescheduleInfo).candidates)
     (12.0, {'rank': 12.0})
     """
     t0 = time.perf_counter()
@@ -201,9 +204,10 @@ def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Seque
             given_order = given_plan.order
         placer = placer or given_plan.placer
         fields.setdefault("stats", dict(given_plan.stats))
+        fields.setdefault("info", given_plan.info)
     placement = dict(placement)
     placer = placer or "reschedule"
-    stats = dict(fields.pop("stats", {}) or {})
+    cut = None
     unknown = [c for c in candidates if c not in CANDIDATES]
     if unknown:
         raise ValueError(f"unknown reschedule candidates {unknown}; choose among {CANDIDATES}")
@@ -215,13 +219,12 @@ def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Seque
         candidates = ("given",) + tuple(c for c in candidates if c != "given")
     for cand in candidates:
         if best is not None and deadline is not None and deadline.expired():
-            stats["reschedule_cut"] = deadline.reason or "time limit"
+            cut = deadline.reason or "time limit"
             break
         order = _candidate_order(graph, cluster, cand, placement, given_plan, given_order)
         if order is False:
             continue
-        plan = finalize(graph, cluster, placement, order=order, placer=placer, t0=t0, status=status,
-                        stats=stats, **fields)
+        plan = finalize(graph, cluster, placement, order=order, placer=placer, t0=t0, status=status, **fields)
         if order is None:  # FIFO: fix the order it ran in, so the plan replays exactly
             plan = plan.replace(order={d: tuple(s) for d, s in plan.order.items()})
         seen[cand] = plan.makespan
@@ -229,9 +232,8 @@ def reschedule(graph: OpGraph, cluster: Cluster, placement, *, candidates: Seque
             best, won = plan, cand
     if best is None:
         raise ValueError("no reschedule candidate applies (give 'fifo' or 'rank', or a given order)")
-    cut = {"reschedule_cut": stats["reschedule_cut"]} if "reschedule_cut" in stats else {}
-    return best.replace(wall_time=time.perf_counter() - t0,
-                        stats={**best.stats, "reschedule": seen, "schedule": won, **cut})
+    info = RescheduleInfo(candidates=seen, schedule=won, cut=cut)
+    return best.replace(wall_time=time.perf_counter() - t0, info=best.info + (info,))
 
 
 # -- local search ---------------------------------------------------------------------
@@ -480,9 +482,10 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
     Returns
     -------
     Plan
-        ``placer="refine"``; ``stats["refine"]`` has the evaluations, accepted
-        moves, the step before and after, and ``search_seconds`` (the time
-        spent moving units, after building the levels; a diagnostic).
+        ``placer="refine"``; its :class:`~pesto.outcome.RefineInfo` has the
+        evaluations, accepted moves, the step before and after, and
+        ``search_seconds`` (the time spent moving units, after building the
+        levels; a diagnostic).
     """
     t0 = time.perf_counter()
     # the start, as a fixed-order plan
@@ -508,10 +511,9 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
         out = reschedule(graph, cluster, start, candidates=candidates, placer="refine")
         if better(start, out):
             out = start
-    stats = dict(plan.stats)
-    stats["refine"] = {"evaluations": search.evals, "accepted": search.accepted,
-                       "start_makespan": start.makespan, "makespan": out.makespan,
-                       "levels": [len(u) for u in levels], "accepted_per_level": search.per_level,
-                       "kicks": search.kicks, "seconds": time.perf_counter() - t0,
-                       "search_seconds": t_search}
-    return out.replace(placer="refine", wall_time=time.perf_counter() - t0, stats={**out.stats, **stats})
+    info = RefineInfo(evaluations=search.evals, accepted=search.accepted, start_makespan=start.makespan,
+                      makespan=out.makespan, levels=[len(u) for u in levels], accepted_per_level=search.per_level,
+                      kicks=search.kicks, seconds=time.perf_counter() - t0, search_seconds=t_search)
+    stats, before = carried(plan.stats, plan.info)
+    return out.replace(placer="refine", wall_time=time.perf_counter() - t0,
+                       stats={**stats, **out.stats}, info=before + out.info + (info,))

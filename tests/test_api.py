@@ -148,30 +148,41 @@ def test_infeasible_before_solving():
         pesto.solve(OpGraph([Op("tpu_op", {"TPU": 1.0})]), gpus=2, time_limit=5)
 
 
-def test_broken_or_missing_heuristics_do_not_break_solve(monkeypatch):
-    import solver.registry
+def test_broken_or_missing_heuristics_do_not_break_solve_but_bugs_propagate(monkeypatch):
+    import dataclasses
+
+    import solver.registry as registry
     from pesto.plan import Plan
 
-    real = solver.registry.get_placer
+    def broken(graph, cluster, **kw):  # returns an order that contradicts the graph, claiming 1 µs
+        d = cluster.names[0]
+        return Plan({n: d for n in graph.names}, {d: list(reversed(graph.topological_order()))},
+                    makespan=1.0, placer="m-etf")
 
-    def fake(name):
-        if name == "m-etf":  # returns an order that contradicts the graph, claiming 1 µs
-            def broken(graph, cluster, **kw):
-                d = cluster.names[0]
-                return Plan({n: d for n in graph.names}, {d: list(reversed(graph.topological_order()))},
-                            makespan=1.0, placer="m-etf")
-            return broken
-        if name == "m-topo":
-            raise ImportError("not written yet")
-        return real(name)
+    def missing(graph, cluster, **kw):  # its optional module is not installed
+        raise ModuleNotFoundError("No module named 'not_installed'", name="not_installed")
 
-    monkeypatch.setattr(solver.registry, "get_placer", fake)
+    def buggy(graph, cluster, **kw):
+        raise ZeroDivisionError("a bug")
+
+    def swap(name, **changes):
+        monkeypatch.setitem(registry.PLACERS, name, dataclasses.replace(registry.PLACERS[name], **changes))
+
+    swap("m-etf", fn=broken)
+    swap("m-topo", fn=missing, needs="not_installed")
     g = small()
     p = pesto.solve(g, time_limit=5, workers=1)
     assert "invalid plan" in p.log.skipped["m-etf"]
-    assert "m-topo" in p.log.skipped
+    assert p.log.skipped["m-topo"].startswith("unavailable")
     assert p.log.winner != "m-etf" and p.makespan > 1.0
     check_plan(g, default_cluster(g), p).raise_if_invalid()
+    swap("heft", fn=buggy)  # a bug is a bug: not a line in log.skipped
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        pesto.solve(g, time_limit=5, workers=1)
+    swap("metis", fn=missing)  # an ImportError of a module the placer does not declare is a bug too
+    swap("heft", fn=registry.place_heft)
+    with pytest.raises(ModuleNotFoundError):
+        pesto.solve(g, time_limit=5, workers=1)
 
 
 def test_solve_log_round_trips_through_plan_json(tmp_path):

@@ -27,7 +27,8 @@ from pesto.problem import Problem
 from pesto.simulate import simulate
 from solver.bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, Bound, colocation_bound, comm_bound, reduced_edges
 from solver.bounds import chain_bound, energetic_bound, lower_bound, phases
-from solver.pipeline import Settings, run_pipeline
+from solver.options import SolveOptions
+from solver.pipeline import run_pipeline
 from solver.registry import run_placers
 from strategies import clusters, dags, plans
 from test_oracle import bus_cluster, oracle, random_graph, wide_graph
@@ -283,8 +284,8 @@ def test_upper_caps_and_bound_time_zero_keeps_the_simple_bound():
     capped = comm_bound(g, c, time_limit=5, upper=202.0)
     assert capped.value == pytest.approx(202.0)
     assert comm_bound(g, c, time_limit=5, upper=102.0).value == 102.0  # an upper at the simple bound: nothing to prove
-    plain = run_pipeline(g, c, stages, Settings(exact_time=0.0, bound_time=0.0, hint="m-topo"))
+    plain = run_pipeline(g, c, stages, SolveOptions(time_limit=None, exact_time=0.0, bound_time=0.0, hint="m-topo"))
     assert plain.log.bound_source == SIMPLE_SOURCE and plain.lower_bound == 102.0
-    counted = run_pipeline(g, c, stages, Settings(exact_time=0.0, bound_time=2.0, hint="m-topo"))
+    counted = run_pipeline(g, c, stages, SolveOptions(time_limit=None, exact_time=0.0, bound_time=2.0, hint="m-topo"))
     assert counted.lower_bound == pytest.approx(202.0, rel=1e-6) and counted.lower_bound <= counted.makespan
     assert counted.log.bound_source != SIMPLE_SOURCE

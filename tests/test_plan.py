@@ -1,5 +1,5 @@
 """Plan, the independent checker (catches corrupted plans, names culprits),
-memory profile (hand-computed), JSON, solver.common.finalize."""
+memory profile (hand-computed), JSON, pesto.finalize.finalize."""
 import json
 import re
 import time
@@ -12,7 +12,7 @@ from pesto.errors import InvalidPlanError, SchemaError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import Plan, Report, Transfer, check_plan, memory_profile
 from pesto.simulate import simulate
-from solver.common import finalize
+from pesto.finalize import finalize
 from strategies import clusters, dags, plans
 
 G0, G1 = "/GPU:0", "/GPU:1"
@@ -319,6 +319,32 @@ def test_plan_json_round_trip(tmp_path):
     assert Plan.from_json(bare.to_json()) == bare and not bare.has_times
     assert p.gap == pytest.approx((8.0 - 7.5) / 8.0) and bare.gap is None
     assert "cpsat [optimal]" in str(p) and p.devices_used() == [G0, G1]
+
+
+def test_typed_outcomes_round_trip_and_make_the_stats_view():
+    from pesto.outcome import CpsatInfo, MemoryInfo, RescheduleInfo
+    g = chain3()
+    s = simulate(g, C, {"a": G0, "b": G1, "c": G1})
+    info = (CpsatInfo(model_status="optimal", model_makespan=8.0, symmetric_groups=[[G0, G1]]),
+            MemoryInfo(over={G1: 200}, forced=["b"]),
+            RescheduleInfo(candidates={"given": 9.0, "rank": 8.0}, schedule="rank"))
+    p = s.to_plan(placer="cpsat", stats={"note": "x"}, info=info)
+    # code reads typed fields; stats is their flat view (and the notes given)
+    assert p.info_of(CpsatInfo).model_status == "optimal" and p.info_of(RescheduleInfo).cut is None
+    assert p.stats["model_makespan"] == 8.0 and p.stats["reschedule"] == {"given": 9.0, "rank": 8.0}
+    assert p.stats["memory_forced"] == ["b"] and p.stats["note"] == "x" and "reschedule_cut" not in p.stats
+    back = Plan.from_json(p.to_json())
+    assert back == p and back.info == p.info and isinstance(back.info[0], CpsatInfo)
+    old = p.to_dict()
+    del old["info"]  # a plan file written before typed outcomes: its stats still load
+    assert Plan.from_dict(old).info == () and Plan.from_dict(old).stats["model_status"] == "optimal"
+    newer = p.to_dict()
+    newer["info"].append({"kind": "from-the-future", "x": 1})  # a kind this version does not know
+    assert Plan.from_dict(newer).info == p.info
+    bad = p.to_dict()
+    bad["info"] = {"kind": "cpsat"}
+    with pytest.raises(SchemaError, match="info"):
+        Plan.from_dict(bad)
 
 
 @pytest.mark.parametrize("mutate, pattern", [

@@ -241,15 +241,26 @@ def test_improve_never_worse_than_its_starts():
     assert [s.name for s in log.stages][0] == "reschedule"
 
 
-def test_solve_fine_skips_a_broken_heuristic_and_keeps_the_best():
+def test_solve_fine_skips_a_failing_heuristic_and_keeps_the_best(monkeypatch):
+    import dataclasses
+
+    import solver.registry as registry
+    from pesto.errors import InfeasibleError
+
+    def gives_up(graph, cluster, **kw):  # a Pesto error: no plan from this one, the others go on
+        raise InfeasibleError("no room", culprit="x")
+
+    monkeypatch.setitem(registry.PLACERS, "heft", dataclasses.replace(registry.PLACERS["heft"], fn=gives_up))
     g, cl = _graph(9, 300), _cluster()
-    out = solve_fine(g, cl, time_limit=3, target_vertices=40, workers=1, heuristics=("expert", "no-such"),
+    out = solve_fine(g, cl, time_limit=3, target_vertices=40, workers=1, heuristics=("expert", "heft"),
                      extra_starts=[random_fifo_plan(g, cl, 1)])
     log = out.log
-    assert "no-such" in log.skipped
+    assert log.skipped["heft"].startswith("InfeasibleError: no room")
     assert "random" in log.candidates  # the extra start joined the starts
     assert out.makespan <= min(log.candidates.values()) + 1e-9
     assert check_plan(g, cl, out).ok
+    with pytest.raises(ValueError, match="unknown placer 'no-such'"):  # a misspelt name is not skipped
+        solve_fine(g, cl, time_limit=3, heuristics=("expert", "no-such"))
 
 
 def test_module_doctests():

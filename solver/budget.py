@@ -1,0 +1,235 @@
+"""The one budget planner of a solve: which stage runs, and until when.
+
+A solve has one clock (:class:`~pesto.deadline.Deadline`) and one
+:class:`Budget` over it and its stage list. Before a stage runs, the
+pipeline asks ``budget.grant(stage)``; the answer is the stage's own
+deadline (a :meth:`~pesto.deadline.Deadline.sub` of the solve's) or a
+:class:`Skip` with the reason. Stages never compute reserves themselves.
+
+Costs are predicted in **runs**: seconds of one m-TOPO run on the graph, the
+cost unit (:attr:`Budget.unit`, measured once, from the first heuristic, by
+:meth:`Budget.measure`). :data:`COSTS` gives each stage's least cost
+(:class:`Cost`: runs plus fixed seconds) and whether it is *optional* (a
+search stage: the solve has a plan without it) or *mandatory* (baselines,
+reschedule, expand, status: needed for the plan).
+
+The rules of :meth:`Budget.grant`:
+
+1. an optional stage is skipped once the deadline has passed or the solve was
+   interrupted, and with the stage it depends on (``Cost.after``: the exact
+   stage after coarsen);
+2. with a unit on the wall clock, an optional stage with a least cost (or a
+   step with a ``need``, e.g. a heuristic's predicted time) is skipped when
+   that cost plus the least costs of the mandatory stages still ahead do not
+   fit in the time left;
+3. otherwise it gets what it wants (``want``: its share of the time limit,
+   :meth:`solver.options.SolveOptions.stage_seconds`), capped so that the
+   stages ahead keep their reserve (:meth:`Budget.reserve`): an optional
+   stage leaves every stage ahead its least cost and the mandatory ones what
+   they want (the status stage's bound time); a mandatory stage leaves the
+   mandatory stages ahead their least cost.
+
+Deterministic mode: the clock is charged work (:class:`~pesto.deadline.WorkClock`),
+so a prediction from wall seconds would make the plan depend on the machine's
+load: rule 2 never applies and costs in runs count as zero; a stage is still
+skipped once the charged work passes the limit, or on an interrupt.
+
+Examples
+--------
+>>> from pesto.deadline import Deadline
+>>> b = Budget(Deadline(10.0), ["lns", "local search", "status"], {"lns": 5.0, "status": 1.0})
+>>> b.measure(1.0)   # one m-TOPO run: 1 s
+>>> b.reserve("lns")  # local search's least (1.5 runs), the status stage's (3.5) and its bound time
+6.0
+>>> 3.9 < b.grant("lns").seconds <= 4.0  # it wants 5 s; 4 are left beside the reserve
+True
+>>> Budget(Deadline(4.0), ["lns", "status"], unit=1.0).grant("lns")  # 1.5 + 3.5 runs do not fit
+Skip(reason='time limit (needs ~5.0 s, 4.0 s left)')
+>>> Budget(Deadline(4.0, deterministic=True), ["lns", "status"], unit=1.0).grant("lns").seconds
+4.0
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from pesto.deadline import Deadline
+
+__all__ = ["Budget", "Cost", "Skip", "COSTS", "RESCHEDULE_RUNS", "CANDIDATE_RUNS", "STATUS_RUNS", "CHAIN_RUNS",
+           "CHECK_RUNS", "COMM_BOUND_RUNS", "GROUP_SHARE", "GROUP_MIN_SECONDS", "HEURISTIC_COST"]
+
+#: Re-ordering one plan (the reschedule stage: up to four candidate orders), and one candidate order.
+RESCHEDULE_RUNS, CANDIDATE_RUNS = 1.0, 0.8
+#: The final check of the winning plan.
+CHECK_RUNS = 1.0
+#: The critical-path phase bound and its heads and tails (:func:`solver.bounds.phases`).
+CHAIN_RUNS = 2.0
+#: The status stage: the simple bound and choosing the winner (half a run), the phase bound, the final check.
+STATUS_RUNS = 0.5 + CHAIN_RUNS + CHECK_RUNS
+#: The communication-aware bound's model building (its time limit bounds the search only).
+COMM_BOUND_RUNS = 4.0
+#: The share of the time left that the "one group" stage gives its inner solve,
+#: and the least it needs to be worth running.
+GROUP_SHARE = 0.3
+GROUP_MIN_SECONDS = 2.0
+#: Work charged per heuristic run in deterministic mode, in replays of the graph.
+HEURISTIC_COST = 20
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a stage needs at least (``runs`` of m-TOPO plus ``seconds``), whether
+    the solve can do without it (``optional``), the stage it is skipped with
+    (``after``), and the share of the time left it wants (``share``)."""
+
+    runs: float = 0.0
+    seconds: float = 0.0
+    optional: bool = True
+    after: str | None = None
+    share: float | None = None
+
+
+#: Each stage's cost, in m-TOPO runs of the graph. A stage not named here is
+#: mandatory and free. Coarsen's least also pays for expanding and re-ordering
+#: the exact plan (+ 1 s of CP-SAT); LNS's and local search's for a final
+#: simulation; the status stage's is :data:`STATUS_RUNS`.
+COSTS: Mapping[str, Cost] = MappingProxyType({
+    "baselines": Cost(optional=False),
+    "one group": Cost(share=GROUP_SHARE),
+    "reschedule": Cost(runs=RESCHEDULE_RUNS, optional=False),
+    "coarsen": Cost(runs=4.0, seconds=1.0),
+    "exact": Cost(after="coarsen"),
+    "expand": Cost(optional=False),
+    "lns": Cost(runs=1.5),
+    "local search": Cost(runs=1.5),
+    "status": Cost(runs=STATUS_RUNS, optional=False),
+})
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A stage (or step) that does not run, and why (``"time limit (needs
+    ~3.1 s, 2.0 s left)"``, ``"SIGINT"``...)."""
+
+    reason: str
+
+    @property
+    def note(self) -> str:
+        """The stage note: ``"skipped: <reason>"``."""
+        return f"skipped: {self.reason}"
+
+
+class Budget:
+    """The time of one solve, stage by stage (see the module docstring).
+
+    Parameters
+    ----------
+    deadline : the solve's clock
+    stages : the stage list, in order
+    wants : stage -> seconds it wants (missing: all that is left)
+    costs : stage -> :class:`Cost` (default :data:`COSTS`)
+    unit : seconds of one m-TOPO run, if known already (an inner solve
+        reuses its outer solve's)
+    """
+
+    def __init__(self, deadline: Deadline, stages: Sequence[str], wants: Mapping[str, float] | None = None,
+                 costs: Mapping[str, Cost] = COSTS, *, unit: float | None = None):
+        self.deadline = deadline
+        self.stages = tuple(stages)
+        self.wants = dict(wants or {})
+        self.costs = dict(costs)
+        self.unit = unit
+        self.skipped: dict[str, str] = {}  # stage -> reason, the stages this budget skipped
+        self.stopped = ""  # why stages were skipped for time: "time limit", "SIGINT"...
+
+    def measure(self, seconds_per_run: float) -> None:
+        """Set the cost unit, once (a later measure is ignored)."""
+        if self.unit is None:
+            self.unit = float(seconds_per_run)
+
+    @property
+    def predicting(self) -> bool:
+        """Costs in runs count: the unit is known and the clock is the wall's."""
+        return self.unit is not None and not self.deadline.deterministic
+
+    def runs(self, n: float) -> float:
+        """Predicted seconds of ``n`` m-TOPO runs (0 when not predicting)."""
+        return n * self.unit if self.predicting else 0.0
+
+    def fits(self, n: float) -> bool:
+        """``n`` runs fit in what is left (always, when not predicting)."""
+        return self.left() >= self.runs(n)
+
+    def left(self) -> float:
+        return self.deadline.left()
+
+    def cost(self, stage: str) -> Cost:
+        return self.costs.get(stage, Cost(optional=False))
+
+    def least(self, stage: str) -> float:
+        """Seconds ``stage`` needs at least."""
+        c = self.cost(stage)
+        return self.runs(c.runs) + c.seconds
+
+    def _ahead(self, stage: str) -> list[str]:
+        k = self.stages.index(stage) if stage in self.stages else len(self.stages)
+        return list(self.stages[k + 1:])
+
+    def reserve(self, stage: str) -> float:
+        """Seconds ``stage`` leaves the stages ahead of it (rule 3)."""
+        optional = self.cost(stage).optional
+        total = 0.0
+        for s in self._ahead(stage):
+            mandatory = not self.cost(s).optional
+            if mandatory or optional:
+                total += self.least(s)
+            if mandatory and optional:
+                total += self.wants.get(s, 0.0)
+        return total
+
+    def _short(self, stage: str, need: float) -> str:
+        """Why ``stage`` (or a step of it needing ``need`` seconds) cannot fit (rule 2), or ""."""
+        if not self.predicting:
+            return ""
+        need += self.least(stage) if self.cost(stage).optional else 0.0
+        if need <= 0:
+            return ""
+        need += sum(self.least(s) for s in self._ahead(stage) if not self.cost(s).optional)
+        left = self.left()
+        return "" if need <= left else f"time limit (needs ~{need:.1f} s, {left:.1f} s left)"
+
+    def grant(self, stage: str, want: float | None = None, *, need: float = 0.0) -> Deadline | Skip:
+        """The deadline ``stage`` runs under, or why it is skipped.
+
+        Parameters
+        ----------
+        want : seconds it asks for (default: ``wants[stage]``, else its
+            ``share`` of the time left, else all that is left)
+        need : predicted seconds of a step inside the stage (a heuristic),
+            checked as in rule 2 (wall clock with a unit only)
+        """
+        cost, dl = self.cost(stage), self.deadline
+        if cost.optional or need:
+            why = self._why_not(stage, need)
+            if why:
+                return Skip(why)
+        if want is None:
+            want = self.wants.get(stage, cost.share * self.left() if cost.share is not None else math.inf)
+        return dl.sub(max(0.0, min(want, self.left() - self.reserve(stage))))
+
+    def _why_not(self, stage: str, need: float) -> str:
+        cost, dl = self.cost(stage), self.deadline
+        if dl.interrupted:
+            return dl.reason
+        if cost.optional and dl.expired():
+            return dl.reason or "time limit"
+        if cost.after is not None and self.skipped.get(cost.after, "").startswith("time limit"):
+            return f"time limit (no time to {cost.after} and expand)"
+        return self._short(stage, need)
+
+    def skip(self, stage: str, skip: Skip) -> None:
+        """Record that ``stage`` was skipped (the stages ahead reserve nothing for it)."""
+        self.skipped[stage] = skip.reason
+        self.stopped = self.stopped or ("time limit" if skip.reason.startswith("time limit") else skip.reason)

@@ -1,0 +1,235 @@
+"""The options of one solve, validated once: :class:`SolveOptions`.
+
+``pesto.solve`` builds one from its keyword arguments (its signature is the
+user's); :func:`solver.pipeline.solve`, :func:`solver.pipeline.improve`,
+:func:`solver.pipeline.solve_fine` and the benchmarks pass one down to the
+stages, which read it and never re-check it.
+
+Examples
+--------
+>>> o = SolveOptions(time_limit=20)
+>>> o.stage_seconds("full")
+{'exact': 4.0, 'lns': 8.0, 'local search': 6.0, 'status': 1.0}
+>>> SolveOptions(time_limit=-1)
+Traceback (most recent call last):
+ValueError: time_limit must be a positive number of seconds, got -1
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+import coarsen
+from pesto.graph import OpGraph
+from pesto.plan import Plan
+
+from .registry import PLACERS, baselines
+
+__all__ = ["SolveOptions", "SHARES", "PAPER_EXACT_SHARE", "PIPELINE_NAMES", "stage_shares", "check_int"]
+
+#: The full pipeline's split of ``time_limit``: exact solver, LNS, local search
+#: (the rest goes to the baselines, re-ordering and the bound); see benchmarks/results/lns.md.
+SHARES = (0.2, 0.4, 0.3)
+#: The paper pipeline's exact solve; the rest: heuristics and the bound.
+PAPER_EXACT_SHARE = 0.9
+PIPELINE_NAMES = ("full", "paper")
+#: The search stages whose time is a share of ``time_limit``, and their SolveOptions fields.
+TIMED = {"exact": "exact_time", "lns": "lns_time", "local search": "search_time"}
+
+
+def check_int(name: str, value, *, low: int, optional: bool = False) -> None:
+    """TypeError unless ``value`` is an int (None too with ``optional``),
+    ValueError if it is below ``low``; both name the option.
+
+    >>> check_int("workers", 0, low=1)
+    Traceback (most recent call last):
+    ValueError: workers must be >= 1, got 0
+    """
+    if value is None and optional:
+        return
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def _check_seconds(name: str, value, *, optional: bool = True, positive: bool = False) -> None:
+    if value is None and optional:
+        return
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value  # not nan
+    if not ok or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} number of seconds, "
+                         f"got {value!r}")
+
+
+def stage_shares(stages: Sequence[str]) -> dict[str, float]:
+    """Search stage -> its share of a budget for the search stages in
+    ``stages`` (:data:`SHARES`, renormalised over those present), so a stage
+    list without a stage gives its time to the others (the ablation).
+
+    >>> stage_shares(["reschedule", "local search", "status"])
+    {'exact': 0.0, 'lns': 0.0, 'local search': 1.0}
+    """
+    weights = dict(zip(TIMED, SHARES))
+    total = sum(w for k, w in weights.items() if k in stages)
+    return {k: (w / total if k in stages and total else 0.0) for k, w in weights.items()}
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Every option of one solve (see :func:`pesto.api.solve` for the user's view).
+
+    time_limit : seconds for the whole run, every stage included (one
+        :class:`~pesto.deadline.Deadline`); None: no overall limit (then a
+        search stage without an explicit time below gets none)
+    target_vertices : coarsen graphs above this many ops
+    backend : the exact stage's placer ("cpsat", "mip", or any placer name)
+    hint : "best-heuristic", None, a placer name (the only baseline), or a
+        Plan (of the graph: a start; of the solved graph: the exact solver's hint)
+    workers, seed : for CP-SAT and the searches
+    coarsen_options : options of :func:`coarsen.coarsen` (e.g. ``{"method": "height"}``)
+    pipeline : "full", "paper" or None (full for CP-SAT, paper otherwise)
+    verbose : print progress and CP-SAT's log
+    deterministic : budgets counted in charged work (CP-SAT's deterministic
+        time, a fixed cost per simulated move) instead of wall seconds, so the
+        same input, seed and limit give the same plan on any load
+    progress : called with a line per stage (the CLI prints them)
+    started : ``time.perf_counter()`` when the user's call began (the
+        deadline counts from it, so pre-checks are inside ``time_limit``)
+    heuristics : the baselines to run (default: every registered one,
+        :func:`solver.registry.baselines`)
+    exact_time, lns_time, search_time : seconds for the exact solver, LNS
+        and local search; None: their share of ``time_limit``
+        (:meth:`stage_seconds`)
+    heuristic_time : the ``time_limit`` the baselines get (m-SCT's LP gets
+        15 %); None: ``time_limit`` (60 s without one)
+    bound_time : seconds for the communication-aware lower bound in the
+        status stage; None: ``min(10, 0.1 * (exact + local search))``; 0:
+        the simple bound only
+    partitions : the best start placements the coarsening keeps representable
+    max_starts : plans the reschedule stage re-orders
+
+    Raises
+    ------
+    TypeError, ValueError
+        An option of the wrong type or out of range, an unknown placer
+        (backend, hint or heuristic) or pipeline, or an unsupported
+        combination (``pipeline="full"`` with another backend than CP-SAT).
+    """
+
+    time_limit: float | None = 60.0
+    target_vertices: int = 200
+    backend: str = "cpsat"
+    hint: Any = "best-heuristic"
+    workers: int | None = None
+    seed: int = 0
+    coarsen_options: Mapping = field(default_factory=lambda: {"method": "height"})
+    pipeline: str | None = None
+    verbose: bool = False
+    deterministic: bool = False
+    progress: Callable[[str], None] | None = None
+    started: float | None = None
+    heuristics: tuple | None = None
+    exact_time: float | None = None
+    lns_time: float | None = None
+    search_time: float | None = None
+    heuristic_time: float | None = None
+    bound_time: float | None = None
+    partitions: int = 1
+    max_starts: int = 4
+
+    def __post_init__(self):
+        object.__setattr__(self, "coarsen_options", MappingProxyType(dict(self.coarsen_options)))
+        object.__setattr__(self, "deterministic", bool(self.deterministic))
+        if self.heuristics is not None:
+            object.__setattr__(self, "heuristics", tuple(self.heuristics))
+        self._check_numbers()
+        self._check_names()
+
+    def _check_numbers(self) -> None:
+        if self.time_limit is not None and not (isinstance(self.time_limit, (int, float))
+                                                and self.time_limit > 0):  # also rejects nan
+            raise ValueError(f"time_limit must be a positive number of seconds, got {self.time_limit!r}")
+        if not isinstance(self.target_vertices, int) or self.target_vertices < 1:
+            raise ValueError(f"target_vertices must be a positive int, got {self.target_vertices!r}")
+        check_int("workers", self.workers, low=1, optional=True)
+        check_int("seed", self.seed, low=0)
+        check_int("partitions", self.partitions, low=1)
+        check_int("max_starts", self.max_starts, low=1)
+        for name in ("exact_time", "lns_time", "search_time", "heuristic_time", "bound_time"):
+            _check_seconds(name, getattr(self, name))
+
+    def _check_names(self) -> None:
+        if self.pipeline not in (None, *PIPELINE_NAMES):
+            raise ValueError(f"pipeline must be 'full' or 'paper', got {self.pipeline!r}")
+        if self.backend not in PLACERS:
+            raise ValueError(f"unknown placer {self.backend!r} (backend); known: {sorted(PLACERS)}")
+        if isinstance(self.hint, str) and self.hint != "best-heuristic" and self.hint not in PLACERS:
+            # a misspelt hint must not silently mean "no hint"
+            raise ValueError(f"unknown placer {self.hint!r} (hint); known: {sorted(PLACERS)}")
+        if not (self.hint is None or isinstance(self.hint, (str, Plan))):
+            raise ValueError(f"hint must be 'best-heuristic', None, a placer name or a Plan, got {self.hint!r}")
+        unknown = [h for h in self.heuristics or () if h not in PLACERS]
+        if unknown:
+            raise ValueError(f"unknown placer {unknown[0]!r} (heuristics); known: {sorted(PLACERS)}")
+        if self.coarsen_options.get("method", "height") not in coarsen.METHODS:
+            raise ValueError(f"unknown coarsening method {self.coarsen_options['method']!r}; "
+                             f"choose one of {coarsen.METHODS}")
+        if self.pipeline == "full" and self.backend != "cpsat":
+            raise ValueError(f"pipeline='full' runs CP-SAT only; backend={self.backend!r} needs pipeline='paper'")
+
+    def replace(self, **changes) -> "SolveOptions":
+        """A copy with some options changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def pipeline_for(self, graph: OpGraph) -> str:
+        """The stage list to run on ``graph``: ``pipeline``, or full for
+        CP-SAT and paper otherwise; paper for a graph of at most
+        ``target_vertices`` ops (solved exactly, nothing to coarsen).
+
+        Raises
+        ------
+        ValueError
+            ``hint=None`` with the full pipeline (it starts from the heuristics' plans).
+        """
+        name = self.pipeline or ("full" if self.backend == "cpsat" else "paper")
+        if graph.num_ops <= self.target_vertices:
+            return "paper"
+        if name == "full" and self.hint is None:
+            raise ValueError("hint=None: pipeline='full' starts from the heuristics' plans; "
+                             "use pipeline='paper' to solve without a hint")
+        return name
+
+    def stage_seconds(self, pipeline: str) -> dict[str, float]:
+        """Seconds each search stage wants, and the status stage's bound time:
+        the explicit ``*_time`` options, else the ``pipeline``'s share of
+        ``time_limit`` (:data:`SHARES` for "full", :data:`PAPER_EXACT_SHARE`
+        to the exact solver for the others; 0 without a ``time_limit``)."""
+        shares = dict(zip(TIMED, SHARES if pipeline == "full" else (PAPER_EXACT_SHARE, 0.0, 0.0)))
+        out = {}
+        for stage, name in TIMED.items():
+            given = getattr(self, name)
+            out[stage] = given if given is not None else shares[stage] * (self.time_limit or 0.0)
+        bound = self.bound_time
+        out["status"] = min(10.0, 0.1 * (out["exact"] + out["local search"])) if bound is None else bound
+        return out
+
+    def baseline_names(self, as_starts: bool) -> list[str]:
+        """The baselines to run: every heuristic, or the one named by
+        ``hint``; none for ``hint=None`` or a Plan, unless they are the
+        starts of a pipeline that reschedules."""
+        if isinstance(self.hint, str) and self.hint != "best-heuristic":
+            return [self.hint]
+        if self.hint is None or (isinstance(self.hint, Plan) and not as_starts):
+            return []
+        return list(self.heuristics if self.heuristics is not None else baselines())
+
+    @property
+    def heuristic_seconds(self) -> float:
+        """The ``time_limit`` the baselines get."""
+        if self.heuristic_time is not None:
+            return self.heuristic_time
+        return self.time_limit if self.time_limit is not None else 60.0

@@ -1,0 +1,148 @@
+"""The pipeline (solver.pipeline, solver.stages, solver.status, solver.options):
+stage lists and their order, skip reasons, the winner, never worse than a
+given plan, the status rule, the options checked once."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.generators import layered_dag
+from pesto.cluster import gpus, hosts
+from pesto.plan import Plan, check_plan
+from solver.options import SHARES, SolveOptions, stage_shares
+from solver.pipeline import PIPELINES, STAGES, new_run, run_pipeline, run_stages, solve
+from solver.registry import baselines
+from solver.stages import choose
+from solver.status import final_status
+
+CLUSTER = gpus(2)
+
+
+def _names(plan: Plan) -> list[str]:
+    return [s.name for s in plan.log.stages]
+
+
+def _notes(plan: Plan) -> dict[str, str]:
+    return {s.name: s.note for s in plan.log.stages}
+
+
+# -- stage lists -------------------------------------------------------------------------
+def test_every_stage_of_the_lists_is_known_and_each_list_ends_with_status():
+    for stages in PIPELINES.values():
+        assert set(stages) <= set(STAGES) and stages[-1] == "status"
+    with pytest.raises(ValueError, match="ends with the 'status' stage"):
+        new_run(layered_dag(20, seed=0), CLUSTER, ("baselines",), SolveOptions())
+    with pytest.raises(ValueError, match="unknown stages"):
+        new_run(layered_dag(20, seed=0), CLUSTER, ("baselines", "magic", "status"), SolveOptions())
+
+
+def test_the_full_pipeline_runs_its_stages_in_order():
+    g = layered_dag(300, width=8, seed=1)
+    plan = solve(g, CLUSTER, SolveOptions(time_limit=6, workers=1, target_vertices=40, deterministic=True))
+    # one GPU group: the "one group" stage has nothing to do and leaves no record
+    assert _names(plan) == [s for s in PIPELINES["full"] if s != "one group"]
+    assert plan.log.pipeline == "full" and plan.log.winner in plan.log.candidates
+    assert {"cpsat", "lns", "refine"} <= set(plan.log.candidates)
+    check_plan(g, CLUSTER, plan).raise_if_invalid()
+
+
+def test_a_small_graph_runs_the_paper_list_and_the_exact_solver_wins():
+    g = layered_dag(12, width=3, seed=2)
+    plan = solve(g, CLUSTER, SolveOptions(time_limit=5, workers=1))
+    assert _names(plan) == list(PIPELINES["paper"]) and plan.log.pipeline == "paper"
+    assert _notes(plan)["coarsen"] == "not needed"
+    assert plan.log.winner == "cpsat" and plan.status == "optimal"
+
+
+# -- skip reasons -------------------------------------------------------------------------
+def test_predicted_overruns_skip_the_search_stages_and_say_why():
+    # a cost unit of 1000 s per m-TOPO run: after the first heuristic nothing optional fits in 60 s
+    g = layered_dag(300, width=8, seed=1)
+    run = new_run(g, CLUSTER, PIPELINES["full"], SolveOptions(time_limit=60, workers=1, target_vertices=40),
+                  name="full", unit=1000.0)
+    plan = run_stages(run)
+    notes = _notes(plan)
+    for stage in ("coarsen", "lns", "local search"):
+        assert notes[stage].startswith("skipped: time limit (needs ~"), (stage, notes[stage])
+    assert notes["exact"] == "skipped: time limit (no time to coarsen and expand)"
+    assert "1 of 1 not or partly re-ordered" in notes["reschedule"]  # only the best start, as it came
+    assert plan.log.stopped == "time limit" and plan.log.winner == "m-topo"
+    others = [h for h in baselines() if h != "m-topo"]
+    assert all(plan.log.skipped[h].startswith("skipped: time limit (needs ~") for h in others)
+    assert "final check skipped" in notes["status"]
+    check_plan(g, CLUSTER, plan).raise_if_invalid()
+
+
+def test_one_group_is_skipped_when_its_share_is_under_two_seconds():
+    g = layered_dag(60, width=6, seed=3)
+    c = hosts(2, 2, "25gbe")
+    stages = ("baselines", "one group", "reschedule", "status")
+    plan = run_pipeline(g, c, stages, SolveOptions(time_limit=5, workers=1, deterministic=True), name="full")
+    assert _notes(plan)["one group"].startswith("skipped: 1.") and _notes(plan)["one group"].endswith("s for it")
+    assert plan.log.stopped == ""  # not a stop: the stage had too small a share to be worth it
+
+
+# -- the winner, the status rule ------------------------------------------------------------
+def test_the_winner_is_feasible_first_then_shortest_then_earlier():
+    a, b = Plan({}, {}, makespan=10.0, placer="a"), Plan({}, {}, makespan=9.0, placer="b")
+    over = Plan({}, {}, makespan=5.0, placer="over", status="infeasible")
+    assert choose([("a", a), ("b", b), ("over", over)])[0] == "b"
+    assert choose([("a", a), ("a2", a.replace(placer="a2"))])[0] == "a"  # a tie: the earlier one
+    assert choose([("over", over), ("o2", over.replace(makespan=4.0))])[0] == "o2"
+
+
+@pytest.mark.parametrize("step, kw, want", [
+    (10.0, dict(proved_optimal=False, exact_ran=False), "optimal"),  # at the bound
+    (11.0, dict(proved_optimal=True, exact_ran=True), "optimal"),  # proved on the graph itself
+    (11.0, dict(proved_optimal=False, exact_ran=True), "feasible"),
+    (11.0, dict(proved_optimal=False, exact_ran=False), "heuristic"),
+    (11.0, dict(proved_optimal=False, exact_ran=True, interrupted=True), "interrupted"),
+])
+def test_the_status_rule(step, kw, want):
+    assert final_status(Plan({}, {}, makespan=step), 10.0, **kw) == want
+    over = Plan({}, {}, makespan=step, status="infeasible")
+    assert final_status(over, 10.0, **kw) == "infeasible"  # memory first, whatever else
+
+
+def test_never_worse_than_a_given_plan():
+    g = layered_dag(300, width=8, seed=4)
+    given = solve(g, CLUSTER, SolveOptions(time_limit=4, workers=1, target_vertices=40, deterministic=True))
+    # the given plan against the baselines only (no search): it is a candidate and wins
+    stages = ("baselines", "reschedule", "status")
+    again = run_pipeline(g, CLUSTER, stages, SolveOptions(time_limit=30, workers=1, hint=given), name="full")
+    assert again.makespan <= given.makespan + 1e-9
+    assert again.log.candidates[again.log.winner] == again.makespan
+
+
+# -- options ------------------------------------------------------------------------------
+def test_options_are_checked_once_with_named_errors():
+    for kw, exc, words in [(dict(time_limit=float("nan")), ValueError, "time_limit"),
+                           (dict(workers=0), ValueError, "workers must be >= 1"),
+                           (dict(seed=1.5), TypeError, "seed must be an int"),
+                           (dict(backend="nope"), ValueError, "unknown placer 'nope' \\(backend\\)"),
+                           (dict(hint="bogus"), ValueError, "unknown placer 'bogus' \\(hint\\)"),
+                           (dict(heuristics=("m-etf", "m-eft")), ValueError, "'m-eft' \\(heuristics\\)"),
+                           (dict(pipeline="fast"), ValueError, "pipeline must be"),
+                           (dict(pipeline="full", backend="mip"), ValueError, "runs CP-SAT only"),
+                           (dict(coarsen_options={"method": "tall"}), ValueError, "coarsening method"),
+                           (dict(lns_time=-1), ValueError, "lns_time")]:
+        with pytest.raises(exc, match=words):
+            SolveOptions(**kw)
+    with pytest.raises(ValueError, match="workers"):
+        SolveOptions().replace(workers=-3)  # a changed copy is checked again
+
+
+def test_the_stage_list_and_the_stage_times_follow_the_options():
+    big, small = layered_dag(300, seed=0), layered_dag(10, seed=0)
+    o = SolveOptions(time_limit=10, target_vertices=40)
+    assert o.pipeline_for(big) == "full" and o.pipeline_for(small) == "paper"
+    assert SolveOptions(backend="mip", target_vertices=40).pipeline_for(big) == "paper"
+    with pytest.raises(ValueError, match="hint=None"):
+        SolveOptions(hint=None, target_vertices=40).pipeline_for(big)
+    full = o.stage_seconds("full")
+    assert [full[k] for k in ("exact", "lns", "local search")] == pytest.approx([10 * s for s in SHARES])
+    assert full["status"] == pytest.approx(min(10.0, 0.1 * (full["exact"] + full["local search"])))
+    assert o.stage_seconds("paper")["exact"] == pytest.approx(9.0) and o.stage_seconds("paper")["lns"] == 0
+    assert SolveOptions(time_limit=10, exact_time=1.0).stage_seconds("full")["exact"] == 1.0
+    assert SolveOptions(time_limit=None).stage_seconds("full")["lns"] == 0.0
+    assert stage_shares(("reschedule", "lns", "local search", "status")) == pytest.approx(
+        {"exact": 0.0, "lns": 0.4 / 0.7, "local search": 0.3 / 0.7})
