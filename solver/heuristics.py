@@ -423,8 +423,8 @@ def place_m_sct(graph: OpGraph, cluster: Cluster, *, time_limit: float | None = 
     whenever that device is free by the time the op's inputs arrive (an urgent
     op, which also wins ties), and plain m-ETF otherwise. Memory as in m-ETF.
     The LP is limited to ``lp_time_limit``, else ``time_limit``, else
-    ``LP_TIME_LIMIT`` seconds (GLOP's time grows about quadratically: ~15 s
-    for 10k ops on one core); on time-out every op's favourite child is its
+    ``LP_TIME_LIMIT`` seconds (GLOP's time grows about quadratically with the
+    graph); on time-out every op's favourite child is its
     heaviest-edge child (``HeuristicInfo.lp_status == "time_limit"``); ``lp``
     carries the other LP figures.
 
