@@ -4,7 +4,9 @@ Only ops that actually run in a step are kept: the ancestors of the fetches
 (data and control inputs); initialisers, savers and summaries are left out.
 
 * tensor bytes come from static shapes (an unknown leading dimension is the
-  ``batch`` given); resource handles weigh nothing;
+  ``batch`` given); resource handles weigh nothing; a shape computation's
+  integer vector of unknown length (``BroadcastGradientArgs``, ``Shape`` of a
+  tensor of unknown rank...) is sized by :func:`shape_tensor_bytes`'s bound;
 * colocation groups join (a) the ``_class = ["loc:@x"]`` attributes TF writes
   for ``colocate_with`` and (b) resource / reference edges: an op reading or
   updating a variable through its handle must sit with it (TF's placer
@@ -29,7 +31,7 @@ from pesto.errors import InvalidGraphError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 
 __all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN",
-           "unsized_tensors"]
+           "unsized_tensors", "shape_tensor_bytes", "MAX_SHAPE_ELEMENTS"]
 
 # Ops with no GPU kernel in stock TensorFlow (strings, I/O, Python calls, host
 # queues). Used when the installed TF has no GPU kernels to ask.
@@ -69,18 +71,8 @@ def tensor_bytes(tensor, batch: int | None = None) -> int:
     dt = tensor.dtype.base_dtype
     if dt in (tf.resource, tf.variant, tf.string):
         return 0
-    shape = tensor.shape
-    if shape.rank is None:
-        return 0
-    n = 1
-    for i, d in enumerate(shape.as_list()):
-        if d is None:
-            if i == 0 and batch:
-                d = batch
-            else:
-                return 0
-        n *= d
-    return int(n * dt.size)
+    n = _static_elements(tensor, batch)
+    return 0 if n is None else int(n * dt.size)
 
 
 def colocation_groups(ops) -> dict[str, str]:
@@ -181,13 +173,15 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
         overrides from profiling
     kinds_fn : (op_type, kind) -> allowed kinds; default :func:`allowed_kinds`
     tensor_sizes : tensor name -> bytes, overriding the static shape (e.g.
-        measured sizes)
+        measured sizes) and the shape-vector bound
     on_unknown : {"raise", "warn", "ignore"}
         What to do when more than :data:`MAX_UNKNOWN` of the data tensors
-        have no size from their static shape (nor ``batch`` nor
-        ``tensor_sizes``), or a variable reaches the step without a size (a
-        resource placeholder: a tf.function's captured variable): their bytes
-        would count as 0 and the plan would be solved for the wrong graph.
+        have no size from their static shape (nor ``batch``, nor
+        ``tensor_sizes``, nor :func:`shape_tensor_bytes`: a shape vector
+        proven to hold at most :data:`MAX_SHAPE_ELEMENTS` integers), or a
+        variable reaches the step without a size (a resource placeholder: a
+        tf.function's captured variable): their bytes would count as 0 and
+        the plan would be solved for the wrong graph.
 
     Returns
     -------
@@ -216,7 +210,7 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
     for n, g in groups.items():
         if g in host_groups:
             allowed_of[n] = frozenset({"CPU"})
-    sizes = dict(tensor_sizes or {})
+    sizes = {**shape_tensor_bytes(ops, names, batch), **(tensor_sizes or {})}
     _check_sizes(ops, names, sizes, batch, memory, on_unknown)
     tensors, edges, op_objs = [], {}, []
     for op in ops:
@@ -285,9 +279,11 @@ def _check_sizes(ops, names, sizes, batch, memory, on_unknown: str) -> None:
                and "persistent_bytes" not in memory.get(op.name, {})]
     problems = []
     if data and len(unknown) > MAX_UNKNOWN * len(data):
+        by_name = {t.name: t for t in data}
+        examples = ", ".join(_describe(by_name[n]) for n in unknown[:3])
         problems.append(f"{len(unknown)} of {len(data)} tensors ({len(unknown) / len(data):.0%}) have no static "
-                        f"size (e.g. {', '.join(unknown[:3])}): their bytes would count as 0 and grappler's costs "
-                        "would be wrong")
+                        f"size and are not provably small shape vectors (e.g. {examples}): their bytes would "
+                        "count as 0 and grappler's costs would be wrong")
     if handles:
         problems.append(f"{len(handles)} variables reach the step as resource placeholders with no size "
                         f"(e.g. {', '.join(handles[:3])}; a tf.function's captured variables): weights would "
@@ -303,6 +299,111 @@ def _check_sizes(ops, names, sizes, batch, memory, on_unknown: str) -> None:
         warnings.warn(msg, stacklevel=3)
         return
     raise InvalidGraphError(msg)
+
+
+def _describe(t) -> str:
+    """``name (OpType, dtype, shape)`` of a tensor, for error messages."""
+    return f"{t.name} ({t.op.type}, {t.dtype.base_dtype.name}, {t.shape})"
+
+
+MAX_SHAPE_ELEMENTS = 1024  # the most integers a shape vector sized by its bound may hold
+
+#: op -> how many elements its (rank <= 1) output holds at most, from its inputs' bounds
+_AT_MOST_FIRST = frozenset({  # no more elements than its first input: slices, reshapes, reductions
+    "StridedSlice", "Slice", "Reshape", "Squeeze", "Identity", "Snapshot", "StopGradient", "Cast", "Neg", "Abs",
+    "ListDiff", "SetDiff1d", "Unique", "Sum", "Prod", "Max", "Min", "ZerosLike", "OnesLike"})
+_AT_MOST_LONGEST = frozenset({  # elementwise on vectors (broadcast: the longest input) and broadcast shapes
+    "Add", "AddV2", "Sub", "Mul", "FloorDiv", "FloorMod", "TruncateDiv", "Maximum", "Minimum",
+    "BroadcastGradientArgs", "BroadcastArgs", "SelectV2"})
+_AT_MOST_SUM = {"ConcatV2": slice(0, -1), "Concat": slice(1, None), "Pack": slice(0, None)}
+
+
+def shape_tensor_bytes(ops, names, batch: int | None = None) -> dict[str, int]:
+    """Bytes of the step's shape vectors that have no static size, from a bound.
+
+    The rule: a tensor of an integer dtype (int32, int64) with static rank 0
+    or 1 whose length is unknown (``BroadcastGradientArgs`` of two shapes,
+    ``Shape`` of a tensor of unknown rank...) holds at most ``n`` elements,
+    where ``n`` is proven from the ops it is computed from: a statically
+    shaped tensor holds its element count (``batch`` for an unknown leading
+    dimension); ``Shape``/``ShapeN`` of a tensor of known rank ``r`` hold
+    ``r``; slices, reshapes, casts and reductions hold no more than their
+    first input; elementwise ops and ``BroadcastGradientArgs`` /
+    ``BroadcastArgs`` no more than their longest input; ``ConcatV2`` /
+    ``Pack`` the sum of theirs; ``GatherV2`` of a vector as many as its
+    indices. Any other op (``Range``, ``Fill``, ``Tile``, ``Where``...: a
+    length set by values) proves nothing. A tensor proven to hold at most
+    :data:`MAX_SHAPE_ELEMENTS` elements weighs ``n * dtype size`` bytes (an
+    upper bound, tens of bytes in practice); the rest stay unsized.
+
+    Parameters
+    ----------
+    ops : the step's tf.Operations
+    names : names of the ops that run in the step (consumers outside it do not count)
+    batch : value for unknown leading dimensions
+
+    Returns
+    -------
+    dict
+        tensor name -> bytes, for the consumed tensors this rule sizes.
+    """
+    import tensorflow as tf
+
+    memo: dict = {}
+    out = {}
+    for op in ops:
+        for t in op.outputs:
+            if (t.dtype.base_dtype not in (tf.int32, tf.int64) or t.shape.rank is None or t.shape.rank > 1
+                    or _sized(t, batch) or not any(c.name in names for c in t.consumers())):
+                continue
+            try:
+                n = _elements_bound(t, batch, memo)
+            except RecursionError:
+                n = None
+            if n is not None and n <= MAX_SHAPE_ELEMENTS:
+                out[t.name] = int(n) * t.dtype.base_dtype.size
+    return out
+
+
+def _elements_bound(t, batch, memo) -> int | None:
+    """At most how many elements ``t`` holds (None: nothing proven); see
+    :func:`shape_tensor_bytes`."""
+    if t.name in memo:
+        return memo[t.name]
+    memo[t.name] = None  # a cycle (a loop's back edge) proves nothing
+    n = _static_elements(t, batch)
+    if n is None:
+        op, ins = t.op, list(t.op.inputs)
+        if op.type in ("Shape", "ShapeN"):
+            rank = ins[t.value_index].shape.rank if ins else None
+            n = rank if rank is not None else None
+        elif op.type in _AT_MOST_FIRST and ins:
+            n = _elements_bound(ins[0], batch, memo)
+        elif op.type in _AT_MOST_LONGEST and ins:
+            bounds = [_elements_bound(i, batch, memo) for i in ins]
+            n = None if not bounds or None in bounds else max(bounds)
+        elif op.type in _AT_MOST_SUM:
+            bounds = [_elements_bound(i, batch, memo) for i in ins[_AT_MOST_SUM[op.type]]]
+            n = None if not bounds or None in bounds else sum(bounds)
+        elif op.type in ("GatherV2", "Gather") and len(ins) >= 2 and ins[0].shape.rank == 1:
+            n = _elements_bound(ins[1], batch, memo)
+    memo[t.name] = n
+    return n
+
+
+def _static_elements(t, batch) -> int | None:
+    """Elements of ``t`` from its static shape (``batch`` for an unknown leading dimension), or None."""
+    if t.shape.rank is None:
+        return None
+    n = 1
+    for i, d in enumerate(t.shape.as_list()):
+        if d is None:
+            if i == 0 and batch:
+                d = batch
+            else:
+                return None
+        n *= d
+    return n
 
 
 def _variable_bytes(op) -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from .apply import apply_plan
 from .devices import detect, session_config
-from .extract import allowed_kinds, extract, step_ops, unsized_tensors
+from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsized_tensors
 from .pipeline import trace_check
 from .profile import estimate, measure
 
@@ -189,8 +189,9 @@ class FunctionStep:
     note : str
         How plan devices were mapped onto this machine (after :meth:`apply`).
     unsized : list of str
-        Tensors of the step with no size from their static shape (should be
-        empty; extraction refuses more than 1 %).
+        Tensors of the step with no size from their static shape nor from
+        the shape-vector bound (:func:`tf_patch.extract.shape_tensor_bytes`);
+        should be empty, extraction refuses more than 1 %.
     """
 
     def __init__(self, concrete, args, *, costs: str = "v100", name: str = "step", n_devices: int = 2,
@@ -205,7 +206,8 @@ class FunctionStep:
                                                    progress=False, name=name, on_unknown=on_unknown,
                                                    tensor_sizes=None, measured=measured)
         ops = step_ops(concrete.graph, fetches)
-        self.unsized = unsized_tensors(ops, {op.name for op in ops})
+        names = {op.name for op in ops}
+        self.unsized = unsized_tensors(ops, names, shape_tensor_bytes(ops, names))
         self.n_devices, self.plan, self.applied, self.note = n_devices, None, None, ""
         self._sess = None
 
@@ -293,22 +295,49 @@ class FunctionStep:
 
 def function_step(fn, *args, costs: str = "v100", name: str | None = None, n_devices: int = 2,
                   on_unknown: str = "raise", steps: int = 5, warmup: int = 2) -> FunctionStep:
-    """A :class:`FunctionStep` of ``fn(*args)`` (``fn`` a tf.function or a
-    Python function; ``args`` the example batch it trains on).
+    """A :class:`FunctionStep` of ``fn(*args)``.
 
-    ``costs``: a GPU name ("v100", "a100", "h100") for grappler's analytical
-    costs (op kind "GPU": solve with ``gpus=k``), or "measured" for median
-    times of ``steps`` traced steps on this machine, one device and one thread
-    (op kind "CPU": solve on ``pesto.logical_cpus(k)``)."""
+    Parameters
+    ----------
+    fn : tf.function or Python function (traced with ``tf.function``)
+    args : the example batch it trains on (tensors or arrays)
+    costs : str
+        A GPU name ("v100", "a100", "h100") for grappler's analytical costs
+        (op kind "GPU": solve with ``gpus=k``), or "measured" for median times
+        of ``steps`` traced steps (after ``warmup``) on this machine, one
+        device and one thread (op kind "CPU": solve on
+        ``pesto.logical_cpus(k)``).
+    name : the OpGraph's name (default: the function's)
+    n_devices : devices the step runs on (GPUs if there are that many, else
+        logical CPU devices)
+    on_unknown : {"raise", "warn", "ignore"}
+        Tensors without a size: see :func:`tf_patch.extract.extract` (shape
+        vectors are sized by :func:`tf_patch.extract.shape_tensor_bytes`).
+
+    Returns
+    -------
+    FunctionStep
+    """
     return FunctionStep(_concrete(fn, args), args, costs=costs, name=name or getattr(fn, "__name__", "step"),
                         n_devices=n_devices, on_unknown=on_unknown, steps=steps, warmup=warmup)
 
 
 def keras_step(model, loss, optimizer, x, y, *, costs: str = "v100", name: str | None = None,
-               n_devices: int = 2, steps: int = 5, warmup: int = 2) -> FunctionStep:
-    """A :class:`FunctionStep` of the usual Keras training step
-    (:func:`train_step`) on the batch ``(x, y)``; ``costs`` as in
-    :func:`function_step`."""
+               n_devices: int = 2, on_unknown: str = "raise", steps: int = 5, warmup: int = 2) -> FunctionStep:
+    """A :class:`FunctionStep` of the usual Keras training step.
+
+    Parameters
+    ----------
+    model : a built ``keras.Model`` (any layers: convolutions, attention, RNNs)
+    loss, optimizer : anything ``keras.losses.get`` / ``keras.optimizers.get`` take
+    x, y : the batch the step trains on
+    costs, name, n_devices, on_unknown, steps, warmup : as in :func:`function_step`
+
+    Returns
+    -------
+    FunctionStep
+        Of :func:`train_step` (forward, loss, gradients, one update).
+    """
     return function_step(train_step(model, loss, optimizer), x, y, costs=costs,
-                         name=name or getattr(model, "name", "keras"), n_devices=n_devices, steps=steps,
-                         warmup=warmup)
+                         name=name or getattr(model, "name", "keras"), n_devices=n_devices, on_unknown=on_unknown,
+                         steps=steps, warmup=warmup)
