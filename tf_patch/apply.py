@@ -11,12 +11,16 @@
    Every edge is checked first: one that would close a cycle (a
    plan whose orders contradict the data flow across devices) raises
    :class:`pesto.CycleError` with the cycle, and nothing is changed.
-   A pair ``(a, b)`` where ``b`` feeds a consumer of ``a`` (at most two
-   hops down) is not chained either: TensorFlow's runtime fuses such ops
-   (oneDNN merges Conv2D + BiasAdd [+ Add + Relu] after the graph is handed
-   over), the edge would then run from the fused node into its own input, and
-   the step silently stops with ``Retval[0] does not have value`` (ResNet50,
-   one edge ``conv -> bias Reshape``) or hangs across devices.
+   TensorFlow's runtime then fuses some pairs of ops into one kernel
+   (:mod:`tf_patch.fusion`: oneDNN's Conv2D + BiasAdd and
+   Conv2DBackpropFilter + BiasAddGrad). An order edge is left out only where
+   such a fusion needs it: an edge into a Conv2D or BiasAdd it fuses (a
+   control input stops the fusion), or one that would run from the fused
+   kernel into its own input (the step stopped with ``Retval[0] does not
+   have value``: ResNet50, edge ``conv -> bias read``). An edge into one of
+   a fused backprop pair is copied onto the other, so both still fuse.
+   ``Applied.left_out`` lists them with the reason, ``Applied.note`` counts
+   them.
 4. :func:`verify` creates a session with ``allow_soft_placement=False`` and
    grappler's reordering passes off (:func:`tf_patch.devices.session_config`),
    so TF's own placer accepts the placement or fails loudly.
@@ -34,8 +38,9 @@ from pesto.errors import CycleError, InvalidPlanError
 
 from .extract import colocation_groups
 from .devices import map_devices, session_config, tf_device
+from .fusion import fusions as find_fusions
 
-__all__ = ["Applied", "check_colocation", "control_edges_for", "apply_plan", "verify"]
+__all__ = ["Applied", "Order", "REASONS", "check_colocation", "control_edges_for", "apply_plan", "order_note", "verify"]
 
 
 @dataclass
@@ -43,12 +48,24 @@ class Applied:
     """What :func:`apply_plan` did."""
 
     devices: dict = field(default_factory=dict)        # op -> TF device string
-    control_edges: list = field(default_factory=list)  # (a, b): b waits for a
+    control_edges: list = field(default_factory=list)  # (a, b): b waits for a (all edges added)
     skipped: int = 0                                   # consecutive pairs already ordered
-    fusion_guarded: int = 0                            # pairs left out: a fusion would make a cycle
+    left_out: list = field(default_factory=list)       # (a, b, reason): order edges not added
+    fusions: list = field(default_factory=list)        # tf_patch.fusion.Fusion kept intact
+    order_edges: int = 0                               # order edges that needed a control edge
     plan: object = None                                # the plan as applied (devices of this machine)
-    note: str = ""                                     # how plan devices were mapped
+    note: str = ""                                     # how plan devices were mapped, how the order held
     n_devices: int = 0                                 # devices a session needs
+
+    @property
+    def fusion_guarded(self) -> int:
+        """Order edges left out to keep a oneDNN fusion (:attr:`left_out`)."""
+        return len(self.left_out)
+
+    @property
+    def fused(self) -> dict:
+        """Op fused away -> the name its fused kernel runs under (traces show that one)."""
+        return {f.fused_away: f.survivor for f in self.fusions}
 
 
 def check_colocation(graph, placement) -> None:
@@ -82,69 +99,243 @@ def _has_op(graph, name):
         return False
 
 
-def control_edges_for(graph, plan, *, max_bitset_ops: int = 60000):
+@dataclass
+class Order:
+    """What :func:`control_edges_for` decided.
+
+    ``edges``: the control edges to add (the plan's order edges kept, plus
+    copies of an edge into one op of a fused pair onto the other, so that
+    both keep equal control inputs and still fuse); ``skipped``: consecutive
+    pairs a path of the graph orders already; ``left_out``: ``(a, b,
+    reason)`` order edges not added (:data:`REASONS`); ``fusions``: the
+    oneDNN merges kept intact; ``order_edges``: the plan's order edges that
+    needed a control edge (kept + left out).
+    """
+
+    edges: list
+    skipped: int
+    left_out: list
+    fusions: list
+    order_edges: int
+
+
+#: why an order edge was left out (the keys of ``Applied.left_out``'s reasons)
+REASONS = {"stops-fusion": "into a Conv2D or BiasAdd oneDNN fuses (a control input stops the fusion)",
+           "fusion-cycle": "would close a cycle through a fused kernel",
+           "inside-fusion": "between two ops of one fused kernel",
+           "aborts-tf": "would give a Conv2D and its BiasAdd the same control inputs (oneDNN's merge then "
+                        "aborts TensorFlow)"}
+
+
+def control_edges_for(graph, plan, *, max_bitset_ops: int = 60000) -> Order:
     """The control edges enforcing ``plan.order`` on ``graph``.
 
-    Returns ``(edges, skipped, guarded)``. A consecutive pair (a, b) on a
-    device is skipped when a path a -> ... -> b exists already (reachability
-    by bitsets; for graphs over ``max_bitset_ops`` only direct edges are
-    detected), and guarded (left out) when ``b`` feeds one of ``a``'s
-    consumers up to two hops down (see the module docstring: a runtime
-    fusion would turn the edge into a cycle). Raises CycleError if the edges
-    would close a cycle.
+    A consecutive pair (a, b) on a device is skipped when a path a -> ... ->
+    b exists already (reachability by bitsets; for graphs over
+    ``max_bitset_ops`` only direct edges are detected). The other pairs are
+    order edges; an order edge is left out only where a runtime fusion of
+    :mod:`tf_patch.fusion` needs it: it would stop a fusion oneDNN makes in
+    the unplaced step, or close a cycle through a fused kernel
+    (:func:`_guard_fusions`).
+
+    Returns
+    -------
+    Order
+
+    Raises
+    ------
+    CycleError
+        The plan's order contradicts the data flow (a cycle without any
+        fusion); nothing is changed.
     """
     ops = graph.get_operations()
-    idx = {op.name: i for i, op in enumerate(ops)}
+    names = [op.name for op in ops]
+    idx = {n: i for i, n in enumerate(names)}
     succ = [set() for _ in ops]
-    data_succ = [set() for _ in ops]
     for op in ops:
-        j = idx[op.name]
         for t in op.inputs:
-            succ[idx[t.op.name]].add(j)
-            data_succ[idx[t.op.name]].add(j)
+            succ[idx[t.op.name]].add(idx[op.name])
         for c in op.control_inputs:
-            succ[idx[c.name]].add(j)
-    topo = _toposort(succ, [op.name for op in ops])
-    reach = None
-    if len(ops) <= max_bitset_ops:
-        reach = [0] * len(ops)  # reach[i]: bitset of ops reachable from i
-        for i in reversed(topo):
-            r = 0
-            for j in succ[i]:
-                r |= reach[j] | (1 << j)
-            reach[i] = r
-    edges, skipped, guarded = [], 0, 0
+            succ[idx[c.name]].add(idx[op.name])
+    reach = _reach(succ, names) if len(ops) <= max_bitset_ops else None
     # Sources (no inputs: variable handles, constants, placeholders) are left
     # out of the chains: they cost nothing, and an edge into a variable
     # handle would drag step ops into its initialiser's run.
     sources = {op.name for op in ops if not op.inputs and not op.control_inputs}
-    for dev, seq in plan.order.items():
-        seq = [n for n in seq if n in idx and n not in sources]
+    cand, skipped, chain = [], 0, {"next": {}, "prev": {}, "pos": {}}
+    for seq in plan.order.values():
+        seq = [idx[n] for n in seq if n in idx and n not in sources]
+        chain["pos"].update((k, p) for p, k in enumerate(seq))
         for a, b in zip(seq, seq[1:]):
-            ia, ib = idx[a], idx[b]
-            if ib in succ[ia] or (reach is not None and (reach[ia] >> ib) & 1):
+            chain["next"][a], chain["prev"][b] = b, a
+            if b in succ[a] or (reach is not None and (reach[a] >> b) & 1):
                 skipped += 1
-            elif _feeds_fusable(ia, ib, succ, reach, data_succ):
-                guarded += 1
             else:
-                edges.append((a, b))
-    # cycle check on the graph with the new edges
+                cand.append((a, b))
+    _toposort(_with_edges(succ, cand), names, what="graph with the plan's control edges")
+    fus = find_fusions(graph, plan.placement)
+    pairs = [(f.pattern, idx[f.ops[0]], idx[f.ops[1]]) for f in fus]
+    left, mirror = _guard_fusions(succ, names, cand, pairs, chain, exact=reach is not None)
+    _break_fused_cycles(succ, names, cand, pairs, left, mirror)
+    edges = [e for e in cand if e not in left] + [m for e, ms in mirror.items() if e not in left for m in ms]
+    _spare_unfused(graph, idx, edges, left, [f for f in find_fusions(graph, plan.placement, control=False)
+                                             if f.pattern == "Conv2D+BiasAdd" and f not in fus])
+    edges = [e for e in edges if e not in left]
+    return Order([(names[a], names[b]) for a, b in dict.fromkeys(edges)], skipped,
+                 [(names[a], names[b], why) for (a, b), why in left.items()], fus, len(cand))
+
+
+def _guard_fusions(succ, names, cand, pairs, chain, *, exact: bool):
+    """``(left, mirror)``: the order edges ``cand`` to leave out (edge ->
+    reason) and the copies to add with a kept edge (edge -> copies), around
+    the fused ``pairs`` ``(pattern, i, j)`` (op indices, the pattern's order).
+
+    * ``Conv2D + BiasAdd`` (p, s): fused only while neither has a control
+      input, so an order edge into either is left out (``stops-fusion``);
+      the edge out of p (to v) is left out when v reaches s (``fusion-cycle``:
+      the fused kernel would wait on v, which waits on it).
+    * ``Conv2DBackpropFilter + BiasAddGrad`` (siblings reading one
+      gradient): fused while their control inputs are equal, so an edge into
+      one is copied onto the other. Of the two, ``a`` comes first on the
+      device and ``b`` later: adjacent, the edge a -> b is inside the kernel
+      (``inside-fusion``); else the kernel takes b's turn (the edge out of a
+      left out) or, where an op between them needs a's output, a's turn (the
+      edge into b left out), or both where neither alone breaks every cycle;
+      where a reaches b through order edges between other ops,
+      :func:`_break_fused_cycles` leaves one of those out.
+
+    Reachability (``exact``: bitsets; else direct edges only) is on the
+    graph with the order edges that touch no fused op.
+    """
+    member = {k for _, i, j in pairs for k in (i, j)}
+    cset = set(cand)
+    reach = _reach(_with_edges(succ, [e for e in cand if not member & set(e)]), names) if exact else None
+
+    def reaches(x, y):
+        return y in succ[x] if reach is None else bool((reach[x] >> y) & 1)
+
+    def edge(a, b):
+        return (a, b) if (a, b) in cset else None
+
+    nxt, prv, left, mirror = chain["next"], chain["prev"], {}, {}
+    for pattern, i, j in pairs:
+        if pattern == "Conv2D+BiasAdd":
+            left.update({(prv[k], k): "stops-fusion" for k in (i, j) if edge(prv.get(k), k)})
+            if edge(i, nxt.get(i)) and reaches(nxt[i], j):
+                left[(i, nxt[i])] = "fusion-cycle"
+            continue
+        a, b = sorted((i, j), key=chain["pos"].get)
+        in_a, out_a, in_b = edge(prv.get(a), a), edge(a, nxt.get(a)), edge(prv.get(b), b)
+        if in_a:
+            mirror.setdefault(in_a, []).append((in_a[0], b))
+        if nxt.get(a) == b:
+            if out_a:
+                left[out_a] = "inside-fusion"
+            continue
+        if reaches(a, b):
+            continue  # through order edges between other ops: _break_fused_cycles leaves one out
+        b_turn = in_b is None or not reaches(a, in_b[0])
+        a_turn = out_a is None or not reaches(out_a[1], b)
+        if b_turn and in_b:
+            mirror.setdefault(in_b, []).append((in_b[0], a))
+        drop = [out_a] if b_turn else [in_b] if a_turn else [out_a, in_b]
+        left.update({e: "fusion-cycle" for e in drop if e})
+    return left, mirror
+
+
+def _break_fused_cycles(succ, names, cand, pairs, left, mirror, *, max_rounds: int = 1000) -> None:
+    """Leave out order edges (into ``left``) until the graph with the kept
+    edges and copies has no cycle once each fused pair is one kernel: a
+    cycle :func:`_guard_fusions` does not break (it runs through order edges
+    between other ops, or around several fused pairs) loses its first order
+    edge."""
+    rep = {i: j for _, i, j in pairs}  # a pair contracted onto its second op
+    for _ in range(max_rounds):
+        on_rep = {}
+        for e in cand:
+            if e not in left:
+                for a, b in [e] + mirror.get(e, []):
+                    on_rep.setdefault((rep.get(a, a), rep.get(b, b)), e)
+        fused = [{rep.get(j, j) for j in s} for s in succ]
+        for i, j in rep.items():
+            fused[j] |= fused[i]
+            fused[i] = set()
+        for a, b in on_rep:
+            fused[a].add(b)
+        for k, s in enumerate(fused):
+            s.discard(k)
+        cyc = _cycle(fused)
+        if cyc is None:
+            return
+        culprit = next((on_rep[p] for p in zip(cyc, cyc[1:] + cyc[:1]) if p in on_rep), None)
+        if culprit is None:  # the graph's own edges: TF would hang unplaced too
+            raise CycleError([names[k] for k in cyc], what="graph once oneDNN fuses its kernels")
+        left[culprit] = "fusion-cycle"
+    raise CycleError([], what=f"graph once oneDNN fuses its kernels (still cyclic after {max_rounds} rounds)")
+
+
+def _spare_unfused(graph, idx, edges, left, pairs) -> None:
+    """Leave out the order edges into a Conv2D + BiasAdd pair that oneDNN
+    does not fuse (their control inputs differ) where they would give both
+    the same control inputs: oneDNN would then try the merge and abort
+    TensorFlow (a ``CHECK`` in ``mkl_layout_pass``)."""
+    into = {}
     for a, b in edges:
-        succ[idx[a]].add(idx[b])
-    _toposort(succ, [op.name for op in ops], what="graph with the plan's control edges")
-    return edges, skipped, guarded
+        into.setdefault(b, set()).add(a)
+    for f in pairs:
+        conv, bias = (graph.get_operation_by_name(n) for n in f.ops)
+        ic, ib = idx[conv.name], idx[bias.name]
+        has = [{idx[c.name] for c in op.control_inputs} | into.get(i, set()) for op, i in ((conv, ic), (bias, ib))]
+        if has[0] and has[0] == has[1]:
+            left.update({(a, i): "aborts-tf" for i in (ic, ib) for a in into.get(i, ())})
 
 
-def _feeds_fusable(ia: int, ib: int, succ, reach, data_succ) -> bool:
-    """Does op ``ib`` reach a data consumer of ``ia``, or a consumer of one
-    (the ops a runtime fusion may merge ``ia`` with)? Without ``reach`` (a
-    huge graph) only direct inputs count."""
-    near = set(data_succ[ia])
-    for c in data_succ[ia]:
-        near.update(data_succ[c])
-    if reach is None:
-        return any(c in succ[ib] for c in near)
-    return any((reach[ib] >> c) & 1 for c in near)
+def _with_edges(succ, edges):
+    out = [set(s) for s in succ]
+    for a, b in edges:
+        out[a].add(b)
+    return out
+
+
+def _reach(succ, names):
+    """Bitsets: ``reach[i]`` has bit j set when a path i -> ... -> j exists."""
+    reach = [0] * len(succ)
+    for i in reversed(_toposort(succ, names)):
+        r = 0
+        for j in succ[i]:
+            r |= reach[j] | (1 << j)
+        reach[i] = r
+    return reach
+
+
+def _cycle(succ):
+    """A cycle of ``succ`` (op indices, in order), or None."""
+    n = len(succ)
+    indeg = [0] * n
+    for s in succ:
+        for j in s:
+            indeg[j] += 1
+    stack = [i for i in range(n) if indeg[i] == 0]
+    while stack:
+        i = stack.pop()
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                stack.append(j)
+    left = {i for i in range(n) if indeg[i] > 0}
+    if not left:
+        return None
+    pred = {i: [] for i in left}
+    for k in left:
+        for j in succ[k]:
+            if j in left:
+                pred[j].append(k)
+    i, seen, path = next(iter(left)), {}, []
+    while i not in seen:
+        seen[i] = len(path)
+        path.append(i)
+        i = pred[i][0]
+    return path[seen[i]:][::-1]
 
 
 def _toposort(succ, names, what="tf graph"):
@@ -163,19 +354,7 @@ def _toposort(succ, names, what="tf graph"):
             if indeg[j] == 0:
                 stack.append(j)
     if len(order) < n:
-        left = {i for i in range(n) if indeg[i] > 0}
-        pred = {i: [] for i in left}
-        for i in left:
-            for j in succ[i]:
-                if j in left:
-                    pred[j].append(i)
-        i, seen, path = next(iter(left)), {}, []
-        while i not in seen:
-            seen[i] = len(path)
-            path.append(i)
-            i = pred[i][0]
-        cyc = path[seen[i]:][::-1]
-        raise CycleError([names[k] for k in cyc], what=what)
+        raise CycleError([names[k] for k in _cycle(succ)], what=what)
     return order
 
 
@@ -186,7 +365,8 @@ def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applie
     (:func:`tf_patch.devices.map_devices`): ``/GPU:k`` stays where there are
     enough GPUs, else runs on logical CPU device ``/CPU:k``; ``Applied.note``
     says which, ``Applied.n_devices`` how many devices a session needs (at
-    least ``n_devices``).
+    least ``n_devices``), and how much of the order is enforced
+    (:func:`order_note`).
 
     Raises
     ------
@@ -201,8 +381,10 @@ def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applie
     if missing:
         raise InvalidPlanError([f"plan places op {m!r} that is not in the tf.Graph" for m in missing[:20]])
     check_colocation(graph, plan.placement)
-    edges, skipped, guarded = control_edges_for(graph, plan) if order else ([], 0, 0)
-    out = Applied(skipped=skipped, fusion_guarded=guarded, plan=plan, note=note, n_devices=needed)
+    decided = control_edges_for(graph, plan) if order else Order([], 0, [], [], 0)
+    out = Applied(skipped=decided.skipped, left_out=decided.left_out, fusions=decided.fusions,
+                  order_edges=decided.order_edges, plan=plan, n_devices=needed)
+    out.note = note + ("; " + order_note(out) if order else "")
     for name, dev in plan.placement.items():
         d = tf_device(dev)
         graph.get_operation_by_name(name)._set_device(d)
@@ -210,10 +392,32 @@ def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applie
     # ops outside the plan that TF colocates with a placed op (initialisers,
     # Adam's beta powers' initial values...) follow it, so nothing is split
     _follow_colocation(graph, out.devices)
-    for a, b in edges:
+    for a, b in decided.edges:
         graph.get_operation_by_name(b)._add_control_input(graph.get_operation_by_name(a))
-    out.control_edges = edges
+    out.control_edges = decided.edges
     return out
+
+
+def order_note(applied: Applied) -> str:
+    """One sentence: how many of the plan's order edges are enforced, and why
+    any are left out (:data:`REASONS`).
+
+    Examples
+    --------
+    >>> a = Applied(left_out=[("c", "r", "fusion-cycle")], order_edges=40, skipped=9)
+    >>> order_note(a)  # doctest: +NORMALIZE_WHITESPACE
+    'order: 39 of 40 order edges enforced (9 more pairs already ordered by the graph), 1 left out (2.5 %):
+    1 would close a cycle through a fused kernel; 0 oneDNN fusions kept'
+    """
+    n, k = applied.order_edges, len(applied.left_out)
+    text = (f"order: {n - k} of {n} order edges enforced ({applied.skipped} more pairs already ordered by the "
+            f"graph), {k} left out ({100 * k / max(n, 1):.1f} %)")
+    if k:
+        counts = {}
+        for *_, why in applied.left_out:
+            counts[why] = counts.get(why, 0) + 1
+        text += ": " + ", ".join(f"{c} {REASONS[w]}" for w, c in sorted(counts.items(), key=lambda x: -x[1]))
+    return text + f"; {len(applied.fusions)} oneDNN fusions kept"
 
 
 def _follow_colocation(graph, devices):

@@ -187,7 +187,8 @@ class FunctionStep:
         Devices the step runs on (real GPUs if there are that many, else
         logical CPU devices).
     note : str
-        How plan devices were mapped onto this machine (after :meth:`apply`).
+        How plan devices were mapped onto this machine, and how many of the
+        plan's order edges are enforced (after :meth:`apply`).
     unsized : list of str
         Tensors of the step with no size from their static shape nor from
         the shape-vector bound (:func:`tf_patch.extract.shape_tensor_bytes`);
@@ -277,9 +278,18 @@ class FunctionStep:
         return self.applied
 
     def check(self) -> dict:
-        """One traced training step compared with the applied plan
-        (:func:`tf_patch.pipeline.trace_check`: ``misplaced`` ops,
-        ``order_violations``); it trains that step too."""
+        """One traced training step compared with the applied plan.
+
+        Returns
+        -------
+        dict
+            :func:`tf_patch.pipeline.trace_check`'s: ``misplaced`` ops,
+            ``order_violations`` among every control edge added (an op oneDNN
+            fused into another is checked under the fused kernel's name),
+            ``checked_edges`` (all of them, when every op ran), ``left_out``
+            (the plan's order edges not enforced: ``self.applied.left_out``
+            says which and why). It trains that step too.
+        """
         import tensorflow as tf
 
         md = tf.compat.v1.RunMetadata()

@@ -420,9 +420,11 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
 
     Returns ``{"devices": {op: device seen}, "misplaced": [(op, planned,
     seen)], "order_violations": [(a, b, end_a, start_b)], "checked_edges": n,
-    "busy_us": {device: kernel µs}, "wall_us": traced step µs}``.
+    "left_out": k, "busy_us": {device: kernel µs}, "wall_us": traced step µs}``.
     An added control edge (a, b) is respected when b starts no earlier than a
-    ends (1 µs tolerance for the trace's rounding).
+    ends (1 µs tolerance for the trace's rounding); an op oneDNN fused into
+    another is checked under the fused kernel's name (``applied.fused``).
+    ``"left_out"``: the plan's order edges not enforced (``applied.left_out``).
     """
 
     seen, start, end, busy = {}, {}, {}, {}
@@ -440,11 +442,13 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
             if op in seen and seen[op] != d:
                 misplaced.append((op, d, seen[op]))
     viol, n = [], 0
+    fused = getattr(applied, "fused", {})
     for a, b in (applied.control_edges if applied is not None else []):
+        a, b = fused.get(a, a), fused.get(b, b)
         if a in end and b in start:
             n += 1
             if start[b] + 1 < end[a]:
                 viol.append((a, b, end[a], start[b]))
     wall = (max(end.values()) - min(start.values())) if start else 0
     return {"devices": seen, "misplaced": misplaced, "order_violations": viol, "checked_edges": n,
-            "busy_us": busy, "wall_us": wall}
+            "left_out": len(getattr(applied, "left_out", ())), "busy_us": busy, "wall_us": wall}
