@@ -528,7 +528,9 @@ def trace_check_tasks(run_metadata, applied) -> dict:
     planned = {op: _canon(d) for op, d in applied.plan.placement.items()}
     misplaced = [(op, d, seen[op]) for op, d in planned.items() if op in seen and seen[op] != d]
     viol, n = [], 0
+    fused = getattr(applied, "fused", {})  # an op oneDNN fused into another runs under the kernel's name
     for a, b in applied.control_edges:
+        a, b = fused.get(a, a), fused.get(b, b)
         if a in end and b in start:
             n += 1
             if start[b] + 1 < end[a]:
