@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
-
 tf = pytest.importorskip("tensorflow")
 
+import tf_patch  # noqa: E402
 from pesto import Plan  # noqa: E402
 from tf_patch.apply import apply_plan  # noqa: E402
 from tf_patch.extract import extract  # noqa: E402
