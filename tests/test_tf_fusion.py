@@ -187,6 +187,15 @@ def test_a_backprop_pair_apart_fuses_at_the_earlier_ones_turn_when_between_needs
     _check(applied, *rest, [(("w_step", g), "fusion-cycle")])
 
 
+def test_a_backprop_pair_joined_through_other_ops_loses_one_of_their_edges():
+    """G, b_step, S, F: G -> b_step and S -> F are data edges, so the fused
+    kernel would wait on S, which the order puts after b_step, which waits on
+    the kernel: the order edge b_step -> S is left out."""
+    applied, *rest = _placed(FORWARD, ["G", "b_step", "S", "F"])
+    shape_n = next(n for n in applied.plan.placement if n.endswith("conv_grad/ShapeN"))
+    _check(applied, *rest, [(("b_step", shape_n), "fusion-cycle")])
+
+
 def test_predicted_fusions_are_those_tensorflow_makes_in_a_keras_cnn():
     """On a Keras CNN (biases, ZeroPadding2D before a valid conv, a dense
     layer), unplaced: the pairs :func:`fusions` predicts are exactly the

@@ -232,8 +232,10 @@ def _guard_fusions(succ, names, cand, pairs, chain, *, exact: bool):
             if out_a:
                 left[out_a] = "inside-fusion"
             continue
-        if reaches(a, b):
-            continue  # through order edges between other ops: _break_fused_cycles leaves one out
+        if reaches(a, b):  # through order edges between other ops: _break_fused_cycles leaves one out
+            if in_b:
+                mirror.setdefault(in_b, []).append((in_b[0], a))
+            continue
         b_turn = in_b is None or not reaches(a, in_b[0])
         a_turn = out_a is None or not reaches(out_a[1], b)
         if b_turn and in_b:
