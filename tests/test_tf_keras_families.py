@@ -74,6 +74,19 @@ def test_a_keras_family_is_traced_placed_and_trains_with_the_unplaced_losses(fam
     step.close()
 
 
+def test_a_lowered_while_is_checked_where_its_control_edges_go():
+    """TensorFlow lowers an LSTM's While into control flow and keeps its name
+    on an IdentityN nothing waits on (it ran 0.9 ms after the op the order
+    put next, a false violation); its control edges leave from LoopExecuted
+    and arrive at LoopControlInputs."""
+    from tf_patch.pipeline import _lowered_ends
+    traced = ["rnn/while", "rnn/while/LoopExecuted/_79", "rnn/while/LoopExecuted/_79/_225",
+              "rnn/while/LoopControlInputs/_3", "rnn/while/LoopCond/_41", "cell/cond/branch_executed/_8"]
+    after, before = _lowered_ends(traced)
+    assert after == {"rnn/while": "rnn/while/LoopExecuted/_79", "cell/cond": "cell/cond/branch_executed/_8"}
+    assert before == {"rnn/while": "rnn/while/LoopControlInputs/_3"}
+
+
 def test_keras_step_takes_on_unknown():
     tf.keras.utils.set_random_seed(0)
     model, x = _attention()

@@ -24,6 +24,7 @@ Examples
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -415,6 +416,25 @@ def busy_cores(seconds: float = 0.5) -> float | None:
     return None if b != b else b
 
 
+_LOWERED = re.compile(r"^(.*)/(LoopExecuted|branch_executed|LoopControlInputs)/_\d+$")
+
+
+def _lowered_ends(traced) -> tuple[dict, dict]:
+    """Where a functional While (or If) lowered into control flow takes and
+    sends its control edges: TensorFlow keeps its name on an ``IdentityN`` of
+    its outputs, which nothing waits on; edges out of it leave from
+    ``<name>/LoopExecuted/_k`` (``branch_executed`` for an If), after its
+    last op, and edges into it reach ``<name>/LoopControlInputs/_k``, before
+    its first. Returns ``(op -> node whose end counts, op -> node whose
+    start counts)`` among the ``traced`` node names."""
+    after, before = {}, {}
+    for name in traced:
+        m = _LOWERED.match(name)
+        if m:
+            (before if m.group(2) == "LoopControlInputs" else after)[m.group(1)] = name
+    return after, before
+
+
 def trace_check(run_metadata, plan=None, applied=None) -> dict:
     """Compare a traced step with the plan.
 
@@ -423,8 +443,10 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
     "left_out": k, "busy_us": {device: kernel µs}, "wall_us": traced step µs}``.
     An added control edge (a, b) is respected when b starts no earlier than a
     ends (1 µs tolerance for the trace's rounding); an op oneDNN fused into
-    another is checked under the fused kernel's name (``applied.fused``).
-    ``"left_out"``: the plan's order edges not enforced (``applied.left_out``).
+    another is checked under the fused kernel's name (``applied.fused``), a
+    While lowered into control flow at the nodes its control edges go
+    through (:func:`_lowered_ends`). ``"left_out"``: the plan's order edges
+    not enforced (``applied.left_out``).
     """
 
     seen, start, end, busy = {}, {}, {}, {}
@@ -443,12 +465,14 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
                 misplaced.append((op, d, seen[op]))
     viol, n = [], 0
     fused = getattr(applied, "fused", {})
+    after, before = _lowered_ends(start)
     for a, b in (applied.control_edges if applied is not None else []):
         a, b = fused.get(a, a), fused.get(b, b)
         if a in end and b in start:
             n += 1
-            if start[b] + 1 < end[a]:
-                viol.append((a, b, end[a], start[b]))
+            a_end, b_start = end[after.get(a, a)], start[before.get(b, b)]
+            if b_start + 1 < a_end:
+                viol.append((a, b, a_end, b_start))
     wall = (max(end.values()) - min(start.values())) if start else 0
     return {"devices": seen, "misplaced": misplaced, "order_violations": viol, "checked_edges": n,
             "left_out": len(getattr(applied, "left_out", ())), "busy_us": busy, "wall_us": wall}
