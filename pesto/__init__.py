@@ -26,22 +26,23 @@ from .solvelog import SolveLog, Stage
 from .microbatch import microbatch  # the function; the module stays importable as pesto.microbatch
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ imports them
-    from .api import evaluate, solve
+    from .api import evaluate, solve, solve_step, step_graph
 
 __version__ = "0.1.0"
 
 #: what ``pesto.<name>`` takes from the facade, :mod:`pesto.api` ("api": the module itself)
-_FACADE = ("solve", "evaluate", "api")
+_FACADE = ("solve", "solve_step", "step_graph", "evaluate", "api")
 
 
 def __getattr__(name: str):
-    """``pesto.solve``, ``pesto.evaluate`` and ``pesto.api``, imported from
-    :mod:`pesto.api` on first use and kept as attributes."""
+    """``pesto.solve``, ``pesto.solve_step``, ``pesto.step_graph``,
+    ``pesto.evaluate`` and ``pesto.api``, imported from :mod:`pesto.api` on
+    first use and kept as attributes."""
     if name not in _FACADE:
         raise AttributeError(f"module 'pesto' has no attribute {name!r}")
-    from .api import evaluate, solve  # the import binds pesto.api too
+    from .api import evaluate, solve, solve_step, step_graph  # the import binds pesto.api too
 
-    globals().update(solve=solve, evaluate=evaluate)
+    globals().update(solve=solve, solve_step=solve_step, step_graph=step_graph, evaluate=evaluate)
     return globals()[name]
 
 
@@ -53,4 +54,4 @@ __all__ = ["PestoError", "InvalidGraphError", "CycleError", "InvalidClusterError
            "InvalidPlanError", "InfeasibleError", "Op", "Tensor", "Edge", "OpGraph", "Device",
            "Route", "Cluster", "gpus", "v100x2_nvlink", "v100x4_pcie", "heterogeneous",
            "two_hosts", "logical_cpus", "preset", "Plan", "Transfer", "Report", "check_plan",
-           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve", "evaluate", "microbatch"]
+           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve", "solve_step", "step_graph", "evaluate", "microbatch"]

@@ -25,6 +25,7 @@ import networkx as nx
 from solver import pipeline as _pipeline
 from solver.options import SolveOptions, check_int
 from solver.registry import HEURISTICS
+from solver.step_search import StepResult, solve_step as _solve_step, step_graph
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
 from .errors import InfeasibleError, InvalidGraphError, InvalidPlanError
@@ -33,7 +34,7 @@ from .graph import OpGraph
 from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan, check_plan
 
-__all__ = ["solve", "evaluate", "load_placement", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
+__all__ = ["solve", "solve_step", "step_graph", "StepResult", "evaluate", "load_placement", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
 
 _DEVICE = re.compile(r"(?:^|/|device:)(CPU|GPU):(\d+)$", re.I)
 
@@ -97,7 +98,7 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
           target_vertices: int = 200, backend: str = "cpsat", hint: Any = "best-heuristic",
           workers: int | None = None, seed: int = 0, coarsen_method: str = "height",
           pipeline: str | None = None, verbose: bool = False, deterministic: bool = False,
-          progress=None) -> Plan:
+          progress=None, micro_batches: int | str = 1, batch_size: int | None = None) -> Plan:
     """Place and schedule ``graph`` on ``gpus`` GPUs (or on ``cluster``).
 
     Parameters
@@ -150,11 +151,24 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         same plan twice: it uses wall-clock budgets and parallel CP-SAT.
     progress : callable, optional
         Called with one line per pipeline stage (the CLI prints them).
+    micro_batches : 1, int or "auto"
+        1 (default): the step as given. ``M > 1``: the step split into ``M``
+        slices (:func:`pesto.microbatch.split_step`), solved from the GPipe
+        and 1F1B plans of that ``M``, compared with those and with the
+        data-parallel plan; ``"auto"``: the same for every divisor of
+        ``batch_size`` up to 16 (1, 2, 4, 8, 16 without one) and ``M = 1``,
+        sharing ``time_limit``. The plan then places another graph than
+        ``graph``: ``plan.log.graph_kind`` says which, :func:`step_graph`
+        rebuilds it, :func:`solve_step` returns it too
+        (:mod:`solver.step_search`).
+    batch_size : int, optional
+        The step's batch size (the graph does not record one): ``M`` must divide it.
 
     Returns
     -------
     Plan
-        For every op of ``graph``, simulated in its fixed order and checked.
+        For every op of ``graph`` (of the transformed graph with
+        ``micro_batches`` other than 1), simulated in its fixed order and checked.
         ``plan.log`` (:class:`~pesto.solvelog.SolveLog`) has every stage's time
         and step, the candidates compared on the full graph, the ``winner``,
         the lower bound (valid for the full graph) and its source.
@@ -166,12 +180,33 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         or after it, when the best plan found breaks memory: the message names
         each over-full device, the bytes over and its largest ops or groups,
         ``culprit`` the first such device, ``plan`` the plan.
+    MicroBatchError
+        ``micro_batches`` not 1, an int >= 1 or "auto", or not dividing ``batch_size``.
+    BatchMarkError
+        ``micro_batches`` other than 1 on a graph with unmarked ops that no rule marks.
     TypeError, ValueError
         An option of the wrong type or out of range (each named; checked once,
         by :class:`solver.options.SolveOptions`), an unknown pipeline, backend
         or hint, or an unsupported combination (``pipeline="full"`` with a
         backend other than CP-SAT; ``hint=None`` with the full pipeline on a
         graph above ``target_vertices``).
+    """
+    return solve_step(graph, gpus, cluster=cluster, time_limit=time_limit, target_vertices=target_vertices,
+                      backend=backend, hint=hint, workers=workers, seed=seed, coarsen_method=coarsen_method,
+                      pipeline=pipeline, verbose=verbose, deterministic=deterministic, progress=progress,
+                      micro_batches=micro_batches, batch_size=batch_size).plan
+
+
+def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: float = 60,
+               target_vertices: int = 200, backend: str = "cpsat", hint: Any = "best-heuristic",
+               workers: int | None = None, seed: int = 0, coarsen_method: str = "height",
+               pipeline: str | None = None, verbose: bool = False, deterministic: bool = False,
+               progress=None, micro_batches: int | str = "auto", batch_size: int | None = None) -> StepResult:
+    """:func:`solve` returning the plan with the graph it places
+    (:class:`~solver.step_search.StepResult`: ``plan``, ``graph``,
+    ``micro_batches``, ``graph_kind``, ``replicas``, ``steps``), so that
+    ``pesto.check_plan(r.graph, cluster, r.plan)`` and ``pesto.simulate``
+    take it. Default ``micro_batches="auto"``; the options and errors are :func:`solve`'s.
     """
     graph = load_graph(graph)
     started = time.perf_counter()  # the limit counts from here: loading excluded, pre-checks included
@@ -181,12 +216,15 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     options = SolveOptions(time_limit=time_limit, target_vertices=target_vertices, backend=backend, hint=hint,
                            workers=workers, seed=seed, coarsen_options={"method": coarsen_method},
                            pipeline=pipeline, verbose=verbose, deterministic=deterministic, progress=progress,
-                           started=started)
-    check_feasible(graph, cluster)
-    plan = _pipeline.solve(graph, cluster, options)
-    if plan.status == "infeasible":
-        raise_overrun(graph, cluster, plan)
-    return plan
+                           started=started, micro_batches=micro_batches, batch_size=batch_size)
+    if options.micro_batches == 1:
+        check_feasible(graph, cluster)
+        result = StepResult(_pipeline.solve(graph, cluster, options), graph, 1, "step", 1, {})
+    else:
+        result = _solve_step(graph, cluster, options)
+    if result.plan.status == "infeasible":
+        raise_overrun(result.graph, cluster, result.plan)
+    return result
 
 
 def raise_overrun(graph: OpGraph, cluster: Cluster, plan: Plan) -> None:

@@ -74,6 +74,19 @@ class SolveLog:
         Budgets were counted in charged work, not wall seconds.
     skipped : mapping name -> str
         Placers that failed or whose plan was invalid, and why.
+    micro_batches : int
+        Slices the step was split into (``pesto.solve(micro_batches=...)``; 1: not split).
+    graph_kind : str
+        The graph the plan places: ``"step"`` (the graph given),
+        ``"micro-batched"`` (:func:`pesto.microbatch.split_step` of it) or
+        ``"replicated"`` (:func:`pesto.replicate.replicate`, one replica per
+        GPU, split into ``micro_batches`` when above 1).
+    replicas : int
+        Data-parallel replicas (1 unless ``graph_kind == "replicated"``).
+    steps : mapping name -> µs
+        With ``micro_batches`` "auto" or above 1: the step time of each plan
+        compared across graphs (``"M=4"``: Pesto's best with 4 slices,
+        ``"gpipe M=4"``, ``"1f1b M=4"``, ``"data-parallel"``).
     """
 
     pipeline: str
@@ -88,10 +101,14 @@ class SolveLog:
     skipped: Mapping[str, str] = field(default_factory=dict)
     stopped: str = ""
     deterministic: bool = False
+    micro_batches: int = 1
+    graph_kind: str = "step"
+    replicas: int = 1
+    steps: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
-        for key in ("candidates", "coarse", "skipped"):
+        for key in ("candidates", "coarse", "skipped", "steps"):
             object.__setattr__(self, key, _frozen(getattr(self, key)))
 
     def stage(self, name: str) -> Stage | None:
@@ -103,7 +120,16 @@ class SolveLog:
                 "candidates": dict(self.candidates), "winner": self.winner, "bound": self.bound,
                 "bound_source": self.bound_source, "vertices": self.vertices,
                 "coarse": dict(self.coarse), "hint": self.hint, "skipped": dict(self.skipped),
-                "stopped": self.stopped, "deterministic": self.deterministic}
+                "stopped": self.stopped, "deterministic": self.deterministic,
+                **self._step_dict()}
+
+    def _step_dict(self) -> dict:
+        """The micro-batch fields, only when the plan is not of the graph as
+        given (so an un-split solve's JSON is what it always was)."""
+        if self.graph_kind == "step" and self.micro_batches == 1 and not self.steps:
+            return {}
+        return {"micro_batches": self.micro_batches, "graph_kind": self.graph_kind, "replicas": self.replicas,
+                "steps": dict(self.steps)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SolveLog":

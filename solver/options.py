@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import coarsen
+from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 
@@ -111,11 +112,16 @@ class SolveOptions:
         the simple bound only
     partitions : the best start placements the coarsening keeps representable
     max_starts : plans the reschedule stage re-orders
+    micro_batches : 1 (the step as given), an int ``M`` > 1 (the step in
+        ``M`` slices: :mod:`solver.step_search`) or ``"auto"``
+    batch_size : the step's batch size, if known: ``M`` must divide it, and
+        ``"auto"`` tries its divisors up to 16
 
     Raises
     ------
     TypeError, ValueError
-        An option of the wrong type or out of range, an unknown placer
+        An option of the wrong type or out of range (``micro_batches`` and
+        ``batch_size``: :class:`~pesto.errors.MicroBatchError`), an unknown placer
         (backend, hint or heuristic) or pipeline, or an unsupported
         combination (``pipeline="full"`` with another backend than CP-SAT).
     """
@@ -140,6 +146,8 @@ class SolveOptions:
     bound_time: float | None = None
     partitions: int = 1
     max_starts: int = 4
+    micro_batches: int | str = 1
+    batch_size: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "coarsen_options", MappingProxyType(dict(self.coarsen_options)))
@@ -148,6 +156,21 @@ class SolveOptions:
             object.__setattr__(self, "heuristics", tuple(self.heuristics))
         self._check_numbers()
         self._check_names()
+        self._check_micro_batches()
+
+    def _check_micro_batches(self) -> None:
+        m, b = self.micro_batches, self.batch_size
+        if b is not None and (not isinstance(b, numbers.Integral) or isinstance(b, bool) or b < 1):
+            raise MicroBatchError(f"batch_size must be an integer >= 1, got {b!r}", culprit=b)
+        if m == "auto":
+            return
+        if not isinstance(m, numbers.Integral) or isinstance(m, bool):
+            raise MicroBatchError(f"micro_batches must be an integer >= 1 or 'auto', got {m!r} "
+                                  f"({type(m).__name__})", culprit=m)
+        if m < 1:
+            raise MicroBatchError(f"micro_batches must be an integer >= 1 or 'auto', got {m}", culprit=m)
+        if b is not None and b % m:
+            raise MicroBatchError(f"micro_batches={m} does not divide batch_size={b}", culprit=m)
 
     def _check_numbers(self) -> None:
         if self.time_limit is not None and not (isinstance(self.time_limit, (int, float))

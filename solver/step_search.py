@@ -1,0 +1,213 @@
+"""``pesto.solve(micro_batches=M | "auto")``: the best plan over transformed steps.
+
+A plan of a micro-batched or replicated step places a *different graph* than
+the step given (:func:`pesto.microbatch.split_step`,
+:func:`pesto.replicate.replicate`), so :func:`solve_step` returns it with that
+graph (:class:`StepResult`), and the plan's log says which graph it is
+(``micro_batches``, ``graph_kind``, ``replicas``) and every step compared
+(``steps``); :func:`step_graph` rebuilds the graph from those fields.
+
+The candidates, all scored by the same simulator (``finalize``):
+
+* for each ``M`` tried, ``M > 1``: the pipeline (:func:`solver.pipeline.run_pipeline`)
+  on the step split into ``M`` slices, started from the GPipe and 1F1B plans
+  of that ``M`` (:func:`solver.pipeline_baselines.pipeline_plan`), and those
+  two plans themselves;
+* ``M == 1`` (with ``"auto"``): the pipeline on the step as given;
+* the data-parallel plan (one replica per GPU, ring all-reduce, not split).
+
+The result is the best of them (a plan that fits memory before one that does
+not, then the shortest step): never slower than any candidate. ``"auto"``
+tries :func:`micro_batch_counts` and gives every ``M`` a fair share of the
+time left.
+
+Batch marks: a graph with unmarked ops (``Op.batch is None``) is marked by
+:func:`pesto.training.infer_batch_marks` (TensorFlow's data inputs); when
+that finds no rule, :class:`~pesto.errors.BatchMarkError` says so.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from pesto.cluster import Cluster
+from pesto.errors import BatchMarkError, PestoError
+from pesto.graph import OpGraph
+from pesto.microbatch import split_step
+from pesto.plan import Plan
+from pesto.replicate import replicate
+from pesto.solvelog import SolveLog
+from pesto.training import infer_batch_marks
+
+from .options import SolveOptions
+from .pipeline import PIPELINES, run_pipeline
+from .pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
+
+__all__ = ["StepResult", "solve_step", "step_graph", "micro_batch_counts", "with_marks", "AUTO_MAX"]
+
+#: ``micro_batches="auto"`` tries counts up to this many slices.
+AUTO_MAX = 16
+#: Seconds the pipeline gets at least for one ``M``, however little is left.
+MIN_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The best plan of a step over micro-batch counts and data parallelism.
+
+    Attributes
+    ----------
+    plan : Plan
+        Over ``graph``'s ops; ``plan.log`` has ``micro_batches``,
+        ``graph_kind``, ``replicas`` and ``steps``.
+    graph : OpGraph
+        The graph the plan places: the step, its split, or its replicated form.
+    micro_batches : int
+    graph_kind : str
+        ``"step"``, ``"micro-batched"`` or ``"replicated"``.
+    replicas : int
+    steps : mapping name -> µs
+        Every candidate's step (``"M=4"``, ``"gpipe M=4"``, ``"data-parallel"``).
+    """
+
+    plan: Plan
+    graph: OpGraph
+    micro_batches: int
+    graph_kind: str
+    replicas: int
+    steps: Mapping[str, float]
+
+
+def micro_batch_counts(micro_batches, batch_size: int | None = None) -> list[int]:
+    """The counts to try: ``[M]``, or for ``"auto"`` the divisors of
+    ``batch_size`` up to :data:`AUTO_MAX` (1, 2, 4, 8, 16 without one).
+
+    >>> micro_batch_counts("auto", 24), micro_batch_counts("auto"), micro_batch_counts(3)
+    ([1, 2, 3, 4, 6, 8, 12], [1, 2, 4, 8, 16], [3])
+    """
+    if micro_batches != "auto":
+        return [int(micro_batches)]
+    if batch_size is None:
+        return [m for m in (1, 2, 4, 8, 16) if m <= AUTO_MAX]
+    return [m for m in range(1, min(batch_size, AUTO_MAX) + 1) if batch_size % m == 0]
+
+
+def with_marks(graph: OpGraph) -> OpGraph:
+    """``graph`` if every op has a batch mark, else marked by
+    :func:`pesto.training.infer_batch_marks`.
+
+    Raises
+    ------
+    BatchMarkError
+        Unmarked ops and no rule to infer their marks (no data input found).
+    """
+    if all(op.batch is not None for op in graph.ops):
+        return graph
+    try:
+        return infer_batch_marks(graph)
+    except BatchMarkError as exc:
+        raise BatchMarkError(f"graph {graph.name!r} has ops without batch marks (Op.batch) and no rule infers "
+                             f"them: {exc}; mark the ops (JSON 'batch': true/false)", culprit=graph.name) from None
+
+
+def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
+    """The graph a plan with these log fields places (``plan.log.micro_batches``,
+    ``graph_kind``, ``replicas``), rebuilt from the step ``graph``.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``graph_kind``.
+    """
+    if graph_kind == "step":
+        return graph
+    marked = with_marks(graph)
+    if graph_kind == "micro-batched":
+        return split_step(marked, micro_batches).graph
+    if graph_kind == "replicated":
+        rep = replicate(marked, replicas).graph
+        return rep if micro_batches == 1 else split_step(rep, micro_batches).graph
+    raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
+
+
+@dataclass
+class _Best:
+    """The best candidate so far and every candidate's step."""
+
+    result: StepResult | None = None
+    steps: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+
+    def offer(self, name: str, plan: Plan, graph: OpGraph, m: int, kind: str, replicas: int = 1) -> None:
+        self.steps[name] = plan.makespan
+        if self.result is None or _rank(plan) < _rank(self.result.plan):
+            self.result = StepResult(plan, graph, m, kind, replicas, {})
+
+
+def _rank(plan: Plan):
+    return (plan.status == "infeasible", plan.makespan)
+
+
+def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> StepResult:
+    """The best plan over the counts of ``options.micro_batches`` and data
+    parallelism (module doc), within ``options.time_limit``.
+
+    Raises
+    ------
+    BatchMarkError
+        As :func:`with_marks`.
+    """
+    t0 = options.started if options.started is not None else time.perf_counter()
+    say = options.progress or (lambda line: None)
+    marked = with_marks(graph)
+    counts = micro_batch_counts(options.micro_batches, options.batch_size)
+    best = _Best()
+    try:
+        dp = data_parallel_plan(marked, cluster)
+        best.offer("data-parallel", dp.plan, dp.graph, 1, "replicated", dp.stages)
+        say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
+    except PestoError as exc:
+        say(f"data-parallel: skipped ({exc})")
+    end = None if options.time_limit is None else t0 + options.time_limit
+    for k, m in enumerate(counts):
+        left = None if end is None else max(MIN_SECONDS, (end - time.perf_counter()) / (len(counts) - k))
+        before = set(best.steps)
+        _try_count(graph if m == 1 else marked, cluster, options, m, left, best)
+        mine = {n: v for n, v in best.steps.items() if n not in before}
+        say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
+    return _finish(best, options)
+
+
+def _try_count(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
+               best: _Best) -> None:
+    """Offer the pipeline's plan of the step in ``m`` slices (started from
+    GPipe and 1F1B of that ``m``, offered too)."""
+    t = time.perf_counter()
+    starts, split = [], graph
+    if m > 1:
+        split = split_step(graph, m).graph
+        for schedule in SCHEDULES:
+            try:
+                sp = pipeline_plan(graph, cluster, schedule=schedule, micro_batches=m)
+            except PestoError as exc:  # e.g. no forward/backward stage split: Pesto alone
+                best.skipped[f"{schedule} M={m}"] = str(exc)
+                continue
+            starts.append(sp.plan)
+            best.offer(f"{schedule} M={m}", sp.plan, sp.graph, m, "micro-batched")
+    if seconds is not None:
+        seconds = max(MIN_SECONDS, seconds - (time.perf_counter() - t))
+    inner = options.replace(time_limit=seconds, started=None, micro_batches=1, batch_size=None, progress=None)
+    name = inner.pipeline_for(split)
+    plan = run_pipeline(split, cluster, PIPELINES[name], inner, name=name, starts=starts)
+    best.offer(f"M={m}", plan, split, m, "micro-batched" if m > 1 else "step")
+
+
+def _finish(best: _Best, options: SolveOptions) -> StepResult:
+    """The winner with its log's micro-batch fields and the steps compared."""
+    r = best.result
+    log = r.plan.log or SolveLog(pipeline="", winner=r.plan.placer)
+    log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
+                  steps=dict(best.steps), skipped={**log.skipped, **best.skipped})
+    return replace(r, plan=replace(r.plan, log=log), steps=log.steps)
+
