@@ -36,10 +36,12 @@ import time
 from pathlib import Path
 
 from solver import PLACERS, accepted_options, get_placer
+from solver.pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
+from solver.step_search import step_graph, with_marks
 
 from . import __version__
 from . import cluster as C
-from .api import default_cluster, evaluate, raise_overrun, solve
+from .api import default_cluster, evaluate, raise_overrun, solve_step
 from .errors import InfeasibleError, InvalidPlanError, PestoError
 from .graph import OpGraph
 from .memory import fmt_bytes
@@ -216,27 +218,51 @@ def cluster_for_plan(graph, plan, cluster_arg: str | None, saved: dict | None = 
 
 
 def run_placer(args, graph, cluster, placer: str):
-    """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve`
-    (coarsen, solve, expand, simulate, check), the others through the registry
-    (given ``--time-limit`` and ``--seed`` when they take them)."""
+    """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve_step`
+    (coarsen, solve, expand, simulate, check; ``--micro-batches``), the
+    micro-batch baselines through :mod:`solver.pipeline_baselines`, the others
+    through the registry (given ``--time-limit`` and ``--seed`` when they take
+    them). Returns the plan and the graph it places (the step, or its split
+    or replicated form)."""
     if placer not in PLACERS:
         raise CliError(f"unknown placer {placer!r}; known: {', '.join(sorted(PLACERS))}")
+    micro = getattr(args, "micro_batches", 1)
     if placer in EXACT_PLACERS:
         with _progress(args, f"{placer}: solving (time limit {args.time_limit:g} s; graphs above "
                              f"{args.target_vertices} ops are coarsened)", args.time_limit):
             try:
-                return solve(graph, cluster=cluster, time_limit=args.time_limit,
-                             target_vertices=args.target_vertices, backend=placer, seed=args.seed,
-                             deterministic=getattr(args, "deterministic", False),
-                             progress=lambda line: _say(args, line))
+                r = solve_step(graph, cluster=cluster, time_limit=args.time_limit,
+                               target_vertices=args.target_vertices, backend=placer, seed=args.seed,
+                               deterministic=getattr(args, "deterministic", False),
+                               progress=lambda line: _say(args, line), micro_batches=micro,
+                               batch_size=getattr(args, "batch_size", None))
             except ValueError as exc:  # an option pesto.solve rejects (e.g. --target-vertices 0)
                 raise CliError(str(exc)) from None
+            return r.plan, r.graph
+    if micro == "auto":
+        raise CliError(f"--micro-batches auto needs placer cpsat or mip, not {placer!r}")
     try:
-        fn = get_placer(placer)
-    except (ImportError, AttributeError) as exc:
-        raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
+        return _place_step(args, graph, cluster, placer, micro)
+    except ValueError as exc:  # MicroBatchError, BatchMarkError
+        raise CliError(f"{placer}: {exc}") from None
+
+
+def _place_step(args, graph, cluster, placer: str, micro: int):
+    """A non-exact placer's plan and the graph it places (``micro`` slices:
+    GPipe and 1F1B default to 4, data parallelism to 1; a heuristic places the split step)."""
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
-        return fn(graph, cluster, **accepted_options(fn, {"time_limit": args.time_limit, "seed": args.seed}))
+        if placer in SCHEDULES:
+            r = pipeline_plan(with_marks(graph), cluster, schedule=placer, micro_batches=micro if micro > 1 else 4)
+            return r.plan, r.graph
+        if placer == "data-parallel":
+            r = data_parallel_plan(with_marks(graph), cluster, micro_batches=micro)
+            return r.plan, r.graph
+        placed = graph if micro == 1 else step_graph(graph, micro, "micro-batched")
+        try:
+            fn = get_placer(placer)
+        except (ImportError, AttributeError) as exc:
+            raise CliError(f"placer {placer!r} is not available: {exc}", EXIT_MISSING) from None
+        return fn(placed, cluster, **accepted_options(fn, {"time_limit": args.time_limit, "seed": args.seed})), placed
 
 
 def describe_plan(plan, cluster) -> str:
@@ -254,6 +280,24 @@ def describe_plan(plan, cluster) -> str:
             flag = "  OOM" if p is not None and p > d.memory else ""
             lines.append(f"  {d.name:>10}: {nops:6d} ops, peak {fmt_bytes(p)} of {fmt_bytes(d.memory)}{flag}")
     return "\n".join(lines)
+
+
+def describe_step(plan, placed) -> str:
+    """What the plan of a transformed step places, and every step compared (``--micro-batches``)."""
+    log, stats = plan.log, plan.stats or {}
+    m = log.micro_batches if log is not None else stats.get("micro_batches", 1)
+    kind = log.graph_kind if log is not None else ("replicated" if "replicas" in stats else "micro-batched")
+    lines = [f"  plan of the {kind} step {placed.name}: {m} micro-batch(es), {placed.num_ops} ops"]
+    if log is not None and log.steps:
+        lines.append("  steps compared: " + ", ".join(f"{k} {v / 1000:.3f} ms" for k, v in log.steps.items()))
+    return "\n".join(lines)
+
+
+def step_graph_path(plan_path: str) -> str:
+    """Where ``pesto place -o plan.json`` writes the graph its plan places: ``plan.graph.json.gz``."""
+    p = Path(plan_path)
+    stem = p.name[:-len(p.suffix)] if p.suffix else p.name
+    return str(p.with_name(f"{stem}.graph.json.gz"))
 
 
 def check_output(path, what: str, suffixes=None) -> None:
@@ -279,18 +323,20 @@ def cmd_place(args) -> int:
     _say(args, f"graph {graph.name}: {graph.num_ops} ops, {graph.num_edges} edges; "
                f"cluster {cluster.name}: {', '.join(cluster.names)}")
     try:
-        plan = run_placer(args, graph, cluster, args.placer)
+        plan, placed = run_placer(args, graph, cluster, args.placer)
         if plan.status == "infeasible":  # a baseline's over-memory plan: said as pesto.solve says it
-            raise_overrun(graph, cluster, plan)
+            raise_overrun(placed, cluster, plan)
     except InfeasibleError as exc:
         if exc.plan is not None:
             print(describe_plan(exc.plan, cluster))
         raise CliError(f"{exc}\nno plan written", EXIT_INFEASIBLE) from None
     print(describe_plan(plan, cluster))
+    if placed is not graph:
+        print(describe_step(plan, placed))
     if args.compare:
         rows = [(args.placer, plan.makespan)]
         for name in [c.strip() for c in args.compare.split(",") if c.strip()]:
-            other = run_placer(args, graph, cluster, name)
+            other, _ = run_placer(args, graph, cluster, name)
             rows.append((name, other.makespan))
         best = plan.makespan
         print("placer        step (ms)   vs this")
@@ -298,9 +344,14 @@ def cmd_place(args) -> int:
             print(f"{name:<12} {ms / 1000:10.3f}   {ms / best:6.3f}x")
     if args.output:
         # the plan JSON plus the cluster and graph name, so `pesto simulate` replays on the same cluster
-        data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
+        data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": placed.name}
         Path(args.output).write_text(json.dumps(data))
         _say(args, f"wrote {args.output}")
+        if placed is not graph:  # the plan places another graph: write it next to the plan
+            gpath = step_graph_path(args.output)
+            placed.to_json(gpath)
+            print(f"the plan places {placed.name} ({placed.num_ops} ops), written to {gpath}; verify with "
+                  f"`pesto check {gpath} {args.output}` and `pesto simulate {gpath} {args.output}`")
     if plan.status == "interrupted":
         stopped = plan.log.stopped if plan.log is not None else "interrupt"
         print(f"pesto: interrupted ({stopped}): the best plan so far"
@@ -459,7 +510,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--deterministic", action="store_true",
                     help="reproducible mode: the same input, seed and limit give the same plan, byte for byte "
                          "(budgets counted in solver work, so wall time may differ from --time-limit)")
-    sp.add_argument("--compare", help="comma-separated placers to run too and compare, e.g. expert,m-etf")
+    sp.add_argument("--compare", help="comma-separated placers to run too and compare, e.g. expert,m-etf,gpipe,"
+                                      "1f1b,data-parallel")
+    sp.add_argument("--micro-batches", type=_micro_batches, default=1,
+                    help="split the step into M micro-batches (an int >= 1) or 'auto' (cpsat/mip try the divisors "
+                         "of --batch-size up to 16 and data parallelism); with -o the transformed graph is "
+                         "written next to the plan (PLAN.graph.json.gz)")
+    sp.add_argument("--batch-size", type=_at_least(1), default=None,
+                    help="the step's batch size: --micro-batches must divide it")
     sp.add_argument("-o", "--output", help="write the plan JSON here (it records the cluster)")
 
     sp = add("simulate", cmd_simulate, "replay a plan in the step simulator")
@@ -500,6 +558,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("placers", cmd_placers, "list the placers and whether they are available")
     return p
+
+
+def _micro_batches(text: str):
+    """``--micro-batches``: ``auto`` or an int >= 1."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {value}")
+    return value
 
 
 def _at_least(lo: float, kind=int):

@@ -14,7 +14,8 @@ The candidates, all scored by the same simulator (``finalize``):
   of that ``M`` (:func:`solver.pipeline_baselines.pipeline_plan`), and those
   two plans themselves;
 * ``M == 1`` (with ``"auto"``): the pipeline on the step as given;
-* the data-parallel plan (one replica per GPU, ring all-reduce, not split).
+* the data-parallel plan (one replica per GPU, ring all-reduce), not split
+  and (for each ``M > 1`` tried) with each replica in ``M`` slices.
 
 The result is the best of them (a plan that fits memory before one that does
 not, then the shortest step): never slower than any candidate. ``"auto"``
@@ -195,6 +196,11 @@ def _try_count(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, 
                 continue
             starts.append(sp.plan)
             best.offer(f"{schedule} M={m}", sp.plan, sp.graph, m, "micro-batched")
+        try:
+            dp = data_parallel_plan(graph, cluster, micro_batches=m)
+            best.offer(f"data-parallel M={m}", dp.plan, dp.graph, m, "replicated", dp.stages)
+        except PestoError as exc:
+            best.skipped[f"data-parallel M={m}"] = str(exc)
     if seconds is not None:
         seconds = max(MIN_SECONDS, seconds - (time.perf_counter() - t))
     inner = options.replace(time_limit=seconds, started=None, micro_batches=1, batch_size=None, progress=None)
