@@ -109,7 +109,7 @@ def with_marks(graph: OpGraph) -> OpGraph:
         return infer_batch_marks(graph)
     except BatchMarkError as exc:
         raise BatchMarkError(f"graph {graph.name!r} has ops without batch marks (Op.batch) and no rule infers "
-                             f"them: {exc}; mark the ops (JSON 'batch': true/false)", culprit=graph.name) from None
+                             f"them ({exc}); mark the ops (JSON 'batch': true/false)") from None
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
