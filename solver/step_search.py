@@ -38,7 +38,7 @@ from pesto.graph import OpGraph
 from pesto.microbatch import split_step
 from pesto.plan import Plan
 from pesto.replicate import replicate
-from pesto.solvelog import SolveLog
+from pesto.solvelog import SolveLog, Stage
 from pesto.training import infer_batch_marks
 
 from .options import SolveOptions
@@ -139,6 +139,7 @@ class _Best:
     result: StepResult | None = None
     steps: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)
+    t0: float = field(default_factory=time.perf_counter)
 
     def offer(self, name: str, plan: Plan, graph: OpGraph, m: int, kind: str, replicas: int = 1) -> None:
         self.steps[name] = plan.makespan
@@ -212,7 +213,9 @@ def _try_count(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, 
 def _finish(best: _Best, options: SolveOptions) -> StepResult:
     """The winner with its log's micro-batch fields and the steps compared."""
     r = best.result
-    log = r.plan.log or SolveLog(pipeline="", winner=r.plan.placer)
+    took = time.perf_counter() - (options.started if options.started is not None else best.t0)
+    log = r.plan.log or SolveLog(pipeline="step search", winner=r.plan.placer, bound_source="none",
+                                 stages=(Stage("step search", took, r.plan.makespan, "a baseline's plan won"),))
     log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
                   steps=dict(best.steps), skipped={**log.skipped, **best.skipped})
     return replace(r, plan=replace(r.plan, log=log), steps=log.steps)
