@@ -49,7 +49,7 @@ VERSION = 1
 STATUSES = ("optimal", "feasible", "heuristic", "infeasible", "unknown", "interrupted")
 EPS = 1e-6  # µs; tolerance for float schedules
 
-__all__ = ["Transfer", "Plan", "Report", "check_plan", "memory_profile", "STATUSES"]
+__all__ = ["Transfer", "Plan", "Report", "check_plan", "memory_profile", "percent", "STATUSES"]
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ class Plan:
 
     def summary(self) -> str:
         ms = "?" if self.makespan is None else f"{self.makespan / 1000:.3f} ms"
-        lb = "" if self.lower_bound is None else f", bound {self.lower_bound / 1000:.3f} ms, gap {_percent(self.gap or 0)}"
+        lb = "" if self.lower_bound is None else f", bound {self.lower_bound / 1000:.3f} ms, gap {percent(self.gap or 0)}"
         counts = {d: len(o) for d, o in self.order.items()}
         return f"{self.placer or 'plan'} [{self.status}]: step {ms}{lb}, ops per device {counts}, {self.wall_time:.2f} s"
 
@@ -322,7 +322,7 @@ class Report:
         return cls(list(_field(d, "violations")))
 
 
-def _percent(x: float) -> str:
+def percent(x: float) -> str:
     """A ratio as a percentage that is never shown as 0 unless it is 0
     (``0.0001`` is ``'0.01%'``, not ``'0.0%'``)."""
     return f"{100 * x:.1f}%" if x == 0 or abs(x) >= 0.001 else f"{100 * x:.2g}%"

@@ -69,7 +69,11 @@ class SolveLog:
         What the exact solver started from (a placer name), or why none.
     stopped : str
         Why the run ended before its stages' budgets: ``"time limit"``,
-        ``"SIGINT"``, ``"SIGTERM"``; empty if it did not.
+        ``"SIGINT"``, ``"SIGTERM"``, ``"stopped early: incumbent within 1e-06
+        of the lower bound (<its source>)"``; empty if it did not.
+    stopped_early : bool
+        The search stages left were skipped because the incumbent was proven
+        optimal (within :data:`solver.bounds.TOLERANCE` of a lower bound).
     deterministic : bool
         Budgets were counted in charged work, not wall seconds.
     skipped : mapping name -> str
@@ -100,6 +104,7 @@ class SolveLog:
     hint: str = ""
     skipped: Mapping[str, str] = field(default_factory=dict)
     stopped: str = ""
+    stopped_early: bool = False
     deterministic: bool = False
     micro_batches: int = 1
     graph_kind: str = "step"
@@ -121,6 +126,7 @@ class SolveLog:
                 "bound_source": self.bound_source, "vertices": self.vertices,
                 "coarse": dict(self.coarse), "hint": self.hint, "skipped": dict(self.skipped),
                 "stopped": self.stopped, "deterministic": self.deterministic,
+                **({"stopped_early": True} if self.stopped_early else {}),
                 **self._step_dict()}
 
     def _step_dict(self) -> dict:

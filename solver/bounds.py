@@ -45,11 +45,25 @@ from pesto.problem import INF, Problem
 from pesto.finalize import finalize
 
 
-__all__ = ["lower_bound", "energetic_bound", "chain_bound", "phases", "Phases", "greedy_plan"]
+__all__ = ["TOLERANCE", "reached", "lower_bound", "energetic_bound", "chain_bound", "phases", "Phases",
+           "greedy_plan"]
 
 ENERGY_OPS = 3000         # energetic reasoning keeps the longest ops (dropping ops only relaxes)
 ENERGY_TERMS = 4_000_000  # (window, op) terms per makespan test
 CHAIN_WINDOW = 256        # chain_bound: a phase spans at most this many path ops (fewer only weakens it)
+
+#: Relative: a plan whose step is within it of a lower bound is optimal.
+TOLERANCE = 1e-6
+
+
+def reached(step: float | None, bound: float) -> bool:
+    """A plan of step time ``step`` (µs; None: no plan to improve) is within
+    :data:`TOLERANCE` of the lower bound ``bound``: it is optimal.
+
+    >>> reached(100.00005, 100.0), reached(100.001, 100.0)
+    (True, False)
+    """
+    return step is None or step <= bound + TOLERANCE * max(1.0, bound)
 
 
 def lower_bound(graph: OpGraph, cluster: Cluster) -> float:

@@ -15,6 +15,9 @@ reschedule, expand, status: needed for the plan).
 
 The rules of :meth:`Budget.grant`:
 
+0. once the solve is finished early (:meth:`Budget.finish`: the incumbent is
+   within :data:`~solver.bounds.TOLERANCE` of a lower bound, so no search can
+   improve it), every optional stage is skipped with that reason;
 1. an optional stage is skipped once the deadline has passed or the solve was
    interrupted, and with the stage it depends on (``Cost.after``: the exact
    stage after coarsen);
@@ -114,6 +117,7 @@ class Skip:
     ~3.1 s, 2.0 s left)"``, ``"SIGINT"``...)."""
 
     reason: str
+    early: bool = False  # skipped by rule 0: the solve finished early (:meth:`Budget.finish`)
 
     @property
     def note(self) -> str:
@@ -143,6 +147,8 @@ class Budget:
         self.unit = unit
         self.skipped: dict[str, str] = {}  # stage -> reason, the stages this budget skipped
         self.stopped = ""  # why stages were skipped for time: "time limit", "SIGINT"...
+        self.finished = ""  # why no optional stage runs any more (:meth:`finish`), e.g. the incumbent is optimal
+        self.stopped_early = False  # a stage was skipped for that reason
 
     def measure(self, seconds_per_run: float) -> None:
         """Set the cost unit, once (a later measure is ignored)."""
@@ -211,6 +217,8 @@ class Budget:
             checked as in rule 2 (wall clock with a unit only)
         """
         cost, dl = self.cost(stage), self.deadline
+        if self.finished and cost.optional:
+            return Skip(self.finished, early=True)
         if cost.optional or need:
             why = self._why_not(stage, need)
             if why:
@@ -218,6 +226,11 @@ class Budget:
         if want is None:
             want = self.wants.get(stage, cost.share * self.left() if cost.share is not None else math.inf)
         return dl.sub(max(0.0, min(want, self.left() - self.reserve(stage))))
+
+    def finish(self, reason: str) -> None:
+        """Stop early: from now on every optional stage is skipped for ``reason``
+        (rule 0; the mandatory ones still run). The first reason stays."""
+        self.finished = self.finished or reason
 
     def _why_not(self, stage: str, need: float) -> str:
         cost, dl = self.cost(stage), self.deadline
@@ -232,4 +245,5 @@ class Budget:
     def skip(self, stage: str, skip: Skip) -> None:
         """Record that ``stage`` was skipped (the stages ahead reserve nothing for it)."""
         self.skipped[stage] = skip.reason
+        self.stopped_early = self.stopped_early or skip.early
         self.stopped = self.stopped or ("time limit" if skip.reason.startswith("time limit") else skip.reason)

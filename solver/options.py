@@ -93,11 +93,12 @@ class SolveOptions:
     workers, seed : for CP-SAT and the searches
     coarsen_options : options of :func:`coarsen.coarsen` (e.g. ``{"method": "height"}``)
     pipeline : "full", "paper" or None (full for CP-SAT, paper otherwise)
-    verbose : print progress and CP-SAT's log
+    verbose : True (1): print a progress line at each stage's start and end
+        (the stage, the incumbent's step, the bound, the gap; ms); 2: CP-SAT's log too
     deterministic : budgets counted in charged work (CP-SAT's deterministic
         time, a fixed cost per simulated move) instead of wall seconds, so the
         same input, seed and limit give the same plan on any load
-    progress : called with a line per stage (the CLI prints them)
+    progress : called with each progress line (the CLI prints them on stderr)
     started : ``time.perf_counter()`` when the user's call began (the
         deadline counts from it, so pre-checks are inside ``time_limit``)
     heuristics : the baselines to run (default: every registered one,
@@ -134,7 +135,7 @@ class SolveOptions:
     seed: int = 0
     coarsen_options: Mapping = field(default_factory=lambda: {"method": "height"})
     pipeline: str | None = None
-    verbose: bool = False
+    verbose: bool | int = False
     deterministic: bool = False
     progress: Callable[[str], None] | None = None
     started: float | None = None

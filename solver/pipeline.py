@@ -33,8 +33,9 @@ from pesto.cluster import Cluster
 from pesto.deadline import Deadline
 from pesto.finalize import finalize
 from pesto.graph import OpGraph
-from pesto.plan import Plan
+from pesto.plan import Plan, percent
 
+from .bounds import TOLERANCE, reached
 from .budget import COSTS, GROUP_MIN_SECONDS, Budget, Cost, Skip
 from .options import SHARES, SolveOptions
 from .registry import HEURISTICS
@@ -44,7 +45,7 @@ from .status import final_status, status
 from .subcluster import gpu_groups
 
 __all__ = ["HEURISTICS", "SHARES", "PIPELINES", "STAGES", "SolveOptions", "Run", "new_run", "run_stages",
-           "run_pipeline", "solve", "improve", "solve_fine", "final_status"]
+           "run_pipeline", "solve", "improve", "solve_fine", "final_status", "stop_if_optimal", "standing"]
 
 
 def one_group(run: Run, deadline: Deadline) -> None:
@@ -117,14 +118,48 @@ def run_stages(run: Run, stages: Sequence[str] | None = None) -> Plan | None:
     result = None
     with run.budget.deadline.catching_signals(), _old_objects_frozen():
         for st in stages or run.stages:
+            stop_if_optimal(run)
             grant = run.budget.grant(st)
             if isinstance(grant, Skip):
                 run.budget.skip(st, grant)
                 run.trace.record(st, time.perf_counter(), None, grant.note)
+                run.trace.say(f"{st}: {grant.note}")
                 continue
+            seconds = "" if grant.seconds == float("inf") else f" ({grant.seconds:.1f} s granted)"
+            run.trace.say(f"{st}: start{seconds} | {standing(run)}")
+            n, t = len(run.trace.stages), time.perf_counter()
             gc.freeze()  # what earlier stages made (plans of every op) lives on too
             result = STAGES[st](run, grant)
+            note = run.trace.stages[-1].note if len(run.trace.stages) > n else "nothing to do"
+            run.trace.say(f"{st}: done in {time.perf_counter() - t:.2f} s{': ' + note if note else ''}"
+                          f" | {standing(run)}")
     return result
+
+
+def stop_if_optimal(run: Run) -> None:
+    """Finish the run early (:meth:`Budget.finish <solver.budget.Budget.finish>`:
+    the search stages left are skipped) once its incumbent is within
+    :data:`~solver.bounds.TOLERANCE` of the lower bound known so far (critical
+    path / work from the start, the exact solver's once it solved the graph
+    itself), or once the exact solver proved its plan optimal on the graph
+    itself (the incumbent is that plan or better): no stage can improve it.
+    Never on stagnation: a stage that found nothing new does not stop the run."""
+    step = run.best_step
+    if step is None or run.budget.finished:
+        return
+    if reached(step, run.bound):
+        run.budget.finish(f"stopped early: incumbent within {TOLERANCE:g} of the lower bound ({run.bound_source})")
+    elif run.coarse is None and run.solved is not None and run.solved.status == "optimal":
+        run.budget.finish(f"stopped early: {run.options.backend} proved the incumbent optimal on the graph itself")
+
+
+def standing(run: Run) -> str:
+    """The progress tail: the incumbent's step, the best bound so far and the gap, in ms."""
+    step, bound = run.best_step, run.bound
+    if step is None:
+        return f"no incumbent yet, bound {bound / 1000:.3f} ms"
+    gap = max(0.0, (step - bound) / step) if step > 0 else 0.0
+    return f"incumbent {step / 1000:.3f} ms, bound {bound / 1000:.3f} ms, gap {percent(gap)}"
 
 
 def run_pipeline(graph: OpGraph, cluster: Cluster, stages: Sequence[str], options: SolveOptions, *,

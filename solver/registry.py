@@ -192,5 +192,5 @@ def run_placers(graph, cluster, names, *, extra: Mapping[str, Mapping] | None = 
             errors[rec.name] = f"unavailable: {exc}"
         else:
             if say is not None:
-                say(f"{rec.name}: {plans[rec.name].makespan:.1f} µs ({plans[rec.name].status})")
+                say(f"{rec.name}: {plans[rec.name].makespan / 1000:.3f} ms ({plans[rec.name].status})")
     return plans, errors

@@ -39,6 +39,8 @@ from pesto.plan import Plan, check_plan
 from pesto.problem import Problem
 from pesto.solvelog import Stage
 
+from .bound_model import SIMPLE_SOURCE
+from .bounds import lower_bound
 from .budget import CANDIDATE_RUNS, HEURISTIC_COST, RESCHEDULE_RUNS, Budget, Skip
 from .lns import lns
 from .options import SolveOptions
@@ -60,7 +62,16 @@ class Trace:
         self.skipped: dict[str, str] = {}
         self.hint = ""
 
+    @property
+    def talks(self) -> bool:
+        """Someone reads the progress lines (``verbose`` or a ``progress`` callback)."""
+        return bool(self.verbose) or self.progress is not None
+
     def say(self, msg: str) -> None:
+        """One progress line, ``[pesto  <elapsed>s] msg``: printed with ``verbose``,
+        passed to the ``progress`` callback when there is one."""
+        if not self.talks:
+            return
         line = f"[pesto {time.perf_counter() - self.t0:7.2f}s] {msg}"
         if self.verbose:
             print(line, flush=True)
@@ -68,10 +79,9 @@ class Trace:
             self.progress(line)
 
     def record(self, name: str, t: float, makespan: float | None = None, note: str = "") -> None:
-        """The stage ``name`` that began at ``t`` (``time.perf_counter()``)."""
+        """The stage ``name`` that began at ``t`` (``time.perf_counter()``); the
+        loop (:func:`solver.pipeline.run_stages`) reports it."""
         self.stages.append(Stage(name, time.perf_counter() - t, makespan, note))
-        if note:
-            self.say(f"{name}: {note}")
 
 
 @dataclass
@@ -110,6 +120,32 @@ class Run:
     coarse: coarsen.CoarseGraph | None = None
     hint: Plan | None = None
     solved: Plan | None = None
+    bound: float = 0.0
+    bound_source: str = SIMPLE_SOURCE
+
+    def __post_init__(self):
+        """The cheap lower bound (critical path / work), known from the start."""
+        try:
+            self.bound = lower_bound(self.graph, self.cluster)
+        except InfeasibleError:  # no problem arrays: the baselines name why in log.skipped
+            self.bound = 0.0
+
+    def raise_bound(self, value: float | None, source: str) -> None:
+        """A lower bound of the graph found on the way (the exact solver's on the graph itself)."""
+        if value is not None and value > self.bound:
+            self.bound, self.bound_source = float(value), source
+
+    @property
+    def best_step(self) -> float | None:
+        """The incumbent's step time (µs): the shortest memory-feasible plan of
+        the graph found so far (candidates, starts, baselines when they are
+        of the graph); None before any."""
+        plans = [p for _, p in self.plans.pool] + self.plans.ranked + self.plans.starts
+        if self.coarse is None:
+            plans += self.plans.baselines.values()
+        steps = [p.makespan for p in plans if p.status != "infeasible" and p.makespan is not None
+                 and len(p.placement) == self.graph.num_ops]
+        return min(steps, default=None)
 
     @property
     def work(self) -> OpGraph:
@@ -318,8 +354,10 @@ def exact(run: Run, deadline: Deadline) -> None:
         run.trace.hint = hint.placer or "plan"
     fn = get(opts.backend).fn
     options = {"time_limit": max(0.01, deadline.seconds), "seed": opts.seed, "workers": opts.workers,
-               "hint": hint, "log": opts.verbose, "deadline": deadline}
+               "hint": hint, "log": opts.verbose >= 2, "deadline": deadline}
     run.solved = fn(run.work, run.cluster, **accepted_options(fn, options))
+    if run.coarse is None and run.solved.status != "infeasible":  # its bound holds for the graph itself
+        run.raise_bound(run.solved.lower_bound, opts.backend)
     run.trace.record("exact", t, run.solved.makespan,
                      f"{opts.backend} {run.solved.status} on {run.work.num_ops} vertices")
 
@@ -370,7 +408,7 @@ def lns_stage(run: Run, deadline: Deadline) -> None:
         return
     opts = run.options
     out = lns(run.graph, run.cluster, choose(run.plans.pool)[1], time_limit=max(0.01, deadline.seconds),
-              seed=opts.seed, workers=opts.workers or 1, log=opts.verbose, deadline=deadline)
+              seed=opts.seed, workers=opts.workers or 1, log=opts.verbose >= 2, deadline=deadline)
     run.plans.pool.append(("lns", out))
     info = out.info_of(LnsInfo)
     run.trace.record("lns", t, out.makespan, f"{info.kept} of {info.windows} windows kept")

@@ -11,15 +11,12 @@ from pesto.deadline import Deadline
 from pesto.plan import Plan, check_plan
 from pesto.solvelog import SolveLog
 
-from .bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, comm_bound
-from .bounds import lower_bound, phases
+from .bound_model import CHAIN_SOURCE, comm_bound
+from .bounds import TOLERANCE, reached, phases
 from .budget import CHAIN_RUNS, CHECK_RUNS, COMM_BOUND_RUNS, STATUS_RUNS
 from .stages import Run, choose
 
 __all__ = ["status", "final_status", "TOLERANCE"]
-
-TOLERANCE = 1e-6  # relative; a plan within it of the lower bound is optimal
-
 
 def final_status(plan: Plan, bound: float, *, proved_optimal: bool, exact_ran: bool,
                  interrupted: bool = False) -> str:
@@ -36,15 +33,11 @@ def final_status(plan: Plan, bound: float, *, proved_optimal: bool, exact_ran: b
     """
     if plan.status == "infeasible":
         return "infeasible"
-    if proved_optimal or plan.makespan <= bound + TOLERANCE * max(1.0, bound):
+    if proved_optimal or reached(plan.makespan, bound):
         return "optimal"
     if interrupted:
         return "interrupted"
     return "feasible" if exact_ran else "heuristic"
-
-
-def _reached(plan: Plan, bound: float) -> bool:
-    return plan.makespan is None or plan.makespan <= bound + TOLERANCE * max(1.0, bound)
 
 
 def status(run: Run, deadline: Deadline) -> Plan:
@@ -70,7 +63,8 @@ def status(run: Run, deadline: Deadline) -> Plan:
         raise ValueError(f"no candidate plan: the stages {list(run.stages)} made none")
     winner, best = choose(pool)
     on_graph = solved is not None and run.coarse is None
-    bound, source = _bound(run, best, on_graph)
+    bound, source = _bound(run, best)
+    run.raise_bound(bound, source)
     st = final_status(best, bound, exact_ran=solved is not None, interrupted=run.budget.deadline.interrupted,
                       proved_optimal=on_graph and winner == opts.backend and best.status == "optimal")
     note = st + _check(run, best)
@@ -82,27 +76,26 @@ def status(run: Run, deadline: Deadline) -> Plan:
     log = SolveLog(pipeline=run.name, stages=run.trace.stages, candidates={k: p.makespan for k, p in pool},
                    winner=winner, bound=bound, bound_source=source, vertices=run.work.num_ops, coarse=coarse,
                    hint=run.trace.hint, skipped=run.trace.skipped,
-                   stopped=budget.deadline.reason or budget.stopped, deterministic=budget.deadline.deterministic)
+                   stopped=budget.deadline.reason or budget.stopped, stopped_early=budget.stopped_early,
+                   deterministic=budget.deadline.deterministic)
     result = best.replace(placer="pesto", lower_bound=bound, status=st, log=log,
                           wall_time=time.perf_counter() - run.trace.t0)
     run.trace.say(result.summary())
     return result
 
 
-def _bound(run: Run, best: Plan, on_graph: bool) -> tuple[float, str]:
+def _bound(run: Run, best: Plan) -> tuple[float, str]:
     """The lower bound and its source: the simple bound, the exact solver's
     (when it solved the graph itself), the phase bound, the communication-aware one."""
-    graph, solved, budget = run.graph, run.solved, run.budget
-    bound, source = lower_bound(graph, run.cluster), SIMPLE_SOURCE
-    if on_graph and solved.lower_bound is not None and solved.status != "infeasible" and solved.lower_bound > bound:
-        bound, source = solved.lower_bound, run.options.backend
+    graph, budget = run.graph, run.budget
+    bound, source = run.bound, run.bound_source  # critical path / work, or the exact solver's on the graph
     bound, source, phased = _cheap_bound(run, best, bound, source)
     interrupted = budget.deadline.interrupted
     bound_time = 0.0 if interrupted else budget.deadline.budget(budget.wants.get("status", 0.0))
     if budget.predicting:  # building its model, then the final check
         room = budget.left() - budget.runs(STATUS_RUNS + COMM_BOUND_RUNS)
         bound_time = min(bound_time, room) if room > 0.05 else 0.0
-    if bound_time > 0.05 and not _reached(best, bound):
+    if bound_time > 0.05 and not reached(best.makespan, bound):
         cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1,
                         seed=run.options.seed, deterministic=budget.deadline.deterministic, phased=phased)
         if cb.value > bound:  # (never above the makespan: the incumbent caps the model)
@@ -116,7 +109,7 @@ def _cheap_bound(run: Run, best: Plan, bound: float, source: str):
     source, phases)`` (phases None when skipped) so :func:`comm_bound` need
     not repeat them."""
     budget = run.budget
-    if budget.deadline.interrupted or _reached(best, bound) or not budget.fits(CHAIN_RUNS + CHECK_RUNS):
+    if budget.deadline.interrupted or reached(best.makespan, bound) or not budget.fits(CHAIN_RUNS + CHECK_RUNS):
         return bound, source, None
     phased = phases(run.graph, run.cluster)
     if phased.value > bound:

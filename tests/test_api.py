@@ -257,3 +257,15 @@ def test_solve_takes_a_placement_as_hint_and_is_never_slower():
     given = pesto.evaluate(g, mine)
     plan = pesto.solve(g, gpus=2, hint=mine, time_limit=3, workers=1, target_vertices=50)
     assert plan.makespan <= given.makespan + 1e-6
+
+
+def test_verbose_prints_a_progress_line_per_stage_start_and_end(capfd):
+    g = OpGraph.from_edges({"a": 20, "b": 30, "c": 40}, [("a", "b", 1000), ("a", "c", 1000)])
+    plan = pesto.solve(g, gpus=2, time_limit=5, workers=1, verbose=True)
+    out = capfd.readouterr().out  # capfd: CP-SAT logs to the file descriptor
+    for s in plan.log.stages:
+        assert f"] {s.name}: start" in out and f"] {s.name}: done in " in out
+    assert "exact: done in " in out and "cpsat optimal on 3 vertices | incumbent 0.090 ms, bound 0.090 ms" in out
+    assert "CpSolverResponse" not in out  # CP-SAT's own log only with verbose=2
+    pesto.solve(g, gpus=2, time_limit=5, workers=1)
+    assert capfd.readouterr().out == ""  # quiet by default

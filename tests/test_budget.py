@@ -127,3 +127,22 @@ def test_a_passed_deadline_skips_the_optional_stages_only():
     clock.t += 11.0
     assert b.grant("lns") == Skip("time limit")
     assert b.grant("expand").expired() and not isinstance(b.grant("reschedule"), Skip)
+
+
+def test_finish_skips_the_optional_stages_only_and_keeps_its_first_reason():
+    b = Budget(Deadline(60.0), PIPELINES["full"], unit=0.01)
+    b.finish("stopped early: proved")
+    b.finish("another reason")
+    for stage in ("one group", "coarsen", "exact", "lns", "local search"):
+        skip = b.grant(stage)
+        assert skip == Skip("stopped early: proved", early=True)
+        b.skip(stage, skip)
+    assert b.stopped == "stopped early: proved" and b.stopped_early
+    assert not isinstance(b.grant("expand"), Skip) and not isinstance(b.grant("status"), Skip)
+    assert not isinstance(b.grant("baselines", need=0.1), Skip)  # a heuristic still runs
+
+
+def test_a_skip_for_time_is_not_an_early_stop():
+    b = Budget(Deadline(4.0), ["lns", "status"], unit=1.0)
+    b.skip("lns", b.grant("lns"))
+    assert b.stopped == "time limit" and not b.stopped_early

@@ -287,3 +287,15 @@ def test_evaluate_scores_a_placement_file(tmp_path, capsys, graph_json):
     ppath.write_text(json.dumps({g.names[0]: "/GPU:0"}))
     rc, _, err = run(capsys, "evaluate", gpath, ppath)
     assert rc == EXIT_INFEASIBLE and "have no device" in err
+
+
+def test_place_shows_progress_on_stderr_in_ms_unless_quiet(tmp_path, capsys):
+    gpath = tmp_path / "chain.json"
+    OpGraph.from_edges({"a": 20, "b": 30, "c": 40}, [("a", "b", 10 ** 8), ("b", "c", 10 ** 8)]).to_json(str(gpath))
+    rc, out, err = run(capsys, "place", gpath, "--time-limit", 30)
+    assert rc == EXIT_OK
+    assert "] baselines: done in " in err and "| incumbent 0.090 ms, bound 0.090 ms, gap 0.0%" in err
+    assert "exact: skipped: stopped early: incumbent within 1e-06 of the lower bound" in err
+    assert "µs" not in err and "[pesto" not in out
+    rc, out, err = run(capsys, "place", gpath, "--time-limit", 30, "--quiet")
+    assert rc == EXIT_OK and "[pesto" not in err

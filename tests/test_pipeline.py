@@ -7,10 +7,11 @@ import pytest
 
 from benchmarks.generators import layered_dag
 from pesto.cluster import gpus, hosts
+from pesto.graph import OpGraph
 from pesto.plan import Plan, check_plan
 from solver.options import SHARES, SolveOptions, stage_shares
-from solver.pipeline import PIPELINES, STAGES, new_run, run_pipeline, run_stages, solve
-from solver.registry import baselines
+from solver.pipeline import PIPELINES, STAGES, improve, new_run, run_pipeline, run_stages, solve
+from solver.registry import baselines, get_placer
 from solver.stages import choose
 from solver.status import final_status
 
@@ -146,3 +147,66 @@ def test_the_stage_list_and_the_stage_times_follow_the_options():
     assert SolveOptions(time_limit=None).stage_seconds("full")["lns"] == 0.0
     assert stage_shares(("reschedule", "lns", "local search", "status")) == pytest.approx(
         {"exact": 0.0, "lns": 0.4 / 0.7, "local search": 0.3 / 0.7})
+
+
+# -- early stop ---------------------------------------------------------------------------
+def _chain(n: int) -> OpGraph:
+    """A chain with heavy transfers: the critical path is the lower bound and
+    every op on one GPU reaches it (the "single" baseline finds that plan)."""
+    return OpGraph.from_edges({f"n{i}": 10 + i % 5 for i in range(n)},
+                              [(f"n{i}", f"n{i + 1}", 10 ** 8) for i in range(n - 1)])
+
+
+def _fork() -> OpGraph:
+    """No heuristic plan reaches critical path / work (60 µs); CP-SAT proves 90 µs."""
+    return OpGraph.from_edges({"a": 20, "b": 30, "c": 40}, [("a", "b", 1000), ("a", "c", 1000)])
+
+
+def test_a_heuristic_plan_at_the_lower_bound_skips_the_search_stages_and_says_why():
+    g = _chain(50)
+    plan = solve(g, CLUSTER, SolveOptions(time_limit=60, workers=1, target_vertices=10))
+    assert plan.log.pipeline == "full" and plan.log.stopped_early and plan.status == "optimal"
+    assert plan.log.stopped == "stopped early: incumbent within 1e-06 of the lower bound (critical path / work)"
+    skipped = {s.name for s in plan.log.stages if s.note == f"skipped: {plan.log.stopped}"}
+    assert skipped == {"one group", "coarsen", "exact", "lns", "local search"}
+    assert _names(plan) == ["baselines", "one group", "reschedule", "coarsen", "exact", "expand", "lns", "local search", "status"]
+    assert "cpsat" not in plan.log.candidates and plan.makespan == plan.lower_bound
+    check_plan(g, CLUSTER, plan).raise_if_invalid()
+
+
+def test_the_paper_list_skips_the_exact_solver_when_a_baseline_reaches_the_bound():
+    plan = solve(_chain(3), CLUSTER, SolveOptions(time_limit=60, workers=1))
+    assert plan.log.pipeline == "paper" and plan.log.stopped_early
+    assert _notes(plan)["exact"].startswith("skipped: stopped early: incumbent within 1e-06")
+    assert plan.status == "optimal"
+
+
+def test_a_graph_whose_heuristic_plans_miss_the_bound_runs_the_exact_stage():
+    plan = solve(_fork(), CLUSTER, SolveOptions(time_limit=5, workers=1))
+    assert not plan.log.stopped_early and plan.log.stopped == ""
+    assert _notes(plan)["exact"] == "cpsat optimal on 3 vertices" and plan.log.winner == "cpsat"
+
+
+def test_an_exact_proof_on_the_graph_itself_skips_the_searches_after_it():
+    g = _fork()
+    start = get_placer("m-topo")(g, CLUSTER)
+    plan = improve(g, CLUSTER, [start], cpsat_time=5, lns_time=5, refine_time=5, workers=1)
+    assert _notes(plan)["exact"] == "cpsat optimal on 3 vertices"
+    assert plan.log.stopped_early
+    assert plan.log.stopped == "stopped early: cpsat proved the incumbent optimal on the graph itself"
+    assert _notes(plan)["lns"] == _notes(plan)["local search"] == f"skipped: {plan.log.stopped}"
+    assert plan.status == "optimal" and plan.makespan < start.makespan
+
+
+def test_progress_lines_name_each_stage_its_incumbent_and_bound_in_ms():
+    lines = []
+    plan = solve(_fork(), CLUSTER, SolveOptions(time_limit=5, workers=1, progress=lines.append))
+    for st in _names(plan):
+        start = next(ln for ln in lines if f"] {st}: start" in ln)
+        done = next(ln for ln in lines if f"] {st}: done in " in ln)
+        assert "bound " in start and "bound " in done  # "| incumbent 0.090 ms, bound ..." once there is one
+    exact = next(ln for ln in lines if "] exact: start" in ln)
+    assert exact.endswith("| incumbent 0.090 ms, bound 0.060 ms, gap 33.3%")  # critical path / work
+    assert "status: done in " in lines[-1] and "incumbent 0.090 ms, bound 0.090 ms" in lines[-1]  # CP-SAT's bound
+    assert not any("µs" in ln for ln in lines)
+    assert any(ln.endswith("m-topo: 0.142 ms (heuristic)") for ln in lines)
