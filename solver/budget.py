@@ -54,7 +54,7 @@ Skip(reason='time limit (needs ~5.0 s, 4.0 s left)')
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
@@ -117,7 +117,7 @@ class Skip:
     ~3.1 s, 2.0 s left)"``, ``"SIGINT"``...)."""
 
     reason: str
-    early: bool = False  # skipped by rule 0: the solve finished early (:meth:`Budget.finish`)
+    early: bool = field(default=False, repr=False)  # rule 0: the solve finished early (:meth:`Budget.finish`)
 
     @property
     def note(self) -> str:
