@@ -56,7 +56,8 @@ class Trace:
     records, the placers skipped (and why), the hint; and the progress lines."""
 
     def __init__(self, options: SolveOptions):
-        self.t0 = time.perf_counter()
+        # the elapsed seconds of the progress lines count from where the time limit does
+        self.t0 = options.started if options.started is not None else time.perf_counter()
         self.verbose, self.progress = options.verbose, options.progress
         self.stages: list[Stage] = []
         self.skipped: dict[str, str] = {}
