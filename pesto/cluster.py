@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from .jsonio import write as _write_document
 from .errors import InvalidClusterError, SchemaError
 from .graph import _check_header, _field, _load_json
 from .symmetry import Swaps
@@ -145,10 +146,15 @@ class Cluster:
             raise InvalidClusterError("a cluster needs at least one device")
         self.index: dict[str, int] = {}
         for i, d in enumerate(self.devices):
-            if d.name in self.index:
-                raise InvalidClusterError(f"duplicate device {d.name!r}")
             if not isinstance(d, Device):
                 raise InvalidClusterError(f"expected Device, got {type(d).__name__}: {d!r}")
+            if not isinstance(d.name, str) or not d.name:
+                raise InvalidClusterError(f"device name must be a non-empty string, got {d.name!r}")
+            if not isinstance(d.kind, str) or not d.kind:
+                raise InvalidClusterError(f"device {d.name!r}: kind must be a non-empty string "
+                                          f"such as 'GPU', got {d.kind!r}")
+            if d.name in self.index:
+                raise InvalidClusterError(f"duplicate device {d.name!r}")
             if not (isinstance(d.memory, numbers.Integral) and not isinstance(d.memory, bool)
                     and d.memory > 0):
                 raise InvalidClusterError(f"device {d.name!r} has invalid memory {d.memory!r}")
@@ -167,8 +173,9 @@ class Cluster:
             for b in (r.beta0, r.beta1):
                 if not _cost_ok(b):
                     raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r} has an invalid cost {b!r}")
-            if isinstance(r.links, str):
-                raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r}: links must be a list of names, got {r.links!r}")
+            if isinstance(r.links, str) or not all(isinstance(x, str) and x for x in r.links):
+                raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r}: links must be a list of names "
+                                          f"(non-empty strings), got {list(r.links) if not isinstance(r.links, str) else r.links!r}")
             self._routes[(r.src, r.dst)] = Route(r.src, r.dst, tuple(r.links), float(r.beta0), float(r.beta1))
         for a in self.devices:
             for b in self.devices:
@@ -293,24 +300,31 @@ class Cluster:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Cluster":
+        """Inverse of :meth:`to_dict`; a field of the wrong type (``"memory": true``,
+        ``"contention_free": "false"``, links that are not names) raises
+        :class:`SchemaError` or :class:`InvalidClusterError` naming it."""
         _check_header(d, FORMAT, VERSION)
+        cf, name = d.get("contention_free", False), d.get("name", "cluster")
+        if not isinstance(cf, bool):
+            raise SchemaError(f"{FORMAT}: contention_free must be true or false, got {cf!r}")
+        if not isinstance(name, str):
+            raise SchemaError(f"{FORMAT}: name must be a string, got {name!r}")
         try:
-            devs = [Device(x["name"], x.get("kind", "GPU"), int(x["memory"]), float(x.get("speed", 1.0)))
-                    for x in _field(d, "devices")]
-            routes = [Route(r["src"], r["dst"], tuple(r["links"]), r["beta0"], r["beta1"])
-                      for r in _field(d, "routes")]
+            devs = [_device_from(x) for x in _entries(d, "devices")]
+            routes = [Route(r["src"], r["dst"], _links_from(r), r["beta0"], r["beta1"])
+                      for r in _entries(d, "routes")]
         except KeyError as exc:
             raise SchemaError(f"{FORMAT}: an entry lacks required field {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            raise SchemaError(f"{FORMAT}: malformed entry ({exc})") from None
-        return cls(devs, routes, contention_free=d.get("contention_free", False), name=d.get("name", "cluster"))
+        return cls(devs, routes, contention_free=cf, name=name)
 
     def to_json(self, path=None, indent=2):
+        """JSON text, or write it to ``path`` (gzip-compressed if it ends in
+        ``.gz``; atomically: :func:`pesto.jsonio.write`)."""
         text = json.dumps(self.to_dict(), indent=indent)
         if path is None:
             return text
-        with open(path, "w") as f:
-            f.write(text)
+        _write_document(path, text)
+        return None
 
     @classmethod
     def from_json(cls, source) -> "Cluster":
@@ -320,6 +334,31 @@ class Cluster:
         return isinstance(other, Cluster) and self.to_dict() == other.to_dict()
 
     __hash__ = None
+
+
+def _entries(d: Mapping, key: str) -> list:
+    items = _field(d, key)
+    if not isinstance(items, list) or not all(isinstance(x, Mapping) for x in items):
+        raise SchemaError(f"{FORMAT}: {key} must be a list of objects, got {items!r:.80}")
+    return items
+
+
+def _device_from(x: Mapping) -> Device:
+    """A device entry; memory a whole number of bytes, speed a number (no booleans)."""
+    memory, speed = x["memory"], x.get("speed", 1.0)
+    if (isinstance(memory, bool) or not isinstance(memory, (int, float)) or not math.isfinite(memory)
+            or memory != int(memory)):
+        raise SchemaError(f"{FORMAT}: device {x.get('name')!r}: memory must be a whole number of bytes, got {memory!r}")
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)):
+        raise SchemaError(f"{FORMAT}: device {x.get('name')!r}: speed must be a number, got {speed!r}")
+    return Device(x["name"], x.get("kind", "GPU"), int(memory), float(speed))
+
+
+def _links_from(r: Mapping) -> tuple:
+    links = r["links"]
+    if not isinstance(links, list):
+        raise SchemaError(f"{FORMAT}: route {r.get('src')!r} -> {r.get('dst')!r}: links must be a list, got {links!r}")
+    return tuple(links)
 
 
 # -- presets -------------------------------------------------------------------
@@ -505,15 +544,22 @@ PRESETS = {"v100x2_nvlink": v100x2_nvlink, "v100x4_pcie": v100x4_pcie,
 _HOSTS = re.compile(r"^hosts(\d+)x(\d+)_(\w+)$")
 
 
-def preset(name: str) -> Cluster:
+def preset(name: str, *, with_cpu: bool | None = None) -> Cluster:
     """A preset by name, ``hostsNxG_NET`` (``hosts(N, G, NET)``, e.g.
-    ``hosts2x2_25gbe``), or a cluster JSON path."""
+    ``hosts2x2_25gbe``), or a cluster JSON path. ``with_cpu`` (presets only;
+    None: each preset's default) adds or leaves out the host ``/CPU:0``: the
+    CLI and the benchmarks add it only when some op cannot run on a GPU.
+
+    >>> preset("v100x4_pcie").names[-1], preset("v100x4_pcie", with_cpu=False).names[-1]
+    ('/CPU:0', '/GPU:3')
+    """
+    cpu = {} if with_cpu is None else {"with_cpu": bool(with_cpu)}
     if name in PRESETS:
-        return PRESETS[name]()
+        return PRESETS[name](**cpu)
     m = _HOSTS.match(name)
     if m:
-        return hosts(int(m.group(1)), int(m.group(2)), m.group(3))
-    if name.endswith(".json"):
+        return hosts(int(m.group(1)), int(m.group(2)), m.group(3), **cpu)
+    if name.endswith((".json", ".json.gz")):
         return Cluster.from_json(name)
     raise InvalidClusterError(f"unknown cluster preset {name!r}; known: {sorted(PRESETS)}, "
                               f"hostsNxG_NET (NET in {sorted(NETWORKS)}) or a .json file")

@@ -74,6 +74,7 @@ from pesto.plan import Plan
 from pesto.problem import INF, Problem
 
 from .bounds import Phases, energetic_bound, lower_bound, phases
+from .cpsat_solve import search
 
 __all__ = ["Bound", "RelaxedModel", "comm_bound", "colocation_bound", "edge_delay", "reduced_edges", "SIMPLE_SOURCE", "CHAIN_SOURCE",
            "ENERGY_SOURCE", "COLOCATION_SOURCE"]
@@ -436,7 +437,8 @@ class RelaxedModel:
         solver.parameters.max_time_in_seconds = max(0.01, time_limit) * (10 if deterministic else 1)
         solver.parameters.num_workers = max(1, workers)
         solver.parameters.random_seed = seed
-        code = solver.solve(self.m)
+        solver.parameters.catch_sigint_signal = False  # else OR-Tools swallows Ctrl-C during and after it
+        code = search(solver, self.m)  # in a worker thread: Ctrl-C reaches the solve's handler
         if code == cp_model.OPTIMAL:
             return solver.objective_value / self.scale, True
         lo = self.lo
