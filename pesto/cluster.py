@@ -174,8 +174,9 @@ class Cluster:
                 if not _cost_ok(b):
                     raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r} has an invalid cost {b!r}")
             if isinstance(r.links, str) or not all(isinstance(x, str) and x for x in r.links):
+                got = r.links if isinstance(r.links, str) else list(r.links)
                 raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r}: links must be a list of names "
-                                          f"(non-empty strings), got {list(r.links) if not isinstance(r.links, str) else r.links!r}")
+                                          f"(non-empty strings), got {got!r}")
             self._routes[(r.src, r.dst)] = Route(r.src, r.dst, tuple(r.links), float(r.beta0), float(r.beta1))
         for a in self.devices:
             for b in self.devices:
