@@ -177,7 +177,10 @@ class Cluster:
                 got = r.links if isinstance(r.links, str) else list(r.links)
                 raise InvalidClusterError(f"route {r.src!r} -> {r.dst!r}: links must be a list of names "
                                           f"(non-empty strings), got {got!r}")
-            self._routes[(r.src, r.dst)] = Route(r.src, r.dst, tuple(r.links), float(r.beta0), float(r.beta1))
+            if not (type(r) is Route and type(r.links) is tuple and type(r.beta0) is float
+                    and type(r.beta1) is float):  # already as stored (500 GPUs: 250k routes)
+                r = Route(r.src, r.dst, tuple(r.links), float(r.beta0), float(r.beta1))
+            self._routes[(r.src, r.dst)] = r
         for a in self.devices:
             for b in self.devices:
                 if a is not b and (a.name, b.name) not in self._routes:
