@@ -8,7 +8,7 @@ GPUS ?= 2
 STEPS ?= 20
 HOSTS ?=
 
-.PHONY: install test demo bench bench-quick train clean
+.PHONY: install test demo bench bench-quick train notebooks clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,9 @@ demo: install
 
 train: install
 	$(BIN)/python -m tf_patch.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS)
+
+notebooks: install
+	$(BIN)/python notebooks/execute.py
 
 bench: install
 	$(BIN)/python -m benchmarks.run_all $(if $(PLACEMENT),--placement $(PLACEMENT))

@@ -17,11 +17,17 @@ Exit codes
 ----------
 0 success; 1 the problem or plan is infeasible or invalid (e.g. out of memory,
 ``check`` found violations); 2 bad input (missing file, malformed or cyclic
-graph, unknown placer, preset or model); 3 a needed component is not
-installed (e.g. TensorFlow for ``profile``); 130 interrupted (Ctrl-C or SIGTERM
-during ``place``: the best plan so far is printed and written with status
-``interrupted``; a second Ctrl-C aborts at once, writing nothing, as does one
-before the first heuristic made a plan).
+graph, unknown placer, preset or model, an output that cannot be written);
+3 a needed component is not installed (e.g. TensorFlow for ``profile``);
+130 interrupted (Ctrl-C, SIGTERM or SIGHUP during ``place``: the best plan so
+far is written with status ``interrupted`` and printed; a second Ctrl-C aborts
+at once, writing nothing, as does one before the first heuristic made a plan);
+141 the reader of the output went away (``pesto placers | head -1``).
+
+Files: graphs, plans, placements and clusters may be gzipped (told by their
+content; written gzipped when the name ends in ``.gz``). Every JSON output is
+written to a temporary file and renamed over the target, so an interrupted
+write leaves the previous file whole.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,8 +54,12 @@ from .graph import OpGraph
 from .memory import fmt_bytes
 from .plan import Plan, check_plan
 from .simulate import simulate
+from . import jsonio
+from .api import load_placement, needs_cpu
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_INPUT, EXIT_MISSING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
+SEED_MAX = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
 
 ZOO_MODELS = ("rnnlm", "nmt", "transformer", "nasnet")
 EXACT_PLACERS = ("cpsat", "mip")
@@ -57,10 +68,13 @@ EPILOG = """\
 exit codes:
   0    success
   1    infeasible or invalid: no plan fits memory, or `check` found violations
-  2    bad input: missing file, malformed/cyclic graph, unknown placer/preset/model
+  2    bad input: missing or damaged file, malformed/cyclic graph, unknown
+       placer/preset/model, an output path that cannot be written
   3    a needed component is not installed (e.g. TensorFlow for `profile`)
-  130  interrupted (the best plan so far is written; a second Ctrl-C, or one before
-       any plan exists, aborts writing nothing)
+  130  interrupted: Ctrl-C, SIGTERM or SIGHUP (the best plan so far is written; a
+       second Ctrl-C, or one before any plan exists, aborts writing nothing)
+  141  the output pipe was closed (e.g. `pesto placers | head -1`)
+files may be gzipped (read by content, written gzipped when named *.gz)
 """
 
 
@@ -75,16 +89,19 @@ class CliError(Exception):
 # -- helpers -------------------------------------------------------------------
 def _say(args, msg: str) -> None:
     if not getattr(args, "quiet", False):
-        print(msg, file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) must not lose the plan
+            print(msg, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
 def _progress(args, desc: str, seconds: float | None = None):
     """A stage line on stderr and, on a terminal, a tqdm bar ticking towards
-    ``seconds`` (a solver time limit) so long solves show they are alive."""
+    ``seconds`` (a solver time limit) so long solves show they are alive.
+    Yields a dict: set ``"end"`` to say how the stage ended (default "done")."""
     _say(args, f"{desc} ...")
     t0 = time.perf_counter()
     bar = stop = thread = None
+    info = {"end": "done"}
     if seconds and not getattr(args, "quiet", False) and sys.stderr.isatty():
         try:
             from tqdm import tqdm
@@ -102,13 +119,17 @@ def _progress(args, desc: str, seconds: float | None = None):
             thread = threading.Thread(target=tick, daemon=True)
             thread.start()
     try:
-        yield
+        yield info
+    except KeyboardInterrupt:
+        info["end"] = "interrupted"
+        raise
     finally:
         if bar is not None:
             stop.set()
             thread.join()
             bar.close()
-        _say(args, f"{desc}: done in {time.perf_counter() - t0:.1f} s")
+        _say(args, f"{desc}: {info['end']} {'in' if info['end'] == 'done' else 'after'} "
+                   f"{time.perf_counter() - t0:.1f} s")
 
 
 def _need_file(path: str, what: str) -> Path:
@@ -120,13 +141,30 @@ def _need_file(path: str, what: str) -> Path:
     return p
 
 
-def _load(path: str, what: str, cls):
-    """``cls.from_json`` of a file, with the file named in any error."""
-    p = _need_file(path, what)
+def _in_file(path: str, exc: Exception) -> str:
+    """An error message that names the file once."""
+    msg = str(exc)
+    return msg if msg.startswith(str(path)) else f"{path}: {msg}"
+
+
+def read_json(path: str, what: str):
+    """The JSON document in a file (gzipped or not), or a CliError naming it."""
+    _need_file(path, what)
     try:
-        return cls.from_json(str(p))
+        return jsonio.load(Path(path))
     except PestoError as exc:
-        raise CliError(f"{path}: {exc}") from None
+        raise CliError(_in_file(path, exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
+
+
+def _load(path: str, what: str, cls, data=None):
+    """``cls.from_dict`` of a file's document, with the file named in any error."""
+    data = read_json(path, what) if data is None else data
+    try:
+        return cls.from_dict(data)
+    except PestoError as exc:
+        raise CliError(_in_file(path, exc)) from None
 
 
 def load_graph(path: str):
@@ -136,11 +174,12 @@ def load_graph(path: str):
 
 def load_plan(path: str):
     """A Plan from a JSON file, and the cluster ``pesto place`` saved with it
-    (its ``"cluster"`` key; older files kept it in ``stats``), or None."""
-    plan = _load(path, "plan", Plan)
-    data = json.loads(Path(path).read_text())  # valid: it just loaded as a plan
+    (its ``"cluster"`` key, a cluster document or a preset name; older files
+    kept it in ``stats``), or None."""
+    data = read_json(path, "plan")
+    plan = _load(path, "plan", Plan, data)
     saved = data.get("cluster") or (plan.stats or {}).get("cluster")
-    return plan, saved if isinstance(saved, dict) else None
+    return plan, saved if isinstance(saved, (dict, str)) else None
 
 
 def parse_model(spec: str) -> tuple[str, str | None]:
@@ -154,39 +193,54 @@ def parse_model(spec: str) -> tuple[str, str | None]:
 
 
 def profile_model(args, spec: str, preset: str | None = None, costs: str = "v100"):
-    """Profile a zoo model into an OpGraph through ``tf_patch.opgraph_for``."""
+    """Profile a zoo model into an OpGraph through ``tf_patch.opgraph_for``;
+    without TensorFlow a CliError with exit code 3."""
     name, spec_preset = parse_model(spec)
     preset = preset or spec_preset or "small"
+    missing = ("profiling a zoo model needs TensorFlow ({}); install it with `pip install -e .[tf]` "
+               "or pass an OpGraph .json")
     try:  # TensorFlow is optional: imported only when a zoo model is profiled
         from tf_patch import opgraph_for
     except ImportError as exc:
-        raise CliError(f"profiling a zoo model needs TensorFlow and tf_patch ({exc}); "
-                       "install with `pip install -e .[tf]` or pass an OpGraph .json", EXIT_MISSING) from None
+        raise CliError(missing.format(exc), EXIT_MISSING) from None
     with _progress(args, f"profiling {name}:{preset} (costs={costs})"):
         try:
             return opgraph_for(name, preset, costs=costs)
+        except ImportError as exc:  # tf_patch imports TensorFlow lazily: it fails here
+            raise CliError(missing.format(exc), EXIT_MISSING) from None
         except (KeyError, ValueError) as exc:
             raise CliError(f"cannot build model {name!r} preset {preset!r}: {exc}") from None
 
 
+def _is_file_target(target: str) -> bool:
+    return target.endswith((".json", ".gz")) or os.sep in target or Path(target).exists()
+
+
 def graph_from_target(args, target: str):
     """An OpGraph from a JSON path or a zoo model spec."""
-    if target.endswith(".json") or os.sep in target or Path(target).exists():
+    if _is_file_target(target):
+        if getattr(args, "costs", None) is not None:
+            raise CliError(f"--costs {args.costs} applies to a zoo model, which Pesto profiles; "
+                           f"{target} is a graph file that already holds its costs")
         return load_graph(target)
-    return profile_model(args, target, costs=getattr(args, "costs", "v100"))
+    return profile_model(args, target, costs=getattr(args, "costs", None) or "v100")
 
 
 def make_cluster(graph, gpus: int | None, cluster: str | None):
     """The cluster named by ``--cluster`` (preset or JSON), else ``gpus`` identical
-    V100s over NVLink, plus ``/CPU:0`` when some op may run only on a CPU
-    (:func:`pesto.api.default_cluster`)."""
+    V100s over NVLink. A preset gets a ``/CPU:0`` only when some op may run
+    only on a CPU, as ``--gpus`` does (:func:`pesto.api.default_cluster`) and as
+    the benchmark tables are made: ``v100x4_pcie`` is its 4 GPUs for a graph
+    every op of which has a GPU kernel."""
     if cluster:
-        if cluster.endswith(".json"):
+        if cluster.endswith((".json", ".json.gz")):
             _need_file(cluster, "cluster")
-        try:
-            cl = C.preset(cluster)
-        except PestoError as exc:
-            raise CliError(str(exc)) from None
+            cl = _load(cluster, "cluster", C.Cluster)
+        else:
+            try:
+                cl = C.preset(cluster, with_cpu=needs_cpu(graph))
+            except PestoError as exc:
+                raise CliError(str(exc)) from None
         n_gpus = sum(1 for d in cl.devices if "GPU" in d.kind.upper())
         if gpus is not None and gpus != n_gpus:  # one of the two would be dropped silently
             raise CliError(f"--gpus {gpus} disagrees with --cluster {cluster} ({n_gpus} GPUs); give only one")
@@ -197,13 +251,54 @@ def make_cluster(graph, gpus: int | None, cluster: str | None):
     return default_cluster(graph, n)
 
 
-def cluster_for_plan(graph, plan, cluster_arg: str | None, saved: dict | None = None):
-    """``--cluster`` if given, else ``saved`` (the cluster ``pesto place`` wrote
-    into the plan file), else identical GPUs (and /CPU:0) as many as the plan uses."""
-    if cluster_arg:
-        return make_cluster(graph, None, cluster_arg)
+def cluster_for_plan(args, graph, plan, saved=None):
+    """The cluster to check or replay ``plan`` on: ``--cluster`` when given
+    (whatever the plan file says); else the cluster the plan file stores
+    (said on stderr, with a warning when it differs from the preset of its
+    name); else identical GPUs (and /CPU:0) as many as the plan uses."""
+    if args.cluster:
+        return make_cluster(graph, None, args.cluster)
+    if isinstance(saved, str):
+        _say(args, f"using cluster {saved!r} named in {args.plan}; --cluster names another")
+        return make_cluster(graph, None, saved)
     if saved is not None:
-        return C.Cluster.from_dict(saved)
+        try:
+            cl = C.Cluster.from_dict(saved)
+        except PestoError as exc:
+            raise CliError(f"{args.plan}: the cluster stored in it is malformed: {exc}") from None
+        _say(args, f"using the cluster stored in {args.plan} ({cl.name}, {len(cl)} devices); "
+                   "--cluster names another")
+        differs = _differs_from_preset(graph, cl)
+        if differs:
+            _say(args, f"warning: the stored cluster differs from preset {cl.name!r}: {differs}; "
+                       f"pass --cluster {cl.name} to use the preset")
+        return cl
+    return _cluster_from_devices(plan)
+
+
+def _differs_from_preset(graph, cl) -> str:
+    """How a cluster stored under a preset's name differs from that preset ("" if not, or no such preset)."""
+    cpu = needs_cpu(graph) or any(d.kind == "CPU" for d in cl.devices)
+    m = re.fullmatch(r"v100x(\d+)_nvlink", cl.name)  # what --gpus N builds
+    try:
+        ref = C.preset(cl.name, with_cpu=cpu) if m is None else C.gpus(int(m.group(1)), with_cpu=cpu)
+    except PestoError:
+        return ""
+    diffs = []
+    for d in cl.devices:
+        r = ref.devices[ref.index[d.name]] if d.name in ref.index else None
+        if r is None:
+            diffs.append(f"{d.name} is not in the preset")
+        elif (d.kind, d.memory, d.speed) != (r.kind, r.memory, r.speed):
+            diffs.append(f"{d.name} has {d.kind} {fmt_bytes(d.memory)} speed {d.speed:g}, "
+                         f"the preset {r.kind} {fmt_bytes(r.memory)} speed {r.speed:g}")
+    costs = {(r.src, r.dst): (r.beta0, r.beta1) for r in ref.routes}
+    if not diffs and any(costs.get((r.src, r.dst), (r.beta0, r.beta1)) != (r.beta0, r.beta1) for r in cl.routes):
+        diffs.append("its routes have other costs")
+    return "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else "")
+
+
+def _cluster_from_devices(plan):
     devs = set(plan.placement.values())
     gpu_ids = []
     for d in devs:
@@ -217,6 +312,22 @@ def cluster_for_plan(graph, plan, cluster_arg: str | None, saved: dict | None = 
     return C.gpus(max(gpu_ids, default=0) + 1, with_cpu="/CPU:0" in devs)
 
 
+def check_placers(args) -> list[str]:
+    """``--placer`` and the ``--compare`` names, checked before any loading or
+    profiling (an unknown one fails at once, not after a solve); returns the
+    names to compare."""
+    names = [c.strip() for c in (args.compare or "").split(",") if c.strip()]
+    for flag, name in [("--placer", args.placer)] + [("--compare", n) for n in names]:
+        if name not in PLACERS:
+            raise CliError(f"unknown placer {name!r} in {flag}; known: {', '.join(sorted(PLACERS))}")
+    return names
+
+
+def label(placer: str) -> str:
+    """How a placer's plan is named in output: ``pesto.solve`` is "pesto"."""
+    return "pesto" if placer == "cpsat" else f"pesto ({placer})" if placer in EXACT_PLACERS else placer
+
+
 def run_placer(args, graph, cluster, placer: str):
     """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve_step`
     (coarsen, solve, expand, simulate, check; ``--micro-batches``), the
@@ -228,8 +339,8 @@ def run_placer(args, graph, cluster, placer: str):
         raise CliError(f"unknown placer {placer!r}; known: {', '.join(sorted(PLACERS))}")
     micro = getattr(args, "micro_batches", 1)
     if placer in EXACT_PLACERS:
-        with _progress(args, f"{placer}: solving (time limit {args.time_limit:g} s; graphs above "
-                             f"{args.target_vertices} ops are coarsened)", args.time_limit):
+        with _progress(args, f"{label(placer)}: solving (time limit {args.time_limit:g} s; graphs above "
+                             f"{args.target_vertices} ops are coarsened)", args.time_limit) as info:
             try:
                 r = solve_step(graph, cluster=cluster, time_limit=args.time_limit,
                                target_vertices=args.target_vertices, backend=placer, seed=args.seed,
@@ -238,6 +349,8 @@ def run_placer(args, graph, cluster, placer: str):
                                batch_size=getattr(args, "batch_size", None))
             except ValueError as exc:  # an option pesto.solve rejects (e.g. --target-vertices 0)
                 raise CliError(str(exc)) from None
+            if r.plan.status == "interrupted":
+                info["end"] = f"stopped ({r.plan.log.stopped if r.plan.log is not None else 'interrupt'})"
             return r.plan, r.graph
     if micro == "auto":
         raise CliError(f"--micro-batches auto needs placer cpsat or mip, not {placer!r}")
@@ -273,12 +386,16 @@ def describe_plan(plan, cluster) -> str:
         lines.append(f"  {log.pipeline} pipeline: {stages}; plan from {log.winner}, "
                      f"bound from {log.bound_source}")
     peak = plan.peak_memory or {}
+    shown = 0
     for d in cluster.devices:
         nops = len(plan.order.get(d.name, ()))
         if nops or peak.get(d.name):
             p = peak.get(d.name)
             flag = "  OOM" if p is not None and p > d.memory else ""
             lines.append(f"  {d.name:>10}: {nops:6d} ops, peak {fmt_bytes(p)} of {fmt_bytes(d.memory)}{flag}")
+            shown += 1
+    if shown < len(cluster):
+        lines.append(f"  ({len(cluster) - shown} of {len(cluster)} devices run nothing)")
     return "\n".join(lines)
 
 
@@ -300,16 +417,82 @@ def step_graph_path(plan_path: str) -> str:
     return str(p.with_name(f"{stem}.graph.json.gz"))
 
 
+def device_list(cluster, most: int = 8) -> str:
+    """The cluster's device names, the middle left out beyond ``most``."""
+    names = cluster.names
+    if len(names) <= most:
+        return ", ".join(names)
+    return f"{', '.join(names[:most - 2])}, ..., {', '.join(names[-2:])} ({len(names)} devices)"
+
+
 def check_output(path, what: str, suffixes=None) -> None:
-    """Refuse, before any work, an output path whose directory is missing or
-    whose suffix the writer does not know (so no solve is lost at the end)."""
+    """Refuse, before any work, an output path that cannot be written: a
+    directory, a missing directory, a directory Pesto cannot create files in,
+    an existing file it cannot replace (read-only, immutable) or a suffix the
+    writer does not know. So no solve is lost at the end."""
     if not path:
         return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise CliError(f"{what} {path}: directory {parent} does not exist")
-    if suffixes is not None and Path(path).suffix.lower().lstrip(".") not in suffixes:
+    p = Path(path)
+    if p.is_dir():
+        raise CliError(f"{what} {path} is a directory; name a file (e.g. {p / 'out.json'})")
+    target = Path(os.path.realpath(p))
+    if not target.parent.is_dir():
+        raise CliError(f"{what} {path}: directory {target.parent} does not exist")
+    if suffixes is not None and p.suffix.lower().lstrip(".") not in suffixes:
         raise CliError(f"{what} {path}: unknown file type; use one of {', '.join(sorted(suffixes))}")
+    if target.exists() and not target.is_file():
+        return  # /dev/stdout, a FIFO: written in place
+    try:
+        if target.exists():
+            open(target, "ab").close()  # fails on a read-only or immutable file; writes nothing
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=".pesto-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CliError(f"{what} {path} cannot be written: {exc.strerror or exc}") from None
+
+
+def write_output(args, path: str, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` atomically. If that fails (a full disk, the
+    file made immutable meanwhile), the text is saved to a new file in the
+    current or the temporary directory, and the error names it."""
+    try:
+        jsonio.write(path, text)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        suffix = ".json.gz" if str(path).endswith(".gz") else ".json"
+        for folder in (os.getcwd(), tempfile.gettempdir()):
+            try:
+                fd, spare = tempfile.mkstemp(dir=folder, prefix=f"pesto-{what.split()[0]}-", suffix=suffix)
+                os.close(fd)
+                jsonio.write(spare, text)
+            except OSError:
+                continue
+            raise CliError(f"cannot write {what} {path} ({why}); it was saved to {spare} instead") from None
+        raise CliError(f"cannot write {what} {path} ({why}), nor a copy in {os.getcwd()} or "
+                       f"{tempfile.gettempdir()}") from None
+    _say(args, f"wrote {path}")
+
+
+def plan_document(args, plan, cluster, graph) -> str:
+    """The plan JSON plus the cluster and graph name (so `simulate` and `check`
+    can replay it). With ``--deterministic`` the wall-clock fields (the plan's
+    ``wall_time``, the stages' ``seconds``, ``*_time`` in ``stats``) are 0, so
+    equal runs give equal bytes."""
+    data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
+    if getattr(args, "deterministic", False):
+        data = _clock_free(data)
+    return json.dumps(data)
+
+
+def _clock_free(x):
+    """``x`` with every wall-clock field (``*_time``, ``seconds``) set to 0."""
+    if isinstance(x, dict):
+        return {k: 0.0 if (k.endswith("_time") or k == "seconds") and isinstance(v, float) else _clock_free(v)
+                for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clock_free(v) for v in x]
+    return x
 
 
 GANTT_SUFFIXES = {"png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp"}
@@ -317,11 +500,12 @@ GANTT_SUFFIXES = {"png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff"
 
 # -- commands ------------------------------------------------------------------
 def cmd_place(args) -> int:
+    compare = check_placers(args)
     check_output(args.output, "plan file")
     graph = graph_from_target(args, args.target)
     cluster = make_cluster(graph, args.gpus, args.cluster)
     _say(args, f"graph {graph.name}: {graph.num_ops} ops, {graph.num_edges} edges; "
-               f"cluster {cluster.name}: {', '.join(cluster.names)}")
+               f"cluster {cluster.name}: {device_list(cluster)}")
     try:
         plan, placed = run_placer(args, graph, cluster, args.placer)
         if plan.status == "infeasible":  # a baseline's over-memory plan: said as pesto.solve says it
@@ -330,32 +514,46 @@ def cmd_place(args) -> int:
         if exc.plan is not None:
             print(describe_plan(exc.plan, cluster))
         raise CliError(f"{exc}\nno plan written", EXIT_INFEASIBLE) from None
+    if args.output:  # first: a closed terminal or a Ctrl-C later must not lose it
+        write_plan(args, plan, cluster, graph, placed)
     print(describe_plan(plan, cluster))
     if placed is not graph:
         print(describe_step(plan, placed))
-    if args.compare:
-        rows = [(args.placer, plan.makespan)]
-        for name in [c.strip() for c in args.compare.split(",") if c.strip()]:
-            other, _ = run_placer(args, graph, cluster, name)
-            rows.append((name, other.makespan))
-        best = plan.makespan
-        print("placer        step (ms)   vs this")
-        for name, ms in rows:
-            print(f"{name:<12} {ms / 1000:10.3f}   {ms / best:6.3f}x")
-    if args.output:
-        # the plan JSON plus the cluster and graph name, so `pesto simulate` replays on the same cluster
-        data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": placed.name}
-        Path(args.output).write_text(json.dumps(data))
-        _say(args, f"wrote {args.output}")
-        if placed is not graph:  # the plan places another graph: write it next to the plan
-            gpath = step_graph_path(args.output)
-            placed.to_json(gpath)
-            print(f"the plan places {placed.name} ({placed.num_ops} ops), written to {gpath}; verify with "
-                  f"`pesto check {gpath} {args.output}` and `pesto simulate {gpath} {args.output}`")
     if plan.status == "interrupted":
         stopped = plan.log.stopped if plan.log is not None else "interrupt"
         print(f"pesto: interrupted ({stopped}): the best plan so far"
               + (f" was written to {args.output}" if args.output else " is shown above"), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return compare_placers(args, graph, cluster, plan, compare) if compare else EXIT_OK
+
+
+def write_plan(args, plan, cluster, graph, placed) -> None:
+    """``-o``: the plan; when it places a transformed step (``--micro-batches``),
+    that graph too, next to it (``PLAN.graph.json.gz``), said with how to check it."""
+    write_output(args, args.output, plan_document(args, plan, cluster, placed), "plan file")
+    if placed is not graph:
+        gpath = step_graph_path(args.output)
+        write_output(args, gpath, placed.to_json(), "graph file")
+        print(f"the plan places {placed.name} ({placed.num_ops} ops), written to {gpath}; verify with "
+              f"`pesto check {gpath} {args.output}` and `pesto simulate {gpath} {args.output}`")
+
+
+def compare_placers(args, graph, cluster, plan, names) -> int:
+    """``--compare``: each placer's step next to ours; one stopped by Ctrl-C is
+    not tabulated as a result (exit 130)."""
+    rows, stopped = [(label(args.placer), plan.makespan)], None
+    for name in names:
+        other, _ = run_placer(args, graph, cluster, name)
+        if other.status == "interrupted":
+            stopped = name
+            break
+        rows.append((label(name), other.makespan))
+    best = plan.makespan
+    print("placer        step (ms)   vs this")
+    for name, us in rows:
+        print(f"{name:<12} {us / 1000:10.3f}   {us / best:6.3f}x")
+    if stopped is not None:
+        print(f"pesto: interrupted during --compare {label(stopped)}: its plan is not compared", file=sys.stderr)
         return EXIT_INTERRUPTED
     return EXIT_OK
 
@@ -365,7 +563,7 @@ def cmd_simulate(args) -> int:
     check_output(args.gantt, "Gantt chart", GANTT_SUFFIXES)
     graph = load_graph(args.graph)
     plan, saved = load_plan(args.plan)
-    cluster = cluster_for_plan(graph, plan, args.cluster, saved)
+    cluster = cluster_for_plan(args, graph, plan, saved)
     try:
         sched = simulate(graph, cluster, plan if args.mode != "fifo" else dict(plan.placement),
                          mode=args.mode)
@@ -390,32 +588,54 @@ def cmd_simulate(args) -> int:
     return EXIT_INFEASIBLE if over else EXIT_OK
 
 
+_TASK = re.compile(r"/task:(\d+)")
+
+
+def read_placement(path: str, graph, cluster) -> dict:
+    """``{op: device of cluster}`` from a placement file: ``{op: device}`` or a
+    plan (its ``"placement"``), gzipped or not. An op the graph lacks, an op
+    without a device, a device the cluster lacks (``/GPU:7``, or a task-qualified
+    name of a task other than 0 on a cluster without it) is bad input (exit 2)."""
+    data = read_json(path, "placement")
+    mapping = data.get("placement", data) if isinstance(data, dict) else data
+    if not isinstance(mapping, dict):
+        raise CliError(f"{path}: a placement is a JSON object {{op: device}}, got {type(mapping).__name__}")
+    names = set(cluster.names)
+    for op, dev in mapping.items():
+        if not isinstance(dev, str):
+            raise CliError(f"{path}: op {op!r} is placed on {dev!r}, not a device name")
+        task = _TASK.search(dev)
+        if dev not in names and task is not None and int(task.group(1)) != 0:
+            raise CliError(f"{path}: op {op!r} is placed on {dev!r}, task {task.group(1)} of a multi-host job, "
+                           f"but cluster {cluster.name} is not ({device_list(cluster, 4)}); "
+                           "pass --cluster with that host's devices")
+    try:
+        return load_placement(mapping, graph, cluster)
+    except InvalidPlanError as exc:
+        raise CliError(f"{path}: {exc}") from None
+
+
 def cmd_evaluate(args) -> int:
     check_output(args.output, "plan file")
     graph = load_graph(args.graph)
     _need_file(args.placement, "placement")
     cluster = make_cluster(graph, args.gpus, args.cluster)
-    try:
-        plan = evaluate(graph, args.placement, cluster=cluster)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{args.placement}: not valid JSON ({exc})") from None
-    print(describe_plan(plan, cluster))
+    plan = evaluate(graph, read_placement(args.placement, graph, cluster), cluster=cluster)
     if args.output:
-        data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
-        Path(args.output).write_text(json.dumps(data))
-        _say(args, f"wrote {args.output}")
+        write_output(args, args.output, plan_document(args, plan, cluster, graph), "plan file")
+    print(describe_plan(plan, cluster))
     return EXIT_INFEASIBLE if plan.status == "infeasible" else EXIT_OK
 
 
 def cmd_check(args) -> int:
     graph = load_graph(args.graph)
     plan, saved = load_plan(args.plan)
-    cluster = cluster_for_plan(graph, plan, args.cluster, saved)
+    cluster = cluster_for_plan(args, graph, plan, saved)
     report = check_plan(graph, cluster, plan, check_memory=not args.no_memory)
     if report.ok:
         print(f"plan is valid for {graph.name} on {cluster.name}")
         return EXIT_OK
-    print(f"plan is INVALID ({len(report.violations)} violations):")
+    print(f"plan is INVALID on {cluster.name} ({len(report.violations)} violations):")
     for v in report.violations[:args.max_violations]:
         print(f"  {v}")
     if len(report.violations) > args.max_violations:
@@ -427,7 +647,9 @@ def cmd_profile(args) -> int:
     check_output(args.output, "graph file")
     graph = profile_model(args, args.model, args.preset, args.costs)
     out = args.output or f"{graph.name}.json"
-    graph.to_json(out)
+    if not args.output:
+        check_output(out, "graph file")
+    write_output(args, out, graph.to_json(), "graph file")
     print(f"{graph.name}: {graph.num_ops} ops, {graph.num_edges} edges, "
           f"total GPU work {graph.total_work('GPU') / 1000:.2f} ms -> {out}")
     return EXIT_OK
@@ -503,10 +725,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--time-limit", type=_at_least(0.001, float), default=60.0,
                     help="seconds for solving (default 60); loading or profiling the model comes on top")
     sp.add_argument("--target-vertices", type=_at_least(1), default=200, help="coarse graph size for cpsat/mip (default 200)")
-    sp.add_argument("--seed", type=_at_least(0), default=0,
-                    help="random seed of the solver and the heuristics (default 0)")
-    sp.add_argument("--costs", default="v100", choices=["v100", "measured"],
-                    help="how a zoo model is profiled (default v100: grappler's analytical model)")
+    sp.add_argument("--seed", type=_at_least(0, most=SEED_MAX), default=0,
+                    help=f"random seed of the solver and the heuristics, 0 to {SEED_MAX} (default 0)")
+    sp.add_argument("--costs", default=None, choices=["v100", "measured"],
+                    help="how a zoo model is profiled (default v100: grappler's analytical model; "
+                         "not for a graph file, which holds its costs)")
     sp.add_argument("--deterministic", action="store_true",
                     help="reproducible mode: the same input, seed and limit give the same plan, byte for byte "
                          "(budgets counted in solver work, so wall time may differ from --time-limit)")
@@ -560,6 +783,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _at_least(lo: float, kind=int, most: float | None = None):
+    """An argparse ``type``: a number of ``kind`` not below ``lo`` (nor above
+    ``most``; NaN rejected), so a bad option is a usage error (exit 2) naming
+    the option."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, "
+                                             f"got {text!r}") from None
+        if not v >= lo:  # also false for nan
+            raise argparse.ArgumentTypeError(f"must be at least {lo:g}, got {text}")
+        if most is not None and v > most:
+            shown = most if kind is int else format(most, "g")
+            raise argparse.ArgumentTypeError(f"must be at most {shown}, got {text}")
+        return v
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
 def _micro_batches(text: str):
     """``--micro-batches``: ``auto`` or an int >= 1."""
     if text == "auto":
@@ -571,22 +814,6 @@ def _micro_batches(text: str):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {value}")
     return value
-
-
-def _at_least(lo: float, kind=int):
-    """An argparse ``type``: a number of ``kind`` not below ``lo`` (NaN rejected),
-    so a bad option is a usage error (exit 2) naming the option."""
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, "
-                                             f"got {text!r}") from None
-        if not v >= lo:  # also false for nan
-            raise argparse.ArgumentTypeError(f"must be at least {lo:g}, got {text}")
-        return v
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
 
 
 def main(argv=None) -> int:
@@ -608,8 +835,15 @@ def main(argv=None) -> int:
         print(f"pesto: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
-        print("pesto: interrupted", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            print("pesto: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader went away (`pesto placers | head -1`): stop quietly, as `cat` does,
+        # with stdout pointed at /dev/null so the exit's flush does not fail again
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

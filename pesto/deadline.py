@@ -10,8 +10,8 @@ only the one running.
 * :meth:`Deadline.interrupt` -- stop: ``expired()`` turns true and the
   registered stoppers (e.g. a running CP-SAT search's ``stop_search``) are
   called;
-* :meth:`Deadline.catching_signals` -- while a solve runs, the first SIGINT or
-  SIGTERM interrupts it (the solve returns its best plan with status
+* :meth:`Deadline.catching_signals` -- while a solve runs, the first SIGINT,
+  SIGTERM or SIGHUP interrupts it (the solve returns its best plan with status
   ``interrupted``); a second SIGINT raises :class:`KeyboardInterrupt` at once;
 * :meth:`Deadline.stopping` -- register a stopper for the duration of a call
   that cannot look at the clock itself (a C++ search);
@@ -57,6 +57,9 @@ REPLAY_COST_PER_OP = 2e-7
 #: Steps (ops placed, moves tried) between two :meth:`Deadline.check` calls in
 #: a long loop: ~1 ms of work at the slowest loops, a clock read is ~50 ns.
 CHECK_EVERY = 1024
+#: Signals that stop a solve with its best plan: Ctrl-C, ``kill``, and the
+#: terminal closing (SIGHUP, where the platform has it).
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 class Stopped(PestoError):
@@ -220,7 +223,8 @@ class Deadline:
 
     @contextlib.contextmanager
     def catching_signals(self) -> Iterator[None]:
-        """Turn the first SIGINT / SIGTERM into :meth:`interrupt`; a second
+        """Turn the first SIGINT / SIGTERM / SIGHUP (the terminal closed) into
+        :meth:`interrupt`; a second
         SIGINT raises :class:`KeyboardInterrupt`. Only in the main thread
         (elsewhere Python cannot install handlers, and this does nothing);
         the previous handlers come back on exit. A signal the process ignores
@@ -236,7 +240,7 @@ class Deadline:
                 raise KeyboardInterrupt  # the second Ctrl-C: abort now
             self.interrupt(name)
 
-        saved = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+        saved = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS
                  if signal.getsignal(s) is not signal.SIG_IGN}
         try:
             yield

@@ -39,10 +39,14 @@ from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from .dag import toposort
+from .jsonio import load as _load_document, write as _write_document
 from .errors import CycleError, InvalidGraphError, SchemaError
 
 FORMAT = "pesto.opgraph"
 VERSION = 1
+#: The largest byte count a tensor or op field may have (1 PiB): larger ones are unit
+#: mix-ups, and CP-SAT's 64-bit coefficients overflow on sums of them.
+MAX_BYTES = 1 << 50
 
 __all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION"]
 
@@ -236,8 +240,8 @@ class OpGraph:
                 raise InvalidGraphError(f"duplicate tensor name {t.name!r}")
             if t.src not in self._ops:
                 raise InvalidGraphError(f"tensor {t.name!r} is produced by unknown op {t.src!r}")
-            if not isinstance(t.bytes, int) or isinstance(t.bytes, bool) or t.bytes < 0:
-                raise InvalidGraphError(f"tensor {t.name!r} has invalid size {t.bytes!r}")
+            if not isinstance(t.bytes, int) or isinstance(t.bytes, bool) or not 0 <= t.bytes <= MAX_BYTES:
+                raise InvalidGraphError(f"tensor {t.name!r} has invalid size {t.bytes!r}{_over(t.bytes)}")
             self._tensors[t.name] = t
         self._edges: dict[tuple[str, str], Edge] = {}
         for e in edges:
@@ -601,17 +605,17 @@ class OpGraph:
         return cls(ops, edges, tensors, name=d.get("name", "graph"))
 
     def to_json(self, path=None, indent=None) -> str | None:
-        """JSON text, or write it to ``path`` (gzip-compressed if it ends in ``.gz``)."""
+        """JSON text, or write it to ``path`` (gzip-compressed if it ends in
+        ``.gz``; atomically: :func:`pesto.jsonio.write`)."""
         text = json.dumps(self.to_dict(), indent=indent)
         if path is None:
             return text
-        with _open_text(path, "w") as f:
-            f.write(text)
+        _write_document(path, text)
         return None
 
     @classmethod
     def from_json(cls, source) -> "OpGraph":
-        """From a path or a JSON string."""
+        """From a path (gzipped or not, told by content) or a JSON string."""
         return cls.from_dict(_load_json(source))
 
     def __eq__(self, other):
@@ -622,6 +626,11 @@ class OpGraph:
                 and set(self.tensors) == set(other.tensors) and set(self.edges) == set(other.edges))
 
     __hash__ = None
+
+
+def _over(v) -> str:
+    """Why a byte count is refused when it is only too large."""
+    return f" (more than {MAX_BYTES} bytes = 1 PiB)" if isinstance(v, int) and v > MAX_BYTES else ""
 
 
 def _time_for(op: Op, kind: str) -> float:
@@ -678,8 +687,8 @@ def _validate_op(op: Op) -> None:
             raise InvalidGraphError(f"op {op.name!r} has invalid compute time {t!r} on {kind!r}")
     for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
         v = getattr(op, key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise InvalidGraphError(f"op {op.name!r} has invalid {key} {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_BYTES:
+            raise InvalidGraphError(f"op {op.name!r} has invalid {key} {v!r}{_over(v)}")
     if op.colocation_group is not None and not isinstance(op.colocation_group, str):
         raise InvalidGraphError(f"op {op.name!r} has a non-string colocation group {op.colocation_group!r}")
     if op.batch is not None and not isinstance(op.batch, bool):
@@ -702,23 +711,6 @@ def _field(d, key):
     return d[key]
 
 
-def _open_text(path, mode):
-    """``open`` for text, through gzip when the name ends in ``.gz``."""
-    path = str(path)
-    if path.endswith(".gz"):
-        import gzip
-        return gzip.open(path, mode + "t", encoding="utf-8")
-    return open(path, mode, encoding="utf-8")
-
-
 def _load_json(source):
-    if isinstance(source, Mapping):
-        return source
-    text = str(source)
-    if not text.lstrip().startswith("{"):
-        with _open_text(text, "r") as f:
-            text = f.read()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SchemaError(f"not valid JSON: {exc}") from None
+    """A JSON document from a mapping, JSON text or a path (:func:`pesto.jsonio.load`)."""
+    return _load_document(source)

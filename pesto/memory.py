@@ -239,7 +239,7 @@ def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
         if need > cap:
             raise InfeasibleError(
                 f"op {op.name!r} needs {fmt_bytes(need)} (persistent + output + temporary) but the largest "
-                f"device it may use has {fmt_bytes(cap)}", culprit=op.name)
+                f"device it may use has {fmt_bytes(cap)} ({fmt_bytes(need - cap)} over)", culprit=op.name)
     for mem in p.members:
         if len(mem) < 2:
             continue
@@ -249,7 +249,7 @@ def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
             group = ops[mem[0]].colocation_group
             raise InfeasibleError(
                 f"colocation group {group!r} ({len(mem)} ops) needs at least {fmt_bytes(need)} "
-                f"but the largest device it may use has {fmt_bytes(cap)}", culprit=group)
+                f"but the largest device it may use has {fmt_bytes(cap)} ({fmt_bytes(need - cap)} over)", culprit=group)
     total = sum(p.persistent)
     if total > sum(p.cap):
         raise InfeasibleError(

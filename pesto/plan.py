@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from .jsonio import write as _write_document
 from .dag import toposort
 from .errors import CycleError, InvalidPlanError, SchemaError
 from .graph import OpGraph, _check_header, _field, _load_json
-from .cluster import Cluster
-from .memory import memory_profile
+from .cluster import Cluster, preset
+from .memory import fmt_bytes, memory_profile
 from .outcome import Outcome, outcome_from_dict
 from .solvelog import SolveLog
 
@@ -224,11 +226,13 @@ class Plan:
             raise SchemaError(f"{FORMAT}: malformed plan ({exc})") from None
 
     def to_json(self, path=None, indent=None):
+        """JSON text, or write it to ``path`` (gzip-compressed if it ends in
+        ``.gz``; atomically: :func:`pesto.jsonio.write`)."""
         text = json.dumps(self.to_dict(), indent=indent)
         if path is None:
             return text
-        with open(path, "w") as f:
-            f.write(text)
+        _write_document(path, text)
+        return None
 
     @classmethod
     def from_json(cls, source) -> "Plan":
@@ -252,6 +256,14 @@ def _check_fields(d: Mapping) -> None:
     for key in ("placement", "order"):
         if not isinstance(_field(d, key), Mapping):
             bad(key, "an object", type(d[key]).__name__)
+    for op, dev in d["placement"].items():
+        if not isinstance(dev, str):
+            bad(f"placement[{op!r}]", "a device name (a string)", dev)
+    if (d.get("start") is None) != (d.get("finish") is None):
+        given, other = ("start", "finish") if d.get("start") is not None else ("finish", "start")
+        bad(other, f"an object like {given!r} (a plan has both op start and finish times, or neither)",
+            d.get(other))
+    _check_transfers(d.get("transfers"), bad)
     for dev, seq in d["order"].items():
         if not isinstance(seq, (list, tuple)) or not all(isinstance(o, str) for o in seq):
             bad(f"order[{dev!r}]", "a list of op names", seq)
@@ -267,6 +279,25 @@ def _check_fields(d: Mapping) -> None:
     for key in ("makespan", "lower_bound", "wall_time"):
         if d.get(key) is not None and not _finite(d[key]):
             bad(key, "a finite number", d[key])
+
+
+def _check_transfers(transfers, bad) -> None:
+    """``transfers``: null or a list of objects with a tensor name, two device
+    names and finite start and finish times."""
+    if transfers is None:
+        return
+    if not isinstance(transfers, list):
+        bad("transfers", "a list", type(transfers).__name__)
+    fields = {"tensor": str, "src": str, "dst": str}
+    for k, t in enumerate(transfers):
+        if not isinstance(t, Mapping) or set(t) != {"tensor", "src", "dst", "start", "finish"}:
+            bad(f"transfers[{k}]", "an object with tensor, src, dst, start and finish", t)
+        for key, typ in fields.items():
+            if not isinstance(t[key], typ):
+                bad(f"transfers[{k}].{key}", "a string", t[key])
+        for key in ("start", "finish"):
+            if not _finite(t[key]):
+                bad(f"transfers[{k}].{key}", "a finite number", t[key])
 
 
 def _jsonable(x):
@@ -322,6 +353,22 @@ class Report:
         return cls(list(_field(d, "violations")))
 
 
+def _as_objects(graph, cluster, plan) -> tuple[OpGraph, Cluster, "Plan"]:
+    """``check_plan``'s arguments as objects, accepting what ``pesto.solve``
+    accepts: a graph or plan as a JSON path, a cluster as a preset name or
+    JSON path; anything else raises ``TypeError`` naming the argument."""
+    if isinstance(graph, (str, os.PathLike)):
+        graph = OpGraph.from_json(os.fspath(graph))
+    if isinstance(cluster, (str, os.PathLike)):
+        cluster = preset(os.fspath(cluster))
+    if isinstance(plan, (str, os.PathLike)):
+        plan = Plan.from_json(os.fspath(plan))
+    for name, value, cls in (("graph", graph, OpGraph), ("cluster", cluster, Cluster), ("plan", plan, Plan)):
+        if not isinstance(value, cls):
+            raise TypeError(f"check_plan: {name} must be a {cls.__name__} or a path, got {type(value).__name__}")
+    return graph, cluster, plan
+
+
 def percent(x: float) -> str:
     """A ratio as a percentage that is never shown as 0 unless it is 0
     (``0.0001`` is ``'0.01%'``, not ``'0.0%'``)."""
@@ -355,6 +402,7 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
     >>> check_plan(g, gpus(2), Plan.from_placement(g, {"a": "/GPU:0", "b": "/GPU:1"})).ok
     True
     """
+    graph, cluster, plan = _as_objects(graph, cluster, plan)
     v: list[str] = []
     pl = plan.placement
     ops = graph.ops
@@ -418,7 +466,8 @@ def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bo
     if peak is not None:
         for d in cluster.devices:
             if peak[d.name] > d.memory:
-                v.append(f"memory on {d.name}: peak {peak[d.name]} bytes > capacity {d.memory}")
+                v.append(f"memory on {d.name}: peak {fmt_bytes(peak[d.name])} > capacity {fmt_bytes(d.memory)} "
+                         f"({fmt_bytes(peak[d.name] - d.memory)} over)")
     return Report(v)
 
 

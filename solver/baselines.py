@@ -644,6 +644,8 @@ def place_metis(graph: OpGraph, cluster: Cluster) -> Plan:
     prob = Problem.of(graph, cluster)
     gpus = _main_gpus(prob)
     n = prob.n
+    if len(gpus) > n:  # METIS cannot cut n vertices into more parts (it prints errors): the n fastest
+        gpus = sorted(sorted(gpus, key=lambda d: -prob.cluster.devices[d].speed)[:n])
     k = len(gpus)
     edge_cut = None
     if k == 1 or n <= 1:

@@ -79,10 +79,13 @@ import dataclasses
 import time
 
 from pesto.cluster import Cluster
-from pesto.deadline import Deadline
+from pesto.deadline import Deadline, Stopped
 from pesto.graph import OpGraph
 from pesto.outcome import CpsatInfo
 from pesto.plan import Plan
+from pesto.simulate import simulate
+
+from .bounds import greedy_plan
 
 from .cpsat_model import CpsatModel, symmetric_groups
 
@@ -162,21 +165,31 @@ def place_cpsat(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60, wor
     def left() -> float:
         return clock.left()
 
-    model = CpsatModel(graph, cluster, aggregate=aggregate, memory=memory, **build)
+    try:  # building checks the deadline: many devices make a big model
+        model = CpsatModel(graph, cluster, aggregate=aggregate, memory=memory, deadline=deadline, **build)
+    except Stopped as exc:
+        return _not_built(graph, cluster, hint, exc.reason, t0)
     plan = model.solve(time_limit=time_limit, hint=hint, **search)
     memory_note = model.memory_mode
     if plan.info_of(CpsatInfo).proved_infeasible and model.memory_mode == "static":
         # The static bound holds every activation all step; retry with the
         # persistent bound and let the simulated liveness peak judge the plan.
-        model = CpsatModel(graph, cluster, aggregate=aggregate, memory="persistent", **build)
+        try:
+            model = CpsatModel(graph, cluster, aggregate=aggregate, memory="persistent", deadline=deadline, **build)
+        except Stopped as exc:
+            return _not_built(graph, cluster, hint, exc.reason, t0)
         plan = model.solve(time_limit=max(MIN_PHASE_SECONDS, left()), hint=hint, **search)
         memory_note = "persistent (static model infeasible)"
     if (aggregate is None and model.aggregated and plan.info_of(CpsatInfo).model_status == "optimal"
             and left() >= MIN_PHASE_SECONDS):
         # The aggregated model is a restriction; with time left, the exact
         # per-tensor model starts from its plan to prove a valid bound.
-        exact_model = CpsatModel(graph, cluster, aggregate=False, memory=model.memory_mode, **build)
-        plan = _after_exact_phase(plan, exact_model.solve(time_limit=left(), hint=plan, **search))
+        try:
+            exact_model = CpsatModel(graph, cluster, aggregate=False, memory=model.memory_mode,
+                                     deadline=deadline, **build)
+            plan = _after_exact_phase(plan, exact_model.solve(time_limit=left(), hint=plan, **search))
+        except Stopped:
+            pass  # the aggregated model's plan stands
     return _with_info(plan, memory_model=memory_note).replace(wall_time=time.perf_counter() - t0)
 
 
@@ -185,6 +198,18 @@ def _with_info(plan: Plan, **changes) -> Plan:
     info = plan.info_of(CpsatInfo)
     k = max(i for i, o in enumerate(plan.info) if o is info)
     return plan.replace(info=plan.info[:k] + (dataclasses.replace(info, **changes),) + plan.info[k + 1:])
+
+
+def _not_built(graph: OpGraph, cluster: Cluster, hint: Plan | None, reason: str, t0: float) -> Plan:
+    """The deadline passed (or the solve was interrupted) while the model was
+    built: the hint's plan (else a greedy one), saying so."""
+    base = hint if hint is not None else greedy_plan(graph, cluster)
+    if not base.has_times:
+        base = simulate(graph, cluster, base).to_plan(placer=base.placer)
+    status = base.status if base.status in ("heuristic", "infeasible") else "unknown"
+    info = CpsatInfo(fallback=f"not searched: {reason} (while building the model)", fallback_placer=base.placer,
+                     stopped=reason)
+    return base.replace(placer="cpsat", status=status, wall_time=time.perf_counter() - t0, info=base.info + (info,))
 
 
 def _after_exact_phase(aggregated: Plan, exact: Plan) -> Plan:

@@ -40,6 +40,7 @@ from ortools.sat.python import cp_model
 
 from pesto.cluster import Cluster
 from pesto.dag import reachability
+from pesto.deadline import Deadline
 from pesto.graph import OpGraph
 from pesto.memory import check_feasible, static_bytes
 from pesto.plan import Plan
@@ -70,29 +71,8 @@ def symmetric_groups(cluster: Cluster) -> list[list[int]]:
     >>> symmetric_groups(gpus(3)), symmetric_groups(gpus(2, speeds=[1.0, 0.5]))
     ([[0, 1, 2]], [])
     """
-    link_users: dict[str, set] = {}
-    for r in cluster.routes:
-        for l in r.links:
-            link_users.setdefault(l, set()).add((r.src, r.dst))
     return [[cluster.index[n] for n in group] for group in cluster.identical_groups()
-            if len(group) >= 2 and _swaps_keep(cluster, group, link_users)]
-
-
-def _swaps_keep(cluster: Cluster, group, link_users) -> bool:
-    """Whether swapping each two consecutive members of ``group`` keeps every
-    route cost and the link sharing structure."""
-    hyper = sorted(tuple(sorted(u)) for u in link_users.values())
-    for a, b in zip(group, group[1:]):
-        perm = {n: n for n in cluster.names}
-        perm[a], perm[b] = b, a
-        for r in cluster.routes:
-            r2 = cluster.route(perm[r.src], perm[r.dst])
-            if (r.beta0, r.beta1) != (r2.beta0, r2.beta1) or len(r.links) != len(r2.links):
-                return False
-        mapped = sorted(tuple(sorted((perm[s], perm[d]) for s, d in u)) for u in link_users.values())
-        if mapped != hyper:
-            return False
-    return True
+            if len(group) >= 2 and all(cluster.swap_keeps(a, b) for a, b in zip(group, group[1:]))]
 
 
 def memory_terms(problem: Problem, mode: str) -> tuple[list[int], list[int], bool]:
@@ -135,14 +115,17 @@ class TimeUnits:
         return int(math.ceil(x * self.scale - 1e-9))
 
     @classmethod
-    def choose(cls, problem: Problem, tensors, allowed, lb: float) -> "TimeUnits":
+    def choose(cls, problem: Problem, tensors, allowed, lb: float, check=None) -> "TimeUnits":
         """Units for ``problem``: ``tensors`` are the remote-capable ones,
-        ``allowed`` the devices per op (of its unit); ``lb`` a makespan bound."""
+        ``allowed`` the devices per op (of its unit); ``lb`` a makespan bound;
+        ``check()`` is called per tensor (it raises when the solve must stop)."""
         p = problem
         own = [[t for t in p.dur[i] if t != INF] for i in range(p.n)]  # the op's own kinds
         values = [t for ts in own for t in ts]
         comm_max = []
         for (_, u, b, cs) in tensors:
+            if check is not None:
+                check()
             dests = set().union(*(allowed[c] for c in cs))
             times = [p.comm(a, e, b) for a in allowed[u] for e in dests if a != e]
             values.extend(times)
@@ -217,18 +200,20 @@ class CpsatModel:
 
     def __init__(self, graph: OpGraph, cluster: Cluster, *, contention: bool = True,
                  memory_balance: float | None = None, symmetry: bool = True, memory: bool | str = True,
-                 aggregate: bool | None = None, cuts: bool = True):
+                 aggregate: bool | None = None, cuts: bool = True, deadline: Deadline | None = None):
         if memory not in MEMORY_MODES:
             raise ValueError(f"memory must be True/'static', 'persistent' or False, got {memory!r}")
         check_feasible(graph, cluster)
         t0 = time.perf_counter()
         self.graph, self.cluster = graph, cluster
+        self.deadline = deadline  # building checks it: on 64 GPUs a model takes seconds to build
         self.problem = p = Problem.of(graph, cluster)
         self.aggregate, self.cuts = aggregate, cuts
         self.memory_mode = "static" if memory is True else memory
         self.contended = contention and not cluster.contention_free and bool(cluster.links)
         self._prepare()
         self.sym_groups = symmetric_groups(cluster)
+        self._check_time()
         self.pure = self._is_pure(memory_balance, memory)
         if self.pure:
             self.add_pure_ops()
@@ -261,7 +246,7 @@ class CpsatModel:
                         for cs in [[c for c in sorted(set(cons) - {u}) if self.item_of[c] != self.item_of[u]]]
                         if cs]
         self.edge_bytes = {(u, c): [b for _, b in ts if b > 0] for c in range(p.n) for u, ts in p.ins[c]}
-        self.units = TimeUnits.choose(p, self.tensors, p.allowed, self.lb)
+        self.units = TimeUnits.choose(p, self.tensors, p.allowed, self.lb, self._check_time)
         self.scale, self.exact, self.horizon = self.units.scale, self.units.exact, self.units.horizon
         # every item on a chain is rounded up by < 1 unit
         self.rounding_units = 0 if self.exact else p.n + len(self.tensors) * max(1, p.nd - 1)
@@ -283,6 +268,12 @@ class CpsatModel:
                 and all(len(al) == p.nd for al in p.allowed)
                 and any(len(grp) == p.nd for grp in self.sym_groups))
 
+    def _check_time(self) -> None:
+        """Raise :class:`~pesto.deadline.Stopped` once the solve's deadline
+        passed or it was interrupted (called per item, transfer and cut)."""
+        if self.deadline is not None:
+            self.deadline.check()
+
     def _item_label(self, it: int) -> str:
         op = self.graph.ops[it]
         return op.colocation_group if len(self.problem.members[self.problem.unit[it]]) > 1 else op.name
@@ -295,6 +286,7 @@ class CpsatModel:
         dn = p.dev_names
         self.item_lits = {}
         for it in self.items:
+            self._check_time()
             al, label = p.allowed[it], self._item_label(it)
             if len(al) == 1:
                 lits, hint_vars = {al[0]: m.new_constant(1)}, []
@@ -408,6 +400,7 @@ class CpsatModel:
         budget = CUT_BUDGET
         order = sorted(range(p.n), key=lambda u: -(bin(desc[u]).count("1") + bin(anc[u]).count("1")))
         for u in order:
+            self._check_time()
             for mask, is_after, gap in ((desc[u], True, after[u]), (anc[u], False, before[u])):
                 if mask and budget > 0:
                     budget = self._device_cuts(u, _bits(mask), is_after, gap, budget)
@@ -518,6 +511,7 @@ class CpsatModel:
             first[it] = min(first.get(it, topo_pos[i]), topo_pos[i])
         items = sorted(self.item_lits, key=lambda it: first[it])
         for grp in self.sym_groups:
+            self._check_time()
             mine = [it for it in items if all(k in self.item_lits[it] for k in grp)]
             prev = None  # prev[j]: some earlier item is on grp[j]
             for r, it in enumerate(mine):
@@ -591,6 +585,7 @@ class CpsatModel:
     def _add_transfer_unit(self, u: int, e: int, mine: list, agg: bool, link_ivs: dict) -> None:
         """Literal, start/end, an interval per source device (on its route's
         links) and the consumers' waits of the unit of ``mine`` from ``u`` to ``e``."""
+        self._check_time()
         m, x, dn = self.model, self.x, self.problem.dev_names
         ys = [(self._recv(name, u, e, cs), name, b, cs) for (name, b, cs) in mine]
         key = (u, e) if agg else (mine[0][0], e)

@@ -286,7 +286,7 @@ def test_evaluate_scores_a_placement_file(tmp_path, capsys, graph_json):
     assert set(plan.placement.values()) == {"/GPU:0", "/GPU:1"}
     ppath.write_text(json.dumps({g.names[0]: "/GPU:0"}))
     rc, _, err = run(capsys, "evaluate", gpath, ppath)
-    assert rc == EXIT_INFEASIBLE and "have no device" in err
+    assert rc == EXIT_INPUT and "have no device" in err  # a placement file that misses ops: bad input
 
 
 def test_place_shows_progress_on_stderr_in_ms_unless_quiet(tmp_path, capsys):

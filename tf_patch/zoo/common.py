@@ -108,11 +108,14 @@ def train_step(loss, optimizer: str = "adam", lr: float = 0.01):
 
 def projection_loss(x2d, labels, n_in: int, vocab: int, init, *, scope: str, bias: bool = True):
     """Logits over the vocabulary (variables under ``scope``) and the mean
-    cross-entropy (ops under ``loss``): the output layer of the LM-like models."""
+    cross-entropy (ops under ``loss``): the output layer of the LM-like models.
+    ``x2d`` is a function building the ``[rows, n_in]`` input, called inside
+    ``scope`` so its ops (the stack and reshape of the outputs) are named
+    there, as in the cached benchmark graphs (``softmax/Reshape``)."""
     t = tf1()
     with t.variable_scope(scope):
         w = t.get_variable("w", [n_in, vocab], initializer=init)
-        logits = t.matmul(x2d, w)
+        logits = t.matmul(x2d(), w)
         if bias:
             logits = logits + t.get_variable("b", [vocab], initializer=t.zeros_initializer())
     with t.name_scope("loss"):

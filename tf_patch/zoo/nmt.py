@@ -68,7 +68,7 @@ def build_nmt(preset: str = "small", **overrides) -> ZooModel:
                 ctx = t.reduce_sum(t.expand_dims(align, 2) * memory, 1)         # [B, H]
                 att = t.tanh(t.matmul(t.concat([ctx, inp], 1), w_c))
             outs.append(att)
-        loss = projection_loss(t.reshape(t.stack(outs, axis=1), [B * T, H]), tout_ph, H, V, init,
+        loss = projection_loss(lambda: t.reshape(t.stack(outs, axis=1), [B * T, H]), tout_ph, H, V, init,
                                scope="output_projection")
         train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
         init_op = t.global_variables_initializer()

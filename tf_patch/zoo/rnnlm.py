@@ -54,7 +54,7 @@ def build_rnnlm(preset: str = "small", **overrides) -> ZooModel:
         outs = []
         for s in range(T):
             outs.append(lstm_stack_step(xs[s], h, c, cells, "rnn", s))
-        loss = projection_loss(t.reshape(t.stack(outs, axis=1), [B * T, H]), y_ph, H, V, init,
+        loss = projection_loss(lambda: t.reshape(t.stack(outs, axis=1), [B * T, H]), y_ph, H, V, init,
                                scope="softmax")
         train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
         init_op = t.global_variables_initializer()

@@ -63,7 +63,7 @@ def build_transformer(preset: str = "small", **overrides) -> ZooModel:
                     w2 = t.get_variable("w2", [F, D], initializer=init)
                     hdn = t.nn.relu(t.matmul(t.reshape(x, [B * S, D]), w1))
                     x = _layer_norm(x + t.reshape(t.matmul(hdn, w2), [B, S, D]), "ln_1", D)
-        loss = projection_loss(t.reshape(x, [B * S, D]), y_ph, D, V, init, scope="output_projection",
+        loss = projection_loss(lambda: t.reshape(x, [B * S, D]), y_ph, D, V, init, scope="output_projection",
                                bias=False)
         train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
         init_op = t.global_variables_initializer()
