@@ -124,7 +124,8 @@ def batch_size(tensors) -> int:
     sizes = {}
     for k, x in enumerate(tensors):
         shape = getattr(x, "shape", None)
-        dims = list(shape) if shape is not None and getattr(shape, "rank", len(shape)) is not None else []
+        rank = None if shape is None else shape.rank if hasattr(shape, "rank") else len(shape)
+        dims = list(shape) if rank else []
         if not dims or dims[0] is None:
             raise MicroBatchError(f"batch argument {k} has no static leading dimension (shape {shape}): "
                                   "a micro-batched step splits every batch argument along axis 0", culprit=k)
