@@ -248,3 +248,16 @@ def test_demo_refuses_a_micro_batch_count_that_does_not_divide_the_batch(capsys)
         demo.main(["--model", "nmt", "--micro-batches", "3"])
     assert exc.value.code == 2
     assert "micro_batches=3 does not divide the batch of 32 samples" in capsys.readouterr().err
+
+
+def test_demo_trains_the_split_step_next_to_the_unsplit_one_and_mirrored_strategy(capsys):
+    from tf_patch import demo
+
+    assert demo.main(["--model", "rnnlm", "--preset", "small", "--micro-batches", "2", "--time-limit", "2",
+                      "--steps", "2", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rnnlm/small, 2 micro-batches of 8:" in out and "trace: 0 ops off-plan" in out
+    assert out.count("equal within 1e-05 relative") == 2 and "NOT EQUAL" not in out
+    for text in ("TF default, un-split step *", "MirroredStrategy x2 *", "Pesto vs TF default placement:",
+                 "Pesto vs MirroredStrategy x2:", "Pesto vs TF default, un-split step:"):
+        assert text in out, text

@@ -25,12 +25,13 @@ plan's overlap and the simulator's prediction of it, not GPU speed-ups.
 
 ``--micro-batches M`` builds the step split into ``M`` micro-batches
 (:mod:`tf_patch.microstep`: every slice's forward and backward are ops of
-their own, profiled at the micro-batch size), places and trains that; every
-row of the table then runs the same split step, and the demo adds
-TensorFlow's data parallelism, the un-split step under
-``tf.distribute.MirroredStrategy`` on the same devices (no device model, no
-prediction), and checks that the split step's losses of steps 1 and 2 (the
-latter after one update) equal the un-split step's.
+their own, profiled at the micro-batch size), places and trains that; the
+placements of the table then run the same split step, and the demo adds two
+rows of the un-split step without a prediction: under TF's default placement
+(what splitting costs or gains) and under ``tf.distribute.MirroredStrategy``
+on the same devices (TensorFlow's data parallelism), and checks that the
+split step's losses of steps 1 and 2 (the latter after one update) equal
+theirs.
 
 ``keras:NAME`` (:data:`tf_patch.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
@@ -154,11 +155,11 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     if on_cpu:  # TF's own threading on one device: no device model, so no prediction
         rows.append(_Row(f"TF on {dev0}, all cores *", 0.0, float("nan"),
                          PlacedRun(build, None, n_devices=n, inter_op=0)))
-    mirrored = _mirrored_row(args, n) if args.micro_batches and n > 1 else None
-    rows += [mirrored] if mirrored is not None else []
+    whole = _unsplit_rows(args, n) if args.micro_batches else []
+    rows += whole
     try:
         losses = rows[0].run.train(args.steps)
-        check = _split_check(args, n, losses, mirrored)  # steps 1-2 of each run: before the timed steps
+        check = _split_check(args, losses, whole)  # steps 1-2 of each run: before the timed steps
         timing = time_interleaved([r.run for r in rows], rounds=args.rounds, steps=4)
         tr = rows[0].run.trace()
         applied = rows[0].run.applied
@@ -173,9 +174,8 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     measured = timing.step_us
     print(f"  Pesto vs TF default placement: {measured[one] / measured[0]:.2f}x measured, "
           f"{default_pred / plan.makespan:.2f}x predicted")
-    if mirrored is not None:
-        print(f"  Pesto vs {mirrored.name[:-2]}: {measured[-1] / measured[0]:.2f}x measured (no device model: "
-              "no prediction)")
+    for k, row in enumerate(whole, start=len(rows) - len(whole)):
+        print(f"  Pesto vs {row.name[:-2]}: {measured[k] / measured[0]:.2f}x measured (no prediction)")
     if on_cpu:
         _cpu_note(n, timing, dev0)
     pts = sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4, len(losses) - 1})
@@ -190,40 +190,42 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
 LOSS_RTOL = 1e-5
 
 
-def _mirrored_row(args, n: int):
-    """A row for the un-split step under ``tf.distribute.MirroredStrategy``
-    on the ``n`` devices (:func:`tf_patch.zoo.common.mirrored_step`), or None
-    (said) when TensorFlow cannot run it here."""
-    try:
-        run = PlacedRun(lambda: build_model(args.model, args.preset, seed=args.seed, mirrored=n), None,
-                        n_devices=n, inter_op=n)
-    except Exception as exc:  # noqa: BLE001  (a baseline must not stop the demo)
-        print(f"      MirroredStrategy on {n} devices not run here: {type(exc).__name__}: {exc}")
-        return None
-    return _Row(f"MirroredStrategy x{n} *", 0.0, float("nan"), run)
+def _unsplit_rows(args, n: int) -> list:
+    """Rows for the un-split step: under TF's default placement (what
+    splitting costs or gains here) and under ``tf.distribute.MirroredStrategy``
+    on the ``n`` devices (:func:`tf_patch.zoo.common.mirrored_step`; left out,
+    and said, when TensorFlow cannot run it here)."""
+    def whole(**kw):
+        return lambda: build_model(args.model, args.preset, seed=args.seed, **kw)
+
+    rows = [_Row("TF default, un-split step *", 0.0, float("nan"), PlacedRun(whole(), None, n_devices=n))]
+    if n > 1:
+        try:
+            rows.append(_Row(f"MirroredStrategy x{n} *", 0.0, float("nan"),
+                             PlacedRun(whole(mirrored=n), None, n_devices=n, inter_op=n)))
+        except Exception as exc:  # noqa: BLE001  (a baseline must not stop the demo)
+            print(f"      MirroredStrategy on {n} devices not run here: {type(exc).__name__}: {exc}")
+    return rows
 
 
-def _split_check(args, n: int, losses: list, mirrored) -> list[str]:
+def _split_check(args, losses: list, whole: list) -> list[str]:
     """Lines comparing the split step's losses of steps 1 and 2 (the second
-    after one update) with the un-split step's, under TF's default placement
-    and under MirroredStrategy (whose first two steps this runs)."""
-    if not args.micro_batches:
-        return []
-    with PlacedRun(lambda: build_model(args.model, args.preset, seed=args.seed), None, n_devices=n) as whole:
-        others = [("un-split step, TF default placement", whole.train(2))]
-    if mirrored is not None:
-        others.append((f"un-split step, {mirrored.name[:-2]}", mirrored.run.train(2)))
+    after one update) with the un-split step's, of each row of ``whole``
+    (whose first two steps this runs), and saying what those rows are."""
     out = ["  losses at steps 1 and 2 (step 2 after one update; each row a fresh copy from the same initial "
            "weights):",
            f"    {f'Pesto, {args.micro_batches} micro-batches, placed':<44}{losses[0]:>12.7f}{losses[1]:>12.7f}"]
-    for name, ls in others:
+    for row in whole:
+        ls = row.run.train(2)
         diff = max(abs(a - b) for a, b in zip(losses[:2], ls))
         same = all(abs(a - b) <= LOSS_RTOL * abs(b) for a, b in zip(losses[:2], ls))
-        out.append(f"    {name:<44}{ls[0]:>12.7f}{ls[1]:>12.7f}   largest difference {diff:.1e}: "
+        out.append(f"    {row.name[:-2]:<44}{ls[0]:>12.7f}{ls[1]:>12.7f}   largest difference {diff:.1e}: "
                    + (f"equal within {LOSS_RTOL:g} relative" if same else "NOT EQUAL"))
-    if mirrored is not None:
-        out.append(f"  * {mirrored.name[:-2]}: TensorFlow's data parallelism, the un-split step with one replica "
-                   f"per device, each on 1/{n} of the batch, gradients all-reduced")
+    out.append(f"  * TF default, un-split step: the step not split, every op on one device (what splitting into "
+               f"{args.micro_batches} costs or gains here)")
+    if len(whole) > 1:
+        out.append(f"  * {whole[1].name[:-2]}: TensorFlow's data parallelism, the un-split step with one replica "
+                   f"per device, each on 1/{args.gpus} of the batch, gradients all-reduced")
     return out
 
 
