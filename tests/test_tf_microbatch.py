@@ -147,8 +147,8 @@ def _keras_training(model, x, y, m):
     """Losses of 2 traced steps (SGD) and the model's weights after, by path."""
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     fn = train_step(model, loss, tf.keras.optimizers.SGD(0.5), m)
-    # on_unknown: main sizes an attention block's shape vectors only from issue 25 on
-    step = tf_patch.function_step(fn, x, y, n_devices=1, micro_batches=m, on_unknown="ignore")
+    step = tf_patch.function_step(fn, x, y, n_devices=1, micro_batches=m)
+    assert step.unsized == []
     paths = {id(v.value): v.path for v in model.trainable_variables}  # Keras 3: v.value is the tf.Variable
     names = {n: paths.get(id(v)) for n, v in captured_variables(fn.get_concrete_function(x, y)).items()}
     losses = step.run(2)
