@@ -7,6 +7,7 @@ MODEL ?= rnnlm
 GPUS ?= 2
 STEPS ?= 20
 HOSTS ?=
+MICRO ?=
 
 .PHONY: install test demo bench bench-quick train notebooks clean
 
@@ -28,7 +29,7 @@ demo: install
 	$(if $(HOSTS),$(BIN)/python -m tf_patch.demo_hosts --hosts $(HOSTS),$(BIN)/python -m tf_patch.demo --gpus $(GPUS))
 
 train: install
-	$(BIN)/python -m tf_patch.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS)
+	$(BIN)/python -m tf_patch.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS) $(if $(MICRO),--micro-batches $(MICRO))
 
 notebooks: install
 	$(BIN)/python notebooks/execute.py

@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib.util
 import time
 
-from . import apply, commfit, devices, extract, function, pipeline, profile, traces  # noqa: F401  (submodules)
+from . import apply, commfit, devices, extract, function, microstep, pipeline, profile, traces  # noqa: F401
 from .apply import apply_plan, check_colocation, verify
 from .commfit import CommFit, fit_transfers
 from .devices import describe, detect, plan_device, session_config, tf_device
 from .extract import _as_graph, allowed_kinds, extract as _extract, step_ops
 from .function import FunctionStep, function_opgraph, function_step, keras_opgraph, keras_step
+from .microstep import LossStep, check_micro_batches
 from .traces import chrome_trace_costs, step_stats_costs
 from .pipeline import contended, parallel_factor, profile_model, run_placed
 from .profile import Profile, estimate, measure
@@ -42,7 +43,7 @@ def _require_tensorflow() -> None:
 _require_tensorflow()
 
 __all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "function_step",
-           "keras_step", "FunctionStep", "step_stats_costs",
+           "keras_step", "FunctionStep", "LossStep", "check_micro_batches", "step_stats_costs",
            "chrome_trace_costs", "measure", "estimate", "apply_plan", "verify",
            "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "parallel_factor",
            "contended", "run_placed"]

@@ -1,6 +1,7 @@
 """``make demo`` / ``make train``: place and train a zoo model on N devices.
 
     python -m tf_patch.demo [--model rnnlm|nmt|transformer|nasnet|keras:NAME] [--gpus 2] [--steps 20]
+                            [--micro-batches M]
 
 Build the model (its ``demo`` preset where it has one: ms-scale kernels) ->
 profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
@@ -21,6 +22,16 @@ Without GPUs it uses N logical CPU devices and says so. Each is one core
 thread per device used), so a 2-device plan really overlaps on 2 cores and
 TF's default placement runs on one, as on one GPU; the timings show the
 plan's overlap and the simulator's prediction of it, not GPU speed-ups.
+
+``--micro-batches M`` builds the step split into ``M`` micro-batches
+(:mod:`tf_patch.microstep`: every slice's forward and backward are ops of
+their own, profiled at the micro-batch size), places and trains that; the
+placements of the table then run the same split step, and the demo adds two
+rows of the un-split step without a prediction: under TF's default placement
+(what splitting costs or gains) and under ``tf.distribute.MirroredStrategy``
+on the same devices (TensorFlow's data parallelism), and checks that the
+split step's losses of steps 1 and 2 (the latter after one update) equal
+theirs.
 
 ``keras:NAME`` (:data:`tf_patch.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
@@ -43,9 +54,10 @@ from solver import get_placer
 from .commfit import fit_transfers
 from .devices import describe, detect
 from .function import keras_step
+from .microstep import check_micro_batches
 from .pipeline import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
-from .zoo import build_model, presets
-from .zoo.keras_apps import KERAS_MODELS, keras_model
+from .zoo import MODELS, build_model, presets
+from .zoo.keras_apps import KERAS_MODELS, keras_app_step
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -61,21 +73,30 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=8, help="timing rounds (each times every placement in turn)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="solver seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--micro-batches", type=int, default=None, metavar="M",
+                    help="split the step into M micro-batches (M divides the batch); adds MirroredStrategy "
+                         "and the un-split step's losses to the comparison")
     args = ap.parse_args(argv)
 
     n = args.gpus
+    if args.preset is None and not args.model.startswith("keras:"):
+        args.preset = "demo" if "demo" in presets(args.model) else "small"
+    micro, batch = (1 if args.micro_batches is None else args.micro_batches), _batch(args)
+    try:
+        check_micro_batches(batch, micro)
+    except ValueError as exc:
+        ap.error(str(exc))
     print(describe(n))
     if args.model.startswith("keras:"):
         return keras_demo(args)
-    if args.preset is None:
-        args.preset = "demo" if "demo" in presets(args.model) else "small"
 
     def build():
-        return build_model(args.model, args.preset, seed=args.seed)
+        return build_model(args.model, args.preset, seed=args.seed, micro_batches=micro)
 
     t0 = time.perf_counter()
     alone, prof = profile_model(build, n_devices=n, steps=5)
-    print(f"[1/5] {args.model}/{args.preset}: {alone.num_ops} ops, {alone.num_edges} edges; "
+    split = f", {micro} micro-batches of {batch // micro}" if args.micro_batches else ""
+    print(f"[1/5] {args.model}/{args.preset}{split}: {alone.num_ops} ops, {alone.num_edges} edges; "
           f"profiled in {time.perf_counter() - t0:.1f} s (measured kernels x {prof.scale:.2f} + "
           f"{prof.overhead:.1f} us dispatch/op), serial work {alone.total_work(cluster_kind(alone)) / 1000:.2f} ms")
     t0 = time.perf_counter()
@@ -134,8 +155,11 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     if on_cpu:  # TF's own threading on one device: no device model, so no prediction
         rows.append(_Row(f"TF on {dev0}, all cores *", 0.0, float("nan"),
                          PlacedRun(build, None, n_devices=n, inter_op=0)))
+    whole = _unsplit_rows(args, n) if args.micro_batches else []
+    rows += whole
     try:
         losses = rows[0].run.train(args.steps)
+        check = _split_check(args, losses, whole)  # steps 1-2 of each run: before the timed steps
         timing = time_interleaved([r.run for r in rows], rounds=args.rounds, steps=4)
         tr = rows[0].run.trace()
         applied = rows[0].run.applied
@@ -145,10 +169,13 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     print(f"      Pesto plan enforced: {len(applied.control_edges)} control edges added "
           f"({applied.skipped} already implied); trace: {len(tr['misplaced'])} ops off-plan, "
           f"{len(tr['order_violations'])}/{tr['checked_edges']} order violations")
+    print("\n".join(check))
     _print_table(rows, timing, ref)
     measured = timing.step_us
     print(f"  Pesto vs TF default placement: {measured[one] / measured[0]:.2f}x measured, "
           f"{default_pred / plan.makespan:.2f}x predicted")
+    for k, row in enumerate(whole, start=len(rows) - len(whole)):
+        print(f"  Pesto vs {row.name[:-2]}: {measured[k] / measured[0]:.2f}x measured (no prediction)")
     if on_cpu:
         _cpu_note(n, timing, dev0)
     pts = sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4, len(losses) - 1})
@@ -156,6 +183,50 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     if losses[-1] >= losses[0]:
         print("  (loss did not fall: try more --steps)")
     return 0
+
+
+#: Largest relative difference between the split step's losses and the un-split step's
+#: that the demo calls equal (float32 sums in another order differ by ~1e-7).
+LOSS_RTOL = 1e-5
+
+
+def _unsplit_rows(args, n: int) -> list:
+    """Rows for the un-split step: under TF's default placement (what
+    splitting costs or gains here) and under ``tf.distribute.MirroredStrategy``
+    on the ``n`` devices (:func:`tf_patch.zoo.common.mirrored_step`; left out,
+    and said, when TensorFlow cannot run it here)."""
+    def whole(**kw):
+        return lambda: build_model(args.model, args.preset, seed=args.seed, **kw)
+
+    rows = [_Row("TF default, un-split step *", 0.0, float("nan"), PlacedRun(whole(), None, n_devices=n))]
+    if n > 1:
+        try:
+            rows.append(_Row(f"MirroredStrategy x{n} *", 0.0, float("nan"),
+                             PlacedRun(whole(mirrored=n), None, n_devices=n, inter_op=n)))
+        except Exception as exc:  # noqa: BLE001  (a baseline must not stop the demo)
+            print(f"      MirroredStrategy on {n} devices not run here: {type(exc).__name__}: {exc}")
+    return rows
+
+
+def _split_check(args, losses: list, whole: list) -> list[str]:
+    """Lines comparing the split step's losses of steps 1 and 2 (the second
+    after one update) with the un-split step's, of each row of ``whole``
+    (whose first two steps this runs), and saying what those rows are."""
+    out = ["  losses at steps 1 and 2 (step 2 after one update; each row a fresh copy from the same initial "
+           "weights):",
+           f"    {f'Pesto, {args.micro_batches} micro-batches, placed':<44}{losses[0]:>12.7f}{losses[1]:>12.7f}"]
+    for row in whole:
+        ls = row.run.train(2)
+        diff = max(abs(a - b) for a, b in zip(losses[:2], ls))
+        same = all(abs(a - b) <= LOSS_RTOL * abs(b) for a, b in zip(losses[:2], ls))
+        out.append(f"    {row.name[:-2]:<44}{ls[0]:>12.7f}{ls[1]:>12.7f}   largest difference {diff:.1e}: "
+                   + (f"equal within {LOSS_RTOL:g} relative" if same else "NOT EQUAL"))
+    out.append(f"  * TF default, un-split step: the step not split, every op on one device (what splitting into "
+               f"{args.micro_batches} costs or gains here)")
+    if len(whole) > 1:
+        out.append(f"  * {whole[1].name[:-2]}: TensorFlow's data parallelism, the un-split step with one replica "
+                   f"per device, each on 1/{args.gpus} of the batch, gradients all-reduced")
+    return out
 
 
 def _print_table(rows: list[_Row], timing, ref: int | None) -> None:
@@ -210,16 +281,22 @@ def _model_name(text: str) -> str:
                                      + ", ".join(f"keras:{k}" for k in KERAS_MODELS))
 
 
+def _batch(args) -> int | None:
+    """The batch size of the model the demo is to build (None: an unknown preset, refused later)."""
+    if args.model.startswith("keras:"):
+        return KERAS_MODELS[args.model[6:]][2]
+    return MODELS[args.model][1].get(args.preset, {}).get("batch")
+
+
 def keras_demo(args) -> int:
     """Trace, place, train placed and check a Keras model's training step."""
-    import tensorflow as tf
-
     t0 = time.perf_counter()
-    model, x, y = keras_model(args.model[6:], seed=args.seed)
-    step = keras_step(model, "sparse_categorical_crossentropy", tf.keras.optimizers.SGD(0.01), x, y,
-                               n_devices=args.gpus)
+    micro = (1 if args.micro_batches is None else args.micro_batches)
+    step = keras_app_step(args.model[6:], seed=args.seed, n_devices=args.gpus, micro_batches=micro)
     g = step.graph
-    print(f"[1/4] {args.model}: {g.num_ops} ops, weights {sum(o.persistent_bytes for o in g.ops) / 2**20:.1f} MiB, "
+    split = (f", {micro} micro-batches (batch norm per micro-batch: losses not the un-split step's)"
+             if micro > 1 else "")
+    print(f"[1/4] {args.model}{split}: {g.num_ops} ops, weights {sum(o.persistent_bytes for o in g.ops) / 2**20:.1f} MiB, "
           f"grappler V100 serial work {g.total_work('GPU') / 1000:.2f} ms; traced in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     plan = solve(g, gpus=args.gpus, time_limit=args.time_limit, workers=1, seed=args.seed)

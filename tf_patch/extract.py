@@ -16,7 +16,9 @@ Only ops that actually run in a step are kept: the ancestors of the fetches
   list of well-known host-only ops);
 * ``persistent_bytes`` for variables (weights and optimizer slots), from the
   variable's shape and dtype;
-* scope = op name without its last component.
+* scope = op name without its last component;
+* ``batch``: whether the op runs once per slice of the batch, from static
+  shapes (:func:`tf_patch.batchmarks.batch_marks` states the rule).
 
 Examples
 --------
@@ -29,6 +31,8 @@ from typing import Callable, Iterable, Mapping
 
 from pesto.errors import InvalidGraphError
 from pesto.graph import Edge, Op, OpGraph, Tensor
+
+from .batchmarks import batch_marks
 
 __all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN",
            "unsized_tensors", "shape_tensor_bytes", "MAX_SHAPE_ELEMENTS"]
@@ -212,6 +216,7 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
             allowed_of[n] = frozenset({"CPU"})
     sizes = {**shape_tensor_bytes(ops, names, batch), **(tensor_sizes or {})}
     _check_sizes(ops, names, sizes, batch, memory, on_unknown)
+    marks = batch_marks(ops, batch=batch)
     tensors, edges, op_objs = [], {}, []
     for op in ops:
         out_bytes = 0
@@ -239,7 +244,7 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
                           temporary_bytes=int(mem.get("temporary_bytes", 0)),
                           colocation_group=groups.get(op.name),
                           scope=op.name.rsplit("/", 1)[0] if "/" in op.name else "",
-                          type=op.type))
+                          type=op.type, batch=marks.get(op.name)))
     # a pair with data edges and a control edge: the data edge already orders them
     edge_objs = [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in edges.items()]
     return OpGraph(op_objs, edge_objs, tensors, name=name)

@@ -36,6 +36,7 @@ from __future__ import annotations
 from .apply import apply_plan
 from .devices import detect, session_config
 from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsized_tensors
+from .microstep import LossStep, split_step
 from .pipeline import trace_check
 from .profile import estimate, measure
 
@@ -108,13 +109,18 @@ def _traced_opgraph(concrete, *, gpu, overhead, progress, name, on_unknown, tens
     return og, prof
 
 
-def train_step(model, loss, optimizer):
+def train_step(model, loss, optimizer, micro_batches: int = 1):
     """The usual Keras training step as a ``tf.function``: forward, loss,
-    gradients, one optimizer update; returns the loss."""
+    gradients, one optimizer update; returns the loss. With
+    ``micro_batches`` > 1 the same step split into that many slices of the
+    batch (a :class:`tf_patch.microstep.LossStep`)."""
     import tensorflow as tf
 
     loss_fn = tf.keras.losses.get(loss)
     opt = tf.keras.optimizers.get(optimizer)
+    if micro_batches != 1:
+        return LossStep(lambda x, y: tf.reduce_mean(loss_fn(y, model(x, training=True))),
+                        lambda: model.trainable_variables, opt, micro_batches=micro_batches)
 
     @tf.function
     def step(x, y):
@@ -304,12 +310,14 @@ class FunctionStep:
 
 
 def function_step(fn, *args, costs: str = "v100", name: str | None = None, n_devices: int = 2,
-                  on_unknown: str = "raise", steps: int = 5, warmup: int = 2) -> FunctionStep:
+                  on_unknown: str = "raise", steps: int = 5, warmup: int = 2,
+                  micro_batches: int = 1) -> FunctionStep:
     """A :class:`FunctionStep` of ``fn(*args)``.
 
     Parameters
     ----------
-    fn : tf.function or Python function (traced with ``tf.function``)
+    fn : tf.function or Python function (traced with ``tf.function``); with
+        ``micro_batches`` > 1 a :class:`tf_patch.LossStep`
     args : the example batch it trains on (tensors or arrays)
     costs : str
         A GPU name ("v100", "a100", "h100") for grappler's analytical costs
@@ -323,17 +331,23 @@ def function_step(fn, *args, costs: str = "v100", name: str | None = None, n_dev
     on_unknown : {"raise", "warn", "ignore"}
         Tensors without a size: see :func:`tf_patch.extract.extract` (shape
         vectors are sized by :func:`tf_patch.extract.shape_tensor_bytes`).
+    micro_batches : int
+        The step split into that many slices of the batch
+        (:mod:`tf_patch.microstep`; :func:`tf_patch.microstep.split_step`
+        says what it refuses).
 
     Returns
     -------
     FunctionStep
     """
+    fn = split_step(fn, micro_batches, args)
     return FunctionStep(_concrete(fn, args), args, costs=costs, name=name or getattr(fn, "__name__", "step"),
                         n_devices=n_devices, on_unknown=on_unknown, steps=steps, warmup=warmup)
 
 
 def keras_step(model, loss, optimizer, x, y, *, costs: str = "v100", name: str | None = None,
-               n_devices: int = 2, on_unknown: str = "raise", steps: int = 5, warmup: int = 2) -> FunctionStep:
+               n_devices: int = 2, on_unknown: str = "raise", steps: int = 5, warmup: int = 2,
+               micro_batches: int = 1) -> FunctionStep:
     """A :class:`FunctionStep` of the usual Keras training step.
 
     Parameters
@@ -341,13 +355,14 @@ def keras_step(model, loss, optimizer, x, y, *, costs: str = "v100", name: str |
     model : a built ``keras.Model`` (any layers: convolutions, attention, RNNs)
     loss, optimizer : anything ``keras.losses.get`` / ``keras.optimizers.get`` take
     x, y : the batch the step trains on
-    costs, name, n_devices, on_unknown, steps, warmup : as in :func:`function_step`
+    costs, name, n_devices, on_unknown, steps, warmup, micro_batches : as in :func:`function_step`
 
     Returns
     -------
     FunctionStep
-        Of :func:`train_step` (forward, loss, gradients, one update).
+        Of :func:`train_step` (forward, loss, gradients, one update; split
+        into ``micro_batches`` slices).
     """
-    return function_step(train_step(model, loss, optimizer), x, y, costs=costs,
+    return function_step(train_step(model, loss, optimizer, micro_batches), x, y, costs=costs,
                          name=name or getattr(model, "name", "keras"), n_devices=n_devices, on_unknown=on_unknown,
-                         steps=steps, warmup=warmup)
+                         steps=steps, warmup=warmup, micro_batches=micro_batches)

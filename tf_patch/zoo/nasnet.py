@@ -7,14 +7,14 @@ bucket (learnable, offline).
 """
 from __future__ import annotations
 
-from .common import ZooModel, merge_preset, tf1, train_step
+from .common import MICRO_DEFAULTS, ZooModel, merge_preset, model_step, tf1
 
 PRESETS = {
     "small": dict(cells=3, channels=16, batch=8, image=16, classes=10),
     # NASNet-A (6 @ 768) on CIFAR-sized inputs: 18 cells, no reduction cells
     "paper": dict(cells=18, channels=96, batch=64, image=32, classes=10),
 }
-_DEFAULTS = dict(optimizer="adam", lr=0.003, seed=0)
+_DEFAULTS = dict(optimizer="adam", lr=0.003, seed=0, **MICRO_DEFAULTS)
 
 
 def _sep_conv(x, ksize, ch, init, name):
@@ -28,7 +28,8 @@ def _sep_conv(x, ksize, ch, init, name):
 
 
 def build_nasnet(preset: str = "small", **overrides) -> ZooModel:
-    """Build the NASNet-like training step (see module docstring)."""
+    """Build the NASNet-like training step (see module docstring); ``micro_batches``
+    splits it into that many slices of the batch (:func:`tf_patch.zoo.common.model_step`)."""
     cfg = merge_preset({k: {**v, **_DEFAULTS} for k, v in PRESETS.items()}, "nasnet", preset, overrides)
     t = tf1()
     import numpy as np
@@ -41,38 +42,42 @@ def build_nasnet(preset: str = "small", **overrides) -> ZooModel:
         init = t.glorot_uniform_initializer(seed=cfg["seed"])
         x_ph = t.placeholder(tf.float32, [B, I, I, 3], name="images")
         y_ph = t.placeholder(tf.int32, [B], name="labels")
-        with t.variable_scope("stem"):
-            w = t.get_variable("conv", [3, 3, 3, C], initializer=init)
-            x = t.nn.conv2d(x_ph, w, [1, 1, 1, 1], "SAME")
-        prev = x
-        for k in range(N):
-            with t.variable_scope(f"cell_{k}"):
-                inputs = [x, prev]
-                ops = [(5, 0), (3, 1), ("avg", 0), ("max", 1), (3, 0), ("id", 1)]
-                outs = []
-                for b, (kind, src) in enumerate(ops):
-                    with t.variable_scope(f"branch_{b}"):
-                        h = inputs[src]
-                        if kind == "avg":
-                            h = t.nn.avg_pool2d(h, 3, 1, "SAME")
-                        elif kind == "max":
-                            h = t.nn.max_pool2d(h, 3, 1, "SAME")
-                        elif kind == "id":
-                            h = t.identity(h)
-                        else:
-                            h = _sep_conv(h, kind, C, init, "sep")
-                        outs.append(h)
-                with t.variable_scope("combine"):
-                    pairs = [outs[i] + outs[i + 1] for i in range(0, len(outs), 2)]
-                    wr = t.get_variable("reduce", [1, 1, C * len(pairs), C], initializer=init)
-                    prev, x = x, t.nn.conv2d(t.nn.relu(t.concat(pairs, 3)), wr, [1, 1, 1, 1], "SAME")
-        with t.variable_scope("softmax"):
-            pooled = t.reduce_mean(x, [1, 2])
-            wf = t.get_variable("w", [C, K], initializer=init)
-            logits = t.matmul(pooled, wf)
-        with t.name_scope("loss"):
-            loss = t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(labels=y_ph, logits=logits))
-        train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
+
+        def forward(inputs, batch):  # noqa: ARG001  (no op needs the batch size)
+            x_in, y_in = inputs
+            with t.variable_scope("stem"):
+                w = t.get_variable("conv", [3, 3, 3, C], initializer=init)
+                x = t.nn.conv2d(x_in, w, [1, 1, 1, 1], "SAME")
+            prev = x
+            for k in range(N):
+                with t.variable_scope(f"cell_{k}"):
+                    cell_in = [x, prev]
+                    ops = [(5, 0), (3, 1), ("avg", 0), ("max", 1), (3, 0), ("id", 1)]
+                    outs = []
+                    for b, (kind, src) in enumerate(ops):
+                        with t.variable_scope(f"branch_{b}"):
+                            h = cell_in[src]
+                            if kind == "avg":
+                                h = t.nn.avg_pool2d(h, 3, 1, "SAME")
+                            elif kind == "max":
+                                h = t.nn.max_pool2d(h, 3, 1, "SAME")
+                            elif kind == "id":
+                                h = t.identity(h)
+                            else:
+                                h = _sep_conv(h, kind, C, init, "sep")
+                            outs.append(h)
+                    with t.variable_scope("combine"):
+                        pairs = [outs[i] + outs[i + 1] for i in range(0, len(outs), 2)]
+                        wr = t.get_variable("reduce", [1, 1, C * len(pairs), C], initializer=init)
+                        prev, x = x, t.nn.conv2d(t.nn.relu(t.concat(pairs, 3)), wr, [1, 1, 1, 1], "SAME")
+            with t.variable_scope("softmax"):
+                pooled = t.reduce_mean(x, [1, 2])
+                wf = t.get_variable("w", [C, K], initializer=init)
+                logits = t.matmul(pooled, wf)
+            with t.name_scope("loss"):
+                return t.reduce_mean(t.nn.sparse_softmax_cross_entropy_with_logits(labels=y_in, logits=logits))
+
+        loss, train_op = model_step(forward, [x_ph, y_ph], cfg)
         init_op = t.global_variables_initializer()
 
     def feed_fn(step: int) -> dict:

@@ -12,8 +12,8 @@ Examples
 """
 from __future__ import annotations
 
-from .common import (ZooModel, lazy_corpus, lstm_stack_step, lstm_vars, merge_preset, projection_loss,
-                     tf1, train_step)
+from .common import (MICRO_DEFAULTS, ZooModel, lazy_corpus, lstm_stack_step, lstm_vars, merge_preset,
+                     model_step, projection_loss, tf1)
 from .data import lm_batches
 
 PRESETS = {
@@ -27,12 +27,14 @@ PRESETS = {
     "4x2048": dict(layers=4, units=2048, batch=128, steps=20, vocab=10000),
     "16x1024": dict(layers=16, units=1024, batch=128, steps=20, vocab=10000),
 }
-_DEFAULTS = dict(optimizer="adam", lr=0.01, seed=0, corpus="zipf")
+_DEFAULTS = dict(optimizer="adam", lr=0.01, seed=0, corpus="zipf", **MICRO_DEFAULTS)
 
 
 def build_rnnlm(preset: str = "small", **overrides) -> ZooModel:
     """Build the RNNLM training step; ``overrides`` change preset fields
-    (layers, units, batch, steps, vocab) or optimizer, lr, seed, corpus."""
+    (layers, units, batch, steps, vocab) or optimizer, lr, seed, corpus,
+    micro_batches (the step split into that many slices of the batch:
+    :func:`tf_patch.zoo.common.model_step`)."""
     cfg = merge_preset({k: {**v, **_DEFAULTS} for k, v in PRESETS.items()}, "rnnlm", preset, overrides)
     t = tf1()
     import tensorflow as tf
@@ -44,19 +46,23 @@ def build_rnnlm(preset: str = "small", **overrides) -> ZooModel:
         init = t.random_uniform_initializer(-0.1, 0.1, seed=cfg["seed"])
         x_ph = t.placeholder(tf.int32, [B, T], name="inputs")
         y_ph = t.placeholder(tf.int32, [B, T], name="targets")
-        with t.variable_scope("embed"):
-            emb = t.get_variable("embedding", [V, H], initializer=init)
-            x = t.nn.embedding_lookup(emb, x_ph)
-            xs = t.unstack(x, axis=1)
-        cells = [lstm_vars(f"rnn/layer_{k}", H, H, init) for k in range(L)]
-        h = [t.zeros([B, H]) for _ in range(L)]
-        c = [t.zeros([B, H]) for _ in range(L)]
-        outs = []
-        for s in range(T):
-            outs.append(lstm_stack_step(xs[s], h, c, cells, "rnn", s))
-        loss = projection_loss(lambda: t.reshape(t.stack(outs, axis=1), [B * T, H]), y_ph, H, V, init,
-                               scope="softmax")
-        train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
+
+        def forward(inputs, b):
+            x_in, y_in = inputs
+            with t.variable_scope("embed"):
+                emb = t.get_variable("embedding", [V, H], initializer=init)
+                x = t.nn.embedding_lookup(emb, x_in)
+                xs = t.unstack(x, axis=1)
+            cells = [lstm_vars(f"rnn/layer_{k}", H, H, init) for k in range(L)]
+            h = [t.zeros([b, H]) for _ in range(L)]
+            c = [t.zeros([b, H]) for _ in range(L)]
+            outs = []
+            for s in range(T):
+                outs.append(lstm_stack_step(xs[s], h, c, cells, "rnn", s))
+            return projection_loss(lambda: t.reshape(t.stack(outs, axis=1), [b * T, H]), y_in, H, V, init,
+                                   scope="softmax")
+
+        loss, train_op = model_step(forward, [x_ph, y_ph], cfg)
         init_op = t.global_variables_initializer()
 
     ids = lazy_corpus(V, max(B * (T + 1) * 50, 20000), cfg)

@@ -6,7 +6,7 @@ Data: next-token prediction over the seeded Zipf corpus of :mod:`tf_patch.zoo.da
 """
 from __future__ import annotations
 
-from .common import ZooModel, lazy_corpus, merge_preset, projection_loss, tf1, train_step
+from .common import MICRO_DEFAULTS, ZooModel, lazy_corpus, merge_preset, model_step, projection_loss, tf1
 from .data import lm_batches
 
 PRESETS = {
@@ -14,7 +14,7 @@ PRESETS = {
     "6": dict(layers=6, d_model=512, heads=8, d_ff=2048, batch=64, seq=128, vocab=32000),
     "12": dict(layers=12, d_model=512, heads=8, d_ff=2048, batch=64, seq=128, vocab=32000),
 }
-_DEFAULTS = dict(optimizer="adam", lr=0.003, seed=0, corpus="zipf")
+_DEFAULTS = dict(optimizer="adam", lr=0.003, seed=0, corpus="zipf", **MICRO_DEFAULTS)
 
 
 def _layer_norm(x, scope, d):
@@ -27,7 +27,8 @@ def _layer_norm(x, scope, d):
 
 
 def build_transformer(preset: str = "small", **overrides) -> ZooModel:
-    """Build the Transformer training step (see module docstring)."""
+    """Build the Transformer training step (see module docstring); ``micro_batches``
+    splits it into that many slices of the batch (:func:`tf_patch.zoo.common.model_step`)."""
     cfg = merge_preset({k: {**v, **_DEFAULTS} for k, v in PRESETS.items()}, "transformer", preset, overrides)
     t = tf1()
     import numpy as np
@@ -41,31 +42,36 @@ def build_transformer(preset: str = "small", **overrides) -> ZooModel:
         init = t.glorot_uniform_initializer(seed=cfg["seed"])
         x_ph = t.placeholder(tf.int32, [B, S], name="inputs")
         y_ph = t.placeholder(tf.int32, [B, S], name="targets")
-        with t.variable_scope("embed"):
-            emb = t.get_variable("embedding", [V, D], initializer=init)
-            pos = t.get_variable("position", [S, D], initializer=init)
-            x = t.nn.embedding_lookup(emb, x_ph) * float(np.sqrt(D)) + pos
-        mask = t.constant(np.triu(np.full((S, S), -1e9, np.float32), 1), name="causal_mask")
-        for k in range(L):
-            with t.variable_scope(f"layer_{k}"):
-                with t.variable_scope("attention"):
-                    wq, wk, wv, wo = (t.get_variable(n, [D, D], initializer=init) for n in ("wq", "wk", "wv", "wo"))
-                    flat = t.reshape(x, [B * S, D])
 
-                    def heads(w):
-                        return t.transpose(t.reshape(t.matmul(flat, w), [B, S, Hh, dk]), [0, 2, 1, 3])
-                    q, kk, v = heads(wq), heads(wk), heads(wv)
-                    att = t.nn.softmax(t.matmul(q, kk, transpose_b=True) / float(np.sqrt(dk)) + mask)
-                    o = t.reshape(t.transpose(t.matmul(att, v), [0, 2, 1, 3]), [B * S, D])
-                    x = _layer_norm(x + t.reshape(t.matmul(o, wo), [B, S, D]), "ln_0", D)
-                with t.variable_scope("ffn"):
-                    w1 = t.get_variable("w1", [D, F], initializer=init)
-                    w2 = t.get_variable("w2", [F, D], initializer=init)
-                    hdn = t.nn.relu(t.matmul(t.reshape(x, [B * S, D]), w1))
-                    x = _layer_norm(x + t.reshape(t.matmul(hdn, w2), [B, S, D]), "ln_1", D)
-        loss = projection_loss(lambda: t.reshape(x, [B * S, D]), y_ph, D, V, init, scope="output_projection",
-                               bias=False)
-        train_op = train_step(loss, cfg["optimizer"], cfg["lr"])
+        def forward(inputs, b):
+            x_in, y_in = inputs
+            with t.variable_scope("embed"):
+                emb = t.get_variable("embedding", [V, D], initializer=init)
+                pos = t.get_variable("position", [S, D], initializer=init)
+                x = t.nn.embedding_lookup(emb, x_in) * float(np.sqrt(D)) + pos
+            mask = t.constant(np.triu(np.full((S, S), -1e9, np.float32), 1), name="causal_mask")
+            for k in range(L):
+                with t.variable_scope(f"layer_{k}"):
+                    with t.variable_scope("attention"):
+                        wq, wk, wv, wo = (t.get_variable(n, [D, D], initializer=init)
+                                          for n in ("wq", "wk", "wv", "wo"))
+                        flat = t.reshape(x, [b * S, D])
+
+                        def heads(w):
+                            return t.transpose(t.reshape(t.matmul(flat, w), [b, S, Hh, dk]), [0, 2, 1, 3])
+                        q, kk, v = heads(wq), heads(wk), heads(wv)
+                        att = t.nn.softmax(t.matmul(q, kk, transpose_b=True) / float(np.sqrt(dk)) + mask)
+                        o = t.reshape(t.transpose(t.matmul(att, v), [0, 2, 1, 3]), [b * S, D])
+                        x = _layer_norm(x + t.reshape(t.matmul(o, wo), [b, S, D]), "ln_0", D)
+                    with t.variable_scope("ffn"):
+                        w1 = t.get_variable("w1", [D, F], initializer=init)
+                        w2 = t.get_variable("w2", [F, D], initializer=init)
+                        hdn = t.nn.relu(t.matmul(t.reshape(x, [b * S, D]), w1))
+                        x = _layer_norm(x + t.reshape(t.matmul(hdn, w2), [b, S, D]), "ln_1", D)
+            return projection_loss(lambda: t.reshape(x, [b * S, D]), y_in, D, V, init, scope="output_projection",
+                                   bias=False)
+
+        loss, train_op = model_step(forward, [x_ph, y_ph], cfg)
         init_op = t.global_variables_initializer()
 
     ids = lazy_corpus(V, max(B * (S + 1) * 50, 20000), cfg)
