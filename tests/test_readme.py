@@ -30,8 +30,10 @@ SKIPPED = {
                     "itself (CI runs it); `make demo` is measured in benchmarks/results/demo_runs.md",
     "tf_patch.opgraph(tf_graph, [train_op]": "a fragment: `tf_graph` and `train_op` are the reader's "
                                              "own TensorFlow model",
-    "tf_patch.keras_step(model,": "traces and trains MobileNetV2 and solves it for the default 60 s "
+    'tf_patch.keras_step(model, "sparse': "traces and trains MobileNetV2 and solves it for the default 60 s "
                                   "(several minutes); tests/test_tf.py covers keras_step and apply",
+    "micro_batches=4)  # Keras": "a fragment: the model, loss, optimizer, data and LossStep are the "
+                                 "reader's own; tests/test_tf_microbatch.py runs each of the three forms",
     "make notebooks": "runs the notebooks at full size (~20 minutes); tests/test_notebooks.py runs "
                       "them on the small setting",
 }
