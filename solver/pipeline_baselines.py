@@ -81,6 +81,7 @@ from pesto.plan import Plan
 from pesto.replicate import replicate
 from pesto.training import GRADIENT_ROOT, backward_ops
 
+from .baselines import pipeline_cuts
 from .common import order_by_key
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
@@ -286,25 +287,7 @@ def split_stages(work: Sequence[float], comm: Sequence[float], k: int) -> tuple[
     ((0, 2), (0, 1))
     """
     n = len(work)
-    k = max(1, min(k, n))
-    pre = np.concatenate([[0.0], np.cumsum(work, dtype=float)])
-    cut = np.zeros(n + 1)
-    cut[1:n] = np.asarray(comm, dtype=float)[1:n]
-    best = np.full((k + 1, n + 1), np.inf)
-    best[0, 0] = 0.0
-    arg = np.zeros((k + 1, n + 1), dtype=int)
-    for s in range(1, k + 1):
-        for j in range(s, n + 1):
-            i = np.arange(s - 1, j)
-            cost = pre[j] - pre[i] + cut[i] + (cut[j] if j < n else 0.0)
-            val = np.maximum(best[s - 1, i], cost)
-            a = int(np.argmin(val))
-            best[s, j], arg[s, j] = val[a], i[a]
-    starts, j = [], n
-    for s in range(k, 0, -1):
-        j = int(arg[s, j])
-        starts.append(j)
-    return tuple(reversed(starts))
+    return tuple(pipeline_cuts(list(work), list(comm)[1:n], max(1, min(k, n))))  # the one partition DP
 
 
 def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int]]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pesto.dag import reachability, toposort
 from pesto.errors import CycleError, InvalidPlanError
 
 from .extract import colocation_groups
@@ -299,65 +300,28 @@ def _with_edges(succ, edges):
     return out
 
 
+def _lists(succ):
+    """Successor lists (``pesto.dag`` walks them in order; ours may be sets)."""
+    return [sorted(s) for s in succ]
+
+
 def _reach(succ, names):
     """Bitsets: ``reach[i]`` has bit j set when a path i -> ... -> j exists."""
-    reach = [0] * len(succ)
-    for i in reversed(_toposort(succ, names)):
-        r = 0
-        for j in succ[i]:
-            r |= reach[j] | (1 << j)
-        reach[i] = r
-    return reach
+    succ = _lists(succ)
+    return reachability(succ, toposort(succ, names=names, what="tf graph"))
 
 
 def _cycle(succ):
     """A cycle of ``succ`` (op indices, in order), or None."""
-    n = len(succ)
-    indeg = [0] * n
-    for s in succ:
-        for j in s:
-            indeg[j] += 1
-    stack = [i for i in range(n) if indeg[i] == 0]
-    while stack:
-        i = stack.pop()
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                stack.append(j)
-    left = {i for i in range(n) if indeg[i] > 0}
-    if not left:
-        return None
-    pred = {i: [] for i in left}
-    for k in left:
-        for j in succ[k]:
-            if j in left:
-                pred[j].append(k)
-    i, seen, path = next(iter(left)), {}, []
-    while i not in seen:
-        seen[i] = len(path)
-        path.append(i)
-        i = pred[i][0]
-    return path[seen[i]:][::-1]
+    try:
+        toposort(_lists(succ))
+    except CycleError as exc:
+        return exc.cycle
+    return None
 
 
 def _toposort(succ, names, what="tf graph"):
-    n = len(succ)
-    indeg = [0] * n
-    for s in succ:
-        for j in s:
-            indeg[j] += 1
-    stack = [i for i in range(n) if indeg[i] == 0]
-    order = []
-    while stack:
-        i = stack.pop()
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                stack.append(j)
-    if len(order) < n:
-        raise CycleError([names[k] for k in _cycle(succ)], what=what)
-    return order
+    return toposort(_lists(succ), names=names, what=what)
 
 
 def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applied:
