@@ -68,10 +68,10 @@ def test_cli_ctrl_c_writes_the_best_plan_and_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "pesto", "place", str(gpath), "--time-limit", "600",
                              "--target-vertices", "100", "-o", str(ppath)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    # wait for the solve to start (its first stage line), then interrupt
+    # wait until the baselines stage has made plans (its "done" progress line), then interrupt
     deadline = time.monotonic() + 120
     line = ""
-    while "[pesto" not in line and time.monotonic() < deadline:
+    while "baselines: done" not in line and time.monotonic() < deadline:
         line = proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
