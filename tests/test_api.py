@@ -115,6 +115,13 @@ def test_unsupported_combinations_raise():
             pesto.solve(small(), time_limit=bad)
 
 
+@pytest.mark.parametrize("option", ["time_limit", "target_vertices"])
+@pytest.mark.parametrize("bad", [True, False, "10"])
+def test_solve_rejects_non_numbers_naming_the_option(option, bad):
+    with pytest.raises(TypeError, match=rf"^{option} must be .*got {bad!r} \({type(bad).__name__}\)"):
+        pesto.solve(small(), **{option: bad})
+
+
 def test_solve_mip_backend_and_hint_none():
     g = small()
     p = pesto.solve(g, cluster=gpus(2, beta=(1.0, 0.01)), backend="mip", hint=None, time_limit=10)
