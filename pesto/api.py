@@ -37,6 +37,7 @@ from .plan import Plan, check_plan
 __all__ = ["solve", "solve_step", "step_graph", "StepResult", "evaluate", "load_placement", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
 
 _DEVICE = re.compile(r"(?:^|/|device:)(CPU|GPU):(\d+)$", re.I)
+_TASK = re.compile(r"/task:(\d+)")
 
 
 def load_graph(graph) -> OpGraph:
@@ -242,6 +243,30 @@ def raise_overrun(graph: OpGraph, cluster: Cluster, plan: Plan) -> None:
                           culprit=worst, plan=plan)
 
 
+def _local_device(dev, names: set) -> str | None:
+    """The device of ``names`` that ``dev`` means, or None: a name of the
+    cluster, or a TF name of task 0 (or of no task) reduced to ``/GPU:1``; a
+    device of another task of a multi-host job is none of a one-host cluster's."""
+    if not isinstance(dev, str):
+        return None
+    if dev in names:
+        return dev
+    task, m = _TASK.search(dev), _DEVICE.search(dev)
+    if m is None or (task is not None and int(task.group(1)) != 0):
+        return None
+    d = f"/{m.group(1).upper()}:{m.group(2)}"
+    return d if d in names else None
+
+
+def _why_not(dev: str, cluster: Cluster) -> str:
+    devices = f"{cluster.name} ({', '.join(cluster.names)})"
+    task = _TASK.search(dev)
+    if task is not None and int(task.group(1)) != 0:
+        return (f"task {task.group(1)} of a multi-host job, but cluster {devices} is not: "
+                "give the cluster with that host's devices")
+    return f"not a device of {devices}"
+
+
 def load_placement(placement, graph: OpGraph, cluster: Cluster) -> dict[str, str]:
     """A user's placement as ``{op: device of cluster}``.
 
@@ -254,7 +279,9 @@ def load_placement(placement, graph: OpGraph, cluster: Cluster) -> dict[str, str
     ------
     InvalidPlanError
         An op of the graph without a device, an op the graph does not have,
-        or a device the cluster does not have (each named).
+        or a device the cluster does not have (each named): a device of a
+        task other than 0 (``/job:worker/task:3/device:GPU:1``) is not a
+        device of a one-host cluster.
 
     Examples
     --------
@@ -276,13 +303,12 @@ def load_placement(placement, graph: OpGraph, cluster: Cluster) -> dict[str, str
         if op not in graph:
             unknown.append(op)
             continue
-        m = _DEVICE.search(str(dev))
-        d = dev if dev in names else (f"/{m.group(1).upper()}:{m.group(2)}" if m else None)
-        if d not in names:
+        d = _local_device(dev, names)
+        if d is None:
             off.setdefault(str(dev), []).append(op)
         out[op] = d
-    bad = [f"{len(ops)} ops are placed on {dev!r}, not a device of {cluster.name} ({', '.join(cluster.names)}), "
-           f"e.g. {', '.join(map(repr, ops[:3]))}" for dev, ops in off.items()]
+    bad = [f"{len(ops)} ops are placed on {dev!r}, {_why_not(dev, cluster)}, e.g. {', '.join(map(repr, ops[:3]))}"
+           for dev, ops in off.items()]
     if unknown:
         bad.append(f"the placement names {len(unknown)} ops the graph does not have, e.g. "
                    f"{', '.join(map(repr, unknown[:3]))}")
