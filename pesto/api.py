@@ -76,6 +76,8 @@ def default_cluster(graph: OpGraph | None, n: int = 2) -> Cluster:
 def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
     """The cluster to solve on: ``cluster`` (a Cluster, a preset name or a
     cluster JSON path) when given, else :func:`default_cluster` with ``gpus``.
+    A preset has a ``/CPU:0`` only when some op of ``graph`` needs one
+    (:func:`needs_cpu`), as in the CLI and the benchmarks.
 
     Raises
     ------
@@ -87,8 +89,8 @@ def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
     if cluster is None:
         check_int("gpus", gpus, low=1)
         return default_cluster(graph, int(gpus))
-    if isinstance(cluster, (str, Path)):
-        return preset(str(cluster))
+    if isinstance(cluster, (str, Path)):  # a preset gets a /CPU:0 only if an op needs one, as in the CLI
+        return preset(str(cluster), with_cpu=needs_cpu(graph))
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a Cluster, a preset name or a .json path, "
                         f"got {type(cluster).__name__}")

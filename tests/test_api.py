@@ -292,3 +292,12 @@ def test_a_device_that_is_not_a_string_is_named():
     g = small()
     with pytest.raises(InvalidPlanError, match=r"placed on \"\['/GPU:0'\]\", not a device of"):
         load_placement({op: ["/GPU:0"] for op in g.names}, g, gpus(2))
+
+
+def test_a_preset_by_name_has_a_cpu_only_when_an_op_needs_one():
+    from pesto.api import resolve_cluster
+    assert "/CPU:0" not in resolve_cluster(small(), 2, "v100x4_pcie").names
+    cpu_op = OpGraph([Op("x", {"GPU": 1.0, "CPU": 5.0}, kinds={"CPU"}), Op("y", {"GPU": 1.0})], [])
+    assert "/CPU:0" in resolve_cluster(cpu_op, 2, "v100x4_pcie").names
+    plan = pesto.solve(small(), cluster="v100x4_pcie", time_limit=3, workers=1)
+    assert set(plan.placement.values()) <= {f"/GPU:{i}" for i in range(4)}
