@@ -37,6 +37,7 @@ from .plan import Plan, check_plan
 __all__ = ["solve", "solve_step", "step_graph", "StepResult", "evaluate", "load_placement", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
 
 _DEVICE = re.compile(r"(?:^|/|device:)(CPU|GPU):(\d+)$", re.I)
+_TASK = re.compile(r"/task:(\d+)")
 
 
 def load_graph(graph) -> OpGraph:
@@ -75,6 +76,8 @@ def default_cluster(graph: OpGraph | None, n: int = 2) -> Cluster:
 def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
     """The cluster to solve on: ``cluster`` (a Cluster, a preset name or a
     cluster JSON path) when given, else :func:`default_cluster` with ``gpus``.
+    A preset has a ``/CPU:0`` only when some op of ``graph`` needs one
+    (:func:`needs_cpu`), as in the CLI and the benchmarks.
 
     Raises
     ------
@@ -86,8 +89,8 @@ def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
     if cluster is None:
         check_int("gpus", gpus, low=1)
         return default_cluster(graph, int(gpus))
-    if isinstance(cluster, (str, Path)):
-        return preset(str(cluster))
+    if isinstance(cluster, (str, Path)):  # a preset gets a /CPU:0 only if an op needs one, as in the CLI
+        return preset(str(cluster), with_cpu=needs_cpu(graph))
     if not isinstance(cluster, Cluster):
         raise TypeError(f"cluster must be a Cluster, a preset name or a .json path, "
                         f"got {type(cluster).__name__}")
@@ -242,6 +245,30 @@ def raise_overrun(graph: OpGraph, cluster: Cluster, plan: Plan) -> None:
                           culprit=worst, plan=plan)
 
 
+def _local_device(dev, names: set) -> str | None:
+    """The device of ``names`` that ``dev`` means, or None: a name of the
+    cluster, or a TF name of task 0 (or of no task) reduced to ``/GPU:1``; a
+    device of another task of a multi-host job is none of a one-host cluster's."""
+    if not isinstance(dev, str):
+        return None
+    if dev in names:
+        return dev
+    task, m = _TASK.search(dev), _DEVICE.search(dev)
+    if m is None or (task is not None and int(task.group(1)) != 0):
+        return None
+    d = f"/{m.group(1).upper()}:{m.group(2)}"
+    return d if d in names else None
+
+
+def _why_not(dev: str, cluster: Cluster) -> str:
+    devices = f"{cluster.name} ({', '.join(cluster.names)})"
+    task = _TASK.search(dev)
+    if task is not None and int(task.group(1)) != 0:
+        return (f"task {task.group(1)} of a multi-host job, but cluster {devices} is not: "
+                "give the cluster with that host's devices")
+    return f"not a device of {devices}"
+
+
 def load_placement(placement, graph: OpGraph, cluster: Cluster) -> dict[str, str]:
     """A user's placement as ``{op: device of cluster}``.
 
@@ -254,7 +281,9 @@ def load_placement(placement, graph: OpGraph, cluster: Cluster) -> dict[str, str
     ------
     InvalidPlanError
         An op of the graph without a device, an op the graph does not have,
-        or a device the cluster does not have (each named).
+        or a device the cluster does not have (each named): a device of a
+        task other than 0 (``/job:worker/task:3/device:GPU:1``) is not a
+        device of a one-host cluster.
 
     Examples
     --------
@@ -276,13 +305,12 @@ def load_placement(placement, graph: OpGraph, cluster: Cluster) -> dict[str, str
         if op not in graph:
             unknown.append(op)
             continue
-        m = _DEVICE.search(str(dev))
-        d = dev if dev in names else (f"/{m.group(1).upper()}:{m.group(2)}" if m else None)
-        if d not in names:
+        d = _local_device(dev, names)
+        if d is None:
             off.setdefault(str(dev), []).append(op)
         out[op] = d
-    bad = [f"{len(ops)} ops are placed on {dev!r}, not a device of {cluster.name} ({', '.join(cluster.names)}), "
-           f"e.g. {', '.join(map(repr, ops[:3]))}" for dev, ops in off.items()]
+    bad = [f"{len(ops)} ops are placed on {dev!r}, {_why_not(dev, cluster)}, e.g. {', '.join(map(repr, ops[:3]))}"
+           for dev, ops in off.items()]
     if unknown:
         bad.append(f"the placement names {len(unknown)} ops the graph does not have, e.g. "
                    f"{', '.join(map(repr, unknown[:3]))}")

@@ -588,27 +588,16 @@ def cmd_simulate(args) -> int:
     return EXIT_INFEASIBLE if over else EXIT_OK
 
 
-_TASK = re.compile(r"/task:(\d+)")
-
-
 def read_placement(path: str, graph, cluster) -> dict:
     """``{op: device of cluster}`` from a placement file: ``{op: device}`` or a
     plan (its ``"placement"``), gzipped or not. An op the graph lacks, an op
     without a device, a device the cluster lacks (``/GPU:7``, or a task-qualified
-    name of a task other than 0 on a cluster without it) is bad input (exit 2)."""
+    name of a task other than 0 on a cluster without it: :func:`pesto.api.load_placement`
+    decides) is bad input (exit 2)."""
     data = read_json(path, "placement")
     mapping = data.get("placement", data) if isinstance(data, dict) else data
     if not isinstance(mapping, dict):
         raise CliError(f"{path}: a placement is a JSON object {{op: device}}, got {type(mapping).__name__}")
-    names = set(cluster.names)
-    for op, dev in mapping.items():
-        if not isinstance(dev, str):
-            raise CliError(f"{path}: op {op!r} is placed on {dev!r}, not a device name")
-        task = _TASK.search(dev)
-        if dev not in names and task is not None and int(task.group(1)) != 0:
-            raise CliError(f"{path}: op {op!r} is placed on {dev!r}, task {task.group(1)} of a multi-host job, "
-                           f"but cluster {cluster.name} is not ({device_list(cluster, 4)}); "
-                           "pass --cluster with that host's devices")
     try:
         return load_placement(mapping, graph, cluster)
     except InvalidPlanError as exc:

@@ -44,6 +44,10 @@ from .problem import INF, Problem
 __all__ = ["Schedule", "simulate", "run_peak"]
 
 
+#: A link lane's height in the Gantt chart, a device lane being 1.
+_LINK_LANE = 0.25
+
+
 @dataclass
 class Schedule:
     """The outcome of one simulated step (times in µs)."""
@@ -115,10 +119,11 @@ class Schedule:
         ``"scope"`` (the first part of each op's scope or name, e.g. the layer),
         ``"type"`` (the op type) or ``"auto"`` (op up to ``max_labels`` ops,
         else scope). Scopes and types are coloured for the ``max_groups``
-        taking most time, the rest in grey as "other", with a legend. Link
-        lanes are drawn half as tall as device lanes. With ``path`` and no
-        ``ax`` the figure is drawn off-screen (no pyplot, so the caller's
-        backend is untouched). Returns the Axes.
+        taking most time, the rest in grey as "other", with a legend outside
+        the axes (right of them, so it hides no bar). Time is in ms. Link
+        lanes are a quarter as tall as device lanes, so devices get most of
+        the height. With ``path`` and no ``ax`` the figure is drawn off-screen
+        (no pyplot, so the caller's backend is untouched). Returns the Axes.
         """
         import matplotlib
 
@@ -129,9 +134,9 @@ class Schedule:
         links = sorted({l for t in self.transfers for l in self.cluster.route(t.src, t.dst).links})
         devs = [d.name for d in self.cluster.devices]
         y = {r: float(i) for i, r in enumerate(devs)}
-        y.update({r: len(devs) - 0.25 + 0.5 * k for k, r in enumerate(links)})
+        y.update({r: len(devs) - 0.5 + _LINK_LANE * (k + 0.5) for k, r in enumerate(links)})
         if ax is None:
-            size = (12, 0.5 * len(devs) + 0.25 * len(links) + 2.0)
+            size = (12, 0.5 * len(devs) + 0.5 * _LINK_LANE * len(links) + 2.0)
             if path is not None:
                 from matplotlib.figure import Figure
                 fig = Figure(figsize=size)
@@ -142,36 +147,41 @@ class Schedule:
         else:
             fig = ax.figure
         colour_of, legend = self._gantt_colours(color_by, max_groups, matplotlib.colormaps)
+        self._gantt_bars(ax, y, colour_of, color_by == "op" and len(self.placement) <= max_labels)
+        rows = devs + links
+        ax.set_yticks([y[r] for r in rows], rows)
+        ax.set_ylim(len(devs) - 0.5 + _LINK_LANE * len(links), -0.5)
+        ax.set_xlim(0, max(self.makespan / 1000, 1e-9) * 1.01)
+        ax.set_xlabel("time (ms)")
+        ax.set_title(title or f"{self.graph.name}: step {self.makespan / 1000:.3f} ms ({self.mode})")
+        if legend:
+            from matplotlib.patches import Patch
+            ax.legend(handles=[Patch(color=c, label=k) for k, c in legend], fontsize=7, loc="upper left",
+                      bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, title=color_by, title_fontsize=7)
+        if path is not None:
+            fig.tight_layout()
+            fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight" keeps the legend outside the axes
+        return ax
+
+    def _gantt_bars(self, ax, y: dict, colour_of: dict, labels: bool) -> None:
+        """The ops' bars on the device lanes and the transfers' on the link lanes, in ms."""
         bars: dict[str, tuple[list, list]] = {}
         for op, d in self.placement.items():
-            s, f = self.start[op], self.finish[op]
+            s, f = self.start[op] / 1000, self.finish[op] / 1000
             spans, colors = bars.setdefault(d, ([], []))
             spans.append((s, f - s))
             colors.append(colour_of[op])
-            if color_by == "op" and len(self.placement) <= max_labels:
+            if labels:
                 ax.text(s + (f - s) / 2, y[d], op, ha="center", va="center", fontsize=7)
         for d, (spans, colors) in bars.items():
             ax.broken_barh(spans, (y[d] - 0.4, 0.8), facecolors=colors, edgecolor="none")
         per_link: dict[str, list] = {}
         for t in self.transfers:
             for link in self.cluster.route(t.src, t.dst).links:
-                per_link.setdefault(link, []).append((t.start, t.finish - t.start))
+                per_link.setdefault(link, []).append((t.start / 1000, (t.finish - t.start) / 1000))
         for link, spans in per_link.items():
-            ax.broken_barh(spans, (y[link] - 0.2, 0.4), facecolors="0.5", edgecolor="none")
-        rows = devs + links
-        ax.set_yticks([y[r] for r in rows], rows)
-        ax.set_ylim(max(y.values(), default=0) + 0.5, -0.5)
-        ax.set_xlim(0, max(self.makespan, 1e-9) * 1.01)
-        ax.set_xlabel("time (µs)")
-        ax.set_title(title or f"{self.graph.name}: step {self.makespan / 1000:.3f} ms ({self.mode})")
-        if legend:
-            from matplotlib.patches import Patch
-            ax.legend(handles=[Patch(color=c, label=k) for k, c in legend], fontsize=7, loc="upper right",
-                      title=color_by, title_fontsize=7, ncol=2)
-        if path is not None:
-            fig.tight_layout()
-            fig.savefig(path, dpi=110)
-        return ax
+            ax.broken_barh(spans, (y[link] - 0.4 * _LINK_LANE, 0.8 * _LINK_LANE), facecolors="0.5",
+                           edgecolor="none")
 
     def _gantt_colours(self, color_by: str, max_groups: int, colormaps):
         """Op -> colour, and the legend ``[(group, colour)]`` (empty per op)."""

@@ -174,11 +174,12 @@ class SolveOptions:
             raise MicroBatchError(f"micro_batches={m} does not divide batch_size={b}", culprit=m)
 
     def _check_numbers(self) -> None:
-        if self.time_limit is not None and not (isinstance(self.time_limit, (int, float))
-                                                and self.time_limit > 0):  # also rejects nan
-            raise ValueError(f"time_limit must be a positive number of seconds, got {self.time_limit!r}")
-        if not isinstance(self.target_vertices, int) or self.target_vertices < 1:
-            raise ValueError(f"target_vertices must be a positive int, got {self.target_vertices!r}")
+        t = self.time_limit
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real)):
+            raise TypeError(f"time_limit must be a number of seconds or None, got {t!r} ({type(t).__name__})")
+        if t is not None and not t > 0:  # also rejects nan
+            raise ValueError(f"time_limit must be a positive number of seconds, got {t!r}")
+        check_int("target_vertices", self.target_vertices, low=1)
         check_int("workers", self.workers, low=1, optional=True)
         check_int("seed", self.seed, low=0)
         check_int("partitions", self.partitions, low=1)

@@ -5,9 +5,9 @@ import networkx as nx
 import pytest
 
 import pesto
-from pesto.api import default_cluster, load_graph
+from pesto.api import default_cluster, load_graph, load_placement
 from pesto.cluster import gpus
-from pesto.errors import InfeasibleError, InvalidGraphError
+from pesto.errors import InfeasibleError, InvalidGraphError, InvalidPlanError
 from pesto.graph import Edge, Op, OpGraph
 from pesto.plan import check_plan
 from benchmarks.generators import layered_dag
@@ -113,6 +113,13 @@ def test_unsupported_combinations_raise():
     for bad in (-5, float("nan")):
         with pytest.raises(ValueError, match="time_limit"):
             pesto.solve(small(), time_limit=bad)
+
+
+@pytest.mark.parametrize("option", ["time_limit", "target_vertices"])
+@pytest.mark.parametrize("bad", [True, False, "10"])
+def test_solve_rejects_non_numbers_naming_the_option(option, bad):
+    with pytest.raises(TypeError, match=rf"^{option} must be .*got {bad!r} \({type(bad).__name__}\)"):
+        pesto.solve(small(), **{option: bad})
 
 
 def test_solve_mip_backend_and_hint_none():
@@ -269,3 +276,28 @@ def test_verbose_prints_a_progress_line_per_stage_start_and_end(capfd):
     assert "CpSolverResponse" not in out  # CP-SAT's own log only with verbose=2
     pesto.solve(g, gpus=2, time_limit=5, workers=1)
     assert capfd.readouterr().out == ""  # quiet by default
+
+
+@pytest.mark.parametrize("load", ["evaluate", "load_placement"])
+def test_a_device_of_another_task_is_not_a_local_gpu(load):
+    g = small()
+    theirs = {op: "/job:worker/task:3/device:GPU:1" for op in g.names}
+    with pytest.raises(InvalidPlanError, match=r"'/job:worker/task:3/device:GPU:1', task 3 of a multi-host job"):
+        pesto.evaluate(g, theirs) if load == "evaluate" else load_placement(theirs, g, gpus(2))
+    task0 = {op: "/job:worker/replica:0/task:0/device:GPU:1" for op in g.names}
+    assert set(load_placement(task0, g, gpus(2)).values()) == {"/GPU:1"}
+
+
+def test_a_device_that_is_not_a_string_is_named():
+    g = small()
+    with pytest.raises(InvalidPlanError, match=r"placed on \"\['/GPU:0'\]\", not a device of"):
+        load_placement({op: ["/GPU:0"] for op in g.names}, g, gpus(2))
+
+
+def test_a_preset_by_name_has_a_cpu_only_when_an_op_needs_one():
+    from pesto.api import resolve_cluster
+    assert "/CPU:0" not in resolve_cluster(small(), 2, "v100x4_pcie").names
+    cpu_op = OpGraph([Op("x", {"GPU": 1.0, "CPU": 5.0}, kinds={"CPU"}), Op("y", {"GPU": 1.0})], [])
+    assert "/CPU:0" in resolve_cluster(cpu_op, 2, "v100x4_pcie").names
+    plan = pesto.solve(small(), cluster="v100x4_pcie", time_limit=3, workers=1)
+    assert set(plan.placement.values()) <= {f"/GPU:{i}" for i in range(4)}

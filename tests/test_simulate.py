@@ -444,8 +444,28 @@ def test_gantt_of_a_large_graph_colours_by_scope_with_a_legend(tmp_path):
     assert ("other" in labels) == (len(scopes) > 5)
     ticks = {t.get_text(): y for t, y in zip(ax.get_yticklabels(), ax.get_yticks())}
     links = [k for k in ticks if k not in c.names]
-    if len(links) >= 2:  # link lanes are packed at half the device spacing
+    if len(links) >= 2:  # link lanes are packed at a quarter of the device spacing
         ys = sorted(ticks[k] for k in links)
-        assert ys[1] - ys[0] == pytest.approx(0.5)
+        assert ys[1] - ys[0] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="color_by"):
         s.gantt(tmp_path / "h.png", color_by="rainbow")
+
+
+def test_gantt_of_4_gpus_legend_outside_time_in_ms_devices_most_of_the_height(tmp_path):
+    from benchmarks.generators import transformer_like
+    from pesto.cluster import preset
+    g = transformer_like(2)
+    c = preset("v100x4_pcie", with_cpu=False)
+    s = simulate(g, c, {op: c.names[i % 4] for i, op in enumerate(g.names)})
+    path = tmp_path / "g.png"
+    ax = s.gantt(path, color_by="scope")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    legend, box = ax.get_legend(), ax.get_window_extent()
+    assert legend.get_window_extent().x0 >= box.x1  # right of the axes: it hides no bar
+    assert "ms" in ax.get_xlabel() and "µs" not in ax.get_xlabel()
+    assert ax.get_xlim()[1] == pytest.approx(s.makespan / 1000 * 1.01)
+    ticks = {t.get_text(): y for t, y in zip(ax.get_yticklabels(), ax.get_yticks())}
+    links = [k for k in ticks if k not in c.names]
+    assert len(links) >= 4  # the PCIe links carry transfers
+    bottom, top = ax.get_ylim()
+    assert len(c.names) / (bottom - top) >= 0.65  # device lanes get most of the height (was 1/2)
