@@ -417,7 +417,12 @@ def test_priority_by_start_times_reproduces_a_fifo_replay(data):
     # scheduler taking ops by its start times makes the same choices (ties:
     # ready first, as FIFO). A fixed-order replay may idle a device on purpose
     # (waiting for its next op), which no list scheduler reproduces.
+    # Zero-duration ops are left out: several of them ready at one instant on
+    # different devices (a control edge delivers at once) may be taken in either
+    # order, and that can shift a later op (seen: o1 waiting 1 us behind o3, the
+    # same on 67e786b; the makespan is equal).
     g = data.draw(dags())
+    assume(all(t > 0 for op in g.ops for t in op.compute.values()))
     c = data.draw(clusters())
     pl = data.draw(placements(g, c))
     prob = Problem.of(g, c)
