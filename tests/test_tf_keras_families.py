@@ -20,6 +20,7 @@ import tf_patch  # noqa: E402
 from pesto.errors import InvalidGraphError  # noqa: E402
 from solver import get_placer  # noqa: E402
 from tf_patch.extract import extract, shape_tensor_bytes, step_ops  # noqa: E402
+from keras_blocks import attention_block, lstm_gru  # noqa: E402
 
 pytestmark = pytest.mark.tf
 L = tf.keras.layers
@@ -36,19 +37,11 @@ def _cnn():
 
 
 def _attention():
-    """A Transformer encoder block: multi-head self-attention (causal mask),
-    residual + LayerNormalization, a GELU feed-forward."""
-    inp = tf.keras.Input((8, 16))
-    a = L.MultiHeadAttention(2, 8)(inp, inp, use_causal_mask=True)
-    h = L.LayerNormalization()(inp + a)
-    h = L.LayerNormalization()(h + L.Dense(16)(L.Dense(32, activation="gelu")(h)))
-    return tf.keras.Model(inp, L.Dense(4)(L.GlobalAveragePooling1D()(h))), tf.random.normal((4, 8, 16), seed=1)
+    return attention_block(batch=4, seq=8, width=16, classes=4)
 
 
 def _rnn():
-    inp = tf.keras.Input((6, 8))
-    h = L.LSTM(16, return_sequences=True)(inp)
-    return tf.keras.Model(inp, L.Dense(4)(L.GRU(8)(h))), tf.random.normal((4, 6, 8), seed=1)
+    return lstm_gru(batch=4, steps=6, features=8, lstm=16, gru=8, classes=4)
 
 
 @pytest.mark.parametrize("family", [_cnn, _attention, _rnn], ids=["cnn", "attention", "rnn"])

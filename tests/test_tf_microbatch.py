@@ -27,6 +27,7 @@ from tf_patch.function import captured_variables, train_step  # noqa: E402
 from tf_patch.microstep import LossStep, check_micro_batches, slice_of  # noqa: E402
 from tf_patch.pipeline import PlacedRun  # noqa: E402
 from tf_patch.zoo import build_model  # noqa: E402
+from keras_blocks import attention_block, lstm_gru  # noqa: E402
 
 pytestmark = pytest.mark.tf
 L = tf.keras.layers
@@ -130,17 +131,11 @@ def _cnn():
 
 
 def _attention():
-    inp = tf.keras.Input((6, 8))
-    a = L.MultiHeadAttention(2, 4)(inp, inp, use_causal_mask=True)
-    h = L.LayerNormalization()(inp + a)
-    h = L.LayerNormalization()(h + L.Dense(8)(L.Dense(16, activation="gelu")(h)))
-    return tf.keras.Model(inp, L.Dense(3)(L.GlobalAveragePooling1D()(h))), tf.random.normal((8, 6, 8), seed=1)
+    return attention_block(batch=8, seq=6, width=8, classes=3)
 
 
 def _lstm():
-    inp = tf.keras.Input((5, 4))
-    h = L.LSTM(8, return_sequences=True)(inp)
-    return tf.keras.Model(inp, L.Dense(3)(L.GRU(6)(h))), tf.random.normal((8, 5, 4), seed=1)
+    return lstm_gru(batch=8, steps=5, features=4, lstm=8, gru=6, classes=3)
 
 
 def _keras_training(model, x, y, m):
