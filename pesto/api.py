@@ -178,7 +178,10 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         ``micro_batches`` other than 1), simulated in its fixed order and checked.
         ``plan.log`` (:class:`~pesto.solvelog.SolveLog`) has every stage's time
         and step, the candidates compared on the full graph, the ``winner``,
-        the lower bound (valid for the full graph) and its source.
+        the lower bound (valid for the full graph) and its source; with
+        ``micro_batches`` other than 1, valid for the graph the plan places
+        (the per-sample bound, :func:`solver.microbatch_bound.sample_bound`,
+        when higher or when a baseline's plan won).
 
     Raises
     ------
@@ -188,7 +191,11 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         each over-full device, the bytes over and its largest ops or groups,
         ``culprit`` the first such device, ``plan`` the plan.
     MicroBatchError
-        ``micro_batches`` not 1, an int >= 1 or "auto", or not dividing ``batch_size``.
+        ``micro_batches`` not 1, an int >= 1 or "auto", or not dividing
+        ``batch_size`` (the message lists its divisors).
+    MicroBatchMemoryError
+        A fixed ``micro_batches`` whose split step fits no device even at its
+        memory floor (``"auto"`` skips such an ``M``, saying why in ``plan.log.skipped``).
     BatchMarkError
         ``micro_batches`` other than 1 on a graph with unmarked ops that no rule marks.
     TypeError, ValueError

@@ -109,3 +109,26 @@ class BatchMarkError(MicroBatchError, InvalidGraphError):
         more = f" ... and {len(self.ops) - 20} more" if len(self.ops) > 20 else ""
         super().__init__(f"{message}{': ' + shown + more if self.ops else ''}",
                          culprit=self.ops[0] if self.ops else None)
+
+
+class MicroBatchMemoryError(InfeasibleError):
+    """A micro-batch count ``M`` for which no plan can fit device memory: even
+    the least some device must hold at once with ``M`` slices (the in-flight
+    slices' tensors, the gradient sums; ``solver.microbatch_bound.memory_floor``)
+    exceeds the largest device. ``pesto.solve`` raises it for a fixed ``M``;
+    ``micro_batches="auto"`` skips that ``M`` with this message in ``plan.log.skipped``.
+
+    Attributes
+    ----------
+    micro_batches : int
+    need : int
+        Bytes some device must hold at its peak.
+    largest : int
+        Bytes of the largest device.
+    culprit : str
+        The op whose run sets ``need`` (or ``"persistent bytes"``).
+    """
+
+    def __init__(self, message, micro_batches: int, need: int, largest: int, culprit=None):
+        self.micro_batches, self.need, self.largest = micro_batches, need, largest
+        super().__init__(message, culprit=culprit)

@@ -29,7 +29,11 @@ longest paths of those before and after an op. The terms:
   every op's persistent bytes are held all step, so some device holds at
   least their sum over the devices; and a colocation unit's device holds the
   unit's persistent bytes plus, while any member runs, its outputs and
-  temporaries. ``fits`` says whether that is within the largest device.
+  temporaries; at the start of an op of positive duration, its device also
+  holds its inputs (the producer's output, or the received tensors:
+  whichever is less, per producer) -- an accumulate op holds the running sum,
+  the slice's gradient and the new sum at once (:func:`op_memory`).
+  ``fits`` says whether that is within the largest device.
 
 ``step`` is the largest time term; ``per_sample`` divides it by the batch
 size when one is given. The bound is the *same step's*: every plan of
@@ -60,7 +64,8 @@ from pesto.problem import INF, Problem
 
 from .bounds import lower_bound
 
-__all__ = ["SampleBound", "sample_bound", "copies_bound", "colocation_bound", "memory_floor"]
+__all__ = ["SampleBound", "sample_bound", "copies_bound", "colocation_bound", "memory_floor", "memory_need",
+           "op_memory"]
 
 
 @dataclass(frozen=True)
@@ -180,9 +185,51 @@ def memory_floor(prob: Problem) -> int:
     >>> memory_floor(Problem.of(g, gpus(2)))   # 100 + 30 + 5 beats (100 + 60) / 2
     135
     """
-    ops = prob.graph.ops
-    spread = -(-sum(op.persistent_bytes for op in ops) // max(1, prob.nd))
-    unit = max((sum(ops[i].persistent_bytes for i in mem) +
-                max(ops[i].output_bytes + ops[i].temporary_bytes for i in mem) for mem in prob.members),
-               default=0)
-    return int(max(spread, unit))
+    return memory_need(prob)[0]
+
+
+def memory_need(prob: Problem) -> tuple[int, str]:
+    """:func:`memory_floor` and what sets it: ``"op 'name'"`` (:func:`op_memory`)
+    or ``"persistent bytes over N devices"``.
+
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> memory_need(Problem.of(OpGraph([Op("w", {"GPU": 1.0}, persistent_bytes=90)]), gpus(2)))
+    (90, "op 'w'")
+    """
+    spread = -(-sum(op.persistent_bytes for op in prob.graph.ops) // max(1, prob.nd))
+    need, name = max(op_memory(prob), default=(0, ""))
+    if spread > need:
+        return int(spread), f"persistent bytes over {prob.nd} devices"
+    return int(need), f"op {name!r}"
+
+
+def op_memory(prob: Problem) -> list[tuple[int, str]]:
+    """Per op, the bytes its device holds while it runs, whatever the plan,
+    and the op's name: its unit's persistent bytes, its output and temporary
+    bytes and (at its start, when it takes time on every device it may use)
+    each producer's output or the tensors received from it, whichever is less.
+
+    >>> from pesto.graph import Op, OpGraph, Tensor, Edge
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op("a", {"GPU": 1.0}, output_bytes=40), Op("b", {"GPU": 1.0}, output_bytes=40),
+    ...              Op("sum", {"GPU": 1.0}, output_bytes=40)],
+    ...             [Edge("a", "sum", "a:0"), Edge("b", "sum", "b:0")], [Tensor("a:0", "a", 40), Tensor("b:0", "b", 40)])
+    >>> max(op_memory(Problem.of(g, gpus(2))))   # both inputs and the sum
+    (120, 'sum')
+    """
+    graph, ops = prob.graph, prob.graph.ops
+    held = [sum(ops[i].persistent_bytes for i in mem) for mem in prob.members]
+    sent: dict[tuple[int, int], set] = {}
+    for e in graph.edges:
+        if e.tensors:
+            sent.setdefault((prob.index[e.src], prob.index[e.dst]), set()).update(e.tensors)
+    inputs = [0] * prob.n
+    for (src, dst), names in sent.items():
+        inputs[dst] += min(ops[src].output_bytes, sum(graph.tensor(t).bytes for t in names))
+    out = []
+    for i, op in enumerate(ops):
+        timed = all(prob.dur[i][d] > 0 for d in prob.allowed[i])
+        out.append((held[prob.unit[i]] + op.output_bytes + op.temporary_bytes + (inputs[i] if timed else 0),
+                    op.name))
+    return out

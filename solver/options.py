@@ -17,6 +17,7 @@ ValueError: time_limit must be a positive number of seconds, got -1
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -29,7 +30,19 @@ from pesto.plan import Plan
 
 from .registry import PLACERS, baselines
 
-__all__ = ["SolveOptions", "SHARES", "PAPER_EXACT_SHARE", "PIPELINE_NAMES", "stage_shares", "check_int"]
+__all__ = ["SolveOptions", "SHARES", "PAPER_EXACT_SHARE", "PIPELINE_NAMES", "stage_shares", "check_int",
+           "divisors_of"]
+
+
+def divisors_of(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1, in increasing order.
+
+    >>> divisors_of(12), divisors_of(1)
+    ([1, 2, 3, 4, 6, 12], [1])
+    """
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
 
 #: The full pipeline's split of ``time_limit``: exact solver, LNS, local search
 #: (the rest goes to the baselines, re-ordering and the bound); see benchmarks/results/lns.md.
@@ -166,12 +179,16 @@ class SolveOptions:
         if m == "auto":
             return
         if not isinstance(m, numbers.Integral) or isinstance(m, bool):
+            near = isinstance(m, str) and difflib.get_close_matches(m.strip().lower(), ["auto"], cutoff=0.5)
+            hint = " (did you mean 'auto'?)" if near else ""
             raise MicroBatchError(f"micro_batches must be an integer >= 1 or 'auto', got {m!r} "
-                                  f"({type(m).__name__})", culprit=m)
+                                  f"({type(m).__name__}){hint}", culprit=m)
         if m < 1:
             raise MicroBatchError(f"micro_batches must be an integer >= 1 or 'auto', got {m}", culprit=m)
         if b is not None and b % m:
-            raise MicroBatchError(f"micro_batches={m} does not divide batch_size={b}", culprit=m)
+            divisors = ", ".join(map(str, divisors_of(b)))
+            raise MicroBatchError(f"micro_batches={m} does not divide batch_size={b} (its divisors: {divisors})",
+                                  culprit=m)
 
     def _check_numbers(self) -> None:
         t = self.time_limit

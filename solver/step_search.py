@@ -18,7 +18,13 @@ The candidates, all scored by the same simulator (``finalize``):
   and (for each ``M > 1`` tried) with each replica in ``M`` slices.
 
 The result is the best of them (a plan that fits memory before one that does
-not, then the shortest step): never slower than any candidate. ``"auto"``
+not, then the shortest step): never slower than any candidate. Its log's
+bound is valid for the graph it places: the pipeline's, or
+:func:`~solver.microbatch_bound.sample_bound` of that graph when higher or
+when a baseline won (:func:`winner_bound`). An ``M`` whose split step fits no
+device even at its memory floor (:func:`memory_short`) raises
+:class:`~pesto.errors.MicroBatchMemoryError` when asked for alone; ``"auto"``
+skips it, with the reason in ``plan.log.skipped``. ``"auto"``
 tries :func:`micro_batch_counts` and gives every ``M`` a fair share of the
 time left.
 
@@ -33,19 +39,23 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from pesto.cluster import Cluster
-from pesto.errors import BatchMarkError, PestoError
+from pesto.errors import BatchMarkError, MicroBatchMemoryError, PestoError
 from pesto.graph import OpGraph
+from pesto.memory import fmt_bytes
 from pesto.microbatch import split_step
 from pesto.plan import Plan
+from pesto.problem import Problem
 from pesto.replicate import replicate
 from pesto.solvelog import SolveLog, Stage
 from pesto.training import infer_batch_marks
 
+from .microbatch_bound import SampleBound, memory_need, sample_bound
 from .options import SolveOptions
 from .pipeline import PIPELINES, run_pipeline
 from .pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
 
-__all__ = ["StepResult", "solve_step", "step_graph", "micro_batch_counts", "with_marks", "AUTO_MAX"]
+__all__ = ["StepResult", "solve_step", "step_graph", "micro_batch_counts", "with_marks", "memory_short",
+           "winner_bound", "AUTO_MAX"]
 
 #: ``micro_batches="auto"`` tries counts up to this many slices.
 AUTO_MAX = 16
@@ -164,7 +174,13 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> StepR
     say = options.progress or (lambda line: None)
     marked = with_marks(graph)
     counts = micro_batch_counts(options.micro_batches, options.batch_size)
+    short = {m: e for m in counts if (e := memory_short(marked, cluster, m)) is not None}
+    if short and options.micro_batches != "auto":
+        raise short[counts[0]]
     best = _Best()
+    for m, e in short.items():
+        best.skipped[f"M={m}"] = str(e)
+        say(f"micro-batches {m}: skipped ({e})")
     try:
         dp = data_parallel_plan(marked, cluster)
         best.offer("data-parallel", dp.plan, dp.graph, 1, "replicated", dp.stages)
@@ -172,13 +188,41 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> StepR
     except PestoError as exc:
         say(f"data-parallel: skipped ({exc})")
     end = None if options.time_limit is None else t0 + options.time_limit
+    counts = [m for m in counts if m not in short]
     for k, m in enumerate(counts):
         left = None if end is None else max(MIN_SECONDS, (end - time.perf_counter()) / (len(counts) - k))
         before = set(best.steps)
         _try_count(graph if m == 1 else marked, cluster, options, m, left, best)
         mine = {n: v for n, v in best.steps.items() if n not in before}
         say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
-    return _finish(best, options)
+    if best.result is None:  # no data-parallel plan and every M skipped
+        raise next(iter(short.values()))
+    return _finish(best, options, marked, cluster)
+
+
+def memory_short(graph: OpGraph, cluster: Cluster, m: int) -> MicroBatchMemoryError | None:
+    """The error to give when no plan of ``graph`` (marked) in ``m`` slices can
+    fit: even :func:`~solver.microbatch_bound.memory_floor` of the split step
+    exceeds the largest device; None otherwise.
+
+    >>> from pesto.graph import Op, OpGraph, Edge, Tensor
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op("dw", {"GPU": 8.0}, output_bytes=400, batch=True),
+    ...              Op("apply", {"GPU": 1.0}, batch=False)], [Edge("dw", "apply", "dw:0")],
+    ...             [Tensor("dw:0", "dw", 400)])
+    >>> memory_short(g, gpus(2, memory=1000), 1) is None
+    True
+    >>> print(memory_short(g, gpus(2, memory=1000), 2))   # summing 2 slices: 2 gradients in, 1 out
+    M=2: in-flight slices need 1.17 KiB on one device (op 'dw:0@acc1'), the largest device has 1000 B
+    """
+    split = graph if m == 1 else split_step(graph, m).graph
+    prob = Problem.of(split, cluster)
+    need, what = memory_need(prob)
+    largest = max(prob.cap)
+    if need <= largest:
+        return None
+    return MicroBatchMemoryError(f"M={m}: in-flight slices need {fmt_bytes(need)} on one device ({what}), "
+                                 f"the largest device has {fmt_bytes(largest)}", m, need, largest, culprit=what)
 
 
 def _try_count(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
@@ -210,13 +254,32 @@ def _try_count(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, 
     best.offer(f"M={m}", plan, split, m, "micro-batched" if m > 1 else "step")
 
 
-def _finish(best: _Best, options: SolveOptions) -> StepResult:
-    """The winner with its log's micro-batch fields and the steps compared."""
+def _finish(best: _Best, options: SolveOptions, marked: OpGraph, cluster: Cluster) -> StepResult:
+    """The winner with its log's micro-batch fields, the steps compared and
+    the bound of the graph it places (:func:`winner_bound`, when higher than
+    the pipeline's or when a baseline won)."""
     r = best.result
     took = time.perf_counter() - (options.started if options.started is not None else best.t0)
     log = r.plan.log or SolveLog(pipeline="step search", winner=r.plan.placer, bound_source="none",
                                  stages=(Stage("step search", took, r.plan.makespan, "a baseline's plan won"),))
+    bound, source = log.bound, log.bound_source
+    sb = winner_bound(marked, cluster, r, options.batch_size)
+    if sb is not None and (bound is None or sb.step > bound):
+        bound, source = sb.step, f"per-sample bound ({sb.source})"
     log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
-                  steps=dict(best.steps), skipped={**log.skipped, **best.skipped})
-    return replace(r, plan=replace(r.plan, log=log), steps=log.steps)
+                  steps=dict(best.steps), skipped={**log.skipped, **best.skipped}, bound=bound,
+                  bound_source=source)
+    return replace(r, plan=replace(r.plan, log=log, lower_bound=bound), steps=log.steps)
 
+
+def winner_bound(marked: OpGraph, cluster: Cluster, r: StepResult, batch: int | None = None) -> SampleBound | None:
+    """:func:`~solver.microbatch_bound.sample_bound` of the graph ``r.plan``
+    places, rebuilt from the marked step (replicated, then split, as
+    :func:`step_graph`; ``M = 1`` as the split into one slice: the same ops
+    under the copy names, so the same bound); None when the rebuilt graph is
+    not that one (then the pipeline's bound stands)."""
+    base = replicate(marked, r.replicas).graph if r.graph_kind == "replicated" else marked
+    split = split_step(base, r.micro_batches)
+    same = (split.graph.num_ops == r.graph.num_ops if r.micro_batches == 1
+            else split.graph.names == r.graph.names)
+    return sample_bound(split, cluster, batch=batch) if same else None
