@@ -10,7 +10,7 @@ cell was edited after the outputs were made. ``--small`` runs the quick
 version the tests run (``PESTO_NB_SMALL=1``) without saving it.
 
 Needs the ``notebooks`` extra (``pip install -e .[notebooks]``: nbclient,
-ipykernel); full size takes about 20 minutes for 01 and 2 for 02 on 2 cores.
+ipykernel); full size takes about 20 minutes for 01, 2 for 02 and 1 for 03 on 2 cores.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ _spec.loader.exec_module(execute)
 
 def test_there_are_notebooks():
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_coarsening_vs_solver.ipynb", "02_placement_explained.ipynb"} <= names
+    assert {"01_coarsening_vs_solver.ipynb", "02_placement_explained.ipynb", "03_micro_batches.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
