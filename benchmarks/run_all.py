@@ -2,9 +2,11 @@
 
 Runs :mod:`benchmarks.placement` (the placement comparison) and then, when
 present, the area benchmarks ``bench_simulate``, ``bench_coarsen``,
-``bench_baselines``, ``bench_exact``, ``bench_tf`` and ``bench_bound`` (each a module with a
-``main()``). ``--quick`` runs only a small placement run into a temporary
-directory: a CI check of the pipeline, not of the figures. A full placement
+``bench_baselines``, ``bench_exact``, ``bench_tf``, ``bench_bound``, ... and
+``bench_microbatch`` (issue 24's table, ``microbatch.md``) (each a module with a
+``main()``; :data:`AREA_BENCHMARKS`). ``--quick`` runs only a small placement run
+and ``bench_microbatch --quick`` into temporary directories: a CI check of the
+pipeline, not of the figures. A full placement
 run also rewrites the results table in README.md (:mod:`benchmarks.readme`).
 
 Run ``python -m benchmarks.run_all [--quick] [--out DIR]``.
@@ -16,10 +18,14 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import tempfile
 import time
 
 AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_exact", "bench_tf", "bench_bound",
-                   "bench_ablation", "bench_scale", "bench_expert", "bench_keras", "bench_hosts")
+                   "bench_ablation", "bench_scale", "bench_expert", "bench_keras", "bench_hosts", "bench_microbatch")
+#: The area benchmarks ``--quick`` runs too, with their arguments (a temporary
+#: directory is appended as ``--out``).
+QUICK = {"bench_microbatch": ["--quick"]}
 
 
 def _call_main(module_name: str, args: list[str] | None = None) -> int:
@@ -50,7 +56,7 @@ def main(argv=None) -> int:
 
     from . import placement
 
-    todo = ["placement"] if a.quick else ["placement", *AREA_BENCHMARKS]
+    todo = ["placement", *QUICK] if a.quick else ["placement", *AREA_BENCHMARKS]
     if a.only:
         todo = [b for b in a.only.split(",") if b]
     summary = []
@@ -77,6 +83,8 @@ def main(argv=None) -> int:
         else:
             try:
                 extra = ["--placement", *a.placement] if name == "bench_expert" and a.placement else []
+                if a.quick and name in QUICK:
+                    extra = [*QUICK[name], "--out", a.out or tempfile.mkdtemp(prefix=f"pesto-{name}-")]
                 rc = _call_main(name, extra)
             except Exception as exc:  # one broken benchmark must not stop the others
                 print(f"{name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
