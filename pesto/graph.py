@@ -250,6 +250,7 @@ class OpGraph:
             self._add_edge(e)
         _check_groups(self._ops.values())
         self.names: tuple[str, ...] = tuple(self._ops)
+        self._op_tuple: tuple[Op, ...] = tuple(self._ops.values())   # `ops` is read per op in hot loops
         self.index: dict[str, int] = {n: i for i, n in enumerate(self.names)}
         self._succ: list[list[int]] = [[] for _ in self.names]
         self._pred: list[list[int]] = [[] for _ in self.names]
@@ -314,7 +315,7 @@ class OpGraph:
     @property
     def ops(self) -> tuple[Op, ...]:
         """Ops in insertion order (``ops[i]`` has index ``i``)."""
-        return tuple(self._ops.values())
+        return self._op_tuple
 
     @property
     def edges(self) -> tuple[Edge, ...]:

@@ -25,8 +25,9 @@ when a baseline won (:func:`winner_bound`). An ``M`` whose split step fits no
 device even at its memory floor (:func:`memory_short`) raises
 :class:`~pesto.errors.MicroBatchMemoryError` when asked for alone; ``"auto"``
 skips it, with the reason in ``plan.log.skipped``. ``"auto"``
-tries :func:`micro_batch_counts` and gives every ``M`` a fair share of the
-time left.
+screens :func:`micro_batch_counts` with the baselines and runs the exact
+stages on ``M = 1`` and the best screened counts (:func:`solve_step`), so
+that the whole search keeps to the time limit.
 
 Batch marks: a graph with unmarked ops (``Op.batch is None``) is marked by
 :func:`pesto.training.infer_batch_marks` (TensorFlow's data inputs); when
@@ -59,8 +60,18 @@ __all__ = ["StepResult", "solve_step", "step_graph", "micro_batch_counts", "with
 
 #: ``micro_batches="auto"`` tries counts up to this many slices.
 AUTO_MAX = 16
-#: Seconds the pipeline gets at least for one ``M``, however little is left.
+#: Seconds the pipeline gets at least for one ``M``; with less left it is skipped.
 MIN_SECONDS = 0.5
+#: Share of the time limit ``"auto"`` spends screening counts with the baselines.
+SCREEN_SHARE = 0.35
+#: Stage splits each of GPipe and 1F1B simulates per count when screening.
+SCREEN_CANDIDATES = 4
+#: Counts besides ``M = 1`` that ``"auto"`` runs the exact stages on (the best screened).
+EXACT_COUNTS = 2
+#: Largest replicated graph (replicas x ops of the split) the data-parallel
+#: baseline of ``M > 1`` is built for: beyond it the simulator's time
+#: outweighs a plan that only pays off when one replica does not fit.
+DP_MAX_OPS = 150_000
 
 
 @dataclass(frozen=True)
@@ -149,6 +160,8 @@ class _Best:
     result: StepResult | None = None
     steps: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)
+    short: dict = field(default_factory=dict)   # M -> MicroBatchMemoryError
+    bounds: dict = field(default_factory=dict)  # id(plan) -> winner_bound of that result
     t0: float = field(default_factory=time.perf_counter)
 
     def offer(self, name: str, plan: Plan, graph: OpGraph, m: int, kind: str, replicas: int = 1) -> None:
@@ -165,45 +178,151 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> StepR
     """The best plan over the counts of ``options.micro_batches`` and data
     parallelism (module doc), within ``options.time_limit``.
 
+    Two phases share the limit. **Screening**: every count's baselines
+    (:func:`_screen`: its memory floor, GPipe, 1F1B, data parallel in ``M``
+    slices), with ``"auto"`` within :data:`SCREEN_SHARE` of the limit (a
+    count whose screening would not fit, estimated from the last one's time
+    per op, is skipped and said so). **Exact**: the pipeline, started from the
+    screened plans, on ``M = 1`` and the :data:`EXACT_COUNTS` counts whose
+    screened plans were best, each an equal share of the time left (a count
+    left less than :data:`MIN_SECONDS` is skipped and said so). In
+    deterministic mode nothing is skipped on wall time.
+
     Raises
     ------
     BatchMarkError
         As :func:`with_marks`.
+    MicroBatchMemoryError
+        A fixed ``M`` whose split step fits no device (:func:`memory_short`).
     """
     t0 = options.started if options.started is not None else time.perf_counter()
     say = options.progress or (lambda line: None)
     marked = with_marks(graph)
     counts = micro_batch_counts(options.micro_batches, options.batch_size)
-    short = {m: e for m in counts if (e := memory_short(marked, cluster, m)) is not None}
-    if short and options.micro_batches != "auto":
-        raise short[counts[0]]
+    auto = options.micro_batches == "auto"
+    end = None if options.time_limit is None else t0 + options.time_limit
     best = _Best()
-    for m, e in short.items():
-        best.skipped[f"M={m}"] = str(e)
-        say(f"micro-batches {m}: skipped ({e})")
     try:
         dp = data_parallel_plan(marked, cluster)
         best.offer("data-parallel", dp.plan, dp.graph, 1, "replicated", dp.stages)
         say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
     except PestoError as exc:
         say(f"data-parallel: skipped ({exc})")
-    end = None if options.time_limit is None else t0 + options.time_limit
-    counts = [m for m in counts if m not in short]
-    for k, m in enumerate(counts):
-        left = None if end is None else max(MIN_SECONDS, (end - time.perf_counter()) / (len(counts) - k))
+    screen_end = None if end is None or not auto or options.deterministic else \
+        t0 + SCREEN_SHARE * options.time_limit
+    screened = _screen_all(graph, marked, cluster, counts, screen_end, best, say, raise_short=not auto)
+    if not screened and best.result is None:  # every M fits no device and no data-parallel plan
+        raise next(iter(best.short.values()))
+    t = time.perf_counter()
+    if best.result is not None:   # the bound of the best so far: its time is kept back for the winner's
+        _bound_of(best, marked, cluster, options.batch_size)
+    reserve = time.perf_counter() - t
+    for k, m in enumerate(chosen := _exact_counts(screened, auto)):
+        left = None if end is None else (end - reserve - time.perf_counter()) / (len(chosen) - k)
+        if left is not None and left < MIN_SECONDS and not options.deterministic and best.result is not None:
+            best.skipped[f"M={m}"] = f"exact stages skipped: {max(left, 0.0):.2f} s left of the time limit"
+            say(f"micro-batches {m}: exact stages skipped (time limit)")
+            continue
         before = set(best.steps)
-        _try_count(graph if m == 1 else marked, cluster, options, m, left, best)
+        _exact(screened[m], cluster, options, m, left if left is None else max(MIN_SECONDS, left), best)
         mine = {n: v for n, v in best.steps.items() if n not in before}
         say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
-    if best.result is None:  # no data-parallel plan and every M skipped
-        raise next(iter(short.values()))
     return _finish(best, options, marked, cluster)
 
 
-def memory_short(graph: OpGraph, cluster: Cluster, m: int) -> MicroBatchMemoryError | None:
+@dataclass
+class _Screened:
+    """One count after screening: the graph its exact stages place (the step
+    for ``M = 1``, else the split), the plans they start from, and the best
+    screened step (``inf`` when no baseline applied)."""
+
+    graph: OpGraph
+    starts: list
+    step: float
+
+
+def _screen_all(graph: OpGraph, marked: OpGraph, cluster: Cluster, counts, screen_end: float | None,
+                best: _Best, say, *, raise_short: bool) -> dict:
+    """:func:`_screen` every count in ``counts`` (ascending) until
+    ``screen_end``; ``{M: _Screened}`` of those screened and fitting."""
+    out: dict = {}
+    per_op = None   # seconds per op of the split graph, measured on the last count screened
+    for m in sorted(counts):
+        ops = marked.num_ops * m
+        if screen_end is not None and per_op is not None and \
+                time.perf_counter() + per_op * ops > screen_end:
+            best.skipped[f"M={m}"] = (f"not screened: about {per_op * ops:.1f} s for {ops} ops, "
+                                      f"{max(screen_end - time.perf_counter(), 0.0):.1f} s of the screening share left")
+            say(f"micro-batches {m}: skipped (screening time)")
+            continue
+        t = time.perf_counter()
+        s = _screen(graph if m == 1 else marked, cluster, m, best)
+        if s is None:
+            if raise_short:
+                raise best.short[m]
+            say(f"micro-batches {m}: skipped ({best.short[m]})")
+            continue
+        if m > 1:   # M = 1 screens nothing: no estimate for the others
+            per_op = (time.perf_counter() - t) / max(s.graph.num_ops, 1)
+        out[m] = s
+    return out
+
+
+def _screen(graph: OpGraph, cluster: Cluster, m: int, best: _Best) -> _Screened | None:
+    """The split in ``m`` slices, its memory floor (None, with the error in
+    ``best.short``, when it fits no device), and for ``m > 1`` the GPipe,
+    1F1B and data-parallel plans of that ``m``, offered."""
+    split = graph if m == 1 else split_step(graph, m).graph
+    short = memory_short(graph, cluster, m, split=split)
+    if short is not None:
+        best.short[m] = short
+        best.skipped[f"M={m}"] = str(short)
+        return None
+    starts, step = [], float("inf")
+    if m == 1:
+        return _Screened(split, starts, step)
+    for schedule in SCHEDULES:
+        try:
+            sp = pipeline_plan(graph, cluster, schedule=schedule, micro_batches=m, candidates=SCREEN_CANDIDATES)
+        except PestoError as exc:  # e.g. no forward/backward stage split: Pesto alone
+            best.skipped[f"{schedule} M={m}"] = str(exc)
+            continue
+        starts.append(sp.plan)
+        step = min(step, sp.plan.makespan)
+        best.offer(f"{schedule} M={m}", sp.plan, sp.graph, m, "micro-batched")
+    replicas = len(cluster.gpus) or len(cluster.devices)
+    if replicas * len(split.ops) > DP_MAX_OPS:
+        best.skipped[f"data-parallel M={m}"] = (f"{replicas} replicas x {len(split.ops)} ops exceed "
+                                                f"{DP_MAX_OPS} ops")
+    else:
+        try:
+            dp = data_parallel_plan(graph, cluster, micro_batches=m)
+            best.offer(f"data-parallel M={m}", dp.plan, dp.graph, m, "replicated", dp.stages)
+        except PestoError as exc:
+            best.skipped[f"data-parallel M={m}"] = str(exc)
+    return _Screened(split, starts, step)
+
+
+def _exact_counts(screened: Mapping[int, _Screened], auto: bool) -> list[int]:
+    """The counts the exact stages run on: every one screened unless
+    ``auto``; with ``auto`` ``M = 1`` and the :data:`EXACT_COUNTS` best by
+    screened step, best first.
+
+    >>> s = {m: _Screened(None, [], v) for m, v in [(1, float("inf")), (2, 5.0), (4, 3.0), (8, 4.0)]}
+    >>> _exact_counts(s, True), _exact_counts(s, False)
+    ([4, 8, 1], [1, 2, 4, 8])
+    """
+    if not auto:
+        return sorted(screened)
+    split = sorted((s.step, m) for m, s in screened.items() if m > 1)
+    return [m for _, m in split[:EXACT_COUNTS]] + ([1] if 1 in screened else [])
+
+
+def memory_short(graph: OpGraph, cluster: Cluster, m: int, *, split: OpGraph | None = None
+                 ) -> MicroBatchMemoryError | None:
     """The error to give when no plan of ``graph`` (marked) in ``m`` slices can
     fit: even :func:`~solver.microbatch_bound.memory_floor` of the split step
-    exceeds the largest device; None otherwise.
+    exceeds the largest device; None otherwise. ``split``: that split, if made.
 
     >>> from pesto.graph import Op, OpGraph, Edge, Tensor
     >>> from pesto.cluster import gpus
@@ -215,7 +334,8 @@ def memory_short(graph: OpGraph, cluster: Cluster, m: int) -> MicroBatchMemoryEr
     >>> print(memory_short(g, gpus(2, memory=1000), 2))   # summing 2 slices: 2 gradients in, 1 out
     M=2: in-flight slices need 1.17 KiB on one device (op 'dw:0@acc1'), the largest device has 1000 B
     """
-    split = graph if m == 1 else split_step(graph, m).graph
+    if split is None:
+        split = graph if m == 1 else split_step(graph, m).graph
     prob = Problem.of(split, cluster)
     need, what = memory_need(prob)
     largest = max(prob.cap)
@@ -225,33 +345,14 @@ def memory_short(graph: OpGraph, cluster: Cluster, m: int) -> MicroBatchMemoryEr
                                  f"the largest device has {fmt_bytes(largest)}", m, need, largest, culprit=what)
 
 
-def _try_count(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
-               best: _Best) -> None:
-    """Offer the pipeline's plan of the step in ``m`` slices (started from
-    GPipe and 1F1B of that ``m``, offered too)."""
-    t = time.perf_counter()
-    starts, split = [], graph
-    if m > 1:
-        split = split_step(graph, m).graph
-        for schedule in SCHEDULES:
-            try:
-                sp = pipeline_plan(graph, cluster, schedule=schedule, micro_batches=m)
-            except PestoError as exc:  # e.g. no forward/backward stage split: Pesto alone
-                best.skipped[f"{schedule} M={m}"] = str(exc)
-                continue
-            starts.append(sp.plan)
-            best.offer(f"{schedule} M={m}", sp.plan, sp.graph, m, "micro-batched")
-        try:
-            dp = data_parallel_plan(graph, cluster, micro_batches=m)
-            best.offer(f"data-parallel M={m}", dp.plan, dp.graph, m, "replicated", dp.stages)
-        except PestoError as exc:
-            best.skipped[f"data-parallel M={m}"] = str(exc)
-    if seconds is not None:
-        seconds = max(MIN_SECONDS, seconds - (time.perf_counter() - t))
+def _exact(screened: _Screened, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
+           best: _Best) -> None:
+    """Offer the pipeline's plan of the step in ``m`` slices, started from the
+    screened plans of that ``m``."""
     inner = options.replace(time_limit=seconds, started=None, micro_batches=1, batch_size=None, progress=None)
-    name = inner.pipeline_for(split)
-    plan = run_pipeline(split, cluster, PIPELINES[name], inner, name=name, starts=starts)
-    best.offer(f"M={m}", plan, split, m, "micro-batched" if m > 1 else "step")
+    name = inner.pipeline_for(screened.graph)
+    plan = run_pipeline(screened.graph, cluster, PIPELINES[name], inner, name=name, starts=screened.starts)
+    best.offer(f"M={m}", plan, screened.graph, m, "micro-batched" if m > 1 else "step")
 
 
 def _finish(best: _Best, options: SolveOptions, marked: OpGraph, cluster: Cluster) -> StepResult:
@@ -263,13 +364,21 @@ def _finish(best: _Best, options: SolveOptions, marked: OpGraph, cluster: Cluste
     log = r.plan.log or SolveLog(pipeline="step search", winner=r.plan.placer, bound_source="none",
                                  stages=(Stage("step search", took, r.plan.makespan, "a baseline's plan won"),))
     bound, source = log.bound, log.bound_source
-    sb = winner_bound(marked, cluster, r, options.batch_size)
+    sb = _bound_of(best, marked, cluster, options.batch_size)
     if sb is not None and (bound is None or sb.step > bound):
         bound, source = sb.step, f"per-sample bound ({sb.source})"
     log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
                   steps=dict(best.steps), skipped={**log.skipped, **best.skipped}, bound=bound,
                   bound_source=source)
     return replace(r, plan=replace(r.plan, log=log, lower_bound=bound), steps=log.steps)
+
+
+def _bound_of(best: _Best, marked: OpGraph, cluster: Cluster, batch: int | None) -> SampleBound | None:
+    """:func:`winner_bound` of ``best.result``, computed once per result."""
+    key = id(best.result.plan)
+    if key not in best.bounds:
+        best.bounds[key] = winner_bound(marked, cluster, best.result, batch)
+    return best.bounds[key]
 
 
 def winner_bound(marked: OpGraph, cluster: Cluster, r: StepResult, batch: int | None = None) -> SampleBound | None:
