@@ -9,10 +9,13 @@ graph (:class:`StepResult`), and the plan's log says which graph it is
 
 The candidates, all scored by the same simulator (``finalize``):
 
-* for each ``M`` tried, ``M > 1``: the pipeline (:func:`solver.pipeline.run_pipeline`)
-  on the step split into ``M`` slices, started from the GPipe and 1F1B plans
-  of that ``M`` (:func:`solver.pipeline_baselines.pipeline_plan`), and those
-  two plans themselves;
+* for each ``M`` tried, ``M > 1``: the slice model's plan
+  (:func:`solver.slice_model.solve_slices`, CP-SAT on a block x slice grid,
+  :data:`SLICE_SHARE` of that ``M``'s time, hinted with the better pipeline),
+  the GPipe and 1F1B plans of that ``M``
+  (:func:`solver.pipeline_baselines.pipeline_plan`), and the pipeline
+  (:func:`solver.pipeline.run_pipeline`) on the step split into ``M`` slices
+  started from those three;
 * ``M == 1`` (with ``"auto"``): the pipeline on the step as given;
 * the data-parallel plan (one replica per GPU, ring all-reduce), not split
   and (for each ``M > 1`` tried) with each replica in ``M`` slices.
@@ -39,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from pesto.cluster import Cluster
+from pesto.deadline import Deadline
 from pesto.errors import BatchMarkError, MicroBatchMemoryError, PestoError
 from pesto.graph import OpGraph
 from pesto.memory import fmt_bytes
@@ -53,6 +57,7 @@ from .microbatch_bound import SampleBound, memory_need, sample_bound
 from .options import SolveOptions
 from .pipeline import PIPELINES, run_pipeline
 from .pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
+from .slice_model import solve_slices
 
 __all__ = ["StepResult", "solve_step", "step_graph", "micro_batch_counts", "with_marks", "memory_short",
            "winner_bound", "AUTO_MAX"]
@@ -61,6 +66,8 @@ __all__ = ["StepResult", "solve_step", "step_graph", "micro_batch_counts", "with
 AUTO_MAX = 16
 #: Seconds the pipeline gets at least for one ``M``, however little is left.
 MIN_SECONDS = 0.5
+#: Share of one ``M``'s seconds the slice model gets (at least one second).
+SLICE_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -228,19 +235,22 @@ def memory_short(graph: OpGraph, cluster: Cluster, m: int) -> MicroBatchMemoryEr
 def _try_count(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
                best: _Best) -> None:
     """Offer the pipeline's plan of the step in ``m`` slices (started from
-    GPipe and 1F1B of that ``m``, offered too)."""
+    the slice model's, GPipe's and 1F1B's plans of that ``m``, offered too)."""
     t = time.perf_counter()
     starts, split = [], graph
     if m > 1:
         split = split_step(graph, m).graph
+        pipes = []
         for schedule in SCHEDULES:
             try:
                 sp = pipeline_plan(graph, cluster, schedule=schedule, micro_batches=m)
             except PestoError as exc:  # e.g. no forward/backward stage split: Pesto alone
                 best.skipped[f"{schedule} M={m}"] = str(exc)
                 continue
+            pipes.append(sp)
             starts.append(sp.plan)
             best.offer(f"{schedule} M={m}", sp.plan, sp.graph, m, "micro-batched")
+        starts[:0] = _slice_start(graph, cluster, options, m, seconds, pipes, best)
         try:
             dp = data_parallel_plan(graph, cluster, micro_batches=m)
             best.offer(f"data-parallel M={m}", dp.plan, dp.graph, m, "replicated", dp.stages)
@@ -252,6 +262,30 @@ def _try_count(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, 
     name = inner.pipeline_for(split)
     plan = run_pipeline(split, cluster, PIPELINES[name], inner, name=name, starts=starts)
     best.offer(f"M={m}", plan, split, m, "micro-batched" if m > 1 else "step")
+
+
+def _slice_start(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
+                 pipes, best: _Best) -> list[Plan]:
+    """The slice model's plan of ``m`` slices (:func:`solver.slice_model.solve_slices`,
+    :data:`SLICE_SHARE` of ``seconds``), offered as ``slice M=m``; [] when skipped."""
+    say = options.progress or (lambda line: None)
+    share = 10.0 if seconds is None else max(1.0, SLICE_SHARE * seconds)
+    try:
+        r = solve_slices(graph, cluster, micro_batches=m, time_limit=share, workers=options.workers,
+                         seed=options.seed, hints=pipes,
+                         deadline=Deadline(share, deterministic=True) if options.deterministic else None)
+    except PestoError as exc:
+        best.skipped[f"slice M={m}"] = str(exc)
+        say(f"slice model M={m}: skipped ({exc})")
+        return []
+    if r.plan is None:
+        best.skipped[f"slice M={m}"] = f"no grid solution ({r.status}) within {share:.1f} s"
+        say(f"slice model M={m}: {best.skipped[f'slice M={m}']}")
+        return []
+    best.offer(f"slice M={m}", r.plan, r.graph, m, "micro-batched")
+    say(f"slice model M={m}: {r.blocks} blocks, grid {r.status} {r.objective / 1000:.3f} ms "
+        f"(grid bound {r.grid_bound / 1000:.3f}), step {r.plan.makespan / 1000:.3f} ms, {r.wall:.1f} s")
+    return [r.plan]
 
 
 def _finish(best: _Best, options: SolveOptions, marked: OpGraph, cluster: Cluster) -> StepResult:
