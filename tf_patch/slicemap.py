@@ -211,8 +211,8 @@ def mapped_hint(mapped: Mapping[str, str], tf_split: OpGraph, default: str) -> d
 
     >>> from pesto.graph import OpGraph
     >>> g = OpGraph.from_edges({"a": 1, "b": 1, "c": 1}, [("a", "b", 8), ("c", "b", 8)])
-    >>> mapped_hint({"b": "/GPU:1"}, g, "/GPU:0")
-    {'b': '/GPU:1', 'a': '/GPU:1', 'c': '/GPU:1'}
+    >>> sorted(mapped_hint({"b": "/GPU:1"}, g, "/GPU:0").items())
+    [('a', '/GPU:1'), ('b', '/GPU:1'), ('c', '/GPU:1')]
     """
     out = {n: d for n, d in mapped.items() if n in tf_split}
     order = tf_split.topological_order()
