@@ -1,7 +1,7 @@
 """``make demo`` / ``make train``: place and train a zoo model on N devices.
 
     python -m tf_patch.demo [--model rnnlm|nmt|transformer|nasnet|keras:NAME] [--gpus 2] [--steps 20]
-                            [--micro-batches M]
+                            [--micro-batches M|auto]
 
 Build the model (its ``demo`` preset where it has one: ms-scale kernels) ->
 profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
@@ -32,6 +32,16 @@ rows of the un-split step without a prediction: under TF's default placement
 on the same devices (TensorFlow's data parallelism), and checks that the
 split step's losses of steps 1 and 2 (the latter after one update) equal
 theirs.
+
+``--micro-batches auto`` (``make train MICRO=auto``) first profiles the
+un-split step and runs ``pesto.solve_step(..., micro_batches="auto",
+batch_size=<batch>)`` on it, prints every candidate's step (``M=1``, ``M=2``,
+GPipe, 1F1B, data-parallel ...) and the ``M`` it chose, then builds, profiles
+and trains TF's split step of that ``M`` as ``--micro-batches M`` does, placed
+by :func:`tf_patch.slicemap.place_split` (Pesto's plan mapped onto TF's op
+names, then re-solved on TF's profile with it as the hint). A data-parallel
+winner is not enforced (TensorFlow runs it as ``MirroredStrategy``, a row of
+the table): the demo says so and falls back to the best split step's ``M``.
 
 ``keras:NAME`` (:data:`tf_patch.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
