@@ -142,8 +142,8 @@ def place_and_train(args, batch, chosen=None) -> int:
         plan = placed.plan
         print(f"[3/5] auto's plan (M={chosen.micro_batches}, {placed.pesto_step / 1000:.3f} ms on Pesto's split) "
               f"mapped onto TF's split step: {placed.slices.summary()}")
-        print(f"      mapped placement on TF's profile: {placed.hint.makespan / 1000:.3f} ms; re-solved from it as "
-              f"hint: {plan.summary()}")
+        print(f"      mapped placement on TF's profile: {placed.hint.makespan / 1000:.3f} ms in TF's default order "
+              f"(FIFO per device); re-solved from it as hint: {plan.summary()}")
     else:
         plan = _solve(graph, cluster, args)
         print(f"[3/5] {plan.summary()}")
