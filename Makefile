@@ -26,7 +26,7 @@ test: install
 	$(BIN)/python -m pytest -n 2 -q
 
 demo: install
-	$(if $(HOSTS),$(BIN)/python -m tf_patch.demo_hosts --hosts $(HOSTS),$(BIN)/python -m tf_patch.demo --gpus $(GPUS))
+	$(if $(HOSTS),$(BIN)/python -m tf_patch.demo_hosts --hosts $(HOSTS),$(BIN)/python -m tf_patch.demo --gpus $(GPUS) $(if $(MICRO),--micro-batches $(MICRO)))
 
 train: install
 	$(BIN)/python -m tf_patch.demo --model $(MODEL) --gpus $(GPUS) --steps $(STEPS) $(if $(MICRO),--micro-batches $(MICRO))

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from solver import PLACERS, accepted_options, get_placer
 from solver.pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
+from solver.slice_model import place_slice_cpsat
 from solver.step_search import step_graph, with_marks
 
 from . import __version__
@@ -362,11 +363,16 @@ def run_placer(args, graph, cluster, placer: str):
 
 def _place_step(args, graph, cluster, placer: str, micro: int):
     """A non-exact placer's plan and the graph it places (``micro`` slices:
-    GPipe and 1F1B default to 4, data parallelism to 1; a heuristic places the split step)."""
+    GPipe, 1F1B and slice-cpsat default to 4, data parallelism to 1; a heuristic places the split step)."""
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
         if placer in SCHEDULES:
             r = pipeline_plan(with_marks(graph), cluster, schedule=placer, micro_batches=micro if micro > 1 else 4)
             return r.plan, r.graph
+        if placer == "slice-cpsat":
+            m = micro if micro > 1 else 4
+            plan = place_slice_cpsat(with_marks(graph), cluster, micro_batches=m,
+                                     time_limit=args.time_limit or 10.0, seed=args.seed)
+            return plan, step_graph(graph, m, "micro-batched")
         if placer == "data-parallel":
             r = data_parallel_plan(with_marks(graph), cluster, micro_batches=micro)
             return r.plan, r.graph

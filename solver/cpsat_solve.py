@@ -25,7 +25,7 @@ from pesto.finalize import finalize
 
 from .bounds import greedy_plan
 
-__all__ = ["solve", "search", "colour_intervals"]
+__all__ = ["solve", "search", "colour_intervals", "deterministic_parameters", "STATUS"]
 
 STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
           cp_model.INFEASIBLE: "infeasible", cp_model.MODEL_INVALID: "unknown",
@@ -59,7 +59,7 @@ def solve(model, *, time_limit: float = 60, workers: int | None = None, seed: in
         time_limit = deadline.budget(time_limit)
     _parameters(solver.parameters, model, time_limit=time_limit, workers=workers, seed=seed, log=log)
     if deadline is not None and deadline.deterministic:
-        _deterministic(solver.parameters, time_limit)
+        deterministic_parameters(solver.parameters, time_limit)
     code = search(solver, model.model, deadline)
     if deadline is not None:
         deadline.charge(solver.deterministic_time)
@@ -135,7 +135,7 @@ def _parameters(p, model, *, time_limit, workers, seed, log) -> None:
         p.cp_model_probing_level = 0
 
 
-def _deterministic(p, budget: float) -> None:
+def deterministic_parameters(p, budget: float) -> None:
     """Reproducible search: CP-SAT's deterministic time (about a second of
     one core per unit) bounds it instead of the wall clock, and its workers
     interleave in a fixed order. The wall limit stays as a safety net, at

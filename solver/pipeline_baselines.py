@@ -69,7 +69,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -86,7 +86,7 @@ from .common import order_by_key
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
-           "SCHEDULES", "CHUNKS", "CANDIDATES"]
+           "SCHEDULES", "CHUNKS", "CANDIDATES", "staged_plan", "step_stages"]
 
 SCHEDULES = ("gpipe", "1f1b")
 CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
@@ -394,17 +394,36 @@ def _block_costs(graph: OpGraph, bl: Blocking, m: int, beta) -> tuple[np.ndarray
 def _pipeline(split: MicroBatched, cluster: Cluster, gpus, stage, stages: int, ph: Phases,
               schedule: str, t0: float) -> Plan:
     """Place and order one stage split of ``split`` and simulate it."""
+    task = {s: {t: k for k, t in enumerate(task_order(schedule, s, stages, split.micro_batches))}
+            for s in range(stages)}
+    return staged_plan(split, cluster, stage, gpus, ph, lambda i, phase, s: task[stage[i]][(phase, s)],
+                       placer=schedule, t0=t0, stats={"stages": stages, "micro_batches": split.micro_batches})
+
+
+def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], device: Sequence[str],
+                ph: Phases, task_key: Callable[[int, str, int], float], *, placer: str, t0: float,
+                **fields) -> Plan:
+    """The simulated plan of ``split`` given each batched op's device and each
+    slice task's rank: the one rule of the pipeline placers.
+
+    ``stage``: per op of ``split.source``, the stage all its copies run on,
+    ``device[stage]`` (-1 for unbatched ops, staged by :func:`step_stages`'
+    rule; accumulate ops go with the op whose gradient they sum); then
+    :func:`_fix_groups`.
+    ``task_key(i, phase, s)``: the rank of slice ``s``'s task holding op ``i``
+    (``phase`` ``"F"`` or ``"B"``) on its device; copies run by it, then in
+    topological order; once-per-step and accumulate ops as soon as they are ready.
+    ``fields`` go to :func:`pesto.finalize.finalize`.
+    """
     g = split.source
-    step_stage = _step_stages(g, stage)
+    step_stage = step_stages(g, stage)
     dev = {}
     for name, o in split.origin.items():
         i = g.index[o.op]
-        dev[name] = gpus[stage[i] if o.role != "step" else step_stage[i]]
+        dev[name] = device[stage[i] if o.role != "step" else step_stage[i]]
     placement = _fix_groups(split.graph, cluster, dev)
     n0 = g.num_ops
     pos = {i: k for k, i in enumerate(g.topo_idx())}
-    task = {s: {t: k for k, t in enumerate(task_order(schedule, s, stages, split.micro_batches))}
-            for s in range(stages)}
     key = []
     for name in split.graph.names:
         o = split.origin[name]
@@ -412,14 +431,12 @@ def _pipeline(split: MicroBatched, cluster: Cluster, gpus, stage, stages: int, p
             key.append(-1.0)
             continue
         i = g.index[o.op]
-        phase = "B" if i in ph.backward else "F"
-        key.append(float(task[stage[i]][(phase, o.slice)] * n0 + pos[i]))
+        key.append(float(task_key(i, "B" if i in ph.backward else "F", o.slice)) * n0 + pos[i])
     order = order_by_key(split.graph, key)
-    return finalize(split.graph, cluster, placement, order=order, placer=schedule, t0=t0,
-                    stats={"stages": stages, "micro_batches": split.micro_batches})
+    return finalize(split.graph, cluster, placement, order=order, placer=placer, t0=t0, **fields)
 
 
-def _step_stages(graph: OpGraph, stage) -> list[int]:
+def step_stages(graph: OpGraph, stage) -> list[int]:
     """Stage of each once-per-step op: first batched reader, else last batched
     producer, else a neighbour's (breadth first), else 0."""
     succ, pred = graph.succ_idx(), graph.pred_idx()

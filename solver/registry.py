@@ -33,6 +33,7 @@ from .cpsat import place_cpsat
 from .heuristics import place_celeritas, place_heft, place_m_etf, place_m_sct, place_m_topo
 from .mip import place_mip
 from .pipeline_baselines import place_1f1b, place_data_parallel, place_gpipe
+from .slice_model import place_slice_cpsat
 
 __all__ = ["Placer", "PLACERS", "COMMON_OPTIONS", "HEURISTICS", "baselines", "run_order", "get_placer",
            "accepted_options", "run_placers"]
@@ -95,6 +96,7 @@ PLACERS: dict[str, Placer] = {p.name: p for p in (
     Placer("data-parallel", place_data_parallel),
     Placer("gpipe", place_gpipe),
     Placer("1f1b", place_1f1b),
+    Placer("slice-cpsat", place_slice_cpsat),
 )}
 
 

@@ -9,13 +9,17 @@ graph (:class:`StepResult`), and the plan's log says which graph it is
 
 The candidates, all scored by the same simulator (``finalize``):
 
-* for each ``M`` tried, ``M > 1``: the pipeline (:func:`solver.pipeline.run_pipeline`)
-  on the step split into ``M`` slices, started from the GPipe and 1F1B plans
-  of that ``M`` (:func:`solver.pipeline_baselines.pipeline_plan`), and those
-  two plans themselves;
-* ``M == 1`` (with ``"auto"``): the pipeline on the step as given;
-* the data-parallel plan (one replica per GPU, ring all-reduce), not split
-  and (for each ``M > 1`` tried) with each replica in ``M`` slices.
+* screening, for each ``M`` tried, ``M > 1``: the GPipe and 1F1B plans of
+  that ``M`` (:func:`solver.pipeline_baselines.pipeline_plan`) and the
+  data-parallel plan with each replica in ``M`` slices (up to
+  :data:`DP_MAX_OPS` ops);
+* exact stages, for the counts :func:`_exact_counts` picks: the slice
+  model's plan (:func:`solver.slice_model.solve_slices`, CP-SAT on a block x
+  slice grid, :data:`SLICE_SHARE` of that ``M``'s time, hinted with the
+  pipelines) and the pipeline (:func:`solver.pipeline.run_pipeline`) on the
+  step split into ``M`` slices started from those three; ``M == 1`` (with
+  ``"auto"``): the pipeline on the step as given;
+* the data-parallel plan (one replica per GPU, ring all-reduce), not split.
 
 The result is the best of them (a plan that fits memory before one that does
 not, then the shortest step): never slower than any candidate. Its log's
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from pesto.cluster import Cluster
+from pesto.deadline import Deadline
 from pesto.errors import BatchMarkError, MicroBatchMemoryError, PestoError
 from pesto.graph import OpGraph
 from pesto.memory import fmt_bytes
@@ -54,6 +59,7 @@ from .microbatch_bound import SampleBound, memory_need, sample_bound
 from .options import SolveOptions
 from .pipeline import PIPELINES, run_pipeline
 from .pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
+from .slice_model import solve_slices
 
 __all__ = ["StepResult", "solve_step", "step_graph", "micro_batch_counts", "with_marks", "memory_short",
            "winner_bound", "AUTO_MAX"]
@@ -72,6 +78,8 @@ EXACT_COUNTS = 2
 #: baseline of ``M > 1`` is built for: beyond it the simulator's time
 #: outweighs a plan that only pays off when one replica does not fit.
 DP_MAX_OPS = 150_000
+#: Share of one ``M``'s seconds the slice model gets (at least one second).
+SLICE_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -234,11 +242,14 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> StepR
 class _Screened:
     """One count after screening: the graph its exact stages place (the step
     for ``M = 1``, else the split), the plans they start from, and the best
-    screened step (``inf`` when no baseline applied)."""
+    screened step (``inf`` when no baseline applied); ``source`` the marked
+    step it was split from, ``pipes`` the GPipe/1F1B results (slice model hints)."""
 
     graph: OpGraph
     starts: list
     step: float
+    source: OpGraph | None = None
+    pipes: list = field(default_factory=list)
 
 
 def _screen_all(graph: OpGraph, marked: OpGraph, cluster: Cluster, counts, screen_end: float | None,
@@ -278,9 +289,9 @@ def _screen(graph: OpGraph, cluster: Cluster, m: int, best: _Best) -> _Screened 
         best.short[m] = short
         best.skipped[f"M={m}"] = str(short)
         return None
-    starts, step = [], float("inf")
+    starts, pipes, step = [], [], float("inf")
     if m == 1:
-        return _Screened(split, starts, step)
+        return _Screened(split, starts, step, graph)
     for schedule in SCHEDULES:
         try:
             sp = pipeline_plan(graph, cluster, schedule=schedule, micro_batches=m, candidates=SCREEN_CANDIDATES)
@@ -288,6 +299,7 @@ def _screen(graph: OpGraph, cluster: Cluster, m: int, best: _Best) -> _Screened 
             best.skipped[f"{schedule} M={m}"] = str(exc)
             continue
         starts.append(sp.plan)
+        pipes.append(sp)
         step = min(step, sp.plan.makespan)
         best.offer(f"{schedule} M={m}", sp.plan, sp.graph, m, "micro-batched")
     replicas = len(cluster.gpus) or len(cluster.devices)
@@ -300,7 +312,7 @@ def _screen(graph: OpGraph, cluster: Cluster, m: int, best: _Best) -> _Screened 
             best.offer(f"data-parallel M={m}", dp.plan, dp.graph, m, "replicated", dp.stages)
         except PestoError as exc:
             best.skipped[f"data-parallel M={m}"] = str(exc)
-    return _Screened(split, starts, step)
+    return _Screened(split, starts, step, graph, pipes)
 
 
 def _exact_counts(screened: Mapping[int, _Screened], auto: bool) -> list[int]:
@@ -347,12 +359,42 @@ def memory_short(graph: OpGraph, cluster: Cluster, m: int, *, split: OpGraph | N
 
 def _exact(screened: _Screened, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
            best: _Best) -> None:
-    """Offer the pipeline's plan of the step in ``m`` slices, started from the
-    screened plans of that ``m``."""
+    """Offer the slice model's plan of the step in ``m`` slices (``m > 1``) and
+    the pipeline's, started from it and the screened plans of that ``m``."""
+    t = time.perf_counter()
+    starts = list(screened.starts)
+    if m > 1:
+        starts[:0] = _slice_start(screened.source, cluster, options, m, seconds, screened.pipes, best)
+    if seconds is not None:
+        seconds = max(MIN_SECONDS, seconds - (time.perf_counter() - t))
     inner = options.replace(time_limit=seconds, started=None, micro_batches=1, batch_size=None, progress=None)
     name = inner.pipeline_for(screened.graph)
-    plan = run_pipeline(screened.graph, cluster, PIPELINES[name], inner, name=name, starts=screened.starts)
+    plan = run_pipeline(screened.graph, cluster, PIPELINES[name], inner, name=name, starts=starts)
     best.offer(f"M={m}", plan, screened.graph, m, "micro-batched" if m > 1 else "step")
+
+
+def _slice_start(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
+                 pipes, best: _Best) -> list[Plan]:
+    """The slice model's plan of ``m`` slices (:func:`solver.slice_model.solve_slices`,
+    :data:`SLICE_SHARE` of ``seconds``), offered as ``slice M=m``; [] when skipped."""
+    say = options.progress or (lambda line: None)
+    share = 10.0 if seconds is None else max(1.0, SLICE_SHARE * seconds)
+    try:
+        r = solve_slices(graph, cluster, micro_batches=m, time_limit=share, workers=options.workers,
+                         seed=options.seed, hints=pipes,
+                         deadline=Deadline(share, deterministic=True) if options.deterministic else None)
+    except PestoError as exc:
+        best.skipped[f"slice M={m}"] = str(exc)
+        say(f"slice model M={m}: skipped ({exc})")
+        return []
+    if r.plan is None:
+        best.skipped[f"slice M={m}"] = f"no grid solution ({r.status}) within {share:.1f} s"
+        say(f"slice model M={m}: {best.skipped[f'slice M={m}']}")
+        return []
+    best.offer(f"slice M={m}", r.plan, r.graph, m, "micro-batched")
+    say(f"slice model M={m}: {r.blocks} blocks, grid {r.status} {r.objective / 1000:.3f} ms "
+        f"(grid bound {r.grid_bound / 1000:.3f}), step {r.plan.makespan / 1000:.3f} ms, {r.wall:.1f} s")
+    return [r.plan]
 
 
 def _finish(best: _Best, options: SolveOptions, marked: OpGraph, cluster: Cluster) -> StepResult:

@@ -1,7 +1,7 @@
 """``make demo`` / ``make train``: place and train a zoo model on N devices.
 
     python -m tf_patch.demo [--model rnnlm|nmt|transformer|nasnet|keras:NAME] [--gpus 2] [--steps 20]
-                            [--micro-batches M]
+                            [--micro-batches M|auto]
 
 Build the model (its ``demo`` preset where it has one: ms-scale kernels) ->
 profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
@@ -33,6 +33,16 @@ on the same devices (TensorFlow's data parallelism), and checks that the
 split step's losses of steps 1 and 2 (the latter after one update) equal
 theirs.
 
+``--micro-batches auto`` (``make train MICRO=auto``) first profiles the
+un-split step and runs ``pesto.solve_step(..., micro_batches="auto",
+batch_size=<batch>)`` on it, prints every candidate's step (``M=1``, ``M=2``,
+GPipe, 1F1B, data-parallel ...) and the ``M`` it chose, then builds, profiles
+and trains TF's split step of that ``M`` as ``--micro-batches M`` does, placed
+by :func:`tf_patch.slicemap.place_split` (Pesto's plan mapped onto TF's op
+names, then re-solved on TF's profile with it as the hint). A data-parallel
+winner is not enforced (TensorFlow runs it as ``MirroredStrategy``, a row of
+the table): the demo says so and falls back to the best split step's ``M``.
+
 ``keras:NAME`` (:data:`tf_patch.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
 traces its training step (:func:`tf_patch.keras_step`) with grappler's V100
@@ -47,7 +57,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pesto import evaluate, solve
+from pesto import evaluate, solve, solve_step
 from pesto.simulate import simulate
 from solver import get_placer
 
@@ -55,6 +65,7 @@ from .commfit import fit_transfers
 from .devices import describe, detect
 from .function import keras_step
 from .microstep import check_micro_batches
+from .slicemap import place_split
 from .pipeline import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
 from .zoo import MODELS, build_model, presets
 from .zoo.keras_apps import KERAS_MODELS, keras_app_step
@@ -73,29 +84,80 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=8, help="timing rounds (each times every placement in turn)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="solver seconds")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--micro-batches", type=int, default=None, metavar="M",
+    ap.add_argument("--micro-batches", type=_micro, default=None, metavar="M|auto",
                     help="split the step into M micro-batches (M divides the batch); adds MirroredStrategy "
-                         "and the un-split step's losses to the comparison")
+                         "and the un-split step's losses to the comparison; 'auto': pesto.solve picks M "
+                         "(micro_batches='auto') on the un-split profile")
     args = ap.parse_args(argv)
 
     n = args.gpus
     if args.preset is None and not args.model.startswith("keras:"):
         args.preset = "demo" if "demo" in presets(args.model) else "small"
-    micro, batch = (1 if args.micro_batches is None else args.micro_batches), _batch(args)
-    try:
-        check_micro_batches(batch, micro)
-    except ValueError as exc:
-        ap.error(str(exc))
+    batch = _batch(args)
+    _check_micro(ap, args, batch)
     print(describe(n))
     if args.model.startswith("keras:"):
         return keras_demo(args)
+    chosen = None
+    if args.micro_batches == "auto":
+        chosen = choose_micro_batches(args, batch)
+        args.micro_batches = chosen.micro_batches if chosen.micro_batches > 1 else None
+    return place_and_train(args, batch, chosen)
+
+
+def _check_micro(ap, args, batch) -> None:
+    """Refuse a bad ``--micro-batches`` with the named error's message (argparse exits 2)."""
+    m = args.micro_batches
+    if m == "auto":
+        if args.model.startswith("keras:"):
+            ap.error("--micro-batches auto is for the zoo models (rnnlm, nmt, transformer, nasnet); "
+                     f"give {args.model} an M")
+        if batch is None:
+            ap.error(f"--micro-batches auto needs the batch size, and {args.model} has no preset "
+                     f"{args.preset!r} to read it from; known presets: {', '.join(presets(args.model))}")
+        return
+    try:
+        check_micro_batches(batch, 1 if m is None else m)
+    except ValueError as exc:
+        ap.error(str(exc))
+
+
+def place_and_train(args, batch, chosen=None) -> int:
+    """Profile the step of ``args.micro_batches`` slices, place it (from
+    ``chosen``'s plan when ``auto`` chose one: :func:`tf_patch.slicemap.place_split`), train and report."""
+    n, micro = args.gpus, args.micro_batches or 1
 
     def build():
         return build_model(args.model, args.preset, seed=args.seed, micro_batches=micro)
 
+    if chosen is not None and micro == 1:  # auto chose the un-split step: its profile is this step's
+        alone, cluster, reference, graph = chosen.profiled
+    else:
+        alone, _, cluster, reference, graph = _profile(build, args, f", {micro} micro-batches of {batch // micro}"
+                                                       if args.micro_batches else "")
+    t0 = time.perf_counter()
+    if chosen is not None and chosen.result is not None:
+        placed = place_split(chosen.result, chosen.step, graph, cluster, time_limit=args.time_limit,
+                             workers=1, seed=args.seed)
+        plan = placed.plan
+        print(f"[3/5] auto's plan (M={chosen.micro_batches}, {placed.pesto_step / 1000:.3f} ms on Pesto's split) "
+              f"mapped onto TF's split step: {placed.slices.summary()}")
+        print(f"      mapped placement on TF's profile: {placed.hint.makespan / 1000:.3f} ms in TF's default order "
+              f"(FIFO per device); re-solved from it as hint: {plan.summary()}")
+    else:
+        plan = _solve(graph, cluster, args)
+        print(f"[3/5] {plan.summary()}")
+    place_s = time.perf_counter() - t0
+    expert = _placer("expert", graph, cluster)
+    return _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference, graph)
+
+
+def _profile(build, args, split: str = ""):
+    """Steps 1 and 2: the profiled step (``alone``), the transfer fit's cluster,
+    m-ETF's reference plan and the contended graph (on logical CPU devices)."""
+    n = args.gpus
     t0 = time.perf_counter()
     alone, prof = profile_model(build, n_devices=n, steps=5)
-    split = f", {micro} micro-batches of {batch // micro}" if args.micro_batches else ""
     print(f"[1/5] {args.model}/{args.preset}{split}: {alone.num_ops} ops, {alone.num_edges} edges; "
           f"profiled in {time.perf_counter() - t0:.1f} s (measured kernels x {prof.scale:.2f} + "
           f"{prof.overhead:.1f} us dispatch/op), serial work {alone.total_work(cluster_kind(alone)) / 1000:.2f} ms")
@@ -111,13 +173,58 @@ def main(argv=None) -> int:
         par = parallel_factor(build, alone, cluster, reference)
         graph = contended(alone, par.factor)
         print(f"      {par} ({time.perf_counter() - t0:.1f} s)")
+    return alone, prof, cluster, reference, graph
 
+
+@dataclass(frozen=True)
+class Chosen:
+    """What ``--micro-batches auto`` chose (:func:`choose_micro_batches`).
+
+    ``result``: ``pesto.solve_step``'s result to map onto TF's split step, or
+    None when the winner cannot be enforced (a data-parallel plan: then the
+    best enforceable ``micro_batches`` is placed by ``pesto.solve`` itself);
+    ``step``: the un-split profiled graph it placed; ``profiled``: ``(alone,
+    cluster, reference, graph)`` of that profile (:func:`_profile`), reused
+    when the un-split step is chosen.
+    """
+
+    micro_batches: int
+    result: object
+    step: object
+    profiled: tuple
+
+
+def choose_micro_batches(args, batch: int) -> Chosen:
+    """``--micro-batches auto``: profile the un-split step, ``pesto.solve_step``
+    over the divisors of the batch (``micro_batches="auto"``), print each
+    candidate's step and the choice."""
+    print(f"[auto] choosing micro-batches for a batch of {batch}: profiling the un-split step")
+
+    def build():
+        return build_model(args.model, args.preset, seed=args.seed)
+
+    alone, _, cluster, reference, graph = _profile(build, args)
+    profiled = (alone, cluster, reference, graph)
     t0 = time.perf_counter()
-    plan = _solve(graph, cluster, args)
-    place_s = time.perf_counter() - t0
-    print(f"[3/5] {plan.summary()}")
-    expert = _placer("expert", graph, cluster)
-    return _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference, graph)
+    result = solve_step(graph, cluster=cluster, time_limit=args.time_limit, workers=1, seed=args.seed,
+                        micro_batches="auto", batch_size=batch)
+    print(f"[auto] pesto.solve(micro_batches='auto', batch_size={batch}) in {time.perf_counter() - t0:.1f} s; "
+          "step per candidate (ms, on the un-split profile):")
+    for name, us in sorted(result.steps.items(), key=lambda kv: kv[1]):
+        print(f"         {name:<22}{us / 1000:>9.3f}")
+    what = f"M={result.micro_batches}" + (f", {result.replicas} replicas" if result.graph_kind == "replicated" else "")
+    if result.graph_kind != "replicated":
+        what = "the un-split step" if result.micro_batches == 1 else "a micro-batched step"
+        print(f"[auto] chose micro_batches={result.micro_batches} ({what}, {result.plan.makespan / 1000:.3f} ms)")
+        return Chosen(result.micro_batches, result, graph, profiled)
+    own = {k: v for k, v in result.steps.items() if not k.startswith("data-parallel")}
+    best = min(own, key=own.get)
+    m = int(best.rsplit("M=", 1)[1])
+    print(f"[auto] the best plan is data-parallel ({what}, {result.plan.makespan / 1000:.3f} ms): the demo "
+          f"cannot enforce a replicated plan on TF (TensorFlow runs data parallelism as MirroredStrategy, the row "
+          f"'MirroredStrategy x{args.gpus}' below); falling back to the best split step, {best} "
+          f"({own[best] / 1000:.3f} ms): micro_batches={m}, placed by pesto.solve")
+    return Chosen(m, None, graph, profiled)
 
 
 @dataclass
@@ -281,6 +388,16 @@ def _model_name(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose one of {', '.join(ZOO_MODELS)} or "
                                      + ", ".join(f"keras:{k}" for k in KERAS_MODELS))
+
+
+def _micro(text: str):
+    """``--micro-batches``: ``auto`` or an integer (checked against the batch later)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
 
 
 def _batch(args) -> int | None:

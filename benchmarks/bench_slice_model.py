@@ -1,0 +1,82 @@
+"""The slice model's ablation: what each stage adds on micro-batched steps (issue 24, item 3).
+
+Run: ``python -m benchmarks.bench_slice_model [--time-limit S] [--graphs a,b] [--micro 2,4]``.
+Writes ``benchmarks/results/slice_model.md``.
+
+Per cached zoo graph (marked by :func:`pesto.training.infer_batch_marks`, as
+``bench_microbatch``), cluster (``v100x2_nvlink``, ``v100x4_pcie``, GPUs only)
+and ``M``: GPipe and 1F1B (:func:`solver.pipeline_baselines.pipeline_plan`),
+the slice model alone (:func:`solver.slice_model.solve_slices`, ``time_limit``
+seconds, hinted with the better pipeline) and the slice model's plan polished
+by the fine pipeline (:func:`solver.pipeline.run_pipeline`, "full", another
+``time_limit`` seconds, the slice plan as its start). Steps are the
+simulator's; the grid bound is a bound of the grid model only.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from pesto.graph import OpGraph
+from pesto.training import infer_batch_marks
+from solver.options import SolveOptions
+from solver.pipeline import PIPELINES, run_pipeline
+from solver.pipeline_baselines import pipeline_plan
+from solver.slice_model import solve_slices
+
+from .bench_microbatch import CLUSTERS
+
+HERE = Path(__file__).resolve().parent
+GRAPHS = ("transformer_6", "keras_resnet50", "nmt_4x1024")
+
+
+def _ms(plan) -> str:
+    return f"{plan.makespan / 1000:.1f}" + ("*" if plan.status == "infeasible" else "")
+
+
+def row(name: str, graph: OpGraph, cluster_name: str, m: int, limit: float) -> str:
+    """One markdown row: pipelines, slice model, polish."""
+    c = CLUSTERS[cluster_name]()
+    pipes = [pipeline_plan(graph, c, schedule=s, micro_batches=m) for s in ("gpipe", "1f1b")]
+    r = solve_slices(graph, c, micro_batches=m, time_limit=limit, workers=1, hints=pipes)
+    if r.plan is None:
+        return (f"| {name} | {cluster_name} | {m} | {_ms(pipes[0].plan)} | {_ms(pipes[1].plan)} | - | - | "
+                f"{r.status} | - | - | {r.blocks} | {r.wall:.1f} |")
+    t = time.perf_counter()
+    polished = run_pipeline(r.graph, c, PIPELINES["full"], SolveOptions(time_limit=limit, workers=1, seed=0),
+                            name="full", starts=[r.plan])
+    grid = f"{r.objective / 1000:.1f}"
+    return (f"| {name} | {cluster_name} | {m} | {_ms(pipes[0].plan)} | {_ms(pipes[1].plan)} | {_ms(r.plan)} | "
+            f"{_ms(polished)} | {r.status} | {grid} | {r.grid_bound / 1000:.1f} | {r.blocks} | "
+            f"{r.wall:.1f} + {time.perf_counter() - t:.1f} |")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--graphs", default=",".join(GRAPHS))
+    ap.add_argument("--clusters", default=",".join(CLUSTERS))
+    ap.add_argument("--micro", default="2,4")
+    args = ap.parse_args(argv)
+    lines = ["# The slice model: what each stage adds (issue 24, item 3)", "",
+             f"`python -m benchmarks.bench_slice_model --time-limit {args.time_limit:g}` (workers=1). Steps in ms "
+             "(simulated, link contention; `*`: over memory). slice: the slice model's plan alone; +polish: the "
+             "fine pipeline (`run_pipeline`, full stage list, the same time limit again) started from it; grid: "
+             "the grid model's makespan and CP-SAT's bound of it (ignores contention and parallelism inside a "
+             "task: no bound of the fine step); s: seconds of the slice model + polish.", "",
+             "| workload | cluster | M | gpipe | 1f1b | slice | +polish | grid status | grid | grid bound | "
+             "blocks | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in args.graphs.split(","):
+        g = infer_batch_marks(OpGraph.from_json(HERE / "graphs" / f"{name}.json.gz"))
+        for cl in args.clusters.split(","):
+            for m in map(int, args.micro.split(",")):
+                lines.append(row(name, g, cl, m, args.time_limit))
+                print(lines[-1], flush=True)
+    out = HERE / "results" / "slice_model.md"
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""CP-SAT on the block x slice grid (:mod:`solver.slice_grid`): stages and the pipeline order together.
+
+Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
+
+* ``x[b, d]``: block ``b`` on device ``d``, exactly one per block, **shared by
+  every slice and both phases** (a stage holds all copies of its layers; any
+  block -> device map is allowed, not only contiguous ones);
+* per task (``F[b, s]``, ``B[b, s]``, ``U[b]``) and allowed device an optional
+  interval present iff ``x[b, d]``; one no-overlap per device over all of them:
+  the order of slice tasks per device is the pipeline schedule chosen;
+* per quotient edge ``u -> v`` and slice ``s``: ``start[v, s] >= end[u, s] +
+  delay[u, v]``, with ``delay >= c(d1, d2) * (x[u, d1] + x[v, d2] - 1)`` for
+  every pair ``d1 != d2`` (``c``: the cluster's route, ``beta0 + beta1 * bytes``:
+  heterogeneous links cost their own route); delays are shared by the slices;
+  ``U[b]`` after every ``B[b, s]``;
+* memory per device (a cumulative, when all weights and activations together
+  could exceed the smallest device): each block's weights over the whole
+  horizon, and per slice its activations from the start of ``F[b, s]`` to the
+  end of ``B[b, s]``;
+* objective: the makespan (end of every task).
+
+It ignores link contention and the parallelism inside a task, so its optimum
+is a bound of the *grid model*, not of the fine step; the fine plan is judged
+by the simulator (:mod:`solver.slice_model`).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from pesto.cluster import Cluster
+from pesto.deadline import Deadline
+
+from .cpsat_model import symmetric_groups
+from .cpsat_solve import STATUS, deterministic_parameters, search
+from .slice_grid import SliceGrid
+
+__all__ = ["GridModel", "GridAnswer", "HORIZON_UNITS"]
+
+#: The model's horizon in integer time units at most (µs are scaled to fit).
+HORIZON_UNITS = 1_000_000
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class GridAnswer:
+    """What CP-SAT found on the grid.
+
+    Attributes
+    ----------
+    status : str
+        ``"optimal"``, ``"feasible"``, ``"infeasible"`` or ``"unknown"`` (nothing found).
+    objective : float or None
+        The grid model's makespan (µs).
+    grid_bound : float
+        CP-SAT's lower bound of the grid model's makespan (µs): not a bound of the fine step.
+    block_device : tuple of int
+        Per block, an index into ``grid.devices`` (empty when nothing was found).
+    start : mapping (block, phase, slice) -> µs
+        Start of each F (phase 0) / B (phase 1) task.
+    wall : float
+        Seconds CP-SAT searched.
+    """
+
+    status: str
+    objective: float | None
+    grid_bound: float
+    block_device: tuple
+    start: Mapping
+    wall: float
+
+
+class GridModel:
+    """The CP-SAT model of a :class:`~solver.slice_grid.SliceGrid` on ``cluster`` (module doc)."""
+
+    def __init__(self, grid: SliceGrid, cluster: Cluster):
+        self.grid, self.cluster = grid, cluster
+        self.cp = cp_model.CpModel()
+        self.nb, self.m, self.nd = grid.blocks, grid.micro_batches, len(grid.devices)
+        self.cost = self._routes()
+        self.scale = self._scale()
+        self.horizon = HORIZON_UNITS + HORIZON_UNITS // 100 + 1   # room for rounding
+        self._placement()
+        self._tasks()
+        self._precedences()
+        self._memory()
+        ends = [self.end[k] for k in self.end]
+        self.makespan = self.cp.new_int_var(0, self.horizon, "makespan")
+        self.cp.add_max_equality(self.makespan, ends)
+        self.cp.minimize(self.makespan)
+
+    def _routes(self) -> np.ndarray:
+        """``[d1, d2] -> (beta0, beta1)`` of the route between candidate devices."""
+        out = np.zeros((self.nd, self.nd, 2))
+        for a, da in enumerate(self.grid.devices):
+            for b, db in enumerate(self.grid.devices):
+                if a != b:
+                    r = self.cluster.route(da, db)
+                    out[a, b] = (r.beta0, r.beta1)
+        return out
+
+    def _delay_us(self, a: int, b: int, nbytes: int) -> float:
+        return 0.0 if a == b or nbytes <= 0 else float(self.cost[a, b, 0] + self.cost[a, b, 1] * nbytes)
+
+    def _scale(self) -> float:
+        """Units per µs: every task on its slowest allowed device plus every delay in series fits."""
+        g = self.grid
+        work = 0.0
+        for b, allowed in enumerate(g.allowed):
+            work += max(float(g.dur[b, :, :, d].sum() + g.update[b, d]) for d in allowed)
+        worst = max((self._delay_us(a, c, e[4]) for e in g.edges for a in range(self.nd)
+                     for c in range(self.nd)), default=0.0)
+        total = work + self.m * len(g.edges) * worst
+        return min(100.0, HORIZON_UNITS / max(total, 1e-9))
+
+    def units(self, us: float) -> int:
+        return int(round(us * self.scale))
+
+    def _placement(self) -> None:
+        g = self.grid
+        self.x = {(b, d): self.cp.new_bool_var(f"x{b}_{d}") for b in range(self.nb) for d in g.allowed[b]}
+        for b in range(self.nb):
+            self.cp.add_exactly_one(self.x[b, d] for d in g.allowed[b])
+        ids = [self.cluster.index[d] for d in g.devices]
+        if any(set(ids) <= set(grp) for grp in symmetric_groups(self.cluster)) and 0 in g.allowed[0]:
+            self.cp.add(self.x[0, 0] == 1)   # interchangeable devices: block 0 on the first
+
+    def _tasks(self) -> None:
+        """Start/end per task, an optional interval per allowed device, no-overlap per device."""
+        g = self.grid
+        self.start, self.end = {}, {}
+        per_dev: dict[int, list] = {d: [] for d in range(self.nd)}
+        tasks = [((b, p, s), g.dur[b, p, s]) for b in range(self.nb) for p in (0, 1) for s in range(self.m)]
+        tasks += [((b, 2, 0), g.update[b]) for b in range(self.nb)]
+        for key, dur in tasks:
+            b = key[0]
+            st = self.cp.new_int_var(0, self.horizon, f"s{key}")
+            en = self.cp.new_int_var(0, self.horizon, f"e{key}")
+            self.start[key], self.end[key] = st, en
+            for d in g.allowed[b]:
+                size = self.units(float(dur[d]))
+                iv = self.cp.new_optional_interval_var(st, size, en, self.x[b, d], f"i{key}_{d}")
+                if size > 0:
+                    per_dev[d].append(iv)
+        for ivs in per_dev.values():
+            if len(ivs) > 1:
+                self.cp.add_no_overlap(ivs)
+
+    def _precedences(self) -> None:
+        g = self.grid
+        for k, (bu, pu, bv, pv, nbytes) in enumerate(g.edges):
+            delay = 0
+            if bu != bv:
+                pairs = [(a, c, self.units(self._delay_us(a, c, nbytes))) for a in g.allowed[bu]
+                         for c in g.allowed[bv] if a != c]
+                top = max((u for _, _, u in pairs), default=0)
+                if top > 0:
+                    delay = self.cp.new_int_var(0, top, f"delay{k}")
+                    for a, c, u in pairs:
+                        if u > 0:
+                            self.cp.add(delay >= u * (self.x[bu, a] + self.x[bv, c] - 1))
+            for s in range(self.m):
+                self.cp.add(self.start[bv, pv, s] >= self.end[bu, pu, s] + delay)
+        for b in range(self.nb):
+            for s in range(self.m):
+                self.cp.add(self.start[b, 2, 0] >= self.end[b, 1, s])
+
+    def _memory(self) -> None:
+        """The cumulative per device (module doc), when memory could bind at all."""
+        g = self.grid
+        act = [math.ceil(a / KIB) for a in g.activation]
+        wts = [math.ceil(w / KIB) for w in g.weight]
+        caps = [self.cluster.device(d).memory // KIB for d in g.devices]
+        self.memory_active = sum(wts) + self.m * sum(act) > min(caps)
+        if not self.memory_active:
+            return
+        for d in range(self.nd):
+            ivs, demand = [], []
+            for b in range(self.nb):
+                if (b, d) not in self.x:
+                    continue
+                if wts[b]:
+                    ivs.append(self.cp.new_optional_fixed_size_interval_var(0, self.horizon, self.x[b, d],
+                                                                            f"w{b}_{d}"))
+                    demand.append(wts[b])
+                for s in range(self.m if act[b] else 0):
+                    life = self.cp.new_int_var(0, self.horizon, f"life{b}_{s}_{d}")
+                    ivs.append(self.cp.new_optional_interval_var(self.start[b, 0, s], life, self.end[b, 1, s],
+                                                                 self.x[b, d], f"a{b}_{s}_{d}"))
+                    demand.append(act[b])
+            if ivs:
+                self.cp.add_cumulative(ivs, demand, caps[d])
+
+    def hint(self, block_device: Sequence[int], start: Mapping | None = None) -> None:
+        """A start for the search: a block -> device map, optionally task starts (µs)."""
+        for (b, d), lit in self.x.items():
+            self.cp.add_hint(lit, block_device[b] == d)
+        for key, us in (start or {}).items():
+            if key in self.start:
+                self.cp.add_hint(self.start[key], min(self.horizon, self.units(us)))
+
+    def solve(self, *, time_limit: float, workers: int | None = None, seed: int = 0,
+              deadline: Deadline | None = None) -> GridAnswer:
+        """Search for at most ``time_limit`` seconds (or the ``deadline``'s budget)."""
+        solver = cp_model.CpSolver()
+        if deadline is not None:
+            time_limit = deadline.budget(time_limit)
+        p = solver.parameters
+        p.max_time_in_seconds = max(0.01, float(time_limit))
+        p.num_workers = int(workers or os.cpu_count() or 1)
+        p.random_seed = int(seed)
+        p.catch_sigint_signal = False
+        if deadline is not None and deadline.deterministic:
+            deterministic_parameters(p, time_limit)
+        code = search(solver, self.cp, deadline)
+        if deadline is not None:
+            deadline.charge(solver.deterministic_time)
+        status = STATUS.get(code, "unknown")
+        bound = max(0.0, solver.best_objective_bound) / self.scale if status != "infeasible" else math.inf
+        if status not in ("optimal", "feasible"):
+            return GridAnswer(status, None, bound, (), {}, solver.wall_time)
+        dev = tuple(next(d for d in self.grid.allowed[b] if solver.boolean_value(self.x[b, d]))
+                    for b in range(self.nb))
+        start = {k: solver.value(v) / self.scale for k, v in self.start.items()}
+        return GridAnswer(status, solver.objective_value / self.scale, bound, dev, start, solver.wall_time)

@@ -1,0 +1,241 @@
+"""The block x slice grid of a micro-batched step: the tasks the joint slice model schedules.
+
+:func:`slice_grid` cuts the un-split step into ``B`` blocks
+(:func:`solver.pipeline_baselines.blockings`, :func:`grid_blocks` of them) and
+reads, from the split step (:func:`pesto.microbatch.split_step`), per block
+``b`` and slice ``s``:
+
+* a forward task ``F[b, s]`` (the copies ``op@mb<s>`` of the block's forward
+  ops) and a backward task ``B[b, s]`` (its anchored backward ops, and the
+  accumulate ops ``t@acc<s>`` of the tensors its ops produce), whose durations
+  per device are the sums of the split graph's own op costs;
+* an update task ``U[b]``: the once-per-step ops that run after some batched op
+  (the optimizer's work), staged by :func:`~solver.pipeline_baselines.step_stages`;
+  the other once-per-step ops (variables, their reads, constants) are free at
+  time 0; their persistent bytes are the block's weights;
+* precedences: the quotient of the split graph's batched -> batched edges on
+  the (block, phase) nodes, the same for every slice, with the bytes of one
+  slice's tensors crossing (a tensor counted once per pair of nodes);
+* activation bytes (rule): the bytes of a slice's forward tensors of the block
+  that some backward op reads, alive from the start of ``F[b, s]`` to the end
+  of ``B[b, s]``.
+
+A quotient with a cycle (odd anchoring) is made acyclic by merging the blocks
+on the cycle; a cycle through both phases of one block cannot be, and the
+grid is refused (:class:`GridError`) rather than built wrong.
+
+Examples
+--------
+>>> from pesto.graph import Op, OpGraph, Tensor, Edge
+>>> from pesto.cluster import gpus
+>>> from pesto.microbatch import split_step
+>>> names = ["l0", "l1", "gradients/l1_grad", "gradients/l0_grad"]
+>>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n) for n in names]
+>>> es = [Edge(a, b, f"{a}:0") for a, b in zip(names, names[1:])]
+>>> grid = slice_grid(split_step(OpGraph(ops, es, [Tensor(f"{n}:0", n, 8) for n in names]), 2), gpus(2))
+>>> grid.blocks, grid.dur[:, :, 0, 0].tolist()   # (block, phase) of slice 0 on GPU 0: 10 µs / 2
+(2, [[5.0, 5.0], [5.0, 5.0]])
+>>> grid.edges   # F0 -> F1, F1 -> B1, B1 -> B0: 4 bytes a slice each
+((0, 0, 1, 0, 4), (1, 0, 1, 1, 4), (1, 1, 0, 1, 4))
+>>> grid.activation.tolist()   # l1's output, read by its gradient
+[0.0, 4.0]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pesto.cluster import Cluster
+from pesto.dag import CycleError, toposort
+from pesto.errors import PestoError
+from pesto.graph import OpGraph
+from pesto.microbatch import MicroBatched, copy_name
+from pesto.problem import Problem
+
+from .pipeline_baselines import Blocking, Phases, blockings, phases, step_stages
+
+__all__ = ["SliceGrid", "GridError", "slice_grid", "grid_blocks", "GRID_TASKS"]
+
+#: Tasks the grid aims at (forward and backward, all slices): blocks = this / (2 M).
+GRID_TASKS = 200
+
+
+class GridError(PestoError):
+    """No block x slice grid for this step (no forward op, no allowed device,
+    a cycle through one block's two phases); the message says which."""
+
+
+@dataclass(frozen=True)
+class SliceGrid:
+    """The tasks, durations, precedences and bytes of the slice model.
+
+    Attributes
+    ----------
+    split : MicroBatched
+    phases : Phases
+    blocking : Blocking
+        Per op of ``split.source`` its block (-1 for unbatched ops), after merges.
+    devices : tuple of str
+        Candidate devices (the cluster's GPUs).
+    allowed : tuple of tuple of int
+        Per block, the indices into ``devices`` every op of it may run on.
+    dur : ndarray (blocks, 2, M, devices)
+        µs of task (block, phase 0 = F / 1 = B, slice) on each device.
+    update : ndarray (blocks, devices)
+        µs of ``U[b]``.
+    edges : tuple of (int, int, int, int, int)
+        ``(b_u, phase_u, b_v, phase_v, bytes)``: a quotient edge, per slice.
+    activation : ndarray (blocks,)
+        Bytes one slice keeps alive for the block from ``F`` start to ``B`` end.
+    weight : ndarray (blocks,)
+        Persistent bytes of the block's once-per-step ops.
+    step_block : tuple of int
+        Per op of the source, the block of a once-per-step op.
+    """
+
+    split: MicroBatched
+    phases: Phases
+    blocking: Blocking
+    devices: tuple
+    allowed: tuple
+    dur: np.ndarray
+    update: np.ndarray
+    edges: tuple
+    activation: np.ndarray
+    weight: np.ndarray
+    step_block: tuple
+
+    @property
+    def blocks(self) -> int:
+        return self.blocking.count
+
+    @property
+    def micro_batches(self) -> int:
+        return self.split.micro_batches
+
+
+def grid_blocks(micro_batches: int, forward_ops: int, tasks: int = GRID_TASKS) -> int:
+    """Blocks of the grid: ``clamp(round(tasks / (2 M)), 4, 32)``, at most the forward ops.
+
+    >>> grid_blocks(2, 1000), grid_blocks(4, 1000), grid_blocks(16, 1000), grid_blocks(2, 3)
+    (32, 25, 6, 3)
+    """
+    return max(1, min(forward_ops, max(4, min(32, round(tasks / (2 * micro_batches))))))
+
+
+def slice_grid(split: MicroBatched, cluster: Cluster, *, loss: str | None = None,
+               tasks: int = GRID_TASKS) -> SliceGrid:
+    """The grid of ``split`` on ``cluster``'s GPUs (module doc).
+
+    Raises
+    ------
+    GridError
+        No forward op, a block no GPU may run, or a quotient cycle through one block.
+    """
+    g, m = split.source, split.micro_batches
+    ph = phases(g, loss=loss)
+    if not ph.forward:
+        raise GridError(f"graph {g.name!r} has no batched forward op: no pipeline grid")
+    bl = blockings(g, ph, chunks=grid_blocks(m, len(ph.forward), tasks))[0]
+    links = _batched_links(split)
+    bl = _acyclic(bl, ph, links, g.name)
+    devices = tuple(d.name for d in cluster.gpus) or tuple(cluster.names)
+    prob = Problem.of(split.graph, cluster)
+    cols = [prob.dev_index[d] for d in devices]
+    dur = np.asarray(prob.dur, dtype=float)[:, cols]
+    step_block = step_stages(g, bl.block)
+    after = _after_batched(g)
+    tdur = np.zeros((bl.count, 2, m, len(devices)))
+    update = np.zeros((bl.count, len(devices)))
+    weight = np.zeros(bl.count)
+    for k, name in enumerate(split.graph.names):
+        o = split.origin[name]
+        i = g.index[o.op]
+        if o.role == "step":
+            weight[step_block[i]] += g.ops[i].persistent_bytes
+            if after[i]:   # the optimizer's work; reads and constants are free at time 0
+                update[step_block[i]] += dur[k]
+        else:
+            tdur[bl.block[i], 1 if i in ph.backward else 0, o.slice] += dur[k]
+    allowed = tuple(tuple(d for d in range(len(devices)) if np.isfinite(tdur[b, :, :, d]).all()
+                          and np.isfinite(update[b, d])) for b in range(bl.count))
+    empty = [b for b, a in enumerate(allowed) if not a]
+    if empty:
+        raise GridError(f"block {empty[0]} of {g.name!r} has ops no GPU of the cluster may run")
+    edges = _quotient(bl, ph, links)
+    return SliceGrid(split, ph, bl, devices, allowed, tdur, update, edges, _activation(split, ph, bl),
+                     weight, tuple(step_block))
+
+
+def _after_batched(g: OpGraph) -> list[bool]:
+    """Per op: some batched op is among its ancestors."""
+    out = [False] * g.num_ops
+    pred = g.pred_idx()
+    for i in g.topo_idx():
+        out[i] = any(g.ops[p].batch or out[p] for p in pred[i])
+    return out
+
+
+def _batched_links(split: MicroBatched) -> list[tuple[int, int, str, int]]:
+    """``(u, v, tensor, bytes of one slice's copy)`` per batched -> batched edge of the source."""
+    g, sg = split.source, split.graph
+    out = []
+    for e in g.edges:
+        u, v = g.index[e.src], g.index[e.dst]
+        if not (g.ops[u].batch and g.ops[v].batch):
+            continue
+        for t in e.tensors or ("",):
+            out.append((u, v, t, sg.tensor(copy_name(t, 0)).bytes if t else 0))
+    return out
+
+
+def _node(bl: Blocking, ph: Phases, i: int) -> int:
+    return 2 * bl.block[i] + (1 if i in ph.backward else 0)
+
+
+def _quotient(bl: Blocking, ph: Phases, links) -> tuple:
+    """The quotient edges ``(b_u, p_u, b_v, p_v, bytes)`` (a tensor counted once per node pair)."""
+    pairs: dict[tuple[int, int], dict[str, int]] = {}
+    for u, v, t, b in links:
+        nu, nv = _node(bl, ph, u), _node(bl, ph, v)
+        if nu != nv:
+            pairs.setdefault((nu, nv), {})[t] = b
+    return tuple((nu // 2, nu % 2, nv // 2, nv % 2, int(sum(ts.values())))
+                 for (nu, nv), ts in sorted(pairs.items()))
+
+
+def _acyclic(bl: Blocking, ph: Phases, links, name: str) -> Blocking:
+    """``bl`` with the blocks on each quotient cycle merged (module doc).
+
+    Raises
+    ------
+    GridError
+        A cycle through both phases of one block.
+    """
+    while True:
+        succ = [[] for _ in range(2 * bl.count)]
+        for bu, pu, bv, pv, _ in _quotient(bl, ph, links):
+            succ[2 * bu + pu].append(2 * bv + pv)
+        try:
+            toposort(succ)
+            return bl
+        except CycleError as exc:
+            cycle = exc.cycle
+        merged = sorted({n // 2 for n in cycle})
+        if len(merged) == 1:
+            raise GridError(f"the forward and backward ops of block {merged[0]} of {name!r} "
+                            f"({bl.name} blocking) depend on each other both ways: no slice grid")
+        keep = {b: k for k, b in enumerate(b for b in range(bl.count) if b not in merged[1:])}
+        block = tuple(-1 if b < 0 else keep[merged[0] if b in merged else b] for b in bl.block)
+        bl = Blocking(bl.name, block, len(keep))
+
+
+def _activation(split: MicroBatched, ph: Phases, bl: Blocking) -> np.ndarray:
+    """Per block, the bytes of one slice's forward tensors a backward op reads."""
+    g, sg = split.source, split.graph
+    out = np.zeros(bl.count)
+    for name, src, _, cons in g.tensor_table():
+        if g.ops[src].batch and src not in ph.backward and any(j in ph.backward for j in cons):
+            out[bl.block[src]] += sg.tensor(copy_name(name, 0)).bytes
+    return out

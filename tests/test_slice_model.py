@@ -1,0 +1,171 @@
+"""solver.slice_model: the joint slice-aware exact model (issue 24, item 3)."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+import pesto
+from mb_strategies import layered_step
+from pesto.cluster import gpus, hosts
+from pesto.graph import Edge, Op, OpGraph, Tensor
+from pesto.microbatch import split_step
+from pesto.plan import check_plan
+from solver.pipeline_baselines import pipeline_plan
+from solver.registry import PLACERS
+from solver.slice_cpsat import GridModel
+from solver.slice_grid import slice_grid
+from solver.slice_model import solve_slices
+
+
+def chain(times, nbytes=None, *, keep=None) -> OpGraph:
+    """Layers ``l0..l{n-1}`` then their gradients in reverse, one chain, all batched.
+
+    ``times[k]``: µs of layer k's forward and of its gradient; ``nbytes[j]``:
+    bytes of the j-th op's output (default 8); ``keep``: bytes of an extra
+    tensor each layer hands to its own gradient (its activation)."""
+    n = len(times)
+    names = [f"l{k}" for k in range(n)] + [f"gradients/l{k}_grad" for k in reversed(range(n))]
+    cost = list(times) + list(reversed(times))
+    nbytes = nbytes or [8] * len(names)
+    ops = [Op(a, {"GPU": float(t)}, output_bytes=b, batch=True, scope=a) for a, t, b in zip(names, cost, nbytes)]
+    ts = [Tensor(f"{a}:0", a, b) for a, b in zip(names, nbytes)]
+    es = [Edge(a, b, (f"{a}:0",)) for a, b in zip(names, names[1:])]
+    if keep:
+        for k in range(n - 1):
+            ts.append(Tensor(f"l{k}:1", f"l{k}", keep))
+            es.append(Edge(f"l{k}", f"gradients/l{k}_grad", (f"l{k}:1",)))
+        ops = [Op(o.name, o.compute, output_bytes=o.output_bytes + (keep if o.name[1:].isdigit() else 0),
+                  batch=True, scope=o.scope) for o in ops]
+    return OpGraph(ops, es, ts, name=f"chain{n}")
+
+
+@pytest.mark.parametrize("m,optimum", [(2, 30.0), (4, 25.0)])
+def test_two_layer_chain_golden_optimum(m, optimum):
+    """F0 -> F1 -> B1 -> B0, 10 µs each un-split (10 / M per slice), free links, 2 GPUs.
+
+    Derivation: one stage runs 4 M tasks of 10 / M µs = 40 µs. Two stages hold
+    20 µs of work each. Stage 1 (block 1) can start only after F0 of slice 0
+    (10 / M) and its last task is a backward B1 (each F1 comes before its B1
+    on the same device), so it ends at >= 10 / M + 20, and the B0 of that
+    slice follows: makespan >= 20 + 20 / M (30 for M = 2, 25 for M = 4).
+    GPipe's order reaches it: F0 of every slice, back to back, feeds F1 in
+    time; B0 of slice s follows B1 of slice s. So it is the optimum.
+    """
+    g = chain([10, 10])
+    c = gpus(2, beta=(0.0, 0.0))
+    r = solve_slices(g, c, micro_batches=m, time_limit=5, workers=1)
+    assert r.status == "optimal" and r.blocks == 2
+    assert r.objective == pytest.approx(optimum) and r.grid_bound == pytest.approx(optimum)
+    assert len(set(r.block_device)) == 2
+    assert r.plan.makespan == pytest.approx(optimum)
+    check_plan(r.graph, c, r.plan).raise_if_invalid()
+
+
+def _oracle(grid, cluster) -> float:
+    """The grid's optimum by enumeration: every block -> device map, every
+    global task order consistent with the precedences, tasks started as early
+    as their device and inputs allow (an optimal schedule, left-shifted, is
+    the greedy schedule of its own start order)."""
+    m, nb = grid.micro_batches, grid.blocks
+    tasks = [(b, p, s) for b in range(nb) for p in (0, 1) for s in range(m)]
+    pred = {t: [] for t in tasks}
+    for bu, pu, bv, pv, nbytes in grid.edges:
+        for s in range(m):
+            pred[bv, pv, s].append(((bu, pu, s), nbytes))
+    best = float("inf")
+    for devs in itertools.product(*grid.allowed):
+        def delay(u, v, nbytes):
+            a, b = grid.devices[devs[u[0]]], grid.devices[devs[v[0]]]
+            return cluster.transfer_time(a, b, nbytes)
+
+        def orders(done, left):
+            if not left:
+                yield list(done)
+                return
+            for t in sorted(left):
+                if all(u in done for u, _ in pred[t]):
+                    done.append(t)
+                    yield from orders(done, left - {t})
+                    done.pop()
+
+        for order in orders([], frozenset(tasks)):
+            free, end = {}, {}
+            for t in order:
+                d = devs[t[0]]
+                ready = max([end[u] + delay(u, t, nb_) for u, nb_ in pred[t]], default=0.0)
+                start = max(free.get(d, 0.0), ready)
+                end[t] = start + grid.dur[t[0], t[1], t[2], d]
+                free[d] = end[t]
+            best = min(best, max(end.values()))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_grid_optimum_matches_brute_force(seed):
+    rnd = random.Random(seed)
+    times = [rnd.choice([8, 12, 16, 20]) for _ in range(3)]
+    nbytes = [rnd.choice([0, 1000, 3000]) for _ in range(6)]
+    c = gpus(2, beta=(float(rnd.choice([0, 2, 5])), 0.001))
+    grid = slice_grid(split_step(chain(times, nbytes), 2), c)
+    assert grid.blocks <= 3
+    ans = GridModel(grid, c).solve(time_limit=5, workers=1)
+    assert ans.status == "optimal"
+    assert ans.objective == pytest.approx(_oracle(grid, c), abs=0.02)
+
+
+def test_plan_is_checked_and_keeps_a_block_on_one_device():
+    g = layered_step(4, act=100_000, t=1000.0)
+    c = gpus(2)
+    r = solve_slices(g, c, micro_batches=2, time_limit=3, workers=1)
+    check_plan(r.graph, c, r.plan).raise_if_invalid()
+    split = split_step(g, 2)
+    block = r.plan and slice_grid(split, c).blocking.block
+    by_block: dict = {}
+    for name, o in split.origin.items():
+        if o.role == "copy":
+            by_block.setdefault(block[g.index[o.op]], set()).add(r.plan.placement[name])
+    assert all(len(d) == 1 for d in by_block.values())
+    assert r.plan.placer == "slice-cpsat" and r.status in ("optimal", "feasible")
+
+
+def test_heterogeneous_links_cut_where_cheapest():
+    """Two hosts of two GPUs (NVLink inside, 10 GbE between), four layers whose
+    middle activation is heavy (8 MB: 0.3 ms over NVLink, 6.4 ms over 10 GbE)
+    and the others light: the plan spreads over both hosts and keeps the heavy
+    cut inside one."""
+    heavy, light = 8_000_000, 1_000
+    nbytes = [light, heavy, light, light, light, heavy, light, light]
+    g = chain([4000, 4000, 4000, 4000], nbytes)
+    c = hosts(2, 2, "10gbe")
+    r = solve_slices(g, c, micro_batches=2, time_limit=5, workers=1)
+    host = {d: d.split("/device")[0] for d in c.names}
+    block = slice_grid(split_step(g, 2), c).blocking.block
+    dev = [r.block_device[block[g.index[f"l{k}"]]] for k in range(4)]
+    assert len({host[d] for d in dev}) == 2 and host[dev[1]] == host[dev[2]]
+    check_plan(r.graph, c, r.plan).raise_if_invalid()
+
+
+def test_memory_forces_an_order_that_fits():
+    """Layer 0 keeps 400 MB per slice for its gradient, a GPU holds 1 GB: the
+    4 slices GPipe keeps alive do not fit (on any stage split), two do."""
+    g = chain([1000, 1000], [8, 8, 8, 8], keep=1_600_000_000)   # 400 MB a slice
+    cap = 1_000_000_000
+    c = gpus(2, memory=cap, beta=(0.0, 0.0))
+    gp = pipeline_plan(g, c, schedule="gpipe", micro_batches=4)
+    r = solve_slices(g, c, micro_batches=4, time_limit=5, workers=1)
+    assert gp.plan.status == "infeasible"
+    assert r.plan.status != "infeasible" and max(r.plan.peak_memory.values()) <= cap
+
+
+def test_solve_offers_the_slice_plan():
+    g = layered_step(4, act=100_000, t=1000.0)
+    plan = pesto.solve(g, cluster=pesto.v100x2_nvlink(), micro_batches=2, time_limit=3, workers=1)
+    assert "slice M=2" in plan.log.steps
+
+
+def test_registered_as_a_placer():
+    g = layered_step(2, act=1000, t=100.0)
+    plan = PLACERS["slice-cpsat"](g, gpus(2), micro_batches=2, time_limit=2, workers=1)
+    assert plan.placer == "slice-cpsat" and "l" not in plan.placement and "layer_0/f@mb1" in plan.placement

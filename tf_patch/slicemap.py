@@ -1,0 +1,288 @@
+"""Pesto's split graph -> TensorFlow's split step: the name map, and enforcing a micro-batched plan.
+
+``pesto.solve(step, micro_batches=M)`` places Pesto's own split of the
+un-split step (:func:`pesto.microbatch.split_step`: copies ``op@mb<i>``,
+accumulations ``t@acc<k>``); TensorFlow builds the split step itself
+(:mod:`tf_patch.microstep`: ``mb<i>/...``). :func:`slice_map` maps the first
+onto the second; :func:`place_split` turns a Pesto plan into a plan of the TF
+split step (profiled at the micro-batch size) that :func:`tf_patch.apply_plan`
+enforces.
+
+The naming rule (graph-mode steps: the zoo)
+-------------------------------------------
+For un-split op ``op`` and slice ``i``, the TF ops tried in this order (the
+first that exists with ``op``'s type is the one):
+
+* ``mb<i>/<op>``: a forward op (``mb<i>/rnn/layer_0/t1/MatMul``), and the
+  per-slice copies of once-per-step ops the slice builds again (a weight's
+  ``ReadVariableOp``, a constant);
+* for ``gradients/<rest>``: ``gradients/mb<i>/mb<i>/<rest>`` (a gradient op
+  named after its forward op, ``..._grad/...``), then
+  ``gradients/mb<i>/<rest>`` (the seed, ``Shape``, ``AddN``);
+* a copy ``op@mb<i>`` maps to that op; a once-per-step op ``op`` maps to
+  ``op`` itself when the TF step has it (variables, the optimizer), else to
+  every slice's op above (a once-per-step op of the un-split step that the
+  TF step builds once per slice: all get its device);
+* a data input's copy ``inp@mb<i>`` (TF splits the whole input instead):
+  the ``Split`` op ``microbatch/<inp>`` (slice 0's also ``inp`` itself);
+* an accumulation ``t@acc<k>`` (slices ``0..k`` of tensor ``t`` summed): the
+  once-per-step consumer ``c`` of ``t`` in the un-split step (an optimizer
+  update) reads, in the TF step, an op under ``accumulate/<variable>/``
+  (the one whose variable ``c`` names, if it reads several); ``t@acc<k>``
+  maps to ``accumulate/<variable>/add_<k>`` (the dense chain, which sums
+  slices ``0..k`` as Pesto's does) or, when there is no such op (a sparse
+  gradient: rows concatenated once), to the op ``c`` reads.
+
+What maps to nothing is listed, never dropped: TF ops no Pesto op maps to
+(the ``microbatch/`` input splits and loss sum, each slice's
+``scaled_loss`` and its gradient, concat axes) and Pesto ops with no TF
+counterpart. :func:`mapped_hint` gives the former a device (a neighbour's)
+so that the whole TF step has a placement to start the re-solve from.
+
+Examples
+--------
+>>> slice_candidates("gradients/rnn/t0/MatMul_grad/MatMul", 1)
+('mb1/gradients/rnn/t0/MatMul_grad/MatMul', 'gradients/mb1/mb1/rnn/t0/MatMul_grad/MatMul', 'gradients/mb1/rnn/t0/MatMul_grad/MatMul')
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from pesto import evaluate, solve
+from pesto.graph import OpGraph
+from pesto.microbatch import parse_name
+
+__all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPlacement", "place_split",
+           "GRADIENT_ROOTS"]
+
+#: First name components of graph-mode and tape gradient scopes.
+GRADIENT_ROOTS = ("gradients", "gradient_tape")
+
+
+def slice_candidates(op: str, i: int) -> tuple[str, ...]:
+    """The TF names slice ``i``'s copy of un-split op ``op`` may have, in the
+    order tried (module doc)."""
+    out = [f"mb{i}/{op}"]
+    root, _, rest = op.partition("/")
+    if root in GRADIENT_ROOTS and rest:
+        out += [f"{root}/mb{i}/mb{i}/{rest}", f"{root}/mb{i}/{rest}"]
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SliceMap:
+    """Pesto's split graph mapped onto TensorFlow's split step (:func:`slice_map`).
+
+    Attributes
+    ----------
+    micro_batches : int
+    ops : mapping Pesto op -> tuple of TF ops
+        Every Pesto op that has a TF counterpart (one op, or every slice's
+        copy of a once-per-step op the TF step builds per slice).
+    unmapped_tf : tuple of str
+        TF ops of the split step no Pesto op maps to.
+    unmapped_pesto : tuple of str
+        Pesto ops with no TF counterpart.
+    """
+
+    micro_batches: int
+    ops: Mapping[str, tuple]
+    unmapped_tf: tuple
+    unmapped_pesto: tuple
+
+    def placement(self, placement: Mapping[str, str]) -> dict:
+        """``{TF op: device}`` of the mapped TF ops from a Pesto placement
+        (several Pesto ops on one TF op: the last in map order, a sparse
+        gradient's last accumulation, wins)."""
+        return {t: placement[p] for p, ts in self.ops.items() if p in placement for t in ts}
+
+    def summary(self) -> str:
+        """One line: what was mapped and what was not (counted, a few named)."""
+        def few(names):
+            return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        mapped = len({t for ts in self.ops.values() for t in ts})
+        out = f"{len(self.ops)} Pesto ops -> {mapped} TF ops of the {self.micro_batches}-slice step"
+        if self.unmapped_tf:
+            out += f"; {len(self.unmapped_tf)} TF ops with no Pesto op ({few(self.unmapped_tf)})"
+        if self.unmapped_pesto:
+            out += f"; {len(self.unmapped_pesto)} Pesto ops with no TF op ({few(self.unmapped_pesto)})"
+        return out
+
+
+def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int) -> SliceMap:
+    """Map the ops of Pesto's split of ``step`` onto TF's split step.
+
+    Parameters
+    ----------
+    step : OpGraph
+        The un-split TF step Pesto split (:func:`tf_patch.extract.extract`'s
+        names, batch marks), for its types and the consumers of the partials.
+    split_names : iterable of str
+        The ops of Pesto's split graph (``StepResult.graph.names``, or the
+        keys of its plan's placement).
+    tf_split : OpGraph
+        The TF split step of ``micro_batches`` slices (extracted).
+    micro_batches : int
+
+    Returns
+    -------
+    SliceMap
+
+    Examples
+    --------
+    >>> from pesto.graph import Op, OpGraph
+    >>> step = OpGraph([Op("x", {"CPU": 1.0}, batch=True, type="Relu"), Op("w", {"CPU": 1.0}, batch=False)])
+    >>> tf = OpGraph([Op(n, {"CPU": 1.0}, type=t) for n, t in
+    ...               [("mb0/x", "Relu"), ("mb1/x", "Relu"), ("w", ""), ("microbatch/in", "Split")]])
+    >>> m = slice_map(step, ["x@mb0", "x@mb1", "w"], tf, 2)
+    >>> dict(m.ops), m.unmapped_tf
+    ({'x@mb0': ('mb0/x',), 'x@mb1': ('mb1/x',), 'w': ('w',)}, ('microbatch/in',))
+    """
+    have = set(tf_split.names)
+    ops: dict[str, tuple] = {}
+    for name in split_names:
+        origin = parse_name(name)
+        if origin.role == "copy":
+            found = _copy(step, tf_split, have, origin.op, origin.slice)
+            found = (found,) if found is not None else _input(have, origin.op, origin.slice)
+        elif origin.role == "accumulate":
+            found = _accumulation(step, tf_split, have, origin.tensor, origin.slice)
+        elif name in have:
+            found = (name,)
+        else:
+            found = tuple(c for i in range(micro_batches)
+                          if (c := _copy(step, tf_split, have, name, i)) is not None)
+        if found:
+            ops[name] = found
+    hit = {t for ts in ops.values() for t in ts}
+    return SliceMap(micro_batches, MappingProxyType(ops), tuple(n for n in tf_split.names if n not in hit),
+                    tuple(n for n in split_names if n not in ops))
+
+
+def _copy(step: OpGraph, tf_split: OpGraph, have: set, op: str, i: int) -> str | None:
+    """The TF op of slice ``i`` that is un-split ``op`` (the naming rule), or None."""
+    kind = step.op(op).type if op in step else None
+    for cand in slice_candidates(op, i):
+        if cand in have and (not kind or tf_split.op(cand).type == kind):
+            return cand
+    return None
+
+
+def _input(have: set, op: str, i: int) -> tuple:
+    """A data input's slice ``i``: the ``Split`` ``microbatch/<input>`` that
+    cuts it (and for slice 0 the input itself), or ()."""
+    split = f"microbatch/{op.rsplit('/', 1)[-1]}"
+    if split not in have:
+        return ()
+    return (op, split) if i == 0 and op in have else (split,)
+
+
+def _accumulation(step: OpGraph, tf_split: OpGraph, have: set, tensor: str, k: int) -> tuple:
+    """The TF op that sums slices ``0..k`` of ``tensor`` (module doc), as a 1-tuple, or ()."""
+    src = tensor.rsplit(":", 1)[0]
+    once = [d for d in step.successors(src) if tensor in step.edge(src, d).tensors and not step.op(d).batch]
+    for consumer in once:
+        if consumer not in have:
+            continue
+        feeds = [p for p in tf_split.predecessors(consumer) if p.startswith("accumulate/")]
+        if len(feeds) > 1:  # a consumer reading several sums: the one of its own variable
+            feeds = [p for p in feeds if _scope(p).removeprefix("accumulate/") in consumer]
+        if len(feeds) != 1:
+            continue
+        chain = f"{_scope(feeds[0])}/add_{k}"
+        return (chain,) if chain in have else (feeds[0],)
+    return ()
+
+
+def _scope(name: str) -> str:
+    """``accumulate/<variable>`` of an accumulation op's name (its last component dropped;
+    a sparse sum's ``values``/``indices`` are that component)."""
+    return name.rsplit("/", 1)[0]
+
+
+def mapped_hint(mapped: Mapping[str, str], tf_split: OpGraph, default: str) -> dict:
+    """A placement of every op of ``tf_split``: ``mapped`` where given; an
+    unmapped op takes its first placed predecessor's device (in topological
+    order), else its first placed successor's, else ``default``; then each
+    colocation group goes where most of its members are (the first such
+    device on a tie), as TensorFlow requires.
+
+    >>> from pesto.graph import OpGraph
+    >>> g = OpGraph.from_edges({"a": 1, "b": 1, "c": 1}, [("a", "b", 8), ("c", "b", 8)])
+    >>> sorted(mapped_hint({"b": "/GPU:1"}, g, "/GPU:0").items())
+    [('a', '/GPU:1'), ('b', '/GPU:1'), ('c', '/GPU:1')]
+    """
+    out = {n: d for n, d in mapped.items() if n in tf_split}
+    order = tf_split.topological_order()
+    for n in order:
+        if n not in out:
+            d = next((out[p] for p in tf_split.predecessors(n) if p in out), None)
+            if d is not None:
+                out[n] = d
+    for n in reversed(order):
+        if n not in out:
+            out[n] = next((out[s] for s in tf_split.successors(n) if s in out), default)
+    groups: dict[str, list] = {}
+    for op in tf_split.ops:
+        if op.colocation_group is not None:
+            groups.setdefault(op.colocation_group, []).append(op.name)
+    for members in groups.values():
+        devices = [out[m] for m in members]
+        best = max(dict.fromkeys(devices), key=devices.count)
+        out.update(dict.fromkeys(members, best))
+    return out
+
+
+@dataclass(frozen=True)
+class SplitPlacement:
+    """A Pesto plan of a micro-batched step carried onto TF's split step (:func:`place_split`).
+
+    Attributes
+    ----------
+    plan : Plan
+        Over ``tf_split``'s ops: the re-solve started from ``hint``.
+    hint : Plan
+        The mapped placement scored on ``tf_split`` (TF's default order).
+    slices : SliceMap
+    pesto_step : float
+        The step (µs) of the Pesto plan mapped, on Pesto's split graph.
+    """
+
+    plan: object
+    hint: object
+    slices: SliceMap
+    pesto_step: float
+
+
+def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit: float = 10.0,
+                workers: int | None = 1, seed: int = 0) -> SplitPlacement:
+    """Enforce-ready plan of TF's split step from ``pesto.solve_step``'s ``result``.
+
+    Maps ``result.plan`` (over ``result.graph``, Pesto's split of ``step``)
+    with :func:`slice_map`, completes it with :func:`mapped_hint`, and
+    re-solves ``tf_split`` (profiled at the micro-batch size) with that
+    placement as ``hint=`` (``pesto.solve``: it joins the starts, so the
+    plan is never slower than the mapped one on ``tf_split``).
+
+    Raises
+    ------
+    ValueError
+        ``result`` is not a micro-batched plan (``graph_kind`` other than
+        ``"micro-batched"`` or ``"step"``: a replicated plan has no TF split
+        step to map onto; run it as ``MirroredStrategy``).
+    """
+    if result.graph_kind not in ("micro-batched", "step"):
+        raise ValueError(f"a {result.graph_kind!r} plan (replicas={result.replicas}) has no TF split step to "
+                         "map onto: TensorFlow runs data parallelism as MirroredStrategy")
+    slices = slice_map(step, result.graph.names, tf_split, result.micro_batches)
+    placement = result.plan.placement
+    if result.graph_kind == "step":  # M = 1: the names are the TF step's own
+        slices = SliceMap(1, MappingProxyType({n: (n,) for n in placement if n in tf_split}),
+                          tuple(n for n in tf_split.names if n not in placement),
+                          tuple(n for n in placement if n not in tf_split))
+    hint = evaluate(tf_split, mapped_hint(slices.placement(placement), tf_split, cluster.names[0]),
+                    cluster=cluster)
+    plan = solve(tf_split, cluster=cluster, hint=hint, time_limit=time_limit, workers=workers, seed=seed)
+    return SplitPlacement(plan, hint, slices, result.plan.makespan)
