@@ -125,8 +125,13 @@ def grid_blocks(micro_batches: int, forward_ops: int, tasks: int = GRID_TASKS) -
 
 
 def slice_grid(split: MicroBatched, cluster: Cluster, *, loss: str | None = None,
-               tasks: int = GRID_TASKS) -> SliceGrid:
+               tasks: int = GRID_TASKS, blocking: str | None = None) -> SliceGrid:
     """The grid of ``split`` on ``cluster``'s GPUs (module doc).
+
+    ``blocking``: the block order by name (:func:`solver.pipeline_baselines.blockings`,
+    e.g. the one of the best pipeline, so that its stages are points of the
+    grid: an RNN's topological order interleaves its layers); default or
+    unknown: the topological one.
 
     Raises
     ------
@@ -137,7 +142,8 @@ def slice_grid(split: MicroBatched, cluster: Cluster, *, loss: str | None = None
     ph = phases(g, loss=loss)
     if not ph.forward:
         raise GridError(f"graph {g.name!r} has no batched forward op: no pipeline grid")
-    bl = blockings(g, ph, chunks=grid_blocks(m, len(ph.forward), tasks))[0]
+    orders = blockings(g, ph, chunks=grid_blocks(m, len(ph.forward), tasks))
+    bl = next((b for b in orders if b.name == blocking), orders[0])
     links = _batched_links(split)
     bl = _acyclic(bl, ph, links, g.name)
     devices = tuple(d.name for d in cluster.gpus) or tuple(cluster.names)

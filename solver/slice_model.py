@@ -150,10 +150,10 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
     """
     t0 = time.perf_counter()
     split = split_step(graph, micro_batches)
-    grid = slice_grid(split, cluster, loss=loss, tasks=tasks)
-    model = GridModel(grid, cluster)
     pool = sorted(_hints(graph, cluster, split.micro_batches, loss, hints),
                   key=lambda h: (h.plan.status == "infeasible", h.plan.makespan))
+    grid = slice_grid(split, cluster, loss=loss, tasks=tasks, blocking=pool[0].blocking if pool else None)
+    model = GridModel(grid, cluster)
     if pool:
         model.hint(*grid_hint(grid, pool[0]))
     left = time_limit - (time.perf_counter() - t0)
