@@ -144,7 +144,7 @@ def test_demo_auto_prints_each_candidate_and_the_m_it_chose(capsys):
                       "--steps", "2", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "pesto.solve(micro_batches='auto', batch_size=16)" in out
-    for m in (1, 2, 4, 8, 16):
+    for m in (1, 2, 4, 8, 16):   # each count's step, or why the 2 s limit left it out
         assert f"M={m} " in out, m
     chosen = [line for line in out.splitlines() if line.startswith("[auto] chose micro_batches=")
               or line.startswith("[auto] the best plan is data-parallel")]

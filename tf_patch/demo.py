@@ -212,6 +212,9 @@ def choose_micro_batches(args, batch: int) -> Chosen:
           "step per candidate (ms, on the un-split profile):")
     for name, us in sorted(result.steps.items(), key=lambda kv: kv[1]):
         print(f"         {name:<22}{us / 1000:>9.3f}")
+    for name, why in (result.plan.log.skipped if result.plan.log else {}).items():
+        if "M=" in name and name not in result.steps:   # the counts the time limit or memory left out
+            print(f"         {name:<22}  skipped: {why}")
     what = f"M={result.micro_batches}" + (f", {result.replicas} replicas" if result.graph_kind == "replicated" else "")
     if result.graph_kind != "replicated":
         what = "the un-split step" if result.micro_batches == 1 else "a micro-batched step"
