@@ -14,10 +14,9 @@ only), every plan is scored by the same simulator (link contention):
 * ``single``: the step on one GPU; ``pesto M=1``: ``pesto.solve`` on the step;
 * ``data-parallel``: one replica per GPU, ring all-reduce (``pesto.replicate``);
 * ``gpipe`` / ``1f1b``: the best of ``M`` in ``--micro``
-  (``solver.pipeline_baselines.pipeline_plan``); the steps of every ``M`` in
-  the note. An ``M`` whose step ``pesto auto`` already logged (``gpipe M=k``,
-  the same deterministic plan) is taken from the log; only the best ``M`` is
-  built again, for its memory and bound;
+  (``solver.pipeline_baselines.pipeline_plan`` with its default stage
+  splits; ``pesto auto`` screens with fewer, so its logged ``gpipe M=k`` steps
+  are not reused); the steps of every ``M`` in the note;
 * ``pesto auto``: the plan ``pesto.solve(graph, micro_batches="auto",
   batch_size=B)`` returned, as it is (its M, graph kind and replicas from its
   log); the log's ``steps`` (each candidate's step) go to the detail tables.
@@ -218,7 +217,7 @@ def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
     out.append(case.row("data-parallel", 1, "replicated", dp.graph, dp.plan,
                         split_step(replicate(graph, dp.stages).graph, 1), wall, dp.blocking))
     for schedule in ("gpipe", "1f1b"):
-        out.append(_pipeline_row(case, graph, schedule, a.micro, log.steps))
+        out.append(_pipeline_row(case, graph, schedule, a.micro))
     steps = [Step(name, cluster_name, k, v / 1e3) for k, v in log.steps.items()]
     facts = facts_of(name, cluster_name, c, one, work if work is not None else work_by_m(graph, a.micro))
     return out + [auto_row], steps, facts
@@ -229,15 +228,14 @@ def _counts(steps) -> list[int]:
     return sorted(int(k[2:]) for k in steps if k.startswith("M=") and k[2:].isdigit())
 
 
-def _pipeline_row(case: _Case, graph, schedule: str, micro, logged) -> Row:
-    """GPipe or 1F1B at the best ``M`` of ``micro`` (module doc: logged steps reused)."""
+def _pipeline_row(case: _Case, graph, schedule: str, micro) -> Row:
+    """GPipe or 1F1B at the best ``M`` of ``micro`` (module doc)."""
     t0 = time.perf_counter()
-    step = {m: logged.get(f"{schedule} M={m}") for m in micro}
-    for m in [m for m, v in step.items() if v is None]:
-        step[m] = pipeline_plan(graph, case.cluster, schedule=schedule, micro_batches=m).plan.makespan
+    step = {m: pipeline_plan(graph, case.cluster, schedule=schedule, micro_batches=m).plan.makespan
+            for m in micro}
     best = min(micro, key=lambda m: step[m])
     r = pipeline_plan(graph, case.cluster, schedule=schedule, micro_batches=best)
-    if r.plan.status == "infeasible":   # a logged step does not say whether it fits: pick among those that do
+    if r.plan.status == "infeasible":   # a step alone does not say whether it fits: pick among those that do
         for m in sorted(micro, key=lambda m: step[m]):
             other = pipeline_plan(graph, case.cluster, schedule=schedule, micro_batches=m)
             if other.plan.status != "infeasible":
