@@ -126,9 +126,11 @@ class GridModel:
         self.x = {(b, d): self.cp.new_bool_var(f"x{b}_{d}") for b in range(self.nb) for d in g.allowed[b]}
         for b in range(self.nb):
             self.cp.add_exactly_one(self.x[b, d] for d in g.allowed[b])
+        self.first_fixed = False
         ids = [self.cluster.index[d] for d in g.devices]
         if any(set(ids) <= set(grp) for grp in symmetric_groups(self.cluster)) and 0 in g.allowed[0]:
             self.cp.add(self.x[0, 0] == 1)   # interchangeable devices: block 0 on the first
+            self.first_fixed = True
 
     def _tasks(self) -> None:
         """Start/end per task, an optional interval per allowed device, no-overlap per device."""
@@ -153,6 +155,7 @@ class GridModel:
 
     def _precedences(self) -> None:
         g = self.grid
+        self.delay: dict = {}   # edge index -> (delay var, bu, bv)
         for k, (bu, pu, bv, pv, nbytes) in enumerate(g.edges):
             delay = 0
             if bu != bv:
@@ -161,6 +164,7 @@ class GridModel:
                 top = max((u for _, _, u in pairs), default=0)
                 if top > 0:
                     delay = self.cp.new_int_var(0, top, f"delay{k}")
+                    self.delay[k] = (delay, bu, bv)
                     for a, c, u in pairs:
                         if u > 0:
                             self.cp.add(delay >= u * (self.x[bu, a] + self.x[bv, c] - 1))
@@ -177,6 +181,7 @@ class GridModel:
         wts = [math.ceil(w / KIB) for w in g.weight]
         caps = [self.cluster.device(d).memory // KIB for d in g.devices]
         self.memory_active = sum(wts) + self.m * sum(act) > min(caps)
+        self.life: dict = {}   # (block, slice, device) -> activation lifetime var
         if not self.memory_active:
             return
         for d in range(self.nd):
@@ -190,6 +195,7 @@ class GridModel:
                     demand.append(wts[b])
                 for s in range(self.m if act[b] else 0):
                     life = self.cp.new_int_var(0, self.horizon, f"life{b}_{s}_{d}")
+                    self.life[b, s, d] = life
                     ivs.append(self.cp.new_optional_interval_var(self.start[b, 0, s], life, self.end[b, 1, s],
                                                                  self.x[b, d], f"a{b}_{s}_{d}"))
                     demand.append(act[b])
@@ -197,12 +203,68 @@ class GridModel:
                 self.cp.add_cumulative(ivs, demand, caps[d])
 
     def hint(self, block_device: Sequence[int], start: Mapping | None = None) -> None:
-        """A start for the search: a block -> device map, optionally task starts (µs)."""
+        """A complete start for the search: the block -> device map and the
+        grid schedule :meth:`list_schedule` makes with the tasks ranked by
+        ``start`` (µs, e.g. a pipeline plan's; missing tasks last), every
+        variable hinted, so CP-SAT starts from a feasible solution (unless the
+        map breaks memory) and never ends worse than it."""
         for (b, d), lit in self.x.items():
             self.cp.add_hint(lit, block_device[b] == d)
-        for key, us in (start or {}).items():
-            if key in self.start:
-                self.cp.add_hint(self.start[key], min(self.horizon, self.units(us)))
+        begin = self.list_schedule(block_device, start or {})
+        for key, t in begin.items():
+            dur = self._units_on(key, block_device[key[0]])
+            self.cp.add_hint(self.start[key], t)
+            self.cp.add_hint(self.end[key], t + dur)
+        for k, (var, bu, bv) in self.delay.items():
+            self.cp.add_hint(var, self._delay_units(bu, bv, k, block_device))
+        for (b, s, d), var in self.life.items():
+            on = block_device[b] == d
+            self.cp.add_hint(var, begin[b, 1, s] + self._units_on((b, 1, s), d) - begin[b, 0, s] if on else 0)
+        self.cp.add_hint(self.makespan, max(t + self._units_on(k, block_device[k[0]]) for k, t in begin.items()))
+
+    def _units_on(self, key, d: int) -> int:
+        b, p, s = key
+        return self.units(float(self.grid.update[b, d] if p == 2 else self.grid.dur[b, p, s, d]))
+
+    def _delay_units(self, bu: int, bv: int, k: int, block_device: Sequence[int]) -> int:
+        a, c = block_device[bu], block_device[bv]
+        return self.units(self._delay_us(a, c, self.grid.edges[k][4])) if a != c else 0
+
+    def list_schedule(self, block_device: Sequence[int], rank: Mapping) -> dict:
+        """Start (units) of every task with blocks on ``block_device``: tasks
+        taken in the order of ``rank`` (µs by task key) among those whose
+        predecessors are done, each as early as its device and inputs allow
+        (the precedences and delays of the model). A feasible schedule of the
+        grid but for memory."""
+        g = self.grid
+        preds: dict = {k: [] for k in self.start}
+        for k, (bu, pu, bv, pv, _) in enumerate(g.edges):
+            delay = self._delay_units(bu, bv, k, block_device)
+            for s in range(self.m):
+                preds[bv, pv, s].append(((bu, pu, s), delay))
+        for b in range(self.nb):
+            preds[b, 2, 0] += [((b, 1, s), 0) for s in range(self.m)]
+        waiting = {k: len(v) for k, v in preds.items()}
+        succs: dict = {k: [] for k in self.start}
+        for k, ps in preds.items():
+            for q, _ in ps:
+                succs[q].append(k)
+        inf = float("inf")
+        ready = sorted((rank.get(k, inf), k) for k, n in waiting.items() if n == 0)
+        free = [0] * self.nd
+        begin: dict = {}
+        while ready:
+            _, key = ready.pop(0)
+            d = block_device[key[0]]
+            t = max([free[d]] + [begin[q] + self._units_on(q, block_device[q[0]]) + dl for q, dl in preds[key]])
+            begin[key] = t
+            free[d] = t + self._units_on(key, d)
+            for nxt in succs[key]:
+                waiting[nxt] -= 1
+                if waiting[nxt] == 0:
+                    ready.append((rank.get(nxt, inf), nxt))
+            ready.sort()
+        return begin
 
     def solve(self, *, time_limit: float, workers: int | None = None, seed: int = 0,
               deadline: Deadline | None = None) -> GridAnswer:
