@@ -66,6 +66,7 @@ True
 """
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -248,7 +249,7 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Block
             first.setdefault(keys[i], []).append(pos[i])
         if len(first) < 2:
             continue
-        rank = {k: r for r, k in enumerate(sorted(first, key=lambda k: (np.mean(first[k]), k)))}
+        rank = _group_rank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
         candidates.append((f"scope:{depth}", sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))))
     out, seen = [], set()
     for name, order in candidates:
@@ -260,6 +261,42 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Block
         chunk = np.minimum((cum - 1e-9) * n // max(cum[-1], 1e-9), n - 1).astype(int)
         out.append(_blocking(graph, ph, name, {i: int(c) for i, c in zip(order, chunk)}))
     return out
+
+
+def _group_rank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, float]) -> dict[str, int]:
+    """Scope groups in a topological order of the edges between them (forward
+    ops' edges), the group of least mean position first among those ready;
+    by mean position alone when those edges form a cycle. An order by mean
+    position alone can put a group before one it reads (an RNN's decoder
+    layer before the last encoder layer), and blocks cut from it then feed
+    each other both ways.
+
+    >>> g = OpGraph.from_edges({"e/a": 1, "e/b": 1, "d/a": 1}, [("e/a", "e/b"), ("e/b", "d/a")])
+    >>> _group_rank(g, {0: "e", 1: "e", 2: "d"}, {"e": 5.0, "d": 1.0})   # d reads e: after it
+    {'e': 0, 'd': 1}
+    """
+    succ: dict[str, set] = {k: set() for k in mean}
+    for i, k in keys.items():
+        for j in graph.succ_idx()[i]:
+            if j in keys and keys[j] != k:
+                succ[k].add(keys[j])
+    indeg = {k: 0 for k in mean}
+    for k in succ:
+        for v in succ[k]:
+            indeg[v] += 1
+    ready = [(mean[k], k) for k, d in indeg.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        order.append(k)
+        for v in succ[k]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(ready, (mean[v], v))
+    if len(order) < len(mean):   # a cycle between groups: mean position
+        order = sorted(mean, key=lambda k: (mean[k], k))
+    return {k: r for r, k in enumerate(order)}
 
 
 def _scope_parts(graph: OpGraph, i: int) -> list[str]:

@@ -17,6 +17,10 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
   could exceed the smallest device): each block's weights over the whole
   horizon, and per slice its activations from the start of ``F[b, s]`` to the
   end of ``B[b, s]``;
+* per link (a GPU's PCIe lane, a host's NIC, an NVLink: those whose routes
+  are ``S x T`` of devices), the bytes crossing it (every slice's edge bytes
+  and the once-per-step weight and gradient bytes) at its per-byte time fit
+  in the makespan: a valid relaxation of link contention;
 * objective: the makespan (end of every task).
 
 It ignores link contention and the parallelism inside a task, so its optimum
@@ -92,6 +96,7 @@ class GridModel:
         ends = [self.end[k] for k in self.end]
         self.makespan = self.cp.new_int_var(0, self.horizon, "makespan")
         self.cp.add_max_equality(self.makespan, ends)
+        self._link_loads()
         self.cp.minimize(self.makespan)
 
     def _routes(self) -> np.ndarray:
@@ -115,7 +120,9 @@ class GridModel:
             work += max(float(g.dur[b, :, :, d].sum() + g.update[b, d]) for d in allowed)
         worst = max((self._delay_us(a, c, e[4]) for e in g.edges for a in range(self.nd)
                      for c in range(self.nd)), default=0.0)
-        total = work + self.m * len(g.edges) * worst
+        steps = sum(max(self._delay_us(a, c, e[2]) for a in range(self.nd) for c in range(self.nd))
+                    for e in g.step_edges)
+        total = work + self.m * len(g.edges) * worst + steps
         return min(100.0, HORIZON_UNITS / max(total, 1e-9))
 
     def units(self, us: float) -> int:
@@ -174,6 +181,53 @@ class GridModel:
             for s in range(self.m):
                 self.cp.add(self.start[b, 2, 0] >= self.end[b, 1, s])
 
+    def _product_links(self) -> dict:
+        """Links whose routes between candidate devices are exactly ``S x T``
+        (a GPU's PCIe up or down lane, a host's NIC, a direct NVLink):
+        ``link -> (S, T, least µs per byte of a route over it)``; other links
+        are left out (the load constraint stays a valid relaxation)."""
+        pairs: dict = {}
+        for a in range(self.nd):
+            for c in range(self.nd):
+                if a != c:
+                    r = self.cluster.route(self.grid.devices[a], self.grid.devices[c])
+                    for link in r.links:
+                        pairs.setdefault(link, {})[a, c] = r.beta1
+        out = {}
+        for link, p in pairs.items():
+            src, dst = {a for a, _ in p}, {c for _, c in p}
+            if len(p) == len(src) * len(dst) and not src & dst:
+                out[link] = (tuple(sorted(src)), tuple(sorted(dst)), min(p.values()))
+        return out
+
+    def _link_loads(self) -> None:
+        """Per link, the bytes the block map sends over it (every slice's
+        quotient-edge bytes and the once-per-step bytes, ``SliceGrid.step_edges``)
+        take at most the makespan: transfers on one link do not overlap, which
+        the delays alone do not say (contention)."""
+        g = self.grid
+        flows: dict = {}
+        for bu, _, bv, _, nbytes in g.edges:
+            if bu != bv:
+                flows[bu, bv] = flows.get((bu, bv), 0) + self.m * nbytes
+        for bu, bv, nbytes in g.step_edges:
+            flows[bu, bv] = flows.get((bu, bv), 0) + nbytes
+        self.cross: list = []   # per link: (literal, units, b_u, b_v, S, T), the flow b_u -> b_v over it
+        for link, (src, dst, beta1) in self._product_links().items():
+            terms = []
+            for (bu, bv), nbytes in flows.items():
+                xs = [self.x[bu, d] for d in src if (bu, d) in self.x]
+                xt = [self.x[bv, d] for d in dst if (bv, d) in self.x]
+                u = self.units(beta1 * nbytes)
+                if u <= 0 or not xs or not xt:
+                    continue
+                lit = self.cp.new_bool_var(f"c{bu}_{bv}_{link}")
+                self.cp.add(lit >= sum(xs) + sum(xt) - 1)
+                terms.append((lit, u, bu, bv, src, dst))
+            if terms:
+                self.cp.add(sum(u * lit for lit, u, *_ in terms) <= self.makespan)
+                self.cross.append(terms)
+
     def _memory(self) -> None:
         """The cumulative per device (module doc), when memory could bind at all."""
         g = self.grid
@@ -220,7 +274,14 @@ class GridModel:
         for (b, s, d), var in self.life.items():
             on = block_device[b] == d
             self.cp.add_hint(var, begin[b, 1, s] + self._units_on((b, 1, s), d) - begin[b, 0, s] if on else 0)
-        self.cp.add_hint(self.makespan, max(t + self._units_on(k, block_device[k[0]]) for k, t in begin.items()))
+        loads = [0]
+        for terms in self.cross:
+            on = [(lit, u) for lit, u, bu, bv, src, dst in terms if block_device[bu] in src and block_device[bv] in dst]
+            for lit, *_ in terms:
+                self.cp.add_hint(lit, any(lit is x for x, _ in on))
+            loads.append(sum(u for _, u in on))
+        end = max(t + self._units_on(k, block_device[k[0]]) for k, t in begin.items())
+        self.cp.add_hint(self.makespan, max([end] + loads))
 
     def _units_on(self, key, d: int) -> int:
         b, p, s = key

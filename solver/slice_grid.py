@@ -18,7 +18,16 @@ reads, from the split step (:func:`pesto.microbatch.split_step`), per block
   slice's tensors crossing (a tensor counted once per pair of nodes);
 * activation bytes (rule): the bytes of a slice's forward tensors of the block
   that some backward op reads, alive from the start of ``F[b, s]`` to the end
-  of ``B[b, s]``.
+  of ``B[b, s]``;
+* once-per-step traffic (``step_edges``): the bytes between a once-per-step op
+  and a batched op of another block, once per step whatever the slices (a
+  weight read by a block's copies on one device; a gradient summed into the
+  update's block), the load the model puts on the links it would cross.
+
+The block order is the one the caller names (the best pipeline's, so its
+stages are points of the grid), unless merging cycles collapses it to fewer
+than half the blocks asked for (an order by scope whose blocks feed each
+other both ways): then the topological one.
 
 A quotient with a cycle (odd anchoring) is made acyclic by merging the blocks
 on the cycle; a cycle through both phases of one block cannot be, and the
@@ -92,6 +101,8 @@ class SliceGrid:
         Persistent bytes of the block's once-per-step ops.
     step_block : tuple of int
         Per op of the source, the block of a once-per-step op.
+    step_edges : tuple of (int, int, int)
+        ``(b_u, b_v, bytes)``: once-per-step bytes from block ``b_u`` to ``b_v``.
     """
 
     split: MicroBatched
@@ -105,6 +116,7 @@ class SliceGrid:
     activation: np.ndarray
     weight: np.ndarray
     step_block: tuple
+    step_edges: tuple = ()
 
     @property
     def blocks(self) -> int:
@@ -142,10 +154,12 @@ def slice_grid(split: MicroBatched, cluster: Cluster, *, loss: str | None = None
     ph = phases(g, loss=loss)
     if not ph.forward:
         raise GridError(f"graph {g.name!r} has no batched forward op: no pipeline grid")
-    orders = blockings(g, ph, chunks=grid_blocks(m, len(ph.forward), tasks))
-    bl = next((b for b in orders if b.name == blocking), orders[0])
+    want = grid_blocks(m, len(ph.forward), tasks)
+    orders = blockings(g, ph, chunks=want)
     links = _batched_links(split)
-    bl = _acyclic(bl, ph, links, g.name)
+    bl = _acyclic(next((b for b in orders if b.name == blocking), orders[0]), ph, links, g.name)
+    if bl.count < min(want, orders[0].count) / 2 and bl.name != orders[0].name:
+        bl = _acyclic(orders[0], ph, links, g.name)   # the named order collapsed: the topological one
     devices = tuple(d.name for d in cluster.gpus) or tuple(cluster.names)
     prob = Problem.of(split.graph, cluster)
     cols = [prob.dev_index[d] for d in devices]
@@ -171,7 +185,22 @@ def slice_grid(split: MicroBatched, cluster: Cluster, *, loss: str | None = None
         raise GridError(f"block {empty[0]} of {g.name!r} has ops no GPU of the cluster may run")
     edges = _quotient(bl, ph, links)
     return SliceGrid(split, ph, bl, devices, allowed, tdur, update, edges, _activation(split, ph, bl),
-                     weight, tuple(step_block))
+                     weight, tuple(step_block), _step_edges(g, bl, step_block))
+
+
+def _step_edges(g: OpGraph, bl: Blocking, step_block) -> tuple:
+    """``(b_u, b_v, bytes)`` between once-per-step ops and batched ops of other
+    blocks (each tensor once per pair of blocks), summed per pair."""
+    pairs: dict[tuple[int, int], dict[str, int]] = {}
+    for name, src, nbytes, cons in g.tensor_table():
+        bu = bl.block[src] if g.ops[src].batch else step_block[src]
+        for j in cons:
+            if g.ops[src].batch == g.ops[j].batch:
+                continue   # batched -> batched: the quotient edges; step -> step: no block crossing modelled
+            bv = bl.block[j] if g.ops[j].batch else step_block[j]
+            if bu != bv and bu >= 0 and bv >= 0:
+                pairs.setdefault((bu, bv), {})[name] = nbytes
+    return tuple((bu, bv, int(sum(ts.values()))) for (bu, bv), ts in sorted(pairs.items()))
 
 
 def _after_batched(g: OpGraph) -> list[bool]:
