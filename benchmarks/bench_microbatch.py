@@ -61,13 +61,10 @@ CLUSTERS = {"v100x2_nvlink": lambda: v100x2_nvlink(with_cpu=False),
 #: entry has no ``batch`` override (benchmarks/graphs/manifest.json).
 PRESET_BATCH = {"transformer_6": 64, "rnnlm_2x2048": 128, "rnnlm_4x2048": 128, "rnnlm_16x1024": 128,
                 "nmt_2x1024": 128, "nmt_4x1024": 128}
-#: Seconds per op of a cached graph the rows other than the two solves take
-#: (single, data-parallel, two pipeline plans, bounds), for the estimate printed up front.
-SECONDS_PER_OP = 4e-3
-#: Seconds per op and GPU ``pesto auto`` took beyond its limit (its candidates:
-#: GPipe/1F1B and data-parallel with M slices for every M, built before the
-#: pipeline's share): 105 s for transformer_6 (1696 ops) on 4 x 2 GPUs at 5 s.
-AUTO_OVERRUN_PER_OP_GPU = 8e-3
+#: Seconds per op of a cached graph and GPU the rows other than the two solves
+#: take (single, data-parallel, GPipe/1F1B for every M, bounds), for the
+#: estimate printed up front (``pesto auto`` keeps to its limit).
+SECONDS_PER_OP_GPU = 3e-3
 
 
 def batch_of(name: str) -> int | None:
@@ -276,13 +273,12 @@ def read(out: Path) -> tuple[list[Row], list[Step], list[Facts]]:
 
 
 def estimate_s(workloads, clusters, time_limit: float) -> float:
-    """Seconds a run should take: two solves per case, ``pesto auto``'s overrun
-    (:data:`AUTO_OVERRUN_PER_OP_GPU`) and :data:`SECONDS_PER_OP` for the other rows."""
+    """Seconds a run should take: two solves per case and
+    :data:`SECONDS_PER_OP_GPU` for the other rows."""
     manifest = json.loads((HERE / "graphs" / "manifest.json").read_text())
     ops = {w: manifest.get(w, {}).get("ops", 5000) for w in workloads}
     gpus = {c: len(CLUSTERS[c]().gpus) for c in clusters}
-    return sum(2 * time_limit + (SECONDS_PER_OP + AUTO_OVERRUN_PER_OP_GPU * gpus[c]) * ops[w]
-               for w in workloads for c in clusters)
+    return sum(2 * time_limit + SECONDS_PER_OP_GPU * gpus[c] * ops[w] for w in workloads for c in clusters)
 
 
 def main(argv=None) -> int:
