@@ -33,8 +33,13 @@ Stages (documented rule)
 after ``loss=``). Every backward op is *anchored* to a forward op: the op its
 scope mirrors (``gradients/<op>_grad/...`` and ``gradient_tape/<op>/...`` name
 the forward op they differentiate; failing an op, a layer scope of depth >= 2,
-whose middle op is taken); else the latest forward op it reads; else the
-earliest anchor of the backward ops it reads; else the last forward op.
+whose middle op is taken); else the latest anchor of the backward ops it
+feeds (a sum of gradient contributions, TensorFlow's top-level
+``gradients/AddN_k``, belongs with the gradients of the tensor it sums for:
+anchored by what it reads, an RNN's sum for layer 0 at time 0 went with layer 1
+and made the blocks of one layer feed each other both ways); else the latest
+forward op it reads; else the earliest anchor of the backward ops it reads;
+else the last forward op.
 **Blocks.** Forward ops are put in a pipeline order, then cut into ``CHUNKS``
 blocks of equal work (a block's work is its forward ops' and their anchored
 backward ops'), the unit a stage holds whole. The candidate orders: the
@@ -178,17 +183,22 @@ def phases(graph: OpGraph, *, loss: str | None = None) -> Phases:
     fwd = set(forward)
     by_scope = _forward_scopes(graph, forward)
     anchor: dict[int, int] = {}
-    pred = graph.pred_idx()
+    pred, succ = graph.pred_idx(), graph.succ_idx()
     for i in topo:
-        if i not in backward:
-            continue
-        a = _mirror(ops[i].scope or graph.names[i], idx, fwd, by_scope)
-        if a is None:
+        if i in backward:
+            a = _mirror(ops[i].scope or graph.names[i], idx, fwd, by_scope)
+            if a is not None:
+                anchor[i] = a
+    for i in reversed(topo):   # a gradient sum: with the gradients it feeds (its tensor's producer's)
+        feeds = [anchor[j] for j in succ[i] if j in anchor]
+        if i in backward and i not in anchor and feeds:
+            anchor[i] = max(feeds, key=pos.get)
+    for i in topo:
+        if i in backward and i not in anchor:
             reads = [p for p in pred[i] if p in fwd]
             later = [anchor[p] for p in pred[i] if p in anchor]
-            a = (max(reads, key=pos.get) if reads else min(later, key=pos.get) if later
-                 else forward[-1] if forward else i)
-        anchor[i] = a
+            anchor[i] = (max(reads, key=pos.get) if reads else min(later, key=pos.get) if later
+                         else forward[-1] if forward else i)
     return Phases(forward, backward, anchor)
 
 
@@ -250,9 +260,10 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Block
         if len(first) < 2:
             continue
         rank = _group_rank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
-        candidates.append((f"scope:{depth}", sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))))
+        order = sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))
+        candidates.append((f"scope:{depth}", order))
     out, seen = [], set()
-    for name, order in candidates:
+    for name, order, *_ in candidates:
         if tuple(order) in seen:
             continue
         seen.add(tuple(order))

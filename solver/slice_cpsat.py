@@ -17,8 +17,7 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
   could exceed the smallest device): each block's weights over the whole
   horizon, and per slice its activations from the start of ``F[b, s]`` to the
   end of ``B[b, s]``;
-* per link (a GPU's PCIe lane, a host's NIC, an NVLink: those whose routes
-  are ``S x T`` of devices), the bytes crossing it (every slice's edge bytes
+* per link (a GPU's PCIe lane, a host's NIC, an NVLink), the bytes crossing it (every slice's edge bytes
   and the once-per-step weight and gradient bytes) at its per-byte time fit
   in the makespan: a valid relaxation of link contention;
 * objective: the makespan (end of every task).
@@ -181,11 +180,10 @@ class GridModel:
             for s in range(self.m):
                 self.cp.add(self.start[b, 2, 0] >= self.end[b, 1, s])
 
-    def _product_links(self) -> dict:
-        """Links whose routes between candidate devices are exactly ``S x T``
-        (a GPU's PCIe up or down lane, a host's NIC, a direct NVLink):
-        ``link -> (S, T, least µs per byte of a route over it)``; other links
-        are left out (the load constraint stays a valid relaxation)."""
+    def _links(self) -> dict:
+        """``link -> (pairs, least µs per byte of a route over it)``: the
+        ordered device pairs whose routes hold the link (a GPU's PCIe up or
+        down lane, a host's NIC, an NVLink shared by both directions)."""
         pairs: dict = {}
         for a in range(self.nd):
             for c in range(self.nd):
@@ -193,11 +191,23 @@ class GridModel:
                     r = self.cluster.route(self.grid.devices[a], self.grid.devices[c])
                     for link in r.links:
                         pairs.setdefault(link, {})[a, c] = r.beta1
-        out = {}
-        for link, p in pairs.items():
-            src, dst = {a for a, _ in p}, {c for _, c in p}
-            if len(p) == len(src) * len(dst) and not src & dst:
-                out[link] = (tuple(sorted(src)), tuple(sorted(dst)), min(p.values()))
+        return {link: (tuple(sorted(p)), min(p.values())) for link, p in pairs.items()}
+
+    def _crossing(self, bu: int, bv: int, pairs, name: str) -> list:
+        """Literals, one of which is true when flow ``bu -> bv`` crosses a link
+        over ``pairs``: one per link when the pairs are ``S x T`` (a lane, a
+        NIC), else one per pair (a link both directions share)."""
+        src, dst = {a for a, _ in pairs}, {c for _, c in pairs}
+        groups = ([(sorted(src), sorted(dst))] if len(pairs) == len(src) * len(dst) and not src & dst
+                  else [([a], [c]) for a, c in pairs])
+        out = []
+        for k, (ss, ts) in enumerate(groups):
+            xs = [self.x[bu, d] for d in ss if (bu, d) in self.x]
+            xt = [self.x[bv, d] for d in ts if (bv, d) in self.x]
+            if xs and xt:
+                lit = self.cp.new_bool_var(f"c{bu}_{bv}_{name}_{k}")
+                self.cp.add(lit >= sum(xs) + sum(xt) - 1)
+                out.append((lit, frozenset(ss), frozenset(ts)))
         return out
 
     def _link_loads(self) -> None:
@@ -213,17 +223,12 @@ class GridModel:
         for bu, bv, nbytes in g.step_edges:
             flows[bu, bv] = flows.get((bu, bv), 0) + nbytes
         self.cross: list = []   # per link: (literal, units, b_u, b_v, S, T), the flow b_u -> b_v over it
-        for link, (src, dst, beta1) in self._product_links().items():
+        for link, (pairs, beta1) in self._links().items():
             terms = []
             for (bu, bv), nbytes in flows.items():
-                xs = [self.x[bu, d] for d in src if (bu, d) in self.x]
-                xt = [self.x[bv, d] for d in dst if (bv, d) in self.x]
                 u = self.units(beta1 * nbytes)
-                if u <= 0 or not xs or not xt:
-                    continue
-                lit = self.cp.new_bool_var(f"c{bu}_{bv}_{link}")
-                self.cp.add(lit >= sum(xs) + sum(xt) - 1)
-                terms.append((lit, u, bu, bv, src, dst))
+                if u > 0:
+                    terms += [(lit, u, bu, bv, ss, ts) for lit, ss, ts in self._crossing(bu, bv, pairs, link)]
             if terms:
                 self.cp.add(sum(u * lit for lit, u, *_ in terms) <= self.makespan)
                 self.cross.append(terms)
