@@ -317,17 +317,18 @@ def _screen(graph: OpGraph, cluster: Cluster, m: int, best: _Best) -> _Screened 
 
 def _exact_counts(screened: Mapping[int, _Screened], auto: bool) -> list[int]:
     """The counts the exact stages run on: every one screened unless
-    ``auto``; with ``auto`` ``M = 1`` and the :data:`EXACT_COUNTS` best by
-    screened step, best first.
+    ``auto``; with ``auto`` ``M = 1`` (the step as given first: it is never
+    left without its share) and the :data:`EXACT_COUNTS` best by screened
+    step, best first.
 
     >>> s = {m: _Screened(None, [], v) for m, v in [(1, float("inf")), (2, 5.0), (4, 3.0), (8, 4.0)]}
     >>> _exact_counts(s, True), _exact_counts(s, False)
-    ([4, 8, 1], [1, 2, 4, 8])
+    ([1, 4, 8], [1, 2, 4, 8])
     """
     if not auto:
         return sorted(screened)
     split = sorted((s.step, m) for m, s in screened.items() if m > 1)
-    return [m for _, m in split[:EXACT_COUNTS]] + ([1] if 1 in screened else [])
+    return ([1] if 1 in screened else []) + [m for _, m in split[:EXACT_COUNTS]]
 
 
 def memory_short(graph: OpGraph, cluster: Cluster, m: int, *, split: OpGraph | None = None
@@ -376,9 +377,13 @@ def _exact(screened: _Screened, cluster: Cluster, options: SolveOptions, m: int,
 def _slice_start(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
                  pipes, best: _Best) -> list[Plan]:
     """The slice model's plan of ``m`` slices (:func:`solver.slice_model.solve_slices`,
-    :data:`SLICE_SHARE` of ``seconds``), offered as ``slice M=m``; [] when skipped."""
+    :data:`SLICE_SHARE` of ``seconds``, skipped below :data:`MIN_SECONDS`), offered as
+    ``slice M=m``; [] when skipped."""
     say = options.progress or (lambda line: None)
-    share = 10.0 if seconds is None else max(1.0, SLICE_SHARE * seconds)
+    share = 10.0 if seconds is None else SLICE_SHARE * seconds
+    if share < MIN_SECONDS and not options.deterministic:
+        best.skipped[f"slice M={m}"] = f"{share:.2f} s for the slice model, less than {MIN_SECONDS} s"
+        return []
     try:
         r = solve_slices(graph, cluster, micro_batches=m, time_limit=share, workers=options.workers,
                          seed=options.seed, hints=pipes,
