@@ -111,6 +111,9 @@ class StepPlan:
     blocking : str
         The block order of the winning split (``"scope:2"``, ``"topological"``),
         the order rule for data parallelism (``"fifo"``, ``"all-reduce first"``).
+    replicas : int
+        Replicas of the step in ``graph`` (1: not replicated; data
+        parallelism: ``stages``; :func:`solver.hybrid.hybrid_plan`: its groups).
     """
 
     plan: Plan
@@ -119,6 +122,7 @@ class StepPlan:
     stages: int
     schedule: str
     blocking: str
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -437,13 +441,23 @@ def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], dev
 
 
 def step_stages(graph: OpGraph, stage) -> list[int]:
-    """Stage of each once-per-step op: first batched reader, else last batched
-    producer, else a neighbour's (breadth first), else 0."""
+    """Stage of each once-per-step op given none (``stage[i] < 0``): first
+    batched reader, else last batched producer, else a neighbour's (breadth
+    first), else 0. A stage given to an op (``>= 0``) is kept.
+
+    >>> from dataclasses import replace
+    >>> g = OpGraph.from_edges({"w": 0, "f": 1, "g": 1, "u": 0}, [("w", "f"), ("f", "g"), ("g", "u")])
+    >>> g = OpGraph([replace(op, batch=op.name in "fg") for op in g.ops], g.edges, g.tensors)
+    >>> step_stages(g, [-1, 0, 1, -1]), step_stages(g, [-1, 0, 1, 0])
+    ([0, 0, 1, 1], [0, 0, 1, 0])
+    """
     succ, pred = graph.succ_idx(), graph.pred_idx()
     out = list(stage)
     todo = []
     for i, op in enumerate(graph.ops):
-        if op.batch:
+        if op.batch or stage[i] >= 0:
+            if not op.batch:
+                todo.append(i)
             continue
         reads = [stage[j] for j in succ[i] if stage[j] >= 0]
         made = [stage[j] for j in pred[i] if stage[j] >= 0]
@@ -514,7 +528,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
              (finalize(g, cluster, placement, order=order_by_key(g, key), placer="data-parallel", t0=t0,
                        stats=stats), "all-reduce first")]
     plan, how = min(plans, key=lambda p: _rank(p[0]))
-    return StepPlan(plan, g, micro_batches, len(gpus), "data-parallel", how)
+    return StepPlan(plan, g, micro_batches, len(gpus), "data-parallel", how, len(gpus))
 
 
 def place_gpipe(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss: str | None = None) -> Plan:
