@@ -117,8 +117,10 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     ph = Phases((), frozenset(i for i, n in enumerate(rep.graph.names)
                               if rep.origin[n].role == "copy" and graph.index[rep.origin[n].op] in back), {})
     rank = [{t: j for j, t in enumerate(task_order(schedule, s, k, m))} for s in range(k)]
+    pos = {i: p for p, i in enumerate(graph.topo_idx())}   # the replicas in step: ring ops ready early
     plan = staged_plan(split, cluster, rstage, [d for g in groups for d in g], ph,
                        lambda i, phase, s: rank[rstage[i] % k][(phase, s)], placer="hybrid", t0=t0,
+                       position=[pos[graph.index[rep.origin[n].op]] for n in rep.graph.names],
                        stats={"replicas": len(groups), "stages": k, "micro_batches": m})
     return StepPlan(plan, split.graph, m, k, schedule, pipe.blocking, len(groups))
 

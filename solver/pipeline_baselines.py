@@ -406,7 +406,7 @@ def _pipeline(split: MicroBatched, cluster: Cluster, gpus, stage, stages: int, p
 
 def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], device: Sequence[str],
                 ph: Phases, task_key: Callable[[int, str, int], float], *, placer: str, t0: float,
-                **fields) -> Plan:
+                position: Sequence[int] | None = None, **fields) -> Plan:
     """The simulated plan of ``split`` given each batched op's device and each
     slice task's rank: the one rule of the pipeline placers.
 
@@ -416,7 +416,9 @@ def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], dev
     :func:`_fix_groups`.
     ``task_key(i, phase, s)``: the rank of slice ``s``'s task holding op ``i``
     (``phase`` ``"F"`` or ``"B"``) on its device; copies run by it, then in
-    topological order; once-per-step and accumulate ops as soon as they are ready.
+    topological order (``position``: per op of ``split.source`` its rank in that
+    order instead, e.g. the same for every replica's copy of an op); once-per-step
+    and accumulate ops as soon as they are ready.
     ``fields`` go to :func:`pesto.finalize.finalize`.
     """
     g = split.source
@@ -427,7 +429,7 @@ def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], dev
         dev[name] = device[stage[i] if o.role != "step" else step_stage[i]]
     placement = _fix_groups(split.graph, cluster, dev)
     n0 = g.num_ops
-    pos = {i: k for k, i in enumerate(g.topo_idx())}
+    pos = {i: k for k, i in enumerate(g.topo_idx())} if position is None else position
     key = []
     for name in split.graph.names:
         o = split.origin[name]
