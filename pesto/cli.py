@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from solver import PLACERS, accepted_options, get_placer
+from solver.hybrid import hybrid_plan
 from solver.pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
 from solver.slice_model import place_slice_cpsat
 from solver.step_search import step_graph, with_marks
@@ -363,7 +364,7 @@ def run_placer(args, graph, cluster, placer: str):
 
 def _place_step(args, graph, cluster, placer: str, micro: int):
     """A non-exact placer's plan and the graph it places (``micro`` slices:
-    GPipe, 1F1B and slice-cpsat default to 4, data parallelism to 1; a heuristic places the split step)."""
+    GPipe, 1F1B and slice-cpsat default to 4, data parallelism and hybrid to 1; a heuristic places the split step)."""
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
         if placer in SCHEDULES:
             r = pipeline_plan(with_marks(graph), cluster, schedule=placer, micro_batches=micro if micro > 1 else 4)
@@ -375,6 +376,9 @@ def _place_step(args, graph, cluster, placer: str, micro: int):
             return plan, step_graph(graph, m, "micro-batched")
         if placer == "data-parallel":
             r = data_parallel_plan(with_marks(graph), cluster, micro_batches=micro)
+            return r.plan, r.graph
+        if placer == "hybrid":   # two replicas, each a pipeline over half the GPUs
+            r = hybrid_plan(with_marks(graph), cluster, replicas=2, micro_batches=micro)
             return r.plan, r.graph
         placed = graph if micro == 1 else step_graph(graph, micro, "micro-batched")
         try:

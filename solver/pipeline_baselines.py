@@ -117,6 +117,9 @@ class StepPlan:
     blocking : str
         The block order of the winning split (``"scope:2"``, ``"topological"``),
         the order rule for data parallelism (``"fifo"``, ``"all-reduce first"``).
+    replicas : int
+        Replicas of the step in ``graph`` (1: not replicated; data
+        parallelism: ``stages``; :func:`solver.hybrid.hybrid_plan`: its groups).
     """
 
     plan: Plan
@@ -125,6 +128,7 @@ class StepPlan:
     stages: int
     schedule: str
     blocking: str
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -450,7 +454,7 @@ def _pipeline(split: MicroBatched, cluster: Cluster, gpus, stage, stages: int, p
 
 def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], device: Sequence[str],
                 ph: Phases, task_key: Callable[[int, str, int], float], *, placer: str, t0: float,
-                **fields) -> Plan:
+                position: Sequence[int] | None = None, **fields) -> Plan:
     """The simulated plan of ``split`` given each batched op's device and each
     slice task's rank: the one rule of the pipeline placers.
 
@@ -460,7 +464,9 @@ def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], dev
     :func:`_fix_groups`.
     ``task_key(i, phase, s)``: the rank of slice ``s``'s task holding op ``i``
     (``phase`` ``"F"`` or ``"B"``) on its device; copies run by it, then in
-    topological order; once-per-step and accumulate ops as soon as they are ready.
+    topological order (``position``: per op of ``split.source`` its rank in that
+    order instead, e.g. the same for every replica's copy of an op); once-per-step
+    and accumulate ops as soon as they are ready.
     ``fields`` go to :func:`pesto.finalize.finalize`.
     """
     g = split.source
@@ -471,7 +477,7 @@ def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], dev
         dev[name] = device[stage[i] if o.role != "step" else step_stage[i]]
     placement = _fix_groups(split.graph, cluster, dev)
     n0 = g.num_ops
-    pos = {i: k for k, i in enumerate(g.topo_idx())}
+    pos = {i: k for k, i in enumerate(g.topo_idx())} if position is None else position
     key = []
     for name in split.graph.names:
         o = split.origin[name]
@@ -485,13 +491,23 @@ def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], dev
 
 
 def step_stages(graph: OpGraph, stage) -> list[int]:
-    """Stage of each once-per-step op: first batched reader, else last batched
-    producer, else a neighbour's (breadth first), else 0."""
+    """Stage of each once-per-step op given none (``stage[i] < 0``): first
+    batched reader, else last batched producer, else a neighbour's (breadth
+    first), else 0. A stage given to an op (``>= 0``) is kept.
+
+    >>> from dataclasses import replace
+    >>> g = OpGraph.from_edges({"w": 0, "f": 1, "g": 1, "u": 0}, [("w", "f"), ("f", "g"), ("g", "u")])
+    >>> g = OpGraph([replace(op, batch=op.name in "fg") for op in g.ops], g.edges, g.tensors)
+    >>> step_stages(g, [-1, 0, 1, -1]), step_stages(g, [-1, 0, 1, 0])
+    ([0, 0, 1, 1], [0, 0, 1, 0])
+    """
     succ, pred = graph.succ_idx(), graph.pred_idx()
     out = list(stage)
     todo = []
     for i, op in enumerate(graph.ops):
-        if op.batch:
+        if op.batch or stage[i] >= 0:
+            if not op.batch:
+                todo.append(i)
             continue
         reads = [stage[j] for j in succ[i] if stage[j] >= 0]
         made = [stage[j] for j in pred[i] if stage[j] >= 0]
@@ -562,7 +578,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
              (finalize(g, cluster, placement, order=order_by_key(g, key), placer="data-parallel", t0=t0,
                        stats=stats), "all-reduce first")]
     plan, how = min(plans, key=lambda p: _rank(p[0]))
-    return StepPlan(plan, g, micro_batches, len(gpus), "data-parallel", how)
+    return StepPlan(plan, g, micro_batches, len(gpus), "data-parallel", how, len(gpus))
 
 
 def place_gpipe(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss: str | None = None) -> Plan:

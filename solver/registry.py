@@ -31,6 +31,7 @@ from pesto.plan import Plan
 from .baselines import place_expert, place_expert_paper, place_metis, place_single
 from .cpsat import place_cpsat
 from .heuristics import place_celeritas, place_heft, place_m_etf, place_m_sct, place_m_topo
+from .hybrid import place_hybrid
 from .mip import place_mip
 from .pipeline_baselines import place_1f1b, place_data_parallel, place_gpipe
 from .slice_model import place_slice_cpsat
@@ -96,6 +97,7 @@ PLACERS: dict[str, Placer] = {p.name: p for p in (
     Placer("data-parallel", place_data_parallel),
     Placer("gpipe", place_gpipe),
     Placer("1f1b", place_1f1b),
+    Placer("hybrid", place_hybrid),
     Placer("slice-cpsat", place_slice_cpsat),
 )}
 

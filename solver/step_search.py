@@ -12,7 +12,10 @@ The candidates, all scored by the same simulator (``finalize``):
 * screening, for each ``M`` tried, ``M > 1``: the GPipe and 1F1B plans of
   that ``M`` (:func:`solver.pipeline_baselines.pipeline_plan`) and the
   data-parallel plan with each replica in ``M`` slices (up to
-  :data:`DP_MAX_OPS` ops);
+  :data:`DP_MAX_OPS` ops); for every ``M`` (``M = 1`` too) and every divisor
+  ``R`` of the GPUs with ``1 < R < GPUs``, the hybrid plan of ``R`` replicas
+  each pipelined over ``GPUs / R`` GPUs (:func:`solver.hybrid.hybrid_plan`,
+  ``hybrid R=2 M=4``; the same :data:`DP_MAX_OPS` cap);
 * exact stages, for the counts :func:`_exact_counts` picks: the slice
   model's plan (:func:`solver.slice_model.solve_slices`, CP-SAT on a block x
   slice grid, :data:`SLICE_SHARE` of that ``M``'s time, hinted with the
@@ -57,6 +60,7 @@ from pesto.training import infer_batch_marks
 
 from .microbatch_bound import SampleBound, memory_need, sample_bound
 from .options import SolveOptions
+from .hybrid import hybrid_plan
 from .pipeline import PIPELINES, run_pipeline
 from .pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
 from .slice_model import solve_slices
@@ -290,6 +294,7 @@ def _screen(graph: OpGraph, cluster: Cluster, m: int, best: _Best) -> _Screened 
         best.skipped[f"M={m}"] = str(short)
         return None
     starts, pipes, step = [], [], float("inf")
+    _offer_hybrids(graph, cluster, m, len(split.ops), best)
     if m == 1:
         return _Screened(split, starts, step, graph)
     for schedule in SCHEDULES:
@@ -313,6 +318,24 @@ def _screen(graph: OpGraph, cluster: Cluster, m: int, best: _Best) -> _Screened 
         except PestoError as exc:
             best.skipped[f"data-parallel M={m}"] = str(exc)
     return _Screened(split, starts, step, graph, pipes)
+
+
+def _offer_hybrids(graph: OpGraph, cluster: Cluster, m: int, ops: int, best: _Best) -> None:
+    """Offer ``hybrid R=<R> M=<m>`` (:func:`solver.hybrid.hybrid_plan`) for
+    every divisor ``R`` of the GPUs, ``1 < R < GPUs``; skipped, and said, when
+    ``R`` x the ``ops`` of the split exceed :data:`DP_MAX_OPS`."""
+    n = len(cluster.gpus) or len(cluster.devices)
+    for r in (r for r in range(2, n) if n % r == 0):
+        name = f"hybrid R={r} M={m}"
+        if r * ops > DP_MAX_OPS:
+            best.skipped[name] = f"{r} replicas x {ops} ops exceed {DP_MAX_OPS} ops"
+            continue
+        try:
+            h = hybrid_plan(with_marks(graph), cluster, replicas=r, micro_batches=m, candidates=SCREEN_CANDIDATES)
+        except PestoError as exc:
+            best.skipped[name] = str(exc)
+            continue
+        best.offer(name, h.plan, h.graph, m, "replicated", r)
 
 
 def _exact_counts(screened: Mapping[int, _Screened], auto: bool) -> list[int]:

@@ -1,0 +1,114 @@
+"""solver.hybrid: replicas x pipeline stages, and its place in the step search."""
+from __future__ import annotations
+
+import pytest
+
+import pesto
+from mb_strategies import layered_step
+from pesto.cluster import gpus, hosts, v100x4_pcie
+from pesto.errors import MicroBatchError
+from pesto.microbatch import Origin, split_step
+from pesto.plan import check_plan
+from pesto.replicate import replicate
+from solver.hybrid import hybrid_plan, replica_groups
+from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
+from solver.registry import get_placer
+
+# The case hybrid must win (10 GbE: 0.8 µs/byte between hosts, NVLink inside).
+# A short chain: 2 layers (1 ms forward, 2 + 2 ms backward each, 10 ms of work
+# per step), so no pipeline has more than 2 useful stages and a pure pipeline
+# leaves a host idle: ~(M + 1) / M x 5 ms. Big weights: 1.5 MB per layer, so
+# the all-reduce between hosts is what data parallelism pays for its 4
+# replicas: a ring over 4 GPUs moves 1.5 x 3 MB through each NIC (6 steps),
+# the hybrid's 2-replica rings (one per stage, between the hosts) 1 x 3 MB in
+# 2 steps, on 2 replicas x 2 stages that still keep all 4 GPUs busy.
+BIG_WEIGHTS = dict(act=100_000, weight=1_500_000, t=1000.0)
+SLOW = "10gbe"
+
+
+@pytest.fixture(scope="module")
+def step():
+    return layered_step(2, **BIG_WEIGHTS)
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    return hosts(2, 2, SLOW)
+
+
+def test_groups_are_hosts_and_consecutive_gpus():
+    c = hosts(4, 2, "ib_hdr")
+    assert replica_groups(c, 4) == [c.names[2 * h:2 * h + 2] for h in range(4)]
+    assert replica_groups(c, 2) == [c.names[:4], c.names[4:]]
+    assert replica_groups(v100x4_pcie(), 2) == [["/GPU:0", "/GPU:1"], ["/GPU:2", "/GPU:3"]]
+    with pytest.raises(MicroBatchError, match="3 replicas"):
+        replica_groups(v100x4_pcie(), 3)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_each_replica_is_a_pipeline_inside_one_host(step, two_hosts, m):
+    r = hybrid_plan(step, two_hosts, replicas=2, micro_batches=m)
+    assert check_plan(r.graph, two_hosts, r.plan).ok
+    assert r.graph.names == pesto.step_graph(step, m, "replicated", 2).names
+    assert (r.replicas, r.stages, r.micro_batches) == (2, 2, m)
+    host = {d: k // 2 for k, d in enumerate(two_hosts.names)}
+    rep = replicate(step, 2)
+    split = split_step(rep.graph, m).origin if m > 1 else {n: Origin(n, 0, "copy") for n in rep.graph.names}
+    used = [set(), set()]
+    for name, dev in r.plan.placement.items():
+        origin = rep.origin[split[name].op]          # the replicated op this one copies or sums
+        assert host[dev] == origin.replica, name     # a replica's ops, its ring ops too, stay on its host
+        used[origin.replica].add(dev)
+    assert all(len(u) == 2 for u in used)            # and use both of its GPUs: two stages
+
+
+def test_the_ring_of_a_variable_runs_between_the_devices_holding_it(step, two_hosts):
+    r = hybrid_plan(step, two_hosts, replicas=2, micro_batches=2)
+    p = r.plan.placement
+    for l in range(2):
+        t = f"gradients/layer_{l}/f_grad/dw:0"
+        for rep in range(2):
+            var = p[f"layer_{l}/w@r{rep}"]
+            assert p[f"{t}@rs0@r{rep}"] == p[f"{t}@ag0@r{rep}"] == p[f"{t}@allreduce@r{rep}"] == var
+    assert p["layer_0/w@r0"] != p["layer_1/w@r0"]
+
+
+def test_hybrid_beats_data_parallel_and_pipeline_where_built_to(step, two_hosts):
+    m = 2
+    hybrid = hybrid_plan(step, two_hosts, replicas=2, micro_batches=m).plan.makespan
+    dp = data_parallel_plan(step, two_hosts, micro_batches=m).plan.makespan
+    pipe = min(pipeline_plan(step, two_hosts, schedule=s, micro_batches=m).plan.makespan for s in ("gpipe", "1f1b"))
+    assert hybrid < dp and hybrid < pipe
+
+
+def test_one_replica_is_the_pipeline_and_one_stage_the_data_parallel_split(step):
+    c = gpus(2)
+    one = hybrid_plan(step, c, replicas=1, micro_batches=2)
+    assert one.graph.names == pesto.step_graph(step, 2, "replicated", 1).names
+    assert one.stages == 2 and len(set(one.plan.placement.values())) == 2
+    dp = hybrid_plan(step, c, replicas=2, micro_batches=2)
+    assert dp.stages == 1 and {d for n, d in dp.plan.placement.items() if "@r1" in n} == {"/GPU:1"}
+
+
+def test_registered_placer(step, two_hosts):
+    plan = get_placer("hybrid")(step, two_hosts, replicas=2, micro_batches=2)
+    assert plan.placer == "hybrid" and plan.stats["replicas"] == 2
+    assert check_plan(pesto.step_graph(step, 2, "replicated", 2), two_hosts, plan).ok
+
+
+def test_step_search_offers_hybrid_plans(step, two_hosts):
+    plan = pesto.solve(step, cluster=two_hosts, micro_batches="auto", batch_size=4, time_limit=3, seed=0)
+    steps = plan.log.steps
+    assert {f"hybrid R=2 M={m}" for m in (1, 2, 4)} <= set(steps)
+    assert plan.makespan <= min(steps.values()) + 1e-6
+    assert plan.makespan <= steps["hybrid R=2 M=2"] < steps["data-parallel M=2"]
+    placed = pesto.step_graph(step, plan.log.micro_batches, plan.log.graph_kind, plan.log.replicas)
+    assert check_plan(placed, two_hosts, plan).ok
+
+
+def test_step_search_skips_hybrids_too_large(step, two_hosts, monkeypatch):
+    import solver.step_search as ss
+    monkeypatch.setattr(ss, "DP_MAX_OPS", 2 * step.num_ops - 1)
+    plan = pesto.solve(step, cluster=two_hosts, micro_batches=2, time_limit=2, seed=0)
+    assert "hybrid R=2 M=2" not in plan.log.steps
+    assert "exceed" in plan.log.skipped["hybrid R=2 M=2"]
