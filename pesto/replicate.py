@@ -71,7 +71,11 @@ from .graph import Edge, Op, OpGraph, Tensor
 from .microbatch import (BANDWIDTH, FLOOR_US, accumulate_op, check_count, check_marks, fixed_ops,
                          partial_tensors, slice_op)
 
-__all__ = ["replicate", "Replicated", "ReplicaOrigin", "replica_name", "RESERVED"]
+__all__ = ["replicate", "Replicated", "ReplicaOrigin", "replica_name", "RESERVED", "BUCKET_BYTES",
+           "gradient_buckets", "pack_buckets"]
+
+#: Default gradient bucket size in bytes (PyTorch DDP's ``bucket_cap_mb=25``).
+BUCKET_BYTES = 25 * 2**20
 
 #: Names :func:`replicate` makes: an original op or tensor may not look like them.
 RESERVED = re.compile(r"@(r|rs|ag)\d|@allreduce@")
@@ -90,13 +94,18 @@ class ReplicaOrigin:
         ``"copy"`` (a batched op's share), ``"step"`` (an unbatched op's copy),
         ``"reduce-scatter"``, ``"all-gather"`` or ``"gather"``.
     tensor : str or None
-        The original tensor an all-reduce op sums.
+        The original tensor an all-reduce op sums (for a fused bucket: its
+        first member, whose producer is ``op``).
+    members : tuple of str
+        Every original tensor the all-reduce op's bucket sums, in bucket
+        order (``(tensor,)`` for a bucket of one); empty for a copy.
     """
 
     op: str
     replica: int
     role: str
     tensor: str | None = None
+    members: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -135,24 +144,97 @@ def replica_name(name: str, r: int) -> str:
     return f"{name}@r{r}"
 
 
-def replicate(graph: OpGraph, replicas: int, *, floor_us: float = FLOOR_US,
-              bandwidth: Mapping[str, float] = BANDWIDTH) -> Replicated:
-    """The data-parallel step of ``graph`` on ``replicas`` replicas (module doc).
+def pack_buckets(sizes: Sequence[int], bucket_bytes: int | None) -> list[list[int]]:
+    """Pack items of ``sizes`` (in order) into consecutive buckets of at most ``bucket_bytes``.
+
+    A bucket is closed when the next item would overflow it; an item larger
+    than ``bucket_bytes`` is a bucket alone. ``bucket_bytes`` ``0`` or
+    ``None``: one bucket per item.
 
     Raises
     ------
     MicroBatchError
-        ``replicas`` not an integer >= 1; a device kind without bandwidth.
+        A negative ``bucket_bytes``.
+
+    Examples
+    --------
+    >>> pack_buckets([10, 20, 5, 40, 1], 30)
+    [[0, 1], [2], [3], [4]]
+    >>> pack_buckets([10, 20], None)
+    [[0], [1]]
+    """
+    if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int)
+                                     or bucket_bytes < 0):
+        raise MicroBatchError(f"bucket_bytes must be an integer >= 0 or None, got {bucket_bytes!r}",
+                              culprit=bucket_bytes)
+    out: list[list[int]] = []
+    total = 0
+    for i, b in enumerate(sizes):
+        if out and bucket_bytes and total + b <= bucket_bytes:
+            out[-1].append(i)
+            total += b
+        else:
+            out.append([i])
+            total = b
+    return out
+
+
+def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) -> list[tuple[str, ...]]:
+    """The all-reduced tensors of ``graph`` packed into buckets (:func:`pack_buckets`).
+
+    The tensors a batched op hands to an unbatched one, in the order their
+    gradients become ready in the backward pass: by their producer's depth
+    (the most ops on a path from a source to it, itself included: the last
+    layer's gradients come first, as their producers wait for fewer ops),
+    ties by the producer's position in :meth:`~pesto.graph.OpGraph.topo_idx`,
+    then (one producer) in ``graph.tensors`` order.
+
+    Examples
+    --------
+    >>> from pesto.graph import Op, OpGraph, Tensor, Edge
+    >>> ops = [Op("g1", {"GPU": 1.0}, batch=True), Op("g2", {"GPU": 1.0}, batch=True),
+    ...        Op("apply", {"GPU": 1.0}, batch=False)]
+    >>> g = OpGraph(ops, [Edge("g1", "g2", "g1:0"), Edge("g1", "apply", "g1:1"), Edge("g2", "apply", "g2:0")],
+    ...             [Tensor("g1:0", "g1", 8), Tensor("g1:1", "g1", 16), Tensor("g2:0", "g2", 16)])
+    >>> gradient_buckets(g, 32), gradient_buckets(g, None)
+    ([('g1:1', 'g2:0')], [('g1:1',), ('g2:0',)])
+    """
+    batched = [bool(op.batch) for op in graph.ops]
+    pos = {i: k for k, i in enumerate(graph.topo_idx())}
+    depth = [0] * graph.num_ops
+    preds = graph.pred_idx()
+    for i in graph.topo_idx():
+        depth[i] = 1 + max((depth[j] for j in preds[i]), default=0)
+    ready = sorted(((depth[src], pos[src], k, name, nbytes)
+                    for k, (name, src, nbytes, cons) in enumerate(graph.tensor_table())
+                    if batched[src] and any(not batched[j] for j in cons)))
+    return [tuple(ready[i][3] for i in b) for b in pack_buckets([t[4] for t in ready], bucket_bytes)]
+
+
+def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKET_BYTES,
+              floor_us: float = FLOOR_US, bandwidth: Mapping[str, float] = BANDWIDTH) -> Replicated:
+    """The data-parallel step of ``graph`` on ``replicas`` replicas (module doc).
+
+    ``bucket_bytes``: gradients are fused into buckets of at most that many
+    bytes, one ring each (:func:`gradient_buckets`); ``0`` or ``None``: one
+    ring per gradient tensor.
+
+    Raises
+    ------
+    MicroBatchError
+        ``replicas`` not an integer >= 1; a bad ``bucket_bytes``; a device
+        kind without bandwidth.
     BatchMarkError
         As :func:`pesto.microbatch.microbatch`.
     """
     n = check_count(replicas, "replicas")
     check_marks(graph, RESERVED)
-    b = _Ring(graph, n, floor_us, bandwidth)
+    buckets = gradient_buckets(graph, bucket_bytes)
+    b = _Ring(graph, n, floor_us, bandwidth, buckets)
     for r in range(n):
         b.add_replica(r)
-    for t in sorted(b.to_step):
-        b.all_reduce(graph.tensor(t))
+    for members in sorted(buckets):
+        b.all_reduce([graph.tensor(t) for t in members])
     b.add_edges()
     out = OpGraph(b.ops, [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in b.edges.items()],
                   b.tensors, name=f"{graph.name}@r{n}")
@@ -162,13 +244,13 @@ def replicate(graph: OpGraph, replicas: int, *, floor_us: float = FLOOR_US,
 class _Ring:
     """The pieces of a replicated graph while it is built."""
 
-    def __init__(self, graph: OpGraph, n: int, floor_us: float, bandwidth):
+    def __init__(self, graph: OpGraph, n: int, floor_us: float, bandwidth, buckets):
         self.g, self.n, self.floor, self.bw = graph, n, floor_us, bandwidth
         self.partials = partial_tensors(graph)
         self.fixed = fixed_ops(graph, self.partials)
-        batched = [bool(op.batch) for op in graph.ops]
-        self.to_step = {name for name, src, _, cons in graph.tensor_table()
-                        if batched[src] and any(not batched[j] for j in cons)}
+        self.to_step = {t for members in buckets for t in members}
+        #: last member of a bucket -> (its first member, the bucket's bytes): the chunks' producer
+        self.chunks_of = {m[-1]: (m[0], sum(graph.tensor(t).bytes for t in m)) for m in buckets}
         self.produced: dict[str, list[Tensor]] = {}
         for t in graph.tensors:
             self.produced.setdefault(t.src, []).append(t)
@@ -197,43 +279,55 @@ class _Ring:
                 self.tensors.append(Tensor(replica_name(t.name, r), name, size))
                 if t.name in self.to_step:
                     self.final[(t.name, r)] = (name, replica_name(t.name, r))
-                    if n > 1:
-                        self.tensors.extend(Tensor(_chunk(t.name, r, j), name, -(-t.bytes // n))
-                                            for j in range(n))
+                if t.name in self.chunks_of and n > 1:
+                    first, total = self.chunks_of[t.name]
+                    self.tensors.extend(Tensor(_chunk(first, r, j), name, -(-total // n)) for j in range(n))
 
-    def add_op(self, op: Op, r: int, role: str, t: Tensor, inputs) -> None:
-        """Add ``op`` (its output tensor has its name) fed by ``inputs`` = [(op, tensor)]."""
+    def add_op(self, op: Op, r: int, role: str, members, inputs, outputs=None) -> None:
+        """Add ``op`` fed by ``inputs`` = [(op, tensor or None for a control edge)];
+        its output tensors ``outputs`` = [(name, bytes)] (default: one, under its name)."""
         self.ops.append(op)
-        self.tensors.append(Tensor(op.name, op.name, op.output_bytes))
-        self.origin[op.name] = ReplicaOrigin(t.src, r, role, t.name)
+        self.tensors.extend(Tensor(t, op.name, nb) for t, nb in (outputs or [(op.name, op.output_bytes)]))
+        self.origin[op.name] = ReplicaOrigin(members[0].src, r, role, members[0].name,
+                                             tuple(t.name for t in members))
         for src, tensor in inputs:
-            self.edges.setdefault((src, op.name), []).append(tensor)
+            ts = self.edges.setdefault((src, op.name), [])
+            if tensor is not None:
+                ts.append(tensor)
 
-    def all_reduce(self, t: Tensor) -> None:
-        """The ring reduce-scatter + all-gather of partial ``t`` (module doc)."""
+    def all_reduce(self, members: list[Tensor]) -> None:
+        """The ring reduce-scatter + all-gather of one bucket of partials (module doc)."""
         n = self.n
         if n == 1:
             return
-        c = -(-t.bytes // n)
+        t, last = members[0], members[-1]
+        total = sum(m.bytes for m in members)
+        c = -(-total // n)
         kinds = self.g.op(t.src).kinds
+        waits = list(dict.fromkeys(m.src for m in members if m.src != last.src))
         for r in range(n):
             left = (r - 1) % n
+            mine = [(replica_name(p, r), None) for p in waits]
             for s in range(n - 1):
                 j = (r - 1 - s) % n
-                came = ((replica_name(t.src, left), _chunk(t.name, left, j)) if s == 0 else
-                        (f"{t.name}@rs{s - 1}@r{left}",) * 2)
+                came = ([(replica_name(last.src, left), _chunk(t.name, left, j))]
+                        + [(replica_name(p, left), None) for p in waits] if s == 0 else
+                        [(f"{t.name}@rs{s - 1}@r{left}",) * 2])
                 op = accumulate_op(f"{t.name}@rs{s}@r{r}", c, kinds, floor_us=self.floor, bandwidth=self.bw,
                                    what=t.name, scope=self.g.op(t.src).scope)
-                self.add_op(replace(op, type="RingReduce"), r, "reduce-scatter", t,
-                            [came, (replica_name(t.src, r), _chunk(t.name, r, j))])
+                self.add_op(replace(op, type="RingReduce"), r, "reduce-scatter", members,
+                            came + [(replica_name(last.src, r), _chunk(t.name, r, j))] + mine)
             for s in range(n - 1):
                 came = f"{t.name}@rs{n - 2}@r{left}" if s == 0 else f"{t.name}@ag{s - 1}@r{left}"
-                self.add_op(_free(f"{t.name}@ag{s}@r{r}", c, kinds, "RingGather"), r, "all-gather", t,
+                self.add_op(_free(f"{t.name}@ag{s}@r{r}", c, kinds, "RingGather"), r, "all-gather", members,
                             [(came, came)])
             parts = [f"{t.name}@rs{n - 2}@r{r}"] + [f"{t.name}@ag{s}@r{r}" for s in range(n - 1)]
             name = f"{t.name}@allreduce@r{r}"
-            self.add_op(_free(name, t.bytes, kinds, "AllReduceGather"), r, "gather", t, [(p, p) for p in parts])
-            self.final[(t.name, r)] = (name, name)
+            outs = [(f"{m.name}@allreduce@r{r}", m.bytes) for m in members]
+            self.add_op(_free(name, total, kinds, "AllReduceGather"), r, "gather", members,
+                        [(p, p) for p in parts], outs)
+            for m, (out, _) in zip(members, outs):
+                self.final[(m.name, r)] = (name, out)
 
     def add_edges(self) -> None:
         g = self.g

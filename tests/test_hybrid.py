@@ -1,6 +1,8 @@
 """solver.hybrid: replicas x pipeline stages, and its place in the step search."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import pesto
@@ -10,7 +12,7 @@ from pesto.errors import MicroBatchError
 from pesto.microbatch import Origin, split_step
 from pesto.plan import check_plan
 from pesto.replicate import replicate
-from solver.hybrid import hybrid_plan, replica_groups
+from solver.hybrid import _replica_stages, hybrid_plan, replica_groups
 from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
 from solver.registry import get_placer
 
@@ -65,12 +67,27 @@ def test_each_replica_is_a_pipeline_inside_one_host(step, two_hosts, m):
 def test_the_ring_of_a_variable_runs_between_the_devices_holding_it(step, two_hosts):
     r = hybrid_plan(step, two_hosts, replicas=2, micro_batches=2)
     p = r.plan.placement
+    rep = replicate(step, 2)
     for l in range(2):
         t = f"gradients/layer_{l}/f_grad/dw:0"
-        for rep in range(2):
-            var = p[f"layer_{l}/w@r{rep}"]
-            assert p[f"{t}@rs0@r{rep}"] == p[f"{t}@ag0@r{rep}"] == p[f"{t}@allreduce@r{rep}"] == var
+        ring = [n for n, o in rep.origin.items() if t in o.members]
+        first = rep.origin[ring[0]].tensor       # a fused bucket runs on its first member's variable
+        owner = re.match(r"gradients/(layer_\d+)/", first).group(1)
+        assert len(ring) == 2 * (2 * 1 + 1)
+        for name in ring:
+            assert p[name] == p[f"{owner}/w@r{rep.origin[name].replica}"], name
     assert p["layer_0/w@r0"] != p["layer_1/w@r0"]
+
+
+def test_unfused_rings_run_on_their_own_variable(step, two_hosts):
+    rep = replicate(step, 2, bucket_bytes=None)
+    stage = [0 if "layer_0" in op.name or op.name == "train/apply_0" else 1 for op in step.ops]
+    rstage = _replica_stages(rep, stage, 2)
+    for l in range(2):
+        t = f"gradients/layer_{l}/f_grad/dw:0"
+        for k in range(2):
+            ring = [f"{t}@rs0@r{k}", f"{t}@ag0@r{k}", f"{t}@allreduce@r{k}"]
+            assert {rstage[rep.graph.index[n]] for n in ring} == {2 * k + l}
 
 
 def test_hybrid_beats_data_parallel_and_pipeline_where_built_to(step, two_hosts):

@@ -1,6 +1,7 @@
 """pesto.replicate: data parallelism as a graph with a ring all-reduce (issue 24)."""
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 
@@ -8,12 +9,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mb_strategies import marked_dags
-from pesto.cluster import gpus, v100x4_pcie
+from pesto.cluster import gpus, hosts, v100x4_pcie
 from pesto.errors import BatchMarkError, MicroBatchError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.microbatch import FLOOR_US, fixed_ops, microbatch, partial_tensors, split_step
 from pesto.plan import check_plan
-from pesto.replicate import replicate
+from pesto.replicate import BUCKET_BYTES, RESERVED, gradient_buckets, pack_buckets, replicate
 from pesto.simulate import simulate
 
 SETTINGS = settings(max_examples=50, deadline=None)
@@ -118,18 +119,20 @@ def test_replicas_then_micro_batches_accumulate_before_the_all_reduce():
 
 
 @SETTINGS
-@given(marked_dags(max_ops=9), st.integers(1, 4))
-def test_property_every_replica_is_the_step(g, n):
-    rep = replicate(g, n)
+@given(marked_dags(max_ops=9), st.integers(1, 4), st.sampled_from([None, 0, 1, 64, BUCKET_BYTES]))
+def test_property_every_replica_is_the_step(g, n, bucket):
+    rep = replicate(g, n, bucket_bytes=bucket)
     out = rep.graph
+    first = {t: m[0] for m in gradient_buckets(g, bucket) for t in m}
     assert len(out.topological_order()) == out.num_ops
     parts = partial_tensors(g)
     fixed = fixed_ops(g, parts)
     for e in g.edges:
         crosses = g.op(e.src).batch and not g.op(e.dst).batch and e.tensors
         for r in range(n):
-            if crosses and n > 1:   # the step reads the all-reduced gradient
-                assert all(out.has_edge(f"{t}@allreduce@r{r}", f"{e.dst}@r{r}") for t in e.tensors)
+            if crosses and n > 1:   # the step reads the all-reduced gradient from its bucket's ring
+                assert all(f"{t}@allreduce@r{r}" in out.edge(f"{first[t]}@allreduce@r{r}", f"{e.dst}@r{r}").tensors
+                           for t in e.tensors)
             else:
                 assert out.has_edge(f"{e.src}@r{r}", f"{e.dst}@r{r}")
     for op in g.ops:
@@ -141,7 +144,8 @@ def test_property_every_replica_is_the_step(g, n):
                 assert all(got.compute[k] == max(t / n, min(t, FLOOR_US)) for k, t in op.compute.items())
     ring = [o for o in rep.origin.values() if o.role == "reduce-scatter"]
     step = {t for t in parts if any(not g.op(c).batch for c in g.consumers()[t])}
-    assert len(ring) == (n * (n - 1) * len(step) if n > 1 else 0)
+    assert set(first) == step
+    assert len(ring) == (n * (n - 1) * len(set(first.values())) if n > 1 else 0)
 
 
 @pytest.mark.parametrize("bad", [0, 1.5, "2"])
@@ -156,3 +160,83 @@ def test_unmarked_graph_and_too_few_devices_are_refused():
     with pytest.raises(MicroBatchError, match="3 replicas need as many devices"):
         replicate(_step(), 3).placement(["/GPU:0", "/GPU:1"])
     assert microbatch(replicate(_step(), 2).graph, 1).num_ops == replicate(_step(), 2).graph.num_ops
+
+
+# -- gradient buckets ------------------------------------------------------------
+
+def _grads(sizes):
+    """A chain of ``len(sizes)`` layers, layer ``i`` with a gradient ``g{i}:1`` of ``sizes[i]`` bytes."""
+    ops = [Op("x", {"GPU": 1.0}, output_bytes=1000, batch=True)]
+    ts, es, prev = [Tensor("x:0", "x", 1000)], [], "x"
+    for i, b in enumerate(sizes):
+        ops += [Op(f"w{i}", {"GPU": 0.0}, persistent_bytes=b, output_bytes=b, batch=False, colocation_group=f"w{i}"),
+                Op(f"g{i}", {"GPU": 30.0}, output_bytes=1000 + b, batch=True),
+                Op(f"apply{i}", {"GPU": 2.0}, batch=False, colocation_group=f"w{i}")]
+        ts += [Tensor(f"w{i}:0", f"w{i}", b), Tensor(f"g{i}:0", f"g{i}", 1000), Tensor(f"g{i}:1", f"g{i}", b)]
+        es += [Edge(prev, f"g{i}", f"{prev}:0"), Edge(f"w{i}", f"g{i}", f"w{i}:0"),
+               Edge(f"g{i}", f"apply{i}", f"g{i}:1"), Edge(f"w{i}", f"apply{i}", f"w{i}:0")]
+        prev = f"g{i}"
+    return OpGraph(ops, es, ts, name="grads")
+
+
+def _fingerprint(g):
+    text = repr(([(o.name, sorted(o.compute.items()), o.output_bytes, o.persistent_bytes, o.colocation_group,
+                   o.type, o.batch) for o in g.ops],
+                 sorted((e.src, e.dst, e.tensors) for e in g.edges), [(t.name, t.src, t.bytes) for t in g.tensors]))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("bucket", [None, 0, 1])
+@pytest.mark.parametrize("n, old", [(2, "2ee9640a85516828"), (3, "739a22d32774376a")])
+def test_no_buckets_is_the_old_graph_op_for_op(n, old, bucket):
+    # fingerprints of the one-ring-per-tensor graph before buckets existed
+    assert _fingerprint(replicate(_grads([4000, 96, 2500]), n, bucket_bytes=bucket).graph) == old
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 100), max_size=30), st.one_of(st.none(), st.integers(0, 150)))
+def test_property_buckets_pack_in_order_within_the_size(sizes, cap):
+    out = pack_buckets(sizes, cap)
+    assert [i for b in out for i in b] == list(range(len(sizes)))       # each once, order kept
+    for k, b in enumerate(out):
+        total = sum(sizes[i] for i in b)
+        assert len(b) == 1 or (cap and total <= cap)
+        if cap and k + 1 < len(out):                                    # closed only when the next overflows
+            assert total + sizes[out[k + 1][0]] > cap
+
+
+def test_buckets_follow_the_backward_pass_and_name_the_first_member():
+    g = _grads([4000, 96, 2500])
+    assert gradient_buckets(g, 4100) == [("g0:1", "g1:1"), ("g2:1",)]   # g0 is finished first
+    rep = replicate(g, 2, bucket_bytes=4100)
+    assert rep.origin["g0:1@rs0@r1"].members == ("g0:1", "g1:1") and rep.origin["g0:1@rs0@r1"].op == "g0"
+    assert rep.graph.tensor("g0:1@r0/chunk1").bytes == math.ceil(4096 / 2)
+    assert set(rep.graph.predecessors("g0:1@rs0@r1")) == {"g0@r0", "g1@r0", "g0@r1", "g1@r1"}
+    for r in range(2):
+        for i in (0, 1):   # every member's consumer reads its slice of the bucket's gather
+            assert rep.graph.edge(f"g0:1@allreduce@r{r}", f"apply{i}@r{r}").tensors == (f"g{i}:1@allreduce@r{r}",)
+    assert rep.graph.op("g0:1@allreduce@r0").output_bytes == 4096
+    assert not any(n.startswith("g1:1@") for n in rep.graph.names)   # no ring of its own
+    assert RESERVED.search("g1:1@rs0@r1") and RESERVED.search("g0:1@allreduce@r0")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_bucket_ring_sums_every_chunk_over_every_replica(n):
+    rep = replicate(_grads([300, 200, 100]), n, bucket_bytes=10**6)
+    val = _ring_values(rep)
+    for r in range(n):
+        assert val[f"g0:1@allreduce@r{r}"] == {j: set(range(n)) for j in range(n)}
+
+
+def test_buckets_shorten_the_data_parallel_step_of_many_small_gradients():
+    from solver.pipeline_baselines import data_parallel_plan
+    g = _grads([4096] * 40)
+    c = hosts(4, 2, "ib_hdr")
+    fused = replicate(g, 8)
+    alone = replicate(g, 8, bucket_bytes=None)
+    assert len([o for o in fused.origin.values() if o.role == "gather"]) == 8
+    sims = [simulate(r.graph, c, r.placement(c.names)) for r in (fused, alone)]
+    assert sims[0].makespan < sims[1].makespan
+    plan = data_parallel_plan(g, c).plan
+    check_plan(fused.graph, c, plan).raise_if_invalid()
+    assert plan.makespan < sims[1].makespan
