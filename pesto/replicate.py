@@ -30,10 +30,28 @@ times with every all-reduce transfer on the cluster's links.
     the ``B``-byte gradient the replica's unbatched consumers read.
 
   That is ``2 (N - 1)`` transfers of ``ceil(B / N)`` bytes per replica between
-  ring neighbours, the bandwidth-optimal ring of NCCL and Horovod. Each
-  tensor's all-reduce depends only on its own gradient, so it overlaps the
-  rest of the backward pass wherever the graph allows. The ring's order is
-  the replica order: put neighbours on well-connected devices.
+  ring neighbours, the bandwidth-optimal ring of NCCL and Horovod. The ring's
+  order is the replica order: put neighbours on well-connected devices.
+* **buckets** (tensor fusion, as PyTorch DDP and Horovod): one ring per
+  tensor pays ``2 (N - 1)`` transfer latencies per tensor, ruinous for models
+  with many small gradients. :func:`gradient_buckets` orders the partials as
+  the backward pass makes them ready (producer depth, then topological
+  position) and packs them into consecutive buckets of at most
+  ``bucket_bytes`` (default :data:`BUCKET_BYTES`, DDP's 25 MiB; a larger
+  tensor is a bucket alone; ``0`` or ``None``: one bucket per tensor, the
+  graph of one ring per tensor op for op). A bucket of ``B`` bytes (its
+  members' sum) runs the ring above, its ops named after its **first
+  member** ``t`` (a bucket of one keeps the tensor's own names). Its chunks
+  ``t@r{r}/chunk{j}`` are produced by the last member's producer, and every
+  reduce-scatter step of replica ``r`` also waits (control edges) for every
+  other member's producer in ``r``, step 0 as well in ``r - 1``: the bucket
+  starts when all its gradients are ready, and its earlier buckets overlap
+  the rest of the backward pass. ``t@allreduce@r{r}`` outputs one tensor
+  ``m@allreduce@r{r}`` per member ``m`` (its bytes), read by ``m``'s
+  unbatched consumers. :attr:`ReplicaOrigin.members` names the tensors a ring
+  op sums; its ``op`` / ``tensor`` are the first member's (a placer that puts
+  a tensor's ring by its variable, as :mod:`solver.hybrid`, puts a bucket by
+  its first member's variable; transfers carry the other members').
 
 The sum is what the update needs when each replica's loss is normalised by
 the whole batch (as for :mod:`pesto.microbatch`). ``N = 1`` is the step itself
@@ -58,6 +76,24 @@ Examples
 ['dw:0@ag0@r1', 'dw:0@rs0@r1']
 >>> sorted(set(rep.placement(["/GPU:0", "/GPU:1"]).values()))
 ['/GPU:0', '/GPU:1']
+
+Two gradients of 64 bytes fuse into one bucket (named after ``dw1:0``, the
+first ready) unless ``bucket_bytes`` is smaller than their sum:
+
+>>> ops = [Op("x", {"GPU": 40.0}, output_bytes=800, batch=True),
+...        Op("dw1", {"GPU": 80.0}, output_bytes=64, batch=True),
+...        Op("dw2", {"GPU": 80.0}, output_bytes=64, batch=True),
+...        Op("apply", {"GPU": 5.0}, batch=False)]
+>>> g = OpGraph(ops, [Edge("x", "dw1", "x:0"), Edge("dw1", "dw2", ()), Edge("dw1", "apply", "dw1:0"),
+...                   Edge("dw2", "apply", "dw2:0")],
+...             [Tensor("x:0", "x", 800), Tensor("dw1:0", "dw1", 64), Tensor("dw2:0", "dw2", 64)])
+>>> rep = replicate(g, 2)
+>>> rep.origin["dw1:0@rs0@r0"].members, rep.graph.tensor("dw1:0@r0/chunk0").bytes
+(('dw1:0', 'dw2:0'), 64)
+>>> rep.graph.edge("dw1:0@allreduce@r0", "apply@r0").tensors
+('dw1:0@allreduce@r0', 'dw2:0@allreduce@r0')
+>>> len([o for o in replicate(g, 2, bucket_bytes=100).origin.values() if o.role == "gather"])
+4
 """
 from __future__ import annotations
 
