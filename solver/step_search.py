@@ -76,6 +76,9 @@ MIN_SECONDS = 0.5
 SCREEN_SHARE = 0.35
 #: Stage splits each of GPipe and 1F1B simulates per count when screening.
 SCREEN_CANDIDATES = 4
+#: Share of the exact phase's time every count gets first (equal parts); the
+#: rest continues the count whose plan was best (racing, as successive halving).
+PROBE_SHARE = 0.5
 #: Counts besides ``M = 1`` that ``"auto"`` runs the exact stages on (the best screened).
 EXACT_COUNTS = 2
 #: Largest replicated graph (replicas x ops of the split) the data-parallel
@@ -196,9 +199,11 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> StepR
     count whose screening would not fit, estimated from the last one's time
     per op, is skipped and said so). **Exact**: the pipeline, started from the
     screened plans, on ``M = 1`` and the :data:`EXACT_COUNTS` counts whose
-    screened plans were best, each an equal share of the time left (a count
-    left less than :data:`MIN_SECONDS` is skipped and said so). In
-    deterministic mode nothing is skipped on wall time.
+    screened plans were best, each an equal part of :data:`PROBE_SHARE` of
+    the time left (a count left less than :data:`MIN_SECONDS` is skipped and
+    said so), then the rest to the count whose plan was best, continued from
+    it (racing: the un-split step, when it is the best, gets most of the
+    limit). In deterministic mode nothing is skipped on wall time.
 
     Raises
     ------
@@ -229,16 +234,26 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> StepR
     if best.result is not None:   # the bound of the best so far: its time is kept back for the winner's
         _bound_of(best, marked, cluster, options.batch_size)
     reserve = time.perf_counter() - t
-    for k, m in enumerate(chosen := _exact_counts(screened, auto)):
-        left = None if end is None else (end - reserve - time.perf_counter()) / (len(chosen) - k)
+    chosen = _exact_counts(screened, auto)
+    probe_end = None if end is None else \
+        time.perf_counter() + (PROBE_SHARE if len(chosen) > 1 else 1.0) * (end - reserve - time.perf_counter())
+    exact: dict = {}
+    for k, m in enumerate(chosen):
+        left = None if end is None else (probe_end - time.perf_counter()) / (len(chosen) - k)
         if left is not None and left < MIN_SECONDS and not options.deterministic and best.result is not None:
             best.skipped[f"M={m}"] = f"exact stages skipped: {max(left, 0.0):.2f} s left of the time limit"
             say(f"micro-batches {m}: exact stages skipped (time limit)")
             continue
         before = set(best.steps)
-        _exact(screened[m], cluster, options, m, left if left is None else max(MIN_SECONDS, left), best)
+        exact[m] = _exact(screened[m], cluster, options, m, left if left is None else max(MIN_SECONDS, left), best)
         mine = {n: v for n, v in best.steps.items() if n not in before}
         say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
+    if len(exact) > 1 and end is not None:
+        m = min(exact, key=lambda c: _rank(exact[c]))
+        left = end - reserve - time.perf_counter()
+        if left >= MIN_SECONDS or options.deterministic:
+            plan = _exact(screened[m], cluster, options, m, max(MIN_SECONDS, left), best, start=exact[m])
+            say(f"micro-batches {m}: the best exact count continued, step {plan.makespan / 1000:.3f} ms")
     return _finish(best, options, marked, cluster)
 
 
@@ -382,19 +397,26 @@ def memory_short(graph: OpGraph, cluster: Cluster, m: int, *, split: OpGraph | N
 
 
 def _exact(screened: _Screened, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
-           best: _Best) -> None:
-    """Offer the slice model's plan of the step in ``m`` slices (``m > 1``) and
-    the pipeline's, started from it and the screened plans of that ``m``."""
+           best: _Best, start: Plan | None = None) -> Plan:
+    """Offer (as ``M=m``) and return the pipeline's plan of the step in ``m``
+    slices, started from the slice model's plan (``m > 1``) and the screened
+    plans of that ``m``; with ``start`` (an earlier plan of this ``m``: the
+    search continued), from it and the screened plans, no slice model."""
     t = time.perf_counter()
     starts = list(screened.starts)
-    if m > 1:
+    if start is not None:
+        starts.insert(0, start)
+    elif m > 1:
         starts[:0] = _slice_start(screened.source, cluster, options, m, seconds, screened.pipes, best)
     if seconds is not None:
         seconds = max(MIN_SECONDS, seconds - (time.perf_counter() - t))
     inner = options.replace(time_limit=seconds, started=None, micro_batches=1, batch_size=None, progress=None)
     name = inner.pipeline_for(screened.graph)
     plan = run_pipeline(screened.graph, cluster, PIPELINES[name], inner, name=name, starts=starts)
+    if start is not None and _rank(start) < _rank(plan):
+        plan = start
     best.offer(f"M={m}", plan, screened.graph, m, "micro-batched" if m > 1 else "step")
+    return plan
 
 
 def _slice_start(graph: OpGraph, cluster: Cluster, options: SolveOptions, m: int, seconds: float | None,
