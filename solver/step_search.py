@@ -248,7 +248,7 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> StepR
         exact[m] = _exact(screened[m], cluster, options, m, left if left is None else max(MIN_SECONDS, left), best)
         mine = {n: v for n, v in best.steps.items() if n not in before}
         say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
-    if len(exact) > 1 and end is not None:
+    if exact and len(chosen) > 1 and end is not None:   # a count skipped leaves its time to the best
         m = min(exact, key=lambda c: _rank(exact[c]))
         left = end - reserve - time.perf_counter()
         if left >= MIN_SECONDS or options.deterministic:
