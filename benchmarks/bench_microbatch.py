@@ -42,7 +42,7 @@ from pathlib import Path
 import pesto
 from pesto.cluster import GiB, hosts, v100x2_nvlink, v100x4_pcie
 from pesto.microbatch import MicroBatched, split_step
-from pesto.replicate import replicate
+from pesto.replicate import gradient_buckets, replicate
 from pesto.training import infer_batch_marks
 from solver.baselines import place_single
 from solver.microbatch_bound import sample_bound
@@ -116,7 +116,8 @@ class Step:
 class Facts:
     """Figures of one workload on one cluster the report's readings cite (microbatch_facts.csv).
 
-    ``grad_mb``: bytes of the weight gradients (the split's partials) in MB;
+    ``grad_mb``: bytes of the weight gradients the all-reduce sums (the tensors
+    batched ops hand to unbatched ones, ``pesto.replicate.gradient_buckets``) in MB;
     ``ring_ms``: a ring all-reduce of them over the cluster's GPUs without
     contention, ``2 (N - 1)`` hops of ``1 / N`` of the bytes on the slowest
     neighbour route; ``work``: total GPU work of the step split into ``M``
@@ -133,7 +134,7 @@ class Facts:
 
 def facts_of(name: str, cluster_name: str, cluster, one: MicroBatched, work: dict) -> Facts:
     """The :class:`Facts` of ``one`` (the step as a 1-slice split) on ``cluster``."""
-    nbytes = sum(one.source.tensor(t).bytes for t in one.partials)
+    nbytes = sum(one.source.tensor(t).bytes for b in gradient_buckets(one.source) for t in b)
     g = [d.name for d in cluster.gpus]
     n = len(g)
     hop = max((cluster.transfer_time(g[i], g[(i + 1) % n], -(-nbytes // n)) for i in range(n)), default=0.0)
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
 
 def _settings(a) -> str:
     return (f"pesto.solve time_limit={a.time_limit:g} s, workers=1, seed=0 (pesto M=1 and pesto auto); "
-            f"GPipe/1F1B best of M in {a.micro} (steps of pesto auto's log reused where it has them); "
+            f"GPipe/1F1B best of M in {a.micro}; "
             f"batch marks by pesto.training.infer_batch_marks")
 
 
