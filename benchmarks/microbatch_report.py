@@ -17,7 +17,7 @@ Examples
 >>> r = [Row("w", "c2", 2, "single", 1, "step", 10, 100.0, 1.0, 1.0, "", 50.0, 0.5, "heuristic", 0.0),
 ...      Row("w", "c2", 2, "pesto auto", 2, "micro-batched", 20, 52.0, 0.5, 1.92, "", 50.0, 0.04, "feasible", 3.0)]
 >>> [(t.target, t.met, t.figure) for t in targets(r, 3.0)][:2]
-[('never slower', True, '52.0 ms; best other: single 100.0 ms'), ('speed-up >= 1.8x on 2 GPUs', None, '1.92x')]
+[('never slower', True, '52.00 ms; best other: single 100.00 ms'), ('speed-up >= 1.8x on 2 GPUs', None, '1.92x')]
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def targets(rows, time_limit: float) -> list[Target]:
         by_gpus.setdefault(w, {}).setdefault(auto.gpus, auto)
         others = [r for r in rs if r.plan != AUTO and r.status != "infeasible"]
         best = min(others, key=lambda r: r.step_ms, default=None)
-        fig = f"{auto.step_ms:.1f} ms" + (f"; best other: {best.plan} {best.step_ms:.1f} ms" if best else "")
+        fig = f"{auto.step_ms:.2f} ms" + (f"; best other: {best.plan} {best.step_ms:.2f} ms" if best else "")
         out.append(Target("never slower", w, c, best is None or auto.step_ms <= best.step_ms * (1 + 1e-9), fig))
         if auto.gpus in SPEEDUP:
             want = SPEEDUP[auto.gpus]

@@ -65,7 +65,7 @@ def test_targets_judge_the_auto_row_against_every_other():
     rows = [_row("single", 100.0), _row("data-parallel", 55.0, kind="replicated"),
             _row("gpipe", 50.0, status="infeasible"), _row("pesto auto", 56.0, gap=0.2, wall_s=70.0)]
     ts = {t.target: t for t in mr.targets(rows, 60.0)}
-    assert ts["never slower"].met is False and "data-parallel 55.0 ms" in ts["never slower"].figure
+    assert ts["never slower"].met is False and "data-parallel 55.00 ms" in ts["never slower"].figure
     assert ts["speed-up >= 1.8x on 2 GPUs"].met is False and ts["speed-up >= 1.8x on 2 GPUs"].figure == "1.79x"
     assert ts["gap <= 10% on 2 GPUs"].met is False
     assert ts["wall within the limit"].met is False
