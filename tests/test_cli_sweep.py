@@ -47,12 +47,22 @@ def run(capsys, *argv):
     return rc, out, err
 
 
+def _default_stop_signals() -> None:
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def pesto_process(*argv, signal_on: str | None = None, sig=signal.SIGINT, timeout=300):
     """``python -m pesto ARGV`` in a subprocess; with ``signal_on``, ``sig`` is sent
-    when a stderr line contains that text. Returns (rc, stdout, stderr)."""
+    when a stderr line contains that text. Returns (rc, stdout, stderr).
+
+    The child starts with the stop signals at their defaults, as from a
+    terminal: pytest run under ``nohup`` or as a background job (``&``)
+    ignores SIGHUP / SIGINT, the child would inherit that, and Pesto keeps a
+    signal the caller ignores ignored (``Deadline.catching_signals``)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen([sys.executable, "-m", "pesto", *map(str, argv)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+                         stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_stop_signals)
     head = []
     if signal_on is not None:
         for line in p.stderr:
