@@ -212,7 +212,7 @@ def pack_buckets(sizes: Sequence[int], bucket_bytes: int | None, first_bytes: in
     out: list[list[int]] = []
     total = 0
     for i, b in enumerate(sizes):
-        cap = min(bucket_bytes, first_bytes) if bucket_bytes and first_bytes and len(out) == 1 else bucket_bytes
+        cap = _cap(bucket_bytes, first_bytes, len(out))
         if out and cap and total + b <= cap:
             out[-1].append(i)
             total += b
@@ -220,6 +220,24 @@ def pack_buckets(sizes: Sequence[int], bucket_bytes: int | None, first_bytes: in
             out.append([i])
             total = b
     return out
+
+
+def _cap(bucket_bytes: int | None, first_bytes: int | None, buckets: int) -> int | None:
+    """The size limit of the bucket being filled, ``buckets`` buckets open."""
+    return min(bucket_bytes, first_bytes) if bucket_bytes and first_bytes and buckets == 1 else bucket_bytes
+
+
+def _mark_after(succ, starts, mark: list, k: int) -> None:
+    """Mark with ``k`` every op reachable from ``starts`` (themselves included)."""
+    todo = [j for j in starts if mark[j] != k]
+    for j in todo:
+        mark[j] = k
+    while todo:
+        i = todo.pop()
+        for j in succ[i]:
+            if mark[j] != k:
+                mark[j] = k
+                todo.append(j)
 
 
 def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) -> list[tuple[str, ...]]:
@@ -230,7 +248,9 @@ def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) ->
     (the most ops on a path from a source to it, itself included: the last
     layer's gradients come first, as their producers wait for fewer ops),
     ties by the producer's position in :meth:`~pesto.graph.OpGraph.topo_idx`,
-    then (one producer) in ``graph.tensors`` order.
+    then (one producer) in ``graph.tensors`` order. A tensor whose producer
+    waits for the open bucket's all-reduce (through an unbatched op between
+    batched ops) starts a new bucket: fused, the ring would wait for itself.
 
     Examples
     --------
@@ -248,11 +268,25 @@ def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) ->
     preds = graph.pred_idx()
     for i in graph.topo_idx():
         depth[i] = 1 + max((depth[j] for j in preds[i]), default=0)
-    ready = sorted(((depth[src], pos[src], k, name, nbytes)
+    ready = sorted(((depth[src], pos[src], k, name, nbytes, src, cons)
                     for k, (name, src, nbytes, cons) in enumerate(graph.tensor_table())
                     if batched[src] and any(not batched[j] for j in cons)))
-    sizes = [t[4] for t in ready]
-    return [tuple(ready[i][3] for i in b) for b in pack_buckets(sizes, bucket_bytes, FIRST_BUCKET_BYTES)]
+    if bucket_bytes is not None:
+        pack_buckets([], bucket_bytes)   # the same check of bucket_bytes
+    succ = graph.succ_idx()
+    mark = [-1] * graph.num_ops   # the last bucket whose all-reduce an op waits for
+    out: list[list[str]] = []
+    total = 0
+    for _, _, _, name, nbytes, src, cons in ready:
+        cap = _cap(bucket_bytes, FIRST_BUCKET_BYTES, len(out))
+        if out and cap and total + nbytes <= cap and mark[src] != len(out) - 1:
+            out[-1].append(name)
+            total += nbytes
+        else:   # full, or produced after the open bucket's all-reduce (an op between batched ops)
+            out.append([name])
+            total = nbytes
+        _mark_after(succ, [j for j in cons if not batched[j]], mark, len(out) - 1)
+    return [tuple(b) for b in out]
 
 
 def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKET_BYTES,

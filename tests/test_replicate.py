@@ -240,3 +240,17 @@ def test_buckets_shorten_the_data_parallel_step_of_many_small_gradients():
     plan = data_parallel_plan(g, c).plan
     check_plan(fused.graph, c, plan).raise_if_invalid()
     assert plan.makespan < sims[1].makespan
+
+
+def test_a_gradient_produced_after_the_open_buckets_all_reduce_starts_a_new_bucket():
+    # dw0 is all-reduced and read by the once-per-step `mid`, which feeds the batched
+    # dw1: fusing dw0 and dw1 would make the ring wait for itself (hypothesis found it)
+    from pesto.graph import Edge, Op, OpGraph, Tensor
+    from pesto.replicate import gradient_buckets
+    ops = [Op("dw0", {"GPU": 1.0}, batch=True), Op("mid", {"GPU": 1.0}, batch=False),
+           Op("dw1", {"GPU": 1.0}, batch=True), Op("apply", {"GPU": 1.0}, batch=False)]
+    g = OpGraph(ops, [Edge("dw0", "mid", "dw0:0"), Edge("mid", "dw1", "mid:0"), Edge("dw1", "apply", "dw1:0")],
+                [Tensor("dw0:0", "dw0", 0), Tensor("mid:0", "mid", 0), Tensor("dw1:0", "dw1", 0)])
+    assert gradient_buckets(g, 1 << 20) == [("dw0:0",), ("dw1:0",)]
+    rep = replicate(g, 2, bucket_bytes=1 << 20)   # builds: no cycle
+    assert rep.graph.num_ops > g.num_ops
