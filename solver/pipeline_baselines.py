@@ -71,7 +71,6 @@ True
 """
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -80,6 +79,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from pesto.cluster import Cluster
+from pesto.dag import priority_order
+from pesto.errors import CycleError
 from pesto.finalize import finalize
 from pesto.graph import OpGraph
 from pesto.microbatch import MicroBatched, split_step
@@ -295,21 +296,16 @@ def _group_rank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, floa
         for j in graph.succ_idx()[i]:
             if j in keys and keys[j] != k:
                 succ[k].add(keys[j])
-    indeg = {k: 0 for k in mean}
-    for k in succ:
-        for v in succ[k]:
-            indeg[v] += 1
-    ready = [(mean[k], k) for k, d in indeg.items() if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, k = heapq.heappop(ready)
-        order.append(k)
-        for v in succ[k]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                heapq.heappush(ready, (mean[v], v))
-    if len(order) < len(mean):   # a cycle between groups: mean position
+    names = sorted(mean)
+    at = {k: i for i, k in enumerate(names)}
+    after = [sorted(at[v] for v in succ[k]) for k in names]
+    before: list[list[int]] = [[] for _ in names]
+    for i, vs in enumerate(after):
+        for j in vs:
+            before[j].append(i)
+    try:
+        order = [names[i] for i in priority_order(after, before, [mean[k] for k in names])]
+    except CycleError:   # a cycle between groups: mean position
         order = sorted(mean, key=lambda k: (mean[k], k))
     return {k: r for r, k in enumerate(order)}
 
