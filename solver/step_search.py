@@ -340,13 +340,14 @@ def _offer_hybrids(graph: OpGraph, cluster: Cluster, m: int, ops: int, best: _Be
     every divisor ``R`` of the GPUs, ``1 < R < GPUs``; skipped, and said, when
     ``R`` x the ``ops`` of the split exceed :data:`DP_MAX_OPS`."""
     n = len(cluster.gpus) or len(cluster.devices)
+    marked = with_marks(graph)   # M = 1 screens the step as given: marked once here, not per R
     for r in (r for r in range(2, n) if n % r == 0):
         name = f"hybrid R={r} M={m}"
         if r * ops > DP_MAX_OPS:
             best.skipped[name] = f"{r} replicas x {ops} ops exceed {DP_MAX_OPS} ops"
             continue
         try:
-            h = hybrid_plan(with_marks(graph), cluster, replicas=r, micro_batches=m, candidates=SCREEN_CANDIDATES)
+            h = hybrid_plan(marked, cluster, replicas=r, micro_batches=m, candidates=SCREEN_CANDIDATES)
         except PestoError as exc:
             best.skipped[name] = str(exc)
             continue
