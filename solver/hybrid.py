@@ -64,7 +64,8 @@ from pesto.microbatch import MicroBatched, Origin, check_count, copy_name, split
 from pesto.plan import Plan
 from pesto.replicate import Replicated, replicate
 
-from .pipeline_baselines import CANDIDATES, Phases, StepPlan, phases, pipeline_plan, staged_plan, task_order
+from .pipeline_baselines import (CANDIDATES, Phases, StepPlan, gpu_names, phases, pipeline_plan, staged_plan,
+                                 task_order)
 
 __all__ = ["hybrid_plan", "place_hybrid", "replica_groups"]
 
@@ -82,7 +83,7 @@ def replica_groups(cluster: Cluster, replicas: int) -> list[list[str]]:
         ``replicas`` not a count >= 1, or not dividing the GPUs.
     """
     n = check_count(replicas, "replicas")
-    gpus = [d.name for d in cluster.gpus] or [d.name for d in cluster.devices]
+    gpus = gpu_names(cluster)
     if len(gpus) % n:
         raise MicroBatchError(f"{n} replicas do not divide the {len(gpus)} GPUs of cluster {cluster.name!r}",
                               culprit=replicas)

@@ -93,7 +93,7 @@ from .common import order_by_key
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
-           "SCHEDULES", "CHUNKS", "CANDIDATES", "staged_plan", "step_stages"]
+           "SCHEDULES", "CHUNKS", "CANDIDATES", "staged_plan", "step_stages", "gpu_names"]
 
 SCHEDULES = ("gpipe", "1f1b")
 CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
@@ -378,7 +378,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
         raise ValueError(f"unknown pipeline schedule {schedule!r}; known: {list(SCHEDULES)}")
     split = split_step(graph, micro_batches)
     ph = phases(graph, loss=loss)
-    gpus = _gpus(cluster)
+    gpus = gpu_names(cluster)
     beta = _mean_route(cluster, gpus)
     m = split.micro_batches
     splits: dict[tuple, tuple] = {}   # per-op stages -> (estimate, stages, block order)
@@ -411,7 +411,8 @@ def _rank(plan: Plan):
     return (plan.status == "infeasible", plan.makespan)
 
 
-def _gpus(cluster: Cluster) -> list[str]:
+def gpu_names(cluster: Cluster) -> list[str]:
+    """The devices the parallel placers use: the cluster's GPUs, else every device."""
     gpus = [d.name for d in cluster.gpus]
     return gpus or [d.name for d in cluster.devices]
 
@@ -556,7 +557,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
         As :func:`pesto.microbatch.split_step`.
     """
     t0 = time.perf_counter()
-    gpus = _gpus(cluster)
+    gpus = gpu_names(cluster)
     rep = replicate(graph, len(gpus))
     if micro_batches == 1:
         g, replica_of = rep.graph, {n: o.replica for n, o in rep.origin.items()}

@@ -62,7 +62,7 @@ from .microbatch_bound import SampleBound, memory_need, sample_bound
 from .options import SolveOptions
 from .hybrid import hybrid_plan
 from .pipeline import PIPELINES, run_pipeline
-from .pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
+from .pipeline_baselines import SCHEDULES, data_parallel_plan, gpu_names, pipeline_plan
 from .slice_model import solve_slices
 
 __all__ = ["StepResult", "solve_step", "step_graph", "micro_batch_counts", "with_marks", "memory_short",
@@ -322,7 +322,7 @@ def _screen(graph: OpGraph, cluster: Cluster, m: int, best: _Best) -> _Screened 
         pipes.append(sp)
         step = min(step, sp.plan.makespan)
         best.offer(f"{schedule} M={m}", sp.plan, sp.graph, m, "micro-batched")
-    replicas = len(cluster.gpus) or len(cluster.devices)
+    replicas = len(gpu_names(cluster))
     if replicas * len(split.ops) > DP_MAX_OPS:
         best.skipped[f"data-parallel M={m}"] = (f"{replicas} replicas x {len(split.ops)} ops exceed "
                                                 f"{DP_MAX_OPS} ops")
@@ -339,7 +339,7 @@ def _offer_hybrids(graph: OpGraph, cluster: Cluster, m: int, ops: int, best: _Be
     """Offer ``hybrid R=<R> M=<m>`` (:func:`solver.hybrid.hybrid_plan`) for
     every divisor ``R`` of the GPUs, ``1 < R < GPUs``; skipped, and said, when
     ``R`` x the ``ops`` of the split exceed :data:`DP_MAX_OPS`."""
-    n = len(cluster.gpus) or len(cluster.devices)
+    n = len(gpu_names(cluster))
     marked = with_marks(graph)   # M = 1 screens the step as given: marked once here, not per R
     for r in (r for r in range(2, n) if n % r == 0):
         name = f"hybrid R={r} M={m}"
