@@ -2,11 +2,11 @@
 
 >>> from tf_patch.zoo import build_model, MODELS
 >>> sorted(MODELS)
-['nasnet', 'nmt', 'rnnlm', 'transformer']
+['bert', 'gpt', 'nasnet', 'nmt', 'rnnlm', 'transformer']
 """
 from __future__ import annotations
 
-from . import nasnet, nmt, rnnlm, transformer
+from . import gpt, nasnet, nmt, rnnlm, transformer
 from .common import ZooModel
 
 __all__ = ["build_model", "MODELS", "ZooModel", "presets"]
@@ -17,6 +17,8 @@ MODELS = {
     "nmt": (nmt.build_nmt, nmt.PRESETS),
     "transformer": (transformer.build_transformer, transformer.PRESETS),
     "nasnet": (nasnet.build_nasnet, nasnet.PRESETS),
+    "gpt": (gpt.build_gpt, gpt.GPT_PRESETS),
+    "bert": (gpt.build_bert, gpt.BERT_PRESETS),
 }
 
 
