@@ -6,7 +6,13 @@ and hence the benchmark figures do not depend on this machine. The cache
 exists because profiling needs TensorFlow and takes a while; the placement
 benchmark reads the JSON files only.
 
-Run ``python -m benchmarks.make_graphs [--only rnnlm_2x2048,...] [--force]``.
+The memory-bound workloads (GPT-1.3B, GPT-2.7B, BERT-Large: their weights,
+Adam slots and activations do not fit one 16 GB V100) are too big to profile
+whole on a small machine: their one-layer model is profiled and tiled to the
+full depth (:mod:`tf_patch.zoo.tiling` states the rule and its test).
+
+Run ``python -m benchmarks.make_graphs [--only rnnlm_2x2048,gpt,...] [--force]``
+(``--only`` takes workload keys or model names: ``--only gpt`` makes both GPTs).
 
 Examples
 --------
@@ -38,6 +44,7 @@ class Workload:
     preset: str
     standin: tuple  # (generator name, args...)
     overrides: tuple = ()  # model field overrides, (name, value) pairs
+    tiled: bool = False  # profile one layer and tile it (tf_patch.zoo.tiling)
 
     @property
     def path(self) -> Path:
@@ -61,6 +68,10 @@ WORKLOADS = (
              ("layered_dag", 4800), (("batch", 32), ("size", 224))),
     Workload("keras_resnet50", "ResNet50 (Keras, b32, 224px)", "keras:resnet50", "b32-224px",
              ("layered_dag", 5000), (("batch", 32), ("size", 224))),
+    # memory-bound: weights + Adam slots (12 B per parameter, fp32) and activations exceed a 16 GB V100
+    Workload("gpt_1.3b", "GPT-1.3B (b16, seq 1024)", "gpt", "1.3b", ("transformer_like", 24), tiled=True),
+    Workload("gpt_2.7b", "GPT-2.7B (b16, seq 1024)", "gpt", "2.7b", ("transformer_like", 32), tiled=True),
+    Workload("bert_large", "BERT-Large (b32, seq 512)", "bert", "large", ("transformer_like", 24), tiled=True),
 )
 
 
@@ -69,6 +80,36 @@ def by_key(key: str) -> Workload:
         if w.key == key:
             return w
     raise KeyError(f"unknown workload {key!r}; known: {[w.key for w in WORKLOADS]}")
+
+
+def select(spec: str) -> list:
+    """The workloads named by ``spec``: comma-separated keys or model names.
+
+    >>> [w.key for w in select("gpt,transformer_6")]
+    ['gpt_1.3b', 'gpt_2.7b', 'transformer_6']
+    """
+    out = []
+    for item in spec.split(","):
+        found = [w for w in WORKLOADS if w.model == item] or [by_key(item)]
+        out += [w for w in found if w not in out]
+    return out
+
+
+def tiled_graph(w: Workload, costs: str = "v100"):
+    """The graph of ``w`` from its one-layer model, profiled and tiled to the
+    preset's depth (:func:`tf_patch.zoo.tiling.tile`)."""
+    from tf_patch import opgraph
+    from tf_patch.zoo import MODELS, build_model
+    from tf_patch.zoo.gpt import sparse_update_bytes
+    from tf_patch.zoo.tiling import canonical, tile
+
+    if costs == "measured":
+        raise ValueError(f"{w.key}: tiled workloads are costed with grappler's GPU models only")
+    overrides = dict(w.overrides)
+    layers = overrides.pop("layers", MODELS[w.model][1][w.preset]["layers"])
+    model = build_model(w.model, w.preset, layers=1, **overrides)
+    one, _ = opgraph(model.graph, model.fetches, costs, name=w.key, tensor_sizes=sparse_update_bytes(model))
+    return tile(canonical(one), layers, name=w.key)
 
 
 def standin_graph(w: Workload):
@@ -102,6 +143,8 @@ def make(w: Workload, costs: str = "v100"):
         from tf_patch.zoo.keras_apps import keras_model
         model, x, y = keras_model(w.model[6:], **dict(w.overrides))
         g, _ = keras_opgraph(model, "sparse_categorical_crossentropy", "sgd", x, y, name=w.key)
+    elif w.tiled:
+        g = tiled_graph(w, costs)
     else:
         g = opgraph_for(w.model, w.preset, costs=costs, **dict(w.overrides))
     GRAPHS.mkdir(parents=True, exist_ok=True)
@@ -111,11 +154,11 @@ def make(w: Workload, costs: str = "v100"):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", help="comma-separated workload keys")
+    ap.add_argument("--only", help="comma-separated workload keys or model names")
     ap.add_argument("--force", action="store_true", help="regenerate even if the JSON exists")
     ap.add_argument("--costs", default="v100", choices=["v100", "measured"])
     args = ap.parse_args(argv)
-    todo = [by_key(k) for k in args.only.split(",")] if args.only else list(WORKLOADS)
+    todo = select(args.only) if args.only else list(WORKLOADS)
     manifest_path = GRAPHS / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     failed = 0
@@ -131,10 +174,11 @@ def main(argv=None) -> int:
             print(f"{w.key}: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
         dt = time.perf_counter() - t0
-        manifest[w.key] = {"model": w.model, "preset": w.preset, "overrides": dict(w.overrides),
+        manifest[w.key] = {**({"tiled": "one layer profiled, tiled"} if w.tiled else {}),"model": w.model, "preset": w.preset, "overrides": dict(w.overrides),
                            "costs": args.costs,
                            "ops": g.num_ops, "edges": g.num_edges,
                            "gpu_work_ms": round(g.total_work("GPU") / 1000, 3),
+                           "persistent_gb": round(sum(op.persistent_bytes for op in g.ops) / 1e9, 3),
                            "seconds": round(dt, 1), "date": time.strftime("%Y-%m-%d", time.gmtime()),
                            "python": platform.python_version()}
         try:

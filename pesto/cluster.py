@@ -41,7 +41,7 @@ FORMAT = "pesto.cluster"
 VERSION = 1
 GiB = 1 << 30
 
-__all__ = ["Device", "Route", "Cluster", "v100x2_nvlink", "v100x4_pcie", "gpus",
+__all__ = ["Device", "Route", "Cluster", "v100x2_nvlink", "v100x8_nvlink", "v100x4_pcie", "gpus",
            "logical_cpus", "heterogeneous", "two_hosts", "hosts", "NETWORKS", "Network", "task_device",
            "PRESETS", "preset", "GiB"]
 
@@ -410,6 +410,21 @@ def v100x2_nvlink(*, with_cpu: bool = True) -> Cluster:
                 name="v100x2_nvlink")
 
 
+def v100x8_nvlink(*, with_cpu: bool = True) -> Cluster:
+    """8x V100 16 GB in one node, a point-to-point NVLink per ordered pair at
+    the 2-GPU testbed's fit (an all-to-all NVSwitch-like node; a DGX-1's
+    hybrid cube mesh links each GPU to 4 peers only). The memory-bound
+    workloads' cluster (``benchmarks/graphs``: GPT-1.3B, GPT-2.7B,
+    BERT-Large); ``hosts4x2_ib_hdr`` spreads the same 8 GPUs over 4 hosts.
+
+    >>> c = v100x8_nvlink()
+    >>> len(c.gpus), c.gpus[0].memory == 16 * GiB, c.route("/GPU:0", "/GPU:7").links
+    (8, True, ('link:/GPU:0>/GPU:7',))
+    """
+    return gpus(8, memory=16 * GiB, beta=NVLINK_GG, with_cpu=with_cpu, cpu_beta=NVLINK_CG,
+                name="v100x8_nvlink")
+
+
 def v100x4_pcie(*, with_cpu: bool = True) -> Cluster:
     """Celeritas's testbed: 4x V100 32 GB behind one PCIe switch.
 
@@ -541,7 +556,7 @@ def logical_cpus(n: int = 2, *, memory: int = 4 * GiB, beta: tuple = (20.0, 1.0e
     return Cluster(devs, _p2p(names, beta, "mem"), name=f"logical_cpus{n}")
 
 
-PRESETS = {"v100x2_nvlink": v100x2_nvlink, "v100x4_pcie": v100x4_pcie,
+PRESETS = {"v100x2_nvlink": v100x2_nvlink, "v100x8_nvlink": v100x8_nvlink, "v100x4_pcie": v100x4_pcie,
            "heterogeneous": heterogeneous, "two_hosts": two_hosts}
 
 

@@ -62,7 +62,7 @@ from .graph import OpGraph
 from .problem import GraphArrays, Problem
 
 __all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair", "peak_repair",
-           "check_feasible", "static_bytes", "overrun_message", "fmt_bytes", "MEMORY_NOTE"]
+           "check_feasible", "live_across", "static_bytes", "overrun_message", "fmt_bytes", "MEMORY_NOTE"]
 
 MEMORY_NOTE = ("memory does not fit: ops in memory_forced were put on the device with the most free "
                "memory; memory_over gives the simulated peak per over-full device")
@@ -255,6 +255,38 @@ def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
         raise InfeasibleError(
             f"persistent bytes of the graph ({fmt_bytes(total)}) exceed the memory of all devices "
             f"together ({fmt_bytes(sum(p.cap))})", culprit="total")
+
+
+def _closure(adj, start: int) -> set:
+    seen, stack = {start}, [start]
+    while stack:
+        for j in adj[stack.pop()]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return seen
+
+
+def live_across(graph: OpGraph, name: str) -> int:
+    """Bytes of the tensors live when op ``name`` ends, in every plan: those
+    produced by ``name`` or one of its ancestors and read by one of its
+    descendants (produced before it ends, read after). With the persistent
+    bytes, a floor on what all devices together hold at that moment; for the
+    loss of a training step, the activations its backward pass reads.
+
+    Examples
+    --------
+    >>> from pesto.graph import OpGraph, Op, Edge, Tensor
+    >>> g = OpGraph([Op(n, {"GPU": 1.0}) for n in ("f", "loss", "b")],
+    ...             [Edge("f", "loss", "f:0"), Edge("f", "b", "f:0"), Edge("loss", "b", "loss:0")],
+    ...             [Tensor("f:0", "f", 100), Tensor("loss:0", "loss", 4)])
+    >>> live_across(g, "loss"), live_across(g, "f")
+    (104, 100)
+    """
+    i = graph.index[name]
+    before = _closure(graph.pred_idx(), i)
+    after = _closure(graph.succ_idx(), i) - {i}
+    return sum(b for _, src, b, cons in graph.tensor_table() if src in before and any(c in after for c in cons))
 
 
 def fmt_bytes(n) -> str:

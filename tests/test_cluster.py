@@ -162,3 +162,20 @@ def test_json_missing_route_is_cluster_error():
     d["routes"] = d["routes"][:1]
     with pytest.raises(InvalidClusterError, match="no route"):
         Cluster.from_json(json.dumps(d))
+
+
+def test_memory_bound_presets_have_eight_16gb_v100s():
+    """The clusters of the memory-bound workloads (issue 30): one NVLink node and 4 hosts x 2 on IB HDR."""
+    node = preset("v100x8_nvlink", with_cpu=False)
+    assert node.name == "v100x8_nvlink" and len(node.gpus) == 8
+    assert all(d.memory == 16 * GiB for d in node.gpus)
+    assert node.identical_groups() == [[f"/GPU:{i}" for i in range(8)]]
+    assert node.transfer_time("/GPU:0", "/GPU:7", 10**6) == pytest.approx(40.77 + 2.0757e-5 * 1e6)
+    assert preset("v100x8_nvlink").names[-1] == "/CPU:0"
+    ib = preset("hosts4x2_ib_hdr")
+    assert ib.name == "hosts4x2_ib_hdr" and len(ib.gpus) == 8
+    assert all(d.memory == 16 * GiB for d in ib.gpus)
+    a, b = ib.names[0], ib.names[2]  # task 0 and task 1
+    assert ib.route(a, b).links == ("nic_out:0", "nic_in:1")
+    assert ib.transfer_time(a, b, 10**6) < ib.transfer_time(a, b, 10**7)
+    assert node.transfer_time("/GPU:0", "/GPU:1", 10**8) < ib.transfer_time(a, b, 10**8)

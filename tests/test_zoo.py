@@ -42,17 +42,18 @@ def test_batches_shift_targets_by_one():
 
 
 def test_presets_include_the_papers():
-    assert sorted(MODELS) == ["nasnet", "nmt", "rnnlm", "transformer"]
+    assert sorted(MODELS) == ["bert", "gpt", "nasnet", "nmt", "rnnlm", "transformer"]
     assert {"small", "2x2048", "4x2048", "16x1024"} <= set(presets("rnnlm"))
     assert {"small", "2x1024", "4x1024"} <= set(presets("nmt"))
     assert {"small", "6", "12"} <= set(presets("transformer"))
     assert {"small", "paper"} <= set(presets("nasnet"))
+    assert {"small", "1.3b", "2.7b"} <= set(presets("gpt")) and {"small", "large"} <= set(presets("bert"))
     with pytest.raises(ValueError, match="unknown preset"):
         build_model("rnnlm", "huge")
     with pytest.raises(ValueError, match="unknown option"):
         build_model("rnnlm", "small", colour=1)
     with pytest.raises(ValueError, match="unknown model"):
-        build_model("gpt", "small")
+        build_model("gpt2", "small")
 
 
 SCOPES = {
@@ -61,6 +62,10 @@ SCOPES = {
             r"gradients/.*attention", r"output_projection", r"loss"],
     "transformer": [r"embed", r"layer_0/attention", r"layer_1/ffn", r"output_projection", r"loss"],
     "nasnet": [r"cell_0/branch_0/", r"cell_2/branch_5/", r"gradients/cell_1/branch_1/", r"softmax", r"loss"],
+    "gpt": [r"^embed/", r"^layer_1/attention/qkv/", r"^layer_0/mlp/gelu/", r"^gradients/layer_1/ln_0/",
+            r"^train/update_layer_0/mlp/fc/w/", r"^ln_f/", r"^output_projection/", r"^loss/"],
+    "bert": [r"^embed/ln/", r"^layer_1/attention/", r"^layer_0/ln_1/", r"^gradients/layer_1/mlp/",
+             r"^mlm/transform/", r"^output_projection/", r"^loss/"],
 }
 
 

@@ -46,10 +46,12 @@ from __future__ import annotations
 
 import math
 
+from ..extract import step_ops
 from .common import MICRO_DEFAULTS, ZooModel, lazy_corpus, merge_preset, model_step, tf1
 from .data import lm_batches
 
-__all__ = ["build_gpt", "build_bert", "GPT_PRESETS", "BERT_PRESETS", "MLM_STRIDE", "parameters"]
+__all__ = ["build_gpt", "build_bert", "GPT_PRESETS", "BERT_PRESETS", "MLM_STRIDE", "parameters",
+           "sparse_update_bytes"]
 
 GPT_PRESETS = {
     "small": dict(layers=2, d_model=64, heads=4, d_ff=256, batch=4, seq=16, vocab=500),
@@ -78,6 +80,23 @@ def parameters(cfg: dict, kind: str = "gpt") -> int:
     embed = V * D + S * D
     head = D * V + V + (2 * D if kind == "gpt" else D * D + D + 2 * D + 2 * D)  # bert: + embed/ln
     return L * block + embed + head
+
+
+def sparse_update_bytes(model: ZooModel) -> dict[str, int]:
+    """Tensor name -> bytes for the step's tensors of unknown leading dimension:
+    Adam's sparse update of the embedding (``train/update_embed/embedding``),
+    one row per distinct token of the batch, at most ``min(vocab, batch * seq)``
+    rows (the bound, so the memory is not undercounted). For
+    :func:`tf_patch.extract.extract`'s ``tensor_sizes``."""
+    cfg = model.config
+    rows = min(cfg["vocab"], cfg["batch"] * cfg["seq"])
+    out = {}
+    for op in step_ops(model.graph, model.fetches):
+        for x in op.outputs:
+            dims = x.shape.as_list() if x.shape.rank else None
+            if dims and dims[0] is None and all(d is not None for d in dims[1:]):
+                out[x.name] = int(rows * math.prod(dims[1:]) * x.dtype.size)
+    return out
 
 
 def _layer_norm(x, scope: str, d: int):
