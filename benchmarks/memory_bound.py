@@ -34,10 +34,10 @@ from pesto.cluster import gpus, preset
 from pesto.errors import InfeasibleError
 from pesto.memory import check_feasible, fmt_bytes, live_across
 
-from .make_graphs import by_key, load
+from .make_graphs import MEMORY_BOUND, by_key, load
 
 HERE = Path(__file__).resolve().parent
-KEYS = ("gpt_1.3b", "gpt_2.7b", "bert_large")
+KEYS = tuple(w.key for w in MEMORY_BOUND)
 #: The op whose end splits the step: the loss's cross-entropy (its second
 #: output, the logits' gradient, starts the backward pass).
 LOSS_OP = "loss/SparseSoftmaxCrossEntropyWithLogits/SparseSoftmaxCrossEntropyWithLogits"

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from benchmarks.make_graphs import GRAPHS, by_key, load, select
+from benchmarks.make_graphs import GRAPHS, WORKLOADS, by_key, load, select
 from benchmarks.memory_bound import KEYS, LOSS_OP, figures
 from pesto.cluster import GiB, gpus, preset
 from pesto.errors import InfeasibleError
@@ -78,6 +78,8 @@ def test_figures_and_manifest_agree():
 
 
 def test_select_takes_keys_and_model_names():
+    assert KEYS == ("gpt_1.3b", "gpt_2.7b", "bert_large")
+    assert not set(KEYS) & {w.key for w in WORKLOADS}   # the 2-4 GPU placement benchmarks leave them out
     assert [w.key for w in select("gpt")] == ["gpt_1.3b", "gpt_2.7b"]
     assert [w.key for w in select("bert,transformer_6,bert_large")] == ["bert_large", "transformer_6"]
     with pytest.raises(KeyError, match="unknown workload 'nope'"):

@@ -38,6 +38,8 @@ TINY = {
     "nmt": dict(layers=1, units=16, batch=8, src_steps=3, tgt_steps=3, vocab=50),
     "transformer": dict(layers=1, d_model=16, heads=2, d_ff=32, batch=8, seq=4, vocab=50),
     "nasnet": dict(cells=1, channels=4, batch=8, image=8),
+    "gpt": dict(layers=1, d_model=16, heads=2, d_ff=32, batch=8, seq=4, vocab=50),
+    "bert": dict(layers=1, d_model=16, heads=2, d_ff=32, batch=8, seq=8, vocab=50),
 }
 
 
@@ -68,7 +70,8 @@ def _assert_same_training(whole, split):
         np.testing.assert_allclose(a2[k] - b2[k], a1[k] - b1[k], rtol=1e-4, atol=1e-6, err_msg=k)
 
 
-@pytest.mark.parametrize("name,m", [("rnnlm", 4), ("nmt", 2), ("transformer", 2), ("nasnet", 4)])
+@pytest.mark.parametrize("name,m", [("rnnlm", 4), ("nmt", 2), ("transformer", 2), ("nasnet", 4),
+                                        ("gpt", 2), ("bert", 4)])
 def test_a_split_zoo_step_trains_as_the_unsplit_step(name, m):
     _assert_same_training(_train(_tiny(name)), _train(_tiny(name, micro_batches=m)))
 

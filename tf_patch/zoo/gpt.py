@@ -21,9 +21,10 @@ as in packed pre-training), and weight tying: the output projection has its
 own weights (a tied embedding would make TensorFlow's embedding gradient a
 sparse + dense sum). So GPT-1.3B has 1.42e9 parameters (1.31e9 tied) and
 GPT-2.7B 2.78e9. All variables are float32, so weights and the two Adam
-slots are 12 bytes per parameter of persistent memory (16.9 GB for 1.3B,
-more than a 16 GB V100 holds before any activation); the gradients (4 more)
-are outputs of the backward ops.
+slots are 12 bytes per parameter of persistent memory: 17.0 GB (15.8 GiB)
+for 1.3B, just under a 16 GiB V100 before any gradient (4 bytes more per
+parameter, outputs of the backward ops) or activation; 33.3 GB for 2.7B
+(``benchmarks/results/memory_bound.md`` has the activations too).
 
 Scopes, so that gradient scopes mirror the forward ops and a layer's ops
 are found by name: ``embed``, ``layer_<k>/{ln_0,attention,ln_1,mlp}``
