@@ -10,7 +10,7 @@ from ..devices import detect
 from ..microstep import GRADIENT_SCOPE, check_micro_batches, split_graph_step
 from .data import corpus
 
-__all__ = ["ZooModel", "tf1", "lstm_cell", "train_step", "merge_preset", "projection_loss", "lazy_corpus",
+__all__ = ["ZooModel", "tf1", "layer_norm", "lstm_cell", "train_step", "merge_preset", "projection_loss", "lazy_corpus",
            "lstm_stack_step", "model_step", "mirrored_step", "slice_scope", "MICRO_DEFAULTS"]
 
 #: The options every zoo builder takes besides its preset's fields: the step
@@ -68,6 +68,16 @@ def merge_preset(presets: dict, model: str, preset: str, overrides: dict) -> dic
         raise ValueError(f"unknown option(s) {sorted(unknown)} for {model}; known: {sorted(cfg)}")
     cfg.update(overrides)
     return cfg
+
+
+def layer_norm(x, scope: str, d: int, eps: float = 1e-6):
+    """Layer normalisation over the last axis (``gamma``, ``beta`` under ``scope``)."""
+    t = tf1()
+    with t.variable_scope(scope):
+        g = t.get_variable("gamma", [d], initializer=t.ones_initializer())
+        b = t.get_variable("beta", [d], initializer=t.zeros_initializer())
+        mean, var = t.nn.moments(x, [-1], keep_dims=True)
+        return (x - mean) * t.rsqrt(var + eps) * g + b
 
 
 def lstm_cell(x, h, c, kernel, bias):

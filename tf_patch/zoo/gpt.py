@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 
 from ..extract import step_ops
-from .common import MICRO_DEFAULTS, ZooModel, lazy_corpus, merge_preset, model_step, tf1
+from .common import MICRO_DEFAULTS, ZooModel, layer_norm, lazy_corpus, merge_preset, model_step, tf1
 from .data import lm_batches
 
 __all__ = ["build_gpt", "build_bert", "GPT_PRESETS", "BERT_PRESETS", "MLM_STRIDE", "parameters",
@@ -101,12 +101,7 @@ def sparse_update_bytes(model: ZooModel) -> dict[str, int]:
 
 
 def _layer_norm(x, scope: str, d: int):
-    t = tf1()
-    with t.variable_scope(scope):
-        g = t.get_variable("gamma", [d], initializer=t.ones_initializer())
-        b = t.get_variable("beta", [d], initializer=t.zeros_initializer())
-        mean, var = t.nn.moments(x, [-1], keep_dims=True)
-        return (x - mean) * t.rsqrt(var + 1e-5) * g + b
+    return layer_norm(x, scope, d, eps=1e-5)
 
 
 def _dense(x2d, n_in: int, n_out: int, scope: str, init):

@@ -40,7 +40,8 @@ their inputs' names: ``gradients/layer_3/AddN_1``. A fully profiled
 ``L``-layer graph made canonical and the tile of its one-layer graph are then
 the same graph: the same ops, tensors, edges, groups, batch marks and bytes,
 and per-op costs equal (``tests/test_zoo_tiling.py`` checks it op by op, and
-the total compute within 0.1 %).
+the total compute within 0.1 %, for GPT and BERT at small sizes; at GPT-1.3B's
+sizes, two layers profiled whole and tiled from one were identical too).
 
 Examples
 --------

@@ -6,7 +6,8 @@ Data: next-token prediction over the seeded Zipf corpus of :mod:`tf_patch.zoo.da
 """
 from __future__ import annotations
 
-from .common import MICRO_DEFAULTS, ZooModel, lazy_corpus, merge_preset, model_step, projection_loss, tf1
+from .common import (MICRO_DEFAULTS, ZooModel, layer_norm, lazy_corpus, merge_preset, model_step, projection_loss,
+                     tf1)
 from .data import lm_batches
 
 PRESETS = {
@@ -15,15 +16,6 @@ PRESETS = {
     "12": dict(layers=12, d_model=512, heads=8, d_ff=2048, batch=64, seq=128, vocab=32000),
 }
 _DEFAULTS = dict(optimizer="adam", lr=0.003, seed=0, corpus="zipf", **MICRO_DEFAULTS)
-
-
-def _layer_norm(x, scope, d):
-    t = tf1()
-    with t.variable_scope(scope):
-        g = t.get_variable("gamma", [d], initializer=t.ones_initializer())
-        b = t.get_variable("beta", [d], initializer=t.zeros_initializer())
-        mean, var = t.nn.moments(x, [-1], keep_dims=True)
-        return (x - mean) * t.rsqrt(var + 1e-6) * g + b
 
 
 def build_transformer(preset: str = "small", **overrides) -> ZooModel:
@@ -62,12 +54,12 @@ def build_transformer(preset: str = "small", **overrides) -> ZooModel:
                         q, kk, v = heads(wq), heads(wk), heads(wv)
                         att = t.nn.softmax(t.matmul(q, kk, transpose_b=True) / float(np.sqrt(dk)) + mask)
                         o = t.reshape(t.transpose(t.matmul(att, v), [0, 2, 1, 3]), [b * S, D])
-                        x = _layer_norm(x + t.reshape(t.matmul(o, wo), [b, S, D]), "ln_0", D)
+                        x = layer_norm(x + t.reshape(t.matmul(o, wo), [b, S, D]), "ln_0", D)
                     with t.variable_scope("ffn"):
                         w1 = t.get_variable("w1", [D, F], initializer=init)
                         w2 = t.get_variable("w2", [F, D], initializer=init)
                         hdn = t.nn.relu(t.matmul(t.reshape(x, [b * S, D]), w1))
-                        x = _layer_norm(x + t.reshape(t.matmul(hdn, w2), [b, S, D]), "ln_1", D)
+                        x = layer_norm(x + t.reshape(t.matmul(hdn, w2), [b, S, D]), "ln_1", D)
             return projection_loss(lambda: t.reshape(x, [b * S, D]), y_in, D, V, init, scope="output_projection",
                                    bias=False)
 
