@@ -274,8 +274,10 @@ def tile(graph: OpGraph, layers: int, *, name: str | None = None) -> OpGraph:
                 ts = [relayer(t, k) for t in e.tensors if not ((t == ch.y and k != layers - 1) or (t == ch.grad_x and k != 0))]
                 if ts or not e.tensors:
                     add(relayer(e.src, k), e.dst, ts)
-    return OpGraph(_ops(graph, block, layers), [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in edges.items()],
-                   tensors, name=name or graph.name)
+    ops = _ops(graph, block, layers)
+    pos = {op.name: i for i, op in enumerate(ops)}   # edges in op order: the file does not depend on TF's
+    return OpGraph(ops, [Edge(u, v, tuple(sorted(set(ts)))) for (u, v), ts in sorted(edges.items(),
+                   key=lambda kv: (pos[kv[0][0]], pos[kv[0][1]]))], tensors, name=name or graph.name)
 
 
 def _edge_in(add, e: Edge, k: int, layers: int, ch: Chain, src: dict) -> None:
