@@ -12,7 +12,7 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    consecutive runs of ``K``. A replica's stages thus sit inside one host
    whenever ``K`` divides a host's GPUs, and its pipeline transfers take the
    fastest routes; replica ``r`` is group ``r``, so the ring of
-   :func:`pesto.replicate.replicate` (replica order) runs group to group.
+   :func:`pesto.step.replicate` (replica order) runs group to group.
 2. **Stages**: the best ``K``-stage pipeline of the *un-replicated* step on
    group 0 alone (:func:`~solver.pipeline_baselines.pipeline_plan` with
    ``stages=K`` on ``cluster.subset(group 0 + non-GPU devices)``: its block
@@ -60,9 +60,9 @@ from typing import Mapping, Sequence
 from pesto.cluster import Cluster
 from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
-from pesto.microbatch import MicroBatched, Origin, check_count, copy_name, split_step
+from pesto.step import Origin, Transformed, check_count, replicate, split as split_step
+from pesto.step.slicing import copy_name
 from pesto.plan import Plan
-from pesto.replicate import Replicated, replicate
 
 from .pipeline_baselines import (CANDIDATES, Phases, StepPlan, gpu_names, phases, pipeline_plan, staged_plan,
                                  task_order)
@@ -105,8 +105,8 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     Raises
     ------
     MicroBatchError, BatchMarkError
-        As :func:`replica_groups`, :func:`pesto.replicate.replicate` and
-        :func:`pesto.microbatch.split_step`.
+        As :func:`replica_groups`, :func:`pesto.step.replicate` and
+        :func:`pesto.step.split`.
     ValueError
         An unknown ``schedule``.
     """
@@ -140,7 +140,7 @@ def _op_stages(graph: OpGraph, placement: Mapping[str, str], group: Sequence[str
     return [where.get(placement[copy_name(op.name, 0) if op.batch else op.name], 0) for op in graph.ops]
 
 
-def _replica_stages(rep: Replicated, stage: Sequence[int], k: int) -> list[int]:
+def _replica_stages(rep: Transformed, stage: Sequence[int], k: int) -> list[int]:
     """Per op of ``rep.graph``, ``replica * k + stage``: a copy's stage is its
     op's, an all-reduce op's that of its tensor's first unbatched reader."""
     g = rep.source
@@ -157,12 +157,12 @@ def _replica_stages(rep: Replicated, stage: Sequence[int], k: int) -> list[int]:
     return out
 
 
-def _unsplit(graph: OpGraph) -> MicroBatched:
+def _unsplit(graph: OpGraph) -> Transformed:
     """``graph`` as its own split in one slice under its own names (the
     replicated ``M = 1`` step is not split: :func:`~solver.step_search.step_graph`)."""
-    origin = {op.name: Origin(op.name, 0, "copy") if op.batch else Origin(op.name, None, "step")
+    origin = {op.name: Origin(op.name, slice=0) if op.batch else Origin(op.name, role="step")
               for op in graph.ops}
-    return MicroBatched(graph, graph, 1, MappingProxyType(origin), frozenset())
+    return Transformed(graph, graph, MappingProxyType(origin))
 
 
 def place_hybrid(graph: OpGraph, cluster: Cluster, *, replicas: int = 2, micro_batches: int = 1,

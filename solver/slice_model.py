@@ -1,7 +1,7 @@
 """The joint slice-aware exact model of a micro-batched step (issue 24, item 3).
 
 :func:`solve_slices` splits the step into ``M`` slices
-(:func:`pesto.microbatch.split_step`), builds the block x slice grid
+(:func:`pesto.step.split`), builds the block x slice grid
 (:func:`solver.slice_grid.slice_grid`), lets CP-SAT choose the stage of every
 block -- shared by all slices and both phases -- together with the order of
 the slice tasks on each device (:class:`solver.slice_cpsat.GridModel`, hinted
@@ -43,7 +43,7 @@ from pesto.cluster import Cluster
 from pesto.deadline import Deadline
 from pesto.errors import PestoError
 from pesto.graph import OpGraph
-from pesto.microbatch import split_step
+from pesto.step import split as split_step
 from pesto.plan import Plan
 
 from .pipeline_baselines import SCHEDULES, StepPlan, pipeline_plan, staged_plan
@@ -146,7 +146,7 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
     GridError
         No grid for this step (:func:`solver.slice_grid.slice_grid`).
     MicroBatchError, BatchMarkError
-        As :func:`pesto.microbatch.split_step`.
+        As :func:`pesto.step.split`.
     """
     t0 = time.perf_counter()
     split = split_step(graph, micro_batches)
