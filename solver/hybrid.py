@@ -19,7 +19,7 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    orders, cut DP and simulated candidates); each op's stage is the
    position in the group of the device it got there (colocation already
    settled by that plan).
-3. **The step**: ``split_step(replicate(graph, R).graph, M)`` (``M = 1``: the
+3. **The step**: ``split(replicate(graph, R).graph, M)`` (``M = 1``: the
    replicated graph itself), the graph :func:`solver.step_search.step_graph`
    rebuilds for ``("replicated", R, M)``. Replica ``r``'s copy of an op runs
    on ``group[r][stage]``; every all-reduce op of a gradient tensor on the

@@ -1,4 +1,4 @@
-"""pesto.replicate: data parallelism as a graph with a ring all-reduce (issue 24)."""
+"""pesto.step.replicate: data parallelism as a graph with a ring all-reduce (issue 24)."""
 from __future__ import annotations
 
 import hashlib
@@ -12,9 +12,11 @@ from mb_strategies import marked_dags
 from pesto.cluster import gpus, hosts, v100x4_pcie
 from pesto.errors import BatchMarkError, MicroBatchError
 from pesto.graph import Edge, Op, OpGraph, Tensor
-from pesto.microbatch import FLOOR_US, fixed_ops, microbatch, partial_tensors, split_step
+from pesto.step import compose, split
+from pesto.step.slicing import FLOOR_US, fixed_ops, partial_tensors
 from pesto.plan import check_plan
-from pesto.replicate import BUCKET_BYTES, RESERVED, gradient_buckets, pack_buckets, replicate
+from pesto.step import replicate
+from pesto.step.replication import BUCKET_BYTES, RESERVED, gradient_buckets, pack_buckets
 from pesto.simulate import simulate
 
 SETTINGS = settings(max_examples=50, deadline=None)
@@ -109,7 +111,7 @@ def test_data_parallel_beats_one_device_when_links_are_fast():
 
 def test_replicas_then_micro_batches_accumulate_before_the_all_reduce():
     rep = replicate(_step(), 2)
-    s = split_step(rep.graph, 3)
+    s = split(rep.graph, 3)
     accs = [n for n in s.graph.names if "@acc" in n]
     assert len(accs) == 2 * 2 * 2   # 2 replicas x 2 chunk tensors x (3 - 1) adds
     assert all(s.graph.successors(a)[0].startswith(("dw:0@rs", "dw:0@r")) for a in accs)
@@ -159,7 +161,7 @@ def test_unmarked_graph_and_too_few_devices_are_refused():
         replicate(OpGraph([Op("a", {"GPU": 1.0})]), 2)
     with pytest.raises(MicroBatchError, match="3 replicas need as many devices"):
         replicate(_step(), 3).placement(["/GPU:0", "/GPU:1"])
-    assert microbatch(replicate(_step(), 2).graph, 1).num_ops == replicate(_step(), 2).graph.num_ops
+    assert split(replicate(_step(), 2).graph, 1).graph.num_ops == replicate(_step(), 2).graph.num_ops
 
 
 # -- gradient buckets ------------------------------------------------------------
@@ -246,7 +248,6 @@ def test_a_gradient_produced_after_the_open_buckets_all_reduce_starts_a_new_buck
     # dw0 is all-reduced and read by the once-per-step `mid`, which feeds the batched
     # dw1: fusing dw0 and dw1 would make the ring wait for itself (hypothesis found it)
     from pesto.graph import Edge, Op, OpGraph, Tensor
-    from pesto.replicate import gradient_buckets
     ops = [Op("dw0", {"GPU": 1.0}, batch=True), Op("mid", {"GPU": 1.0}, batch=False),
            Op("dw1", {"GPU": 1.0}, batch=True), Op("apply", {"GPU": 1.0}, batch=False)]
     g = OpGraph(ops, [Edge("dw0", "mid", "dw0:0"), Edge("mid", "dw1", "mid:0"), Edge("dw1", "apply", "dw1:0")],
