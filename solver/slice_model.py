@@ -24,8 +24,9 @@ Examples
 --------
 >>> from pesto.graph import Op, OpGraph, Tensor, Edge
 >>> from pesto.cluster import gpus
->>> names = ["l0", "l1", "gradients/l1_grad", "gradients/l0_grad"]
->>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n) for n in names]
+>>> names, anchor = ["l0", "l1", "d1", "d0"], {"d1": "l1", "d0": "l0"}   # two layers, their gradients
+>>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n, anchor=anchor.get(n),
+...           phase="input-grad" if n in anchor else "forward") for n in names]
 >>> es = [Edge(a, b, f"{a}:0") for a, b in zip(names, names[1:])]
 >>> g = OpGraph(ops, es, [Tensor(f"{n}:0", n, 8) for n in names])
 >>> r = solve_slices(g, gpus(2, beta=(0.0, 0.0)), micro_batches=2, time_limit=2, workers=1)
