@@ -126,3 +126,24 @@ def test_a_graph_without_gradient_scopes_gets_no_phase_but_roles():
 def test_backward_with_a_loss_needs_no_marks():
     g = OpGraph.from_edges({"x": 1, "loss": 1, "d": 1}, [("x", "loss"), ("loss", "d")])
     assert backward_ops(g, loss="loss") == {"d"}
+
+
+def test_the_solver_reads_marks_and_the_facade_sets_them():
+    """The solver never infers marks: it names the unmarked ops; the facade
+    (:func:`pesto.api.marked`) marks a TensorFlow-named graph by tf_patch.marks."""
+    from pesto.api import marked
+    from solver.step_search import with_marks
+    from solver.pipeline_baselines import phases
+
+    raw = OpGraph.from_json(GRAPHS / "rnnlm_2x2048.json.gz")
+    with pytest.raises(BatchMarkError, match=r"op\(s\) without batch marks") as exc:
+        with_marks(raw)
+    assert exc.value.ops == [op.name for op in raw.ops if op.batch is None]
+    batch_only = OpGraph([replace(op, phase=None, anchor=None) for op in mark_step(raw).ops], raw.edges,
+                         raw.tensors, name="batch-only")
+    with pytest.raises(InvalidGraphError, match="no op is marked as backward"):
+        phases(batch_only)
+    done = marked(raw)
+    assert is_marked(done) and marked(done) is done
+    assert [(o.batch, o.phase, o.anchor, o.role) for o in done.ops] == \
+        [(o.batch, o.phase, o.anchor, o.role) for o in mark_step(raw).ops]
