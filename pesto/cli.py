@@ -46,11 +46,10 @@ from solver import PLACERS, accepted_options, get_placer
 from solver.hybrid import hybrid_plan
 from solver.pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
 from solver.slice_model import place_slice_cpsat
-from solver.step_search import step_graph, with_marks
 
 from . import __version__
 from . import cluster as C
-from .api import default_cluster, evaluate, raise_overrun, solve_step
+from .api import default_cluster, evaluate, marked, raise_overrun, solve_step, step_graph
 from .errors import InfeasibleError, InvalidPlanError, PestoError
 from .graph import OpGraph
 from .memory import fmt_bytes
@@ -367,18 +366,18 @@ def _place_step(args, graph, cluster, placer: str, micro: int):
     GPipe, 1F1B and slice-cpsat default to 4, data parallelism and hybrid to 1; a heuristic places the split step)."""
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
         if placer in SCHEDULES:
-            r = pipeline_plan(with_marks(graph), cluster, schedule=placer, micro_batches=micro if micro > 1 else 4)
+            r = pipeline_plan(marked(graph), cluster, schedule=placer, micro_batches=micro if micro > 1 else 4)
             return r.plan, r.graph
         if placer == "slice-cpsat":
             m = micro if micro > 1 else 4
-            plan = place_slice_cpsat(with_marks(graph), cluster, micro_batches=m,
+            plan = place_slice_cpsat(marked(graph), cluster, micro_batches=m,
                                      time_limit=args.time_limit or 10.0, seed=args.seed)
             return plan, step_graph(graph, m, "micro-batched")
         if placer == "data-parallel":
-            r = data_parallel_plan(with_marks(graph), cluster, micro_batches=micro)
+            r = data_parallel_plan(marked(graph), cluster, micro_batches=micro)
             return r.plan, r.graph
         if placer == "hybrid":   # two replicas, each a pipeline over half the GPUs
-            r = hybrid_plan(with_marks(graph), cluster, replicas=2, micro_batches=micro)
+            r = hybrid_plan(marked(graph), cluster, replicas=2, micro_batches=micro)
             return r.plan, r.graph
         placed = graph if micro == 1 else step_graph(graph, micro, "micro-batched")
         try:
