@@ -784,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _at_least(lo: float, kind=int, most: float | None = None):
     """An argparse ``type``: a number of ``kind`` not below ``lo`` (nor above
-    ``most``; NaN rejected), so a bad option is a usage error (exit 2) naming
+    ``most``; NaN and infinity rejected), so a bad option is a usage error (exit 2) naming
     the option."""
     def parse(text: str):
         try:
@@ -794,6 +794,9 @@ def _at_least(lo: float, kind=int, most: float | None = None):
                                              f"got {text!r}") from None
         if not v >= lo:  # also false for nan
             raise argparse.ArgumentTypeError(f"must be at least {lo:g}, got {text}")
+        if v == float("inf"):  # a solver limit is whole milliseconds; Ctrl-C stops a long solve
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}; for a long solve "
+                                             "give a large one (e.g. 3600) and stop it with Ctrl-C")
         if most is not None and v > most:
             shown = most if kind is int else format(most, "g")
             raise argparse.ArgumentTypeError(f"must be at most {shown}, got {text}")
