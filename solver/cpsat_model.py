@@ -210,6 +210,7 @@ class CpsatModel:
         self.problem = p = Problem.of(graph, cluster)
         self.aggregate, self.cuts = aggregate, cuts
         self.memory_mode = "static" if memory is True else memory
+        self.memory_balance = memory_balance
         self.contended = contention and not cluster.contention_free and bool(cluster.links)
         self._prepare()
         self.sym_groups = symmetric_groups(cluster)
