@@ -97,7 +97,8 @@ def _bound(run: Run, best: Plan) -> tuple[float, str]:
         bound_time = min(bound_time, room) if room > 0.05 else 0.0
     if bound_time > 0.05 and not reached(best.makespan, bound):
         cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1,
-                        seed=run.options.seed, deterministic=budget.deadline.deterministic, phased=phased)
+                        seed=run.options.seed, deterministic=budget.deadline.deterministic, phased=phased,
+                        deadline=budget.deadline)
         if cb.value > bound:  # (never above the makespan: the incumbent caps the model)
             bound, source = min(cb.value, best.makespan), cb.source
     return bound, source
