@@ -165,13 +165,14 @@ def restrictions(model) -> str:
     """How ``model`` forbids plans that are valid ("" if it does not), so
     that its bound and its proof of optimality hold only for the plans it
     allows: aggregated transfers (a consumer waits for its producer's whole
-    batch), the static memory model when its constraints can bind (it holds
-    every activation all step, so it can forbid a plan whose liveness peak
-    fits; its bound then exceeded such a plan's step) and a memory balance."""
+    batch), the static memory model when it may cut a valid plan
+    (:meth:`~solver.cpsat_model.CpsatModel._static_cuts`: it holds every
+    activation all step, so it can forbid a plan whose liveness peak fits;
+    its bound then exceeded such a plan's step) and a memory balance."""
     parts = ["aggregated transfers"] if model.aggregated else []
     if model.memory_active and model.memory_balance is not None:
         parts.append("memory balance")
-    elif model.memory_active and model.memory_mode == "static":
+    elif model.memory_active and model.static_cuts:
         parts.append("static memory")
     return ", ".join(parts)
 
