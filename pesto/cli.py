@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from solver import PLACERS, accepted_options, get_placer
+from solver.options import MAX_TIME_LIMIT
 from solver.hybrid import hybrid_plan
 from solver.pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
 from solver.slice_model import place_slice_cpsat
@@ -763,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "two_hosts) or a cluster .json file; overrides --gpus")
     sp.add_argument("--placer", default="cpsat", help="cpsat (default, = pesto.solve), mip, or a baseline; "
                                                       "see `pesto placers`")
-    sp.add_argument("--time-limit", type=_at_least(0.001, float), default=60.0,
+    sp.add_argument("--time-limit", type=_at_least(0.001, float, most=MAX_TIME_LIMIT), default=60.0,
                     help="seconds for solving (default 60); loading or profiling the model comes on top")
     sp.add_argument("--target-vertices", type=_at_least(1), default=200, help="coarse graph size for cpsat/mip (default 200)")
     sp.add_argument("--seed", type=_at_least(0, most=SEED_MAX), default=0,

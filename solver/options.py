@@ -45,6 +45,10 @@ def divisors_of(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
+#: The largest ``time_limit`` (seconds, about 30 years): the solvers take it in
+#: int64 milliseconds or microseconds, which infinity or 1e300 overflow.
+MAX_TIME_LIMIT = 1e9
+
 #: The full pipeline's split of ``time_limit``: exact solver, LNS, local search
 #: (the rest goes to the baselines, re-ordering and the bound); see benchmarks/results/lns.md.
 SHARES = (0.2, 0.4, 0.3)
@@ -197,8 +201,8 @@ class SolveOptions:
             raise TypeError(f"time_limit must be a number of seconds or None, got {t!r} ({type(t).__name__})")
         if t is not None and not t > 0:  # also rejects nan
             raise ValueError(f"time_limit must be a positive number of seconds, got {t!r}")
-        if t is not None and math.isinf(t):  # the solvers take whole milliseconds: no integer is infinite
-            raise ValueError(f"time_limit must be a finite number of seconds, got {t!r}; "
+        if t is not None and not t <= MAX_TIME_LIMIT:  # the solvers take int64 ms or µs: inf or 1e300 overflow
+            raise ValueError(f"time_limit must be a finite number of seconds up to {MAX_TIME_LIMIT:g}, got {t!r}; "
                              "for a long solve give a large one (e.g. 3600) and stop it with Ctrl-C")
         check_int("target_vertices", self.target_vertices, low=1)
         check_int("workers", self.workers, low=1, optional=True)

@@ -91,8 +91,13 @@ def test_N_opt_tl_inf_is_refused_in_the_cli_and_the_api(capsys, g5):
         main(["place", str(g5), "--time-limit", "inf"])
     assert exc.value.code == EXIT_INPUT
     assert "--time-limit: must be a finite number, got inf" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="time_limit must be a finite number of seconds, got inf"):
+    with pytest.raises(ValueError, match=r"time_limit must be a finite number of seconds up to 1e\+09, got inf"):
         pesto.solve(str(g5), time_limit=float("inf"))
+    with pytest.raises(ValueError, match=r"up to 1e\+09, got 1e\+300"):  # was OverflowError in SetTimeLimit
+        pesto.solve(str(g5), time_limit=1e300)
+    with pytest.raises(SystemExit):
+        main(["place", str(g5), "--time-limit", "1e300"])
+    assert "--time-limit: must be at most 1e+09, got 1e300" in capsys.readouterr().err
 
 
 def test_S14_S17_ctrl_c_stops_the_bound_at_once():
