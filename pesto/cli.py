@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import re
@@ -896,5 +897,18 @@ def main(argv=None) -> int:
         return EXIT_PIPE
 
 
+def console() -> int:
+    """The ``pesto`` console script and ``python -m pesto``: :func:`main`,
+    then the objects it made are frozen out of the garbage collector, so the
+    interpreter's exit does not walk them (0.9 s of a 1.2 s exit on a loaded
+    machine: a Ctrl-C that wrote its plan at once still took over a second to
+    return). Only the exit's last, cyclic sweep is skipped; files are closed
+    as usual (reference counting)."""
+    code = main()
+    gc.disable()
+    gc.freeze()
+    return code
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(console())
