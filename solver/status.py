@@ -144,6 +144,18 @@ def _check(run: Run, best: Plan) -> str:
         check_plan(run.graph, run.cluster, best, check_memory=best.status != "infeasible").raise_if_invalid()
     over = dl.elapsed() - dl.seconds
     if not dl.deterministic and over > max(2.0, 0.1 * dl.seconds):  # the limit was not kept: say why
-        note += (f"; over the time limit by {over:.1f} s: {run.graph.num_ops} ops need more for one plan"
-                 f" (the first heuristic took {budget.unit or 0.0:.1f} s)")
+        note += f"; over the time limit by {over:.1f} s: " + _why_over(run)
     return note
+
+
+def _why_over(run: Run) -> str:
+    """The stage that overran its grant the most (e.g. CP-SAT on a big model
+    past its stop), else the graph's size against the first heuristic's time."""
+    late = [(s.seconds - run.trace.granted[s.name], s) for s in run.trace.stages
+            if s.name in run.trace.granted and s.seconds > run.trace.granted[s.name] + 0.5]
+    if late:
+        extra, stage = max(late, key=lambda x: x[0])
+        return (f"the {stage.name} stage ({stage.note}) took {stage.seconds:.1f} s of a "
+                f"{run.trace.granted[stage.name]:.1f} s grant")
+    return (f"{run.graph.num_ops} ops need more for one plan"
+            f" (the first heuristic took {run.budget.unit or 0.0:.1f} s)")

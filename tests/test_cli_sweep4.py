@@ -260,3 +260,18 @@ def test_plan_summary_speed_up_needs_the_single_candidate():
     plan = pesto.solve(g, time_limit=1, workers=1)
     assert f"{plan.log.candidates['single'] / plan.makespan:.2f}x one GPU" in plan.summary()
     assert "one GPU" not in Plan.from_placement(g, {op: "/GPU:0" for op in g.names}).summary()
+
+
+def test_N_opt_tv_huge_the_overrun_note_names_the_stage():
+    # the note blamed "1696 ops need more for one plan (the first heuristic took 0.0 s)"
+    # when CP-SAT on 1696 vertices took 11.8 s of an 8.4 s grant
+    from types import SimpleNamespace
+    from pesto.solvelog import Stage
+    from solver.status import _why_over
+    trace = SimpleNamespace(stages=[Stage("baselines", 0.3, 1.0, "8 plans"), Stage("exact", 11.8, 1.0,
+                                                                                     "cpsat feasible on 1696 vertices")],
+                            granted={"baselines": 10.0, "exact": 8.4})
+    run = SimpleNamespace(trace=trace, graph=SimpleNamespace(num_ops=1696), budget=SimpleNamespace(unit=0.0))
+    assert _why_over(run) == "the exact stage (cpsat feasible on 1696 vertices) took 11.8 s of a 8.4 s grant"
+    trace.stages.pop()
+    assert _why_over(run) == "1696 ops need more for one plan (the first heuristic took 0.0 s)"
