@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import networkx as nx
 
+from coarsen.base import first_op
 from solver import pipeline as _pipeline
 from solver.options import SolveOptions, check_int
 from solver.registry import HEURISTICS
@@ -229,6 +230,7 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
     cluster = resolve_cluster(graph, gpus, cluster)
     if isinstance(hint, Mapping) or (isinstance(hint, (str, Path)) and str(hint).endswith(".json")):
         hint = evaluate(graph, hint, cluster=cluster)
+    _check_hint(graph, hint)
     options = SolveOptions(time_limit=time_limit, target_vertices=target_vertices, backend=backend, hint=hint,
                            workers=workers, seed=seed, coarsen_options={"method": coarsen_method},
                            pipeline=pipeline, verbose=verbose, deterministic=deterministic, progress=progress,
@@ -277,6 +279,19 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
         As :func:`marked`.
     """
     return _step_graph(graph if graph_kind == "step" else marked(graph), micro_batches, graph_kind, replicas)
+
+
+def _check_hint(graph: OpGraph, hint) -> None:
+    """A hint Plan must place ops of ``graph`` (or vertices of its coarse
+    graph, named after their first op): a plan of another graph was ignored
+    without a word; it is refused naming the ops ``graph`` lacks."""
+    if not isinstance(hint, Plan):
+        return
+    alien = [v for v in hint.placement if v not in graph and first_op(v) not in graph]
+    if alien:
+        raise ValueError(f"hint is a plan of another graph: it places {len(alien)} ops that graph "
+                         f"{graph.name!r} does not have, e.g. {', '.join(map(repr, alien[:5]))}; "
+                         "give a plan of this graph (or of its coarse graph)")
 
 
 def raise_overrun(graph: OpGraph, cluster: Cluster, plan: Plan) -> None:

@@ -84,7 +84,7 @@ def _imports(mod: str, tree: ast.AST):
 
 
 def _console_scripts() -> set[str]:
-    """Modules of pyproject.toml's ``[project.scripts]`` (``pesto = "pesto.cli:main"``)."""
+    """Modules of pyproject.toml's ``[project.scripts]`` (``pesto = "pesto.cli:console"``)."""
     text = (ROOT / "pyproject.toml").read_text()
     section = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
     return set(re.findall(r'^\s*[\w.-]+\s*=\s*"([\w.]+):\w+"', section, re.M))
