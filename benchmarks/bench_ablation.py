@@ -13,7 +13,7 @@ heuristics        the baselines, re-ordered (``reschedule``); no further search
 
 A stage switched off gives its share of the budget to the stages that remain,
 so a gain shown is the stage's own, not more time. The winning configuration
-per workload is what the README table names. Step times are simulated with
+per workload is what the results table (docs/results.md) names. Step times are simulated with
 the graphs' grappler V100 costs.
 
 Run ``python -m benchmarks.bench_ablation [--budget 30] [--workers 2]

@@ -12,7 +12,7 @@ cluster (``v100x2_nvlink``, ``v100x4_pcie``, ``hosts(4, 2, "ib_hdr")``; GPUs
 only), every plan is scored by the same simulator (link contention):
 
 * ``single``: the step on one GPU; ``pesto M=1``: ``pesto.solve`` on the step;
-* ``data-parallel``: one replica per GPU, ring all-reduce (``pesto.replicate``);
+* ``data-parallel``: one replica per GPU, ring all-reduce (``pesto.step.replicate``);
 * ``gpipe`` / ``1f1b``: the best of ``M`` in ``--micro``
   (``solver.pipeline_baselines.pipeline_plan`` with its default stage
   splits; ``pesto auto`` screens with fewer, so its logged ``gpipe M=k`` steps
@@ -22,8 +22,8 @@ only), every plan is scored by the same simulator (link contention):
   log); the log's ``steps`` (each candidate's step) go to the detail tables.
 
 ``B`` is the workload's batch (:func:`batch_of`). The zoo graphs carry no batch
-marks: they are marked by :func:`pesto.training.infer_batch_marks` (a stated
-name/type rule) and split by :func:`pesto.microbatch.split_step` (its stated
+marks: they are marked by :func:`tf_patch.marks.mark_step` (a stated
+name/type rule) and split by :func:`pesto.step.split` (its stated
 cost rule, compute / M with a 2 µs floor: ``slice_costs.md`` compares it with
 grappler at the micro-batch size). Every plan processes the same batch, so the
 speed-up over one GPU is the throughput gain and the time per sample is the
@@ -41,9 +41,9 @@ from pathlib import Path
 
 import pesto
 from pesto.cluster import GiB, hosts, v100x2_nvlink, v100x4_pcie
-from pesto.microbatch import MicroBatched, split_step
-from pesto.replicate import gradient_buckets, replicate
-from pesto.training import infer_batch_marks
+from pesto.step import Transformed, replicate, split
+from pesto.step.replication import gradient_buckets
+from tf_patch.marks import mark_step
 from solver.baselines import place_single
 from solver.microbatch_bound import sample_bound
 from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
@@ -117,11 +117,11 @@ class Facts:
     """Figures of one workload on one cluster the report's readings cite (microbatch_facts.csv).
 
     ``grad_mb``: bytes of the weight gradients the all-reduce sums (the tensors
-    batched ops hand to unbatched ones, ``pesto.replicate.gradient_buckets``) in MB;
+    batched ops hand to unbatched ones, ``pesto.step.replication.gradient_buckets``) in MB;
     ``ring_ms``: a ring all-reduce of them over the cluster's GPUs without
     contention, ``2 (N - 1)`` hops of ``1 / N`` of the bytes on the slowest
     neighbour route; ``work``: total GPU work of the step split into ``M``
-    slices (:func:`pesto.microbatch.split_step`'s cost rule), ``"M:ms;..."``.
+    slices (:func:`pesto.step.split`'s cost rule), ``"M:ms;..."``.
     """
 
     workload: str
@@ -132,7 +132,7 @@ class Facts:
     work: str
 
 
-def facts_of(name: str, cluster_name: str, cluster, one: MicroBatched, work: dict) -> Facts:
+def facts_of(name: str, cluster_name: str, cluster, one: Transformed, work: dict) -> Facts:
     """The :class:`Facts` of ``one`` (the step as a 1-slice split) on ``cluster``."""
     nbytes = sum(one.source.tensor(t).bytes for b in gradient_buckets(one.source) for t in b)
     g = [d.name for d in cluster.gpus]
@@ -144,7 +144,7 @@ def facts_of(name: str, cluster_name: str, cluster, one: MicroBatched, work: dic
 
 def work_by_m(graph, micro) -> dict:
     """Total GPU work (µs) of ``graph`` split into each ``M`` of ``micro`` (and 1)."""
-    return {1: graph.total_work(), **{m: split_step(graph, m).graph.total_work() for m in micro}}
+    return {1: graph.total_work(), **{m: split(graph, m).graph.total_work() for m in micro}}
 
 
 def _peak(plan) -> str:
@@ -161,8 +161,8 @@ class _Case:
     batch: int | None
     single_ms: float = 0.0
 
-    def row(self, label, m, kind, graph, plan, split: MicroBatched, wall, note="") -> Row:
-        bound = sample_bound(split, self.cluster, batch=self.batch)
+    def row(self, label, m, kind, graph, plan, parts: Transformed, wall, note="") -> Row:
+        bound = sample_bound(parts, self.cluster, batch=self.batch)
         step = plan.makespan / 1e3
         gap = max(0.0, (plan.makespan - bound.step) / plan.makespan) if plan.makespan else 0.0
         return Row(self.name, self.cluster_name, len(self.cluster.gpus), label, m, kind, graph.num_ops, step,
@@ -176,21 +176,21 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
-def auto_split(graph, log) -> MicroBatched:
+def auto_split(graph, log) -> Transformed:
     """The split step a ``pesto auto`` plan places, rebuilt from its log
     (``micro_batches``, ``graph_kind``, ``replicas``), for its bound: its
     ``graph`` is the plan's (:func:`pesto.step_graph`; under the copy names
     ``op@mb0`` when the plan's step is not split)."""
-    if log.graph_kind == "replicated":
-        return split_step(replicate(graph, log.replicas).graph, log.micro_batches)
-    return split_step(graph, log.micro_batches if log.graph_kind == "micro-batched" else 1)
+    if log.graph_kind == "replicated":   # its copies grouped per replica (the bound's rule), not composed
+        return split(replicate(graph, log.replicas).graph, log.micro_batches)
+    return split(graph, log.micro_batches if log.graph_kind == "micro-batched" else 1)
 
 
 def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
     """Every plan of one workload on one cluster (module doc), auto's logged steps
     and the :class:`Facts` (``work``: :func:`work_by_m`, computed when not given)."""
     case = _Case(name, cluster_name, CLUSTERS[cluster_name](), batch_of(name))
-    c, one = case.cluster, split_step(graph, 1)
+    c, one = case.cluster, split(graph, 1)
     say = print if a.verbose else (lambda *x, **k: None)
     single, wall = _timed(lambda: place_single(graph, c))
     case.single_ms = single.makespan / 1e3
@@ -200,20 +200,20 @@ def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
     auto, wall = _timed(lambda: pesto.solve(graph, cluster=c, time_limit=a.time_limit, workers=1, seed=0,
                                             micro_batches="auto", batch_size=case.batch))
     log = auto.log
-    split, placed = auto_split(graph, log), pesto.step_graph(graph, log.micro_batches, log.graph_kind, log.replicas)
-    if set(placed.names) != set(auto.placement) or placed.num_ops != split.graph.num_ops:
+    parts, placed = auto_split(graph, log), pesto.step_graph(graph, log.micro_batches, log.graph_kind, log.replicas)
+    if set(placed.names) != set(auto.placement) or placed.num_ops != parts.graph.num_ops:
         raise RuntimeError(f"{name} on {cluster_name}: pesto auto's plan does not place the graph its log names "
                            f"(M={log.micro_batches}, {log.graph_kind}, replicas={log.replicas})")
     top = max(_counts(log.steps), default=1)
     same = top == log.micro_batches and log.graph_kind != "replicated"
-    largest = split.graph.num_ops if same else split_step(graph, top).graph.num_ops
-    auto_row = case.row("pesto auto", log.micro_batches, log.graph_kind, placed, auto, split, wall,
+    largest = parts.graph.num_ops if same else split(graph, top).graph.num_ops
+    auto_row = case.row("pesto auto", log.micro_batches, log.graph_kind, placed, auto, parts, wall,
                         f"replicas {log.replicas}; winner {log.winner}")
     auto_row.largest_ops = largest
     say(f"{name} {cluster_name}: single {case.single_ms:.1f} ms, auto {auto_row.step_ms:.1f} ms", flush=True)
     dp, wall = _timed(lambda: data_parallel_plan(graph, c))
     out.append(case.row("data-parallel", 1, "replicated", dp.graph, dp.plan,
-                        split_step(replicate(graph, dp.stages).graph, 1), wall, dp.blocking))
+                        split(replicate(graph, dp.stages).graph, 1), wall, dp.blocking))
     for schedule in ("gpipe", "1f1b"):
         out.append(_pipeline_row(case, graph, schedule, a.micro))
     steps = [Step(name, cluster_name, k, v / 1e3) for k, v in log.steps.items()]
@@ -240,7 +240,7 @@ def _pipeline_row(case: _Case, graph, schedule: str, micro) -> Row:
                 best, r = m, other
                 break
     note = f"{r.stages} stages, {r.blocking}; " + ", ".join(f"M={m}: {step[m] / 1e3:.1f}" for m in micro)
-    return case.row(schedule, best, "micro-batched", r.graph, r.plan, split_step(graph, best),
+    return case.row(schedule, best, "micro-batched", r.graph, r.plan, split(graph, best),
                     time.perf_counter() - t0, note)
 
 
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
           f"about {estimate_s(workloads, clusters, a.time_limit) / 60:.0f} min", flush=True)
     rows, steps, facts = [], [], []
     for name in workloads:
-        graph = infer_batch_marks(pesto.OpGraph.from_json(HERE / "graphs" / f"{name}.json.gz"))
+        graph = mark_step(pesto.OpGraph.from_json(HERE / "graphs" / f"{name}.json.gz"))
         work = work_by_m(graph, a.micro)
         for cluster_name in clusters:
             r, s, f = rows_for(name, graph, cluster_name, a, work)
@@ -318,7 +318,7 @@ def main(argv=None) -> int:
 def _settings(a) -> str:
     return (f"pesto.solve time_limit={a.time_limit:g} s, workers=1, seed=0 (pesto M=1 and pesto auto); "
             f"GPipe/1F1B best of M in {a.micro}; "
-            f"batch marks by pesto.training.infer_batch_marks")
+            f"batch marks by tf_patch.marks.mark_step")
 
 
 if __name__ == "__main__":

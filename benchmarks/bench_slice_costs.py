@@ -4,7 +4,7 @@ Run: ``python -m benchmarks.bench_slice_costs [--workloads a,b] [--micro 2,4] [-
 (needs TensorFlow; a few minutes). Writes ``slice_costs.md`` and ``slice_costs.csv``.
 
 Issue 24 asks that a slice's costs come from the cost models at the micro-batch
-size, not from dividing. :func:`pesto.microbatch.split_step` divides (its stated
+size, not from dividing. :func:`pesto.step.split` divides (its stated
 rule: compute / M with a 2 µs floor; ops that only sum weight-shaped partials
 keep their time). For each workload this profiles the same zoo step with
 grappler's V100 model (as ``benchmarks/make_graphs.py`` does) at the batch
@@ -32,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pesto.microbatch import fixed_ops, split_step
-from pesto.training import infer_batch_marks
+from pesto.step import split
+from pesto.step.slicing import fixed_ops
+from tf_patch.marks import mark_step
 
 from .make_graphs import by_key
 
@@ -79,26 +80,26 @@ def profile(key: str, batch: int):
         g, _ = keras_opgraph(model, "sparse_categorical_crossentropy", "sgd", x, y, name=w.key)
     else:
         g = opgraph_for(w.model, w.preset, costs="v100", **over)
-    return g if all(op.batch is not None for op in g.ops) else infer_batch_marks(g)
+    return mark_step(g)
 
 
 def compare(key: str, step, small, m: int) -> Comparison:
     """The rule's copies of ``step`` in ``m`` slices against ``small`` (the step at ``B / m``)."""
-    split = split_step(step, m)
+    parts = split(step, m)
     batched = [op for op in step.ops if op.batch]
     have = set(small.names)
     matched = [op for op in batched if op.name in have]
-    fixed = fixed_ops(step, split.partials)
-    rule = {op.name: split.graph.op(f"{op.name}@mb0").compute.get("GPU", 0.0) for op in matched}
+    fixed = fixed_ops(step, parts.partials)
+    rule = {op.name: parts.graph.op(f"{op.name}@mb0").compute.get("GPU", 0.0) for op in matched}
     tf = {op.name: small.op(op.name).compute.get("GPU", 0.0) for op in matched}
     ratios = np.array([rule[n] / tf[n] for n in rule if tf[n] > 0])
     worst = sorted(rule, key=lambda n: -abs(rule[n] - tf[n]))[:6]
     delta = sum(tf.values()) - sum(rule.values())    # per slice, copies only
     fx = [n for n in rule if n in fixed and tf[n] > 0]
-    rule_bytes = sum(split.graph.op(f"{op.name}@mb0").output_bytes for op in matched)
+    rule_bytes = sum(parts.graph.op(f"{op.name}@mb0").output_bytes for op in matched)
     return Comparison(
         key, _batch(key), m, len(batched), len(matched), sum(rule.values()) / sum(tf.values()),
-        split.graph.total_work() / (split.graph.total_work() + m * delta),
+        parts.graph.total_work() / (parts.graph.total_work() + m * delta),
         float(np.median(ratios)), float(np.percentile(ratios, 10)), float(np.percentile(ratios, 90)),
         len(fx), sum(rule[n] for n in fx) / sum(tf[n] for n in fx) if fx else float("nan"),
         rule_bytes / max(1, sum(small.op(op.name).output_bytes for op in matched)),

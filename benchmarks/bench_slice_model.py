@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.bench_slice_model [--time-limit S] [--graphs a,b] [--micro 2,4]``.
 Writes ``benchmarks/results/slice_model.md``.
 
-Per cached zoo graph (marked by :func:`pesto.training.infer_batch_marks`, as
+Per cached zoo graph (marked by :func:`tf_patch.marks.mark_step`, as
 ``bench_microbatch``), cluster (``v100x2_nvlink``, ``v100x4_pcie``, GPUs only)
 and ``M``: GPipe and 1F1B (:func:`solver.pipeline_baselines.pipeline_plan`),
 the slice model alone (:func:`solver.slice_model.solve_slices`, ``time_limit``
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from pesto.graph import OpGraph
-from pesto.training import infer_batch_marks
+from tf_patch.marks import mark_step
 from solver.options import SolveOptions
 from solver.pipeline import PIPELINES, run_pipeline
 from solver.pipeline_baselines import pipeline_plan
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
              "| workload | cluster | M | gpipe | 1f1b | slice | +polish | grid status | grid | grid bound | "
              "blocks | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in args.graphs.split(","):
-        g = infer_batch_marks(OpGraph.from_json(HERE / "graphs" / f"{name}.json.gz"))
+        g = mark_step(OpGraph.from_json(HERE / "graphs" / f"{name}.json.gz"))
         for cl in args.clusters.split(","):
             for m in map(int, args.micro.split(",")):
                 lines.append(row(name, g, cl, m, args.time_limit))

@@ -1,7 +1,7 @@
-"""Put the placement results into README.md (between two marker lines).
+"""Put the placement results into docs/results.md (between two marker lines).
 
 ``make bench`` calls :func:`update_readme` after :mod:`benchmarks.placement`,
-so the README's table is always the one the last full run produced. The table
+so the results page's table is always the one the last full run produced. The table
 is built from ``benchmarks/results/placement.csv``: per workload and cluster,
 Expert (with the rule it used), the best baseline (any placer but Pesto's that fits memory), Pesto
 (``pesto.solve``), their ratios, the lower bound and gap, and placement time.

@@ -7,7 +7,7 @@ present, the area benchmarks ``bench_simulate``, ``bench_coarsen``,
 ``main()``; :data:`AREA_BENCHMARKS`). ``--quick`` runs only a small placement run
 and ``bench_microbatch --quick`` into temporary directories: a CI check of the
 pipeline, not of the figures. A full placement
-run also rewrites the results table in README.md (:mod:`benchmarks.readme`).
+run also rewrites the results table in docs/results.md (:mod:`benchmarks.readme`).
 
 Run ``python -m benchmarks.run_all [--quick] [--out DIR]``.
 """
@@ -75,8 +75,8 @@ def main(argv=None) -> int:
 
                 from .readme import update_readme
                 root = Path(__file__).resolve().parent
-                if update_readme(root / "results", root.parent / "README.md"):
-                    print("README.md results table updated")
+                if update_readme(root / "results", root.parent / "docs" / "results.md"):
+                    print("docs/results.md results table updated")
         elif importlib.util.find_spec(f"benchmarks.{name}") is None:
             summary.append((name, "absent", 0.0))
             continue

@@ -426,6 +426,19 @@ def _aggregate(ga: GraphArrays, label: np.ndarray, m: int, members: list[list[in
     return comp, mask, pers, temp, gname
 
 
+def first_op(vertex: str) -> str:
+    """The op a coarse vertex is named after (:func:`_vertex_names`): the
+    name without its primes and ``+k`` tail, so a plan of a coarse graph can
+    be told from a plan of another graph.
+
+    >>> first_op("dense/MatMul+3''"), first_op("a")
+    ('dense/MatMul', 'a')
+    """
+    base = vertex.rstrip("'")
+    head, plus, tail = base.rpartition("+")
+    return head if plus and tail.isdigit() else base
+
+
 def _vertex_names(names, members: list[list[int]]) -> list[str]:
     """A lone op keeps its name, a merged vertex is called ``first+k`` (primes if taken)."""
     used = set()

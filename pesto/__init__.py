@@ -7,7 +7,8 @@ Public API::
     sched = pesto.simulate(graph, cluster, plan)
     pesto.check_plan(graph, cluster, plan).raise_if_invalid()
 
-The core (graph, cluster, plan, memory, simulate, ...) is imported here. The
+The core (graph, cluster, plan, memory, simulate, ...) is imported here;
+the step transforms (micro-batches, replicas) are :mod:`pesto.step`. The
 facade, :func:`solve` and :func:`evaluate` of :mod:`pesto.api`, which loads the
 solver and OR-Tools, is imported on first use (PEP 562 ``__getattr__``): so
 ``import pesto.graph`` loads neither.
@@ -23,7 +24,6 @@ from .memory import memory_profile
 from .plan import Plan, Transfer, Report, check_plan
 from .simulate import Schedule, simulate
 from .solvelog import SolveLog, Stage
-from .microbatch import microbatch  # the function; the module stays importable as pesto.microbatch
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ imports them
     from .api import evaluate, solve, solve_step, step_graph
@@ -54,4 +54,4 @@ __all__ = ["PestoError", "InvalidGraphError", "CycleError", "InvalidClusterError
            "InvalidPlanError", "InfeasibleError", "Op", "Tensor", "Edge", "OpGraph", "Device",
            "Route", "Cluster", "gpus", "v100x2_nvlink", "v100x4_pcie", "heterogeneous",
            "two_hosts", "logical_cpus", "preset", "Plan", "Transfer", "Report", "check_plan",
-           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve", "solve_step", "step_graph", "evaluate", "microbatch"]
+           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve", "solve_step", "step_graph", "evaluate"]

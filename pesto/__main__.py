@@ -1,6 +1,6 @@
 """``python -m pesto`` runs the ``pesto`` command line (see :mod:`pesto.cli`)."""
 import sys
 
-from .cli import main
+from .cli import console
 
-sys.exit(main())
+sys.exit(console())

@@ -22,19 +22,21 @@ from typing import Any, Mapping
 
 import networkx as nx
 
+from coarsen.base import first_op
 from solver import pipeline as _pipeline
 from solver.options import SolveOptions, check_int
 from solver.registry import HEURISTICS
-from solver.step_search import StepResult, solve_step as _solve_step, step_graph
+from solver.step_search import StepResult, solve_step as _solve_step, step_graph as _step_graph
+from tf_patch.marks import is_marked, mark_step
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
-from .errors import InfeasibleError, InvalidGraphError, InvalidPlanError
+from .errors import BatchMarkError, InfeasibleError, InvalidGraphError, InvalidPlanError
 from .finalize import finalize
 from .graph import OpGraph
 from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan, check_plan
 
-__all__ = ["solve", "solve_step", "step_graph", "StepResult", "evaluate", "load_placement", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
+__all__ = ["solve", "solve_step", "step_graph", "marked", "StepResult", "evaluate", "load_placement", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
 
 _DEVICE = re.compile(r"(?:^|/|device:)(CPU|GPU):(\d+)$", re.I)
 _TASK = re.compile(r"/task:(\d+)")
@@ -160,7 +162,7 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         shows them on stderr unless ``--quiet``).
     micro_batches : 1, int or "auto"
         1 (default): the step as given. ``M > 1``: the step split into ``M``
-        slices (:func:`pesto.microbatch.split_step`), solved from the GPipe
+        slices (:func:`pesto.step.split`), solved from the GPipe
         and 1F1B plans of that ``M``, compared with those and with the
         data-parallel plan; ``"auto"``: the same for every divisor of
         ``batch_size`` up to 16 (1, 2, 4, 8, 16 without one) and ``M = 1``,
@@ -197,7 +199,8 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         A fixed ``micro_batches`` whose split step fits no device even at its
         memory floor (``"auto"`` skips such an ``M``, saying why in ``plan.log.skipped``).
     BatchMarkError
-        ``micro_batches`` other than 1 on a graph with unmarked ops that no rule marks.
+        ``micro_batches`` other than 1 on a graph with unmarked ops that no rule
+        marks (:func:`marked`).
     TypeError, ValueError
         An option of the wrong type or out of range (each named; checked once,
         by :class:`solver.options.SolveOptions`), an unknown pipeline, backend
@@ -227,6 +230,7 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
     cluster = resolve_cluster(graph, gpus, cluster)
     if isinstance(hint, Mapping) or (isinstance(hint, (str, Path)) and str(hint).endswith(".json")):
         hint = evaluate(graph, hint, cluster=cluster)
+    _check_hint(graph, hint)
     options = SolveOptions(time_limit=time_limit, target_vertices=target_vertices, backend=backend, hint=hint,
                            workers=workers, seed=seed, coarsen_options={"method": coarsen_method},
                            pipeline=pipeline, verbose=verbose, deterministic=deterministic, progress=progress,
@@ -235,10 +239,59 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
         check_feasible(graph, cluster)
         result = StepResult(_pipeline.solve(graph, cluster, options), graph, 1, "step", 1, {})
     else:
-        result = _solve_step(graph, cluster, options)
+        result = _solve_step(marked(graph), cluster, options)
     if result.plan.status == "infeasible":
         raise_overrun(result.graph, cluster, result.plan)
     return result
+
+
+def marked(graph: OpGraph) -> OpGraph:
+    """``graph`` with the marks a micro-batched or replicated solve reads
+    (:attr:`~pesto.graph.Op.batch`, ``phase``, ``anchor``, ``role``): itself
+    when a front end set them, else marked by TensorFlow's rules
+    (:func:`tf_patch.marks.mark_step`, which needs no TensorFlow: the cached
+    JSON graphs of TF steps carry TF's names and types).
+
+    Raises
+    ------
+    BatchMarkError
+        Unmarked ops and no rule to infer their marks (no data input found).
+    """
+    if is_marked(graph):
+        return graph
+    try:
+        return mark_step(graph)
+    except BatchMarkError as exc:
+        raise BatchMarkError(f"graph {graph.name!r} has ops without batch marks (Op.batch) and no rule infers "
+                             f"them ({exc}); mark the ops (JSON 'batch': true/false)") from None
+
+
+def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
+    """The graph a plan with these log fields places (``plan.log.micro_batches``,
+    ``graph_kind``, ``replicas``), rebuilt from the step ``graph``
+    (:func:`marked` first: :func:`solver.step_search.step_graph`).
+
+    Raises
+    ------
+    ValueError
+        An unknown ``graph_kind``.
+    BatchMarkError
+        As :func:`marked`.
+    """
+    return _step_graph(graph if graph_kind == "step" else marked(graph), micro_batches, graph_kind, replicas)
+
+
+def _check_hint(graph: OpGraph, hint) -> None:
+    """A hint Plan must place ops of ``graph`` (or vertices of its coarse
+    graph, named after their first op): a plan of another graph was ignored
+    without a word; it is refused naming the ops ``graph`` lacks."""
+    if not isinstance(hint, Plan):
+        return
+    alien = [v for v in hint.placement if v not in graph and first_op(v) not in graph]
+    if alien:
+        raise ValueError(f"hint is a plan of another graph: it places {len(alien)} ops that graph "
+                         f"{graph.name!r} does not have, e.g. {', '.join(map(repr, alien[:5]))}; "
+                         "give a plan of this graph (or of its coarse graph)")
 
 
 def raise_overrun(graph: OpGraph, cluster: Cluster, plan: Plan) -> None:

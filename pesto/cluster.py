@@ -40,6 +40,7 @@ from .symmetry import Swaps
 FORMAT = "pesto.cluster"
 VERSION = 1
 GiB = 1 << 30
+SPEED_RANGE = (1e-6, 1e6)  # a device speed outside it makes durations overflow the solvers' integers
 
 __all__ = ["Device", "Route", "Cluster", "v100x2_nvlink", "v100x8_nvlink", "v100x4_pcie", "gpus",
            "logical_cpus", "heterogeneous", "two_hosts", "hosts", "NETWORKS", "Network", "task_device",
@@ -134,7 +135,9 @@ class Cluster:
     Raises
     ------
     InvalidClusterError
-        Duplicate device, bad memory or speed, missing or unknown route endpoint.
+        Duplicate device, bad memory or speed (not a finite number in
+        ``SPEED_RANGE``: durations are scaled by ``1 / speed`` into the
+        solvers' integer ranges), missing or unknown route endpoint.
     """
 
     def __init__(self, devices: Iterable[Device], routes: Iterable[Route] = (), *,
@@ -160,6 +163,10 @@ class Cluster:
                 raise InvalidClusterError(f"device {d.name!r} has invalid memory {d.memory!r}")
             if not (isinstance(d.speed, numbers.Real) and math.isfinite(d.speed) and d.speed > 0):
                 raise InvalidClusterError(f"device {d.name!r} has invalid speed {d.speed!r}")
+            if not SPEED_RANGE[0] <= d.speed <= SPEED_RANGE[1]:
+                raise InvalidClusterError(
+                    f"device {d.name!r} has speed {d.speed:g}: speeds are relative (1.0 = the profiled "
+                    f"GPU) and must lie in {SPEED_RANGE[0]:g} .. {SPEED_RANGE[1]:g}")
             self.index[d.name] = i
         self._routes: dict[tuple[str, str], Route] = {}
         for r in routes:

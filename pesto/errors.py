@@ -95,7 +95,7 @@ class MicroBatchError(PestoError, ValueError):
 
 class BatchMarkError(MicroBatchError, InvalidGraphError):
     """Ops whose batch mark (:attr:`pesto.graph.Op.batch`) is missing or does
-    not fit the split (``pesto.microbatch``).
+    not fit the split (:func:`pesto.step.split`).
 
     Attributes
     ----------

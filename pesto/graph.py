@@ -23,7 +23,9 @@ JSON schema (``format = "pesto.opgraph"``, ``version = 1``)::
               "kinds": ["GPU", "CPU"],          # optional, default: keys of compute
               "persistent_bytes": 0, "output_bytes": 4096, "temporary_bytes": 0,
               "colocation_group": null, "scope": "", "type": "",
-              "batch": true}],                  # optional: true / false / absent (unknown)
+              "batch": true,                    # optional: true / false / absent (unknown)
+              "phase": "forward",               # optional marks (absent: unknown / none):
+              "anchor": null, "role": ""}],     # see Op.phase, Op.anchor, Op.role
      "tensors": [{"name": "a:0", "src": "a", "bytes": 4096}],
      "edges": [{"src": "a", "dst": "b", "tensors": ["a:0"]},
                {"src": "a", "dst": "c", "tensors": []}]}   # control edge
@@ -48,7 +50,12 @@ VERSION = 1
 #: mix-ups, and CP-SAT's 64-bit coefficients overflow on sums of them.
 MAX_BYTES = 1 << 50
 
-__all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION"]
+__all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION", "PHASES", "ROLES"]
+
+#: The values of :attr:`Op.phase` (besides ``None``, unknown).
+PHASES = ("forward", "input-grad", "weight-grad", "update")
+#: The values of :attr:`Op.role`.
+ROLES = ("", "grad-sum")
 
 #: The kind sets ops hold, shared (a graph has a handful of distinct ones; a
 #: frozenset of its own cost ~200 bytes per op). With ``slots=True`` on the
@@ -82,14 +89,28 @@ class Op:
         the per-slice weight gradients before they are summed), once per step
         (``False``: variables and their reads, constants, the optimizer's
         update) or is not known (``None``, the default; old JSON files load
-        so). :func:`pesto.microbatch.microbatch` copies the batched ops once per
-        micro-batch and refuses a graph with unknown ops. ``tf_patch`` is to
-        fill it from static shapes: an op is batched when one of its input or
-        output tensors has a leading dimension equal to the batch size and it
-        is not an optimizer update (tensors of the step's batch size are
-        per-sample data; a weight gradient reads them and so runs per slice).
-        :func:`pesto.training.infer_batch_marks` marks TensorFlow graphs that
-        came without marks by a stated name/type rule instead.
+        so). :func:`pesto.step.split` copies the batched ops once per
+        micro-batch and refuses a graph with unknown ops. A front end fills
+        it: ``tf_patch``'s extractor from static shapes (an op is batched when
+        one of its input or output tensors has a leading dimension equal to
+        the batch size and it is not an optimizer update), and
+        :func:`tf_patch.marks.mark_step` by a stated name/type rule for
+        TensorFlow graphs that came without marks.
+    phase : str or None
+        The op's part of the training step: ``"forward"``, ``"input-grad"``
+        (a backward op passing the gradient on), ``"weight-grad"`` (a backward
+        op making a weight's gradient: one of its tensors is read by an op that
+        runs once per step), ``"update"`` (the optimizer, after the backward
+        pass) or ``None`` (not known, the default). Set by a front end
+        (:func:`tf_patch.marks.mark_step`); :mod:`pesto.step.marks` reads it.
+    anchor : str or None
+        For a backward op, the forward op it differentiates (a pipeline stage
+        holds both); ``None`` when not known or not a backward op.
+    role : str
+        ``""`` (default) or ``"grad-sum"``: an elementwise sum through which
+        gradient contributions flow (per-time-step weight gradients summed
+        into one); :func:`pesto.step.split` keeps the inputs of such a sum
+        whole when its output is a weight gradient of their size.
     """
 
     name: str
@@ -102,6 +123,9 @@ class Op:
     scope: str = ""
     type: str = ""
     batch: bool | None = None
+    phase: str | None = None
+    anchor: str | None = None
+    role: str = ""
 
     def __post_init__(self):
         try:
@@ -125,7 +149,8 @@ class Op:
     def __hash__(self):
         return hash((self.name, tuple(sorted(self.compute.items())), self.kinds,
                      self.persistent_bytes, self.output_bytes, self.temporary_bytes,
-                     self.colocation_group, self.scope, self.type, self.batch))
+                     self.colocation_group, self.scope, self.type, self.batch, self.phase, self.anchor,
+                     self.role))
 
     def time_on(self, kind: str, speed: float = 1.0) -> float:
         """Compute time on a device of ``kind`` running at ``speed``."""
@@ -147,6 +172,9 @@ class Op:
         d["type"] = self.type
         if self.batch is not None:
             d["batch"] = self.batch
+        for key in ("phase", "anchor", "role"):   # marks: written only when set
+            if getattr(self, key):
+                d[key] = getattr(self, key)
         return d
 
 
@@ -468,7 +496,7 @@ class OpGraph:
         Node attributes: ``compute`` (dict kind -> µs; or ``time`` = µs on GPU),
         optional ``kinds``, ``persistent_bytes``, ``output_bytes`` (default:
         the sum of the distinct tensors the op produces), ``temporary_bytes``,
-        ``colocation_group``, ``scope``, ``type``, ``batch``.
+        ``colocation_group``, ``scope``, ``type``, ``batch``, ``phase``, ``anchor``, ``role``.
         Edge attributes: ``bytes`` (default 0) and optional ``tensor`` (a name;
         edges from one op with the same tensor name carry one tensor, sent
         once per device); ``tensors`` (list of names) with ``tensor_bytes``
@@ -542,7 +570,8 @@ class OpGraph:
             ops.append(Op(str(n), compute, kinds=a.get("kinds"),
                           colocation_group=a.get("colocation_group"),
                           scope=a.get("scope", ""), type=a.get("type", ""),
-                          batch=a.get("batch"), **kw))
+                          batch=a.get("batch"), phase=a.get("phase"), anchor=a.get("anchor"),
+                          role=a.get("role", ""), **kw))
         return cls(ops, edges, tensors.values(), name=name or g.graph.get("name", "graph"))
 
     def to_networkx(self):
@@ -595,7 +624,8 @@ class OpGraph:
                       temporary_bytes=o.get("temporary_bytes", 0),
                       colocation_group=o.get("colocation_group"),
                       scope=o.get("scope", ""), type=o.get("type", ""),
-                      batch=o.get("batch"))
+                      batch=o.get("batch"), phase=o.get("phase"), anchor=o.get("anchor"),
+                      role=o.get("role", ""))
                    for o in _field(d, "ops")]
             tensors = [Tensor(t["name"], t["src"], t["bytes"]) for t in d.get("tensors", [])]
             edges = [Edge(e["src"], e["dst"], tuple(e.get("tensors", ()))) for e in _field(d, "edges")]
@@ -695,6 +725,13 @@ def _validate_op(op: Op) -> None:
     if op.batch is not None and not isinstance(op.batch, bool):
         raise InvalidGraphError(f"op {op.name!r}: batch must be true, false or null (unknown), "
                                 f"got {op.batch!r}")
+    if op.phase is not None and op.phase not in PHASES:
+        raise InvalidGraphError(f"op {op.name!r}: phase must be one of {list(PHASES)} or null (unknown), "
+                                f"got {op.phase!r}")
+    if op.anchor is not None and not isinstance(op.anchor, str):
+        raise InvalidGraphError(f"op {op.name!r}: anchor must be an op name or null, got {op.anchor!r}")
+    if op.role not in ROLES:
+        raise InvalidGraphError(f"op {op.name!r}: role must be one of {list(ROLES)}, got {op.role!r}")
 
 
 def _check_header(d, fmt, version):

@@ -183,11 +183,23 @@ class Plan:
             per.setdefault(d, []).append(op)
         return cls(placement, per, **kw)
 
-    def summary(self) -> str:
+    def summary(self, seconds: float | None = None) -> str:
+        """One line: placer, status, step, bound and gap, the speed-up over
+        one GPU (the ``"single"`` candidate of ``log``, when compared), ops per
+        device and ``seconds`` (default ``wall_time``; the CLI passes the
+        whole solve's time, which a micro-batch search's winner does not hold).
+
+        >>> Plan({"a": "/GPU:0"}, {"/GPU:0": ["a"]}, makespan=1500.0, wall_time=0.5).summary(2.0)
+        "plan [heuristic]: step 1.500 ms, ops per device {'/GPU:0': 1}, 2.00 s"
+        """
         ms = "?" if self.makespan is None else f"{self.makespan / 1000:.3f} ms"
         lb = "" if self.lower_bound is None else f", bound {self.lower_bound / 1000:.3f} ms, gap {percent(self.gap or 0)}"
+        single = self.log.candidates.get("single") if self.log is not None else None
+        if single and self.makespan:
+            lb += f", {single / self.makespan:.2f}x one GPU"
         counts = {d: len(o) for d, o in self.order.items()}
-        return f"{self.placer or 'plan'} [{self.status}]: step {ms}{lb}, ops per device {counts}, {self.wall_time:.2f} s"
+        took = self.wall_time if seconds is None else seconds
+        return f"{self.placer or 'plan'} [{self.status}]: step {ms}{lb}, ops per device {counts}, {took:.2f} s"
 
     def __str__(self):
         return self.summary()

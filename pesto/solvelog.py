@@ -84,8 +84,8 @@ class SolveLog:
         Slices the step was split into (``pesto.solve(micro_batches=...)``; 1: not split).
     graph_kind : str
         The graph the plan places: ``"step"`` (the graph given),
-        ``"micro-batched"`` (:func:`pesto.microbatch.split_step` of it) or
-        ``"replicated"`` (:func:`pesto.replicate.replicate`, one replica per
+        ``"micro-batched"`` (:func:`pesto.step.split` of it) or
+        ``"replicated"`` (:func:`pesto.step.replicate`, one replica per
         GPU, split into ``micro_batches`` when above 1).
     replicas : int
         Data-parallel replicas (1 unless ``graph_kind == "replicated"``).

@@ -620,6 +620,18 @@ def _device_named(cluster: Cluster, name: str) -> int:
 
 
 # -- METIS ------------------------------------------------------------------------------
+def _part_targets(speeds: list[float], least: float = 1e-6) -> list[float]:
+    """METIS's target part weights: shares of the devices' speeds, each at
+    least ``least`` (METIS works in float32 and rejects a share it rounds to
+    0, e.g. a device of speed 1e-300 beside one of speed 1).
+
+    >>> _part_targets([1.0, 1e-300])[1] > 0
+    True
+    """
+    tp = [max(s / sum(speeds), least) for s in speeds]
+    return [t / sum(tp) for t in tp]
+
+
 def place_metis(graph: OpGraph, cluster: Cluster) -> Plan:
     """METIS k-way partition of the op graph over the main GPUs (pymetis).
 
@@ -644,8 +656,8 @@ def place_metis(graph: OpGraph, cluster: Cluster) -> Plan:
     prob = Problem.of(graph, cluster)
     gpus = _main_gpus(prob)
     n = prob.n
-    if len(gpus) > n:  # METIS cannot cut n vertices into more parts (it prints errors): the n fastest
-        gpus = sorted(sorted(gpus, key=lambda d: -prob.cluster.devices[d].speed)[:n])
+    if len(gpus) > max(n, 1):  # METIS cannot cut n vertices into more parts (it prints errors): the n fastest
+        gpus = sorted(sorted(gpus, key=lambda d: -prob.cluster.devices[d].speed)[:max(n, 1)])
     k = len(gpus)
     edge_cut = None
     if k == 1 or n <= 1:
@@ -669,7 +681,7 @@ def place_metis(graph: OpGraph, cluster: Cluster) -> Plan:
         wscale = max(1.0, wmax / 100_000)
         vw = [1 + int(x / wscale) for x in work]
         speeds = [prob.cluster.devices[d].speed for d in gpus]
-        tp = [s / sum(speeds) for s in speeds]
+        tp = _part_targets(speeds)
         if hasattr(pymetis, "CSRAdjacency"):
             adj = pymetis.CSRAdjacency(xadj, adjncy)
             cut, parts = pymetis.part_graph(k, adj, vweights=vw, eweights=ew, tpwgts=tp)

@@ -68,12 +68,13 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from pesto.cluster import Cluster
+from pesto.deadline import Deadline
 from pesto.dag import UnionFind, bottom_levels, top_levels
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.problem import INF, Problem
 
-from .bounds import Phases, energetic_bound, lower_bound, phases
+from .bounds import Phases, energetic_bound, lower_bound, phases, stopped
 from .cpsat_solve import search
 
 __all__ = ["Bound", "RelaxedModel", "comm_bound", "colocation_bound", "edge_delay", "reduced_edges", "SIMPLE_SOURCE", "CHAIN_SOURCE",
@@ -143,7 +144,7 @@ def _pair_costs(prob: Problem, i: int, j: int) -> list[tuple]:
 
 
 def colocation_bound(prob: Problem, lower: float, upper: float, *, time_limit: float = 5.0,
-                     max_steps: int | None = None) -> float:
+                     max_steps: int | None = None, deadline: Deadline | None = None) -> float:
     """The largest makespan ``T`` in ``[lower, upper)`` refuted by forced
     colocation, else ``lower`` (µs).
 
@@ -156,7 +157,8 @@ def colocation_bound(prob: Problem, lower: float, upper: float, *, time_limit: f
     threshold ``t`` on heads: ``t + work of members with head >= t + least
     tail among them > T``; the same on tails), or when more than ``devices``
     sets each hold over half of ``T`` of work. Refutation is monotone enough
-    for a bisection; every returned value was refuted.
+    for a bisection; every returned value was refuted. An interrupted
+    ``deadline`` ends the bisection.
     """
     t0 = time.perf_counter()
     n = prob.n
@@ -177,7 +179,8 @@ def colocation_bound(prob: Problem, lower: float, upper: float, *, time_limit: f
     if hi <= lo or not _colocation_refutes(lo, *ctx):
         return lower
     steps = 0
-    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit and steps != max_steps:
+    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit and steps != max_steps \
+            and not stopped(deadline):
         steps += 1
         mid = 0.5 * (lo + hi)
         if _colocation_refutes(mid, *ctx):
@@ -440,10 +443,10 @@ class RelaxedModel:
                     self.m.add_hint(self.start[i], max(self.head[i], self.units(s)))
 
     def solve(self, *, time_limit: float, workers: int = 1, seed: int = 0,
-              deterministic: bool = False) -> tuple[float, bool]:
+              deterministic: bool = False, deadline: Deadline | None = None) -> tuple[float, bool]:
         """(proven lower bound in µs, solved to optimality); ``deterministic``:
         ``time_limit`` is CP-SAT's deterministic time (a wall limit ten times
-        longer is the safety net)."""
+        longer is the safety net); an interrupted ``deadline`` stops the search."""
         solver = cp_model.CpSolver()
         if deterministic:
             solver.parameters.max_deterministic_time = max(0.01, time_limit)
@@ -452,7 +455,7 @@ class RelaxedModel:
         solver.parameters.num_workers = max(1, workers)
         solver.parameters.random_seed = seed
         solver.parameters.catch_sigint_signal = False  # else OR-Tools swallows Ctrl-C during and after it
-        code = search(solver, self.m)  # in a worker thread: Ctrl-C reaches the solve's handler
+        code = search(solver, self.m, deadline)  # in a worker thread: Ctrl-C reaches the solve's handler
         if code == cp_model.OPTIMAL:
             return solver.objective_value / self.scale, True
         lo = self.lo
@@ -476,7 +479,8 @@ DETERMINISTIC_STEPS = 24  # bisection steps of the energetic and colocation boun
 
 def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, incumbent: Plan | None = None,
                upper: float | None = None, workers: int = 1, seed: int = 0, max_ops: int = MAX_OPS,
-               deterministic: bool = False, phased: Phases | None = None) -> Bound:
+               deterministic: bool = False, phased: Phases | None = None,
+               deadline: Deadline | None = None) -> Bound:
     """A makespan lower bound that counts communication (module docstring).
 
     The best of: :func:`~solver.bounds.lower_bound`, :func:`~solver.bounds.chain_bound`,
@@ -499,6 +503,8 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
         fixed number of steps and CP-SAT runs on deterministic time
     phased : :func:`~solver.bounds.phases` of the graph when the caller has
         them (not computed again); they also tighten the energetic bound
+    deadline : the solve's :class:`~pesto.deadline.Deadline`: when it is
+        interrupted (Ctrl-C), every part stops and the best bound so far is returned
 
     Returns
     -------
@@ -522,15 +528,16 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
             best, source = phased.value, CHAIN_SOURCE
     if upper > best:
         steps = dict(time_limit=math.inf, max_steps=DETERMINISTIC_STEPS) if deterministic else {}
-        energy = energetic_bound(graph, cluster, upper=upper, phased=phased,
+        energy = energetic_bound(graph, cluster, upper=upper, phased=phased, deadline=deadline,
                                  **({"time_limit": 0.25 * time_limit} | steps))
         if energy > best:
             best, source = energy, ENERGY_SOURCE
-        coloc = colocation_bound(prob, best, upper, **({"time_limit": 0.15 * time_limit} | steps))
+        coloc = colocation_bound(prob, best, upper, deadline=deadline,
+                                 **({"time_limit": 0.15 * time_limit} | steps))
         if coloc > best:
             best, source = coloc, COLOCATION_SOURCE
     proven = False
-    if upper > best:
+    if upper > best and not stopped(deadline):
         keep = None if prob.n <= max_ops else _subset(prob, max_ops)
         scale = 1.0 if keep is None and _integral(prob, upper) else HORIZON_UNITS / upper
         model = RelaxedModel(prob, keep=keep, scale=scale, lower=best, upper=upper)
@@ -538,7 +545,8 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
             model.hint(incumbent)
         left = 0.6 * time_limit if deterministic else time_limit - (time.perf_counter() - t0)
         if left > 0:
-            value, proven = model.solve(time_limit=left, workers=workers, seed=seed, deterministic=deterministic)
+            value, proven = model.solve(time_limit=left, workers=workers, seed=seed, deterministic=deterministic,
+                                        deadline=deadline)
             proven = proven and keep is None
             if value > best:
                 best = value

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pesto.cluster import Cluster
+from pesto.deadline import Deadline
 from pesto.dag import bottom_levels, priority_order, top_levels
 from pesto.engine import Timeline
 from pesto.graph import OpGraph
@@ -86,9 +87,16 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
     return float(max(cp, work, forced))
 
 
+def stopped(deadline: Deadline | None) -> bool:
+    """The solve ``deadline`` belongs to was interrupted (Ctrl-C): a bound's
+    search ends with what it proved so far (the status stage runs past the
+    limit by design, so only the interrupt stops it)."""
+    return deadline is not None and deadline.interrupted
+
+
 def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = None,
                     time_limit: float = 5.0, max_steps: int | None = None,
-                    phased: Phases | None = None) -> float:
+                    phased: Phases | None = None, deadline: Deadline | None = None) -> float:
     """The smallest makespan not refuted by energetic reasoning, at least :func:`lower_bound` (µs).
 
     For a candidate makespan ``T``, op ``i`` (its fastest time ``p``) starts
@@ -104,6 +112,7 @@ def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = N
     longest ops count (fewer ops and windows only weaken the test). With
     ``phased`` (:func:`phases` of the same graph and cluster), heads and
     tails are the larger of the longest paths and what the phases prove.
+    The bisection stops when ``deadline`` (the solve's) is interrupted.
 
     >>> from pesto.graph import OpGraph
     >>> from pesto.cluster import gpus
@@ -133,7 +142,8 @@ def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = N
     if hi <= lo or not _refuted(lo, r, p, q, prob.nd, grid):
         return simple
     steps = 0
-    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit and steps != max_steps:
+    while hi - lo > 1e-6 * hi and time.perf_counter() - t0 < time_limit and steps != max_steps \
+            and not stopped(deadline):
         steps += 1
         mid = 0.5 * (lo + hi)
         if _refuted(mid, r, p, q, prob.nd, grid):

@@ -210,6 +210,7 @@ class CpsatModel:
         self.problem = p = Problem.of(graph, cluster)
         self.aggregate, self.cuts = aggregate, cuts
         self.memory_mode = "static" if memory is True else memory
+        self.memory_balance = memory_balance
         self.contended = contention and not cluster.contention_free and bool(cluster.links)
         self._prepare()
         self.sym_groups = symmetric_groups(cluster)
@@ -255,7 +256,7 @@ class CpsatModel:
         self.transfer_vars, self.same_vars, self.item_hint_vars = {}, [], {}
         self.recv, self.recv_info, self.units_info = {}, {}, []
         self.sym_aux: list = []
-        self.aggregated = self.memory_active = False
+        self.aggregated = self.memory_active = self.static_cuts = False
 
     def _is_pure(self, memory_balance, memory) -> bool:
         """No communication, identical devices, no memory, no colocation: a
@@ -460,6 +461,27 @@ class CpsatModel:
                     m.add(start >= gap + sum(terms))
         return budget
 
+    def _static_cuts(self, held: list[int], recv_total: int, unit: int) -> bool:
+        """Whether the static terms may reject a placement whose liveness
+        peak fits (then the model is a restriction: its bound and "optimal"
+        do not hold for the graph). They count at most ``extra`` bytes more
+        than a device's persistent load ``P`` (outputs and received tensors
+        held all step, rounding to ``memory_unit``), and the liveness peak is
+        at least ``P``: a cut needs ``cap - extra < P <= cap`` for some sum
+        ``P`` of colocation units' persistent bytes. False when no such sum
+        exists (e.g. memory held by variables alone); True when there are
+        too many sums to tell."""
+        p = self.problem
+        extra = sum(held) - sum(p.persistent) + recv_total + (p.n + 1) * unit
+        loads, top = {0}, max(p.cap)
+        for members in p.members:
+            w = sum(p.persistent[i] for i in members)
+            if w:
+                loads |= {s + w for s in loads if s + w <= top}
+            if len(loads) > 4096:
+                return True
+        return any(cap - extra < load <= cap for cap in set(p.cap) for load in loads)
+
     def add_memory(self, balance: float | None = None) -> None:
         """Per device: held bytes of its ops (+ received tensors) + the largest
         peak term <= capacity (:func:`memory_terms`), in units of
@@ -473,6 +495,7 @@ class CpsatModel:
             return
         self.memory_active = True
         unit = self.memory_unit = max(1, max(p.cap) >> 30)  # keep coefficients below ~2^30
+        self.static_cuts = self.memory_mode == "static" and self._static_cuts(held, recv_total, unit)
         up = lambda b: -(-b // unit)  # noqa: E731
         terms: list[list] = [[] for _ in range(p.nd)]
         for i in range(p.n):

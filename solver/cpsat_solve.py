@@ -92,6 +92,11 @@ def search(solver, cp: cp_model.CpModel, deadline: Deadline | None = None) -> in
         try:
             while worker.is_alive():
                 worker.join(0.05)
+                if deadline is not None and deadline.interrupted:
+                    # again each time: a stop_search before the worker's solve has begun is
+                    # a no-op in OR-Tools (no search to stop yet), so an interrupt landing
+                    # in that window was lost and the search ran its whole limit
+                    solver.stop_search()
         except KeyboardInterrupt:
             solver.stop_search()
             worker.join()
@@ -161,19 +166,36 @@ def _info(model, solver, code, hint: Plan, rejected: str | None) -> CpsatInfo:
         solve_time=solver.wall_time, build_time=model.build_time)
 
 
+def restrictions(model) -> str:
+    """How ``model`` forbids plans that are valid ("" if it does not), so
+    that its bound and its proof of optimality hold only for the plans it
+    allows: aggregated transfers (a consumer waits for its producer's whole
+    batch), the static memory model when it may cut a valid plan
+    (:meth:`~solver.cpsat_model.CpsatModel._static_cuts`: it holds every
+    activation all step, so it can forbid a plan whose liveness peak fits;
+    its bound then exceeded such a plan's step) and a memory balance."""
+    parts = ["aggregated transfers"] if model.aggregated else []
+    if model.memory_active and model.memory_balance is not None:
+        parts.append("memory balance")
+    elif model.memory_active and model.static_cuts:
+        parts.append("static memory")
+    return ", ".join(parts)
+
+
 def _read_plan(model, solver, code, info: CpsatInfo, t0: float) -> Plan:
     """The simulated replay of the solution's placement and start order."""
     p = model.problem
     status = STATUS[code]
     bound = solver.best_objective_bound
     lb = max(model.lb, (bound - model.rounding_units) / model.scale)
-    if model.aggregated:
-        # a restriction of the problem (consumers wait for the whole batch):
-        # its bound and optimality do not carry over
+    restricted = restrictions(model)
+    if restricted:
+        # a restriction of the problem (consumers wait for the whole batch; every
+        # activation held all step): its bound and optimality do not carry over
         lb = model.lb
         if status == "optimal":
             status = "feasible"
-        info = dataclasses.replace(info, restricted_model="aggregated transfers")
+        info = dataclasses.replace(info, restricted_model=restricted)
     model_ms = solver.objective_value / model.scale
     topo_pos = {i: r for r, i in enumerate(p.topo)}
     start = [solver.value(v) for v in model.start]

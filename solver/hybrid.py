@@ -12,14 +12,14 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    consecutive runs of ``K``. A replica's stages thus sit inside one host
    whenever ``K`` divides a host's GPUs, and its pipeline transfers take the
    fastest routes; replica ``r`` is group ``r``, so the ring of
-   :func:`pesto.replicate.replicate` (replica order) runs group to group.
+   :func:`pesto.step.replicate` (replica order) runs group to group.
 2. **Stages**: the best ``K``-stage pipeline of the *un-replicated* step on
    group 0 alone (:func:`~solver.pipeline_baselines.pipeline_plan` with
    ``stages=K`` on ``cluster.subset(group 0 + non-GPU devices)``: its block
    orders, cut DP and simulated candidates); each op's stage is the
    position in the group of the device it got there (colocation already
    settled by that plan).
-3. **The step**: ``split_step(replicate(graph, R).graph, M)`` (``M = 1``: the
+3. **The step**: ``split(replicate(graph, R).graph, M)`` (``M = 1``: the
    replicated graph itself), the graph :func:`solver.step_search.step_graph`
    rebuilds for ``("replicated", R, M)``. Replica ``r``'s copy of an op runs
    on ``group[r][stage]``; every all-reduce op of a gradient tensor on the
@@ -42,8 +42,9 @@ Examples
 --------
 >>> from pesto.graph import Op, OpGraph, Tensor, Edge
 >>> from pesto.cluster import hosts
->>> names = ["l0", "l1", "gradients/l1_grad", "gradients/l0_grad"]
->>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n) for n in names]
+>>> names, anchor = ["l0", "l1", "d1", "d0"], {"d1": "l1", "d0": "l0"}   # two layers, their gradients
+>>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n, anchor=anchor.get(n),
+...           phase="input-grad" if n in anchor else "forward") for n in names]
 >>> es = [Edge(a, b, f"{a}:0") for a, b in zip(names, names[1:])]
 >>> g = OpGraph(ops, es, [Tensor(f"{n}:0", n, 8) for n in names])
 >>> c = hosts(2, 2, "10gbe")
@@ -60,9 +61,9 @@ from typing import Mapping, Sequence
 from pesto.cluster import Cluster
 from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
-from pesto.microbatch import MicroBatched, Origin, check_count, copy_name, split_step
+from pesto.step import Origin, Transformed, check_count, replicate, split as split_step
+from pesto.step.slicing import copy_name
 from pesto.plan import Plan
-from pesto.replicate import Replicated, replicate
 
 from .pipeline_baselines import (CANDIDATES, Phases, StepPlan, gpu_names, phases, pipeline_plan, staged_plan,
                                  task_order)
@@ -105,8 +106,8 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     Raises
     ------
     MicroBatchError, BatchMarkError
-        As :func:`replica_groups`, :func:`pesto.replicate.replicate` and
-        :func:`pesto.microbatch.split_step`.
+        As :func:`replica_groups`, :func:`pesto.step.replicate` and
+        :func:`pesto.step.split`.
     ValueError
         An unknown ``schedule``.
     """
@@ -140,7 +141,7 @@ def _op_stages(graph: OpGraph, placement: Mapping[str, str], group: Sequence[str
     return [where.get(placement[copy_name(op.name, 0) if op.batch else op.name], 0) for op in graph.ops]
 
 
-def _replica_stages(rep: Replicated, stage: Sequence[int], k: int) -> list[int]:
+def _replica_stages(rep: Transformed, stage: Sequence[int], k: int) -> list[int]:
     """Per op of ``rep.graph``, ``replica * k + stage``: a copy's stage is its
     op's, an all-reduce op's that of its tensor's first unbatched reader."""
     g = rep.source
@@ -157,12 +158,12 @@ def _replica_stages(rep: Replicated, stage: Sequence[int], k: int) -> list[int]:
     return out
 
 
-def _unsplit(graph: OpGraph) -> MicroBatched:
+def _unsplit(graph: OpGraph) -> Transformed:
     """``graph`` as its own split in one slice under its own names (the
     replicated ``M = 1`` step is not split: :func:`~solver.step_search.step_graph`)."""
-    origin = {op.name: Origin(op.name, 0, "copy") if op.batch else Origin(op.name, None, "step")
+    origin = {op.name: Origin(op.name, slice=0) if op.batch else Origin(op.name, role="step")
               for op in graph.ops}
-    return MicroBatched(graph, graph, 1, MappingProxyType(origin), frozenset())
+    return Transformed(graph, graph, MappingProxyType(origin))
 
 
 def place_hybrid(graph: OpGraph, cluster: Cluster, *, replicas: int = 2, micro_batches: int = 1,

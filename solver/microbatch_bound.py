@@ -1,7 +1,7 @@
 """A lower bound of a micro-batched step, valid for every placement and order.
 
 :func:`sample_bound` bounds the step time of a split step
-(:func:`pesto.microbatch.split_step`, any number of slices, replicated or
+(:func:`pesto.step.split`, any number of slices, replicated or
 not) whatever devices its ops go to and in whatever order they run;
 communication is left out (zero-cost transfers only shorten a schedule), so
 it holds for every link model. All durations are an op's fastest allowed
@@ -45,8 +45,8 @@ Examples
 --------
 >>> from pesto.graph import Op, OpGraph
 >>> from pesto.cluster import gpus
->>> from pesto.microbatch import split_step
->>> s = split_step(OpGraph([Op("a", {"GPU": 30.0}, batch=True)]), 3)
+>>> from pesto.step import split
+>>> s = split(OpGraph([Op("a", {"GPU": 30.0}, batch=True)]), 3)
 >>> b = sample_bound(s, gpus(2), batch=6)
 >>> b.generic, b.copies, b.step, b.per_sample, b.source   # 3 copies of 10 on 2 GPUs: 2 rounds
 (15.0, 20.0, 20.0, 3.3333333333333335, 'copies')
@@ -59,7 +59,7 @@ import numpy as np
 
 from pesto.cluster import Cluster
 from pesto.dag import bottom_levels, top_levels
-from pesto.microbatch import MicroBatched
+from pesto.step import Transformed
 from pesto.problem import INF, Problem
 
 from .bounds import lower_bound
@@ -98,7 +98,7 @@ class SampleBound:
     source: str
 
 
-def sample_bound(split: MicroBatched, cluster: Cluster, *, batch: int | None = None) -> SampleBound:
+def sample_bound(split: Transformed, cluster: Cluster, *, batch: int | None = None) -> SampleBound:
     """The lower bound of ``split.graph`` on ``cluster`` (module doc).
 
     ``batch``: the step's batch size, for ``per_sample``.
@@ -117,13 +117,13 @@ def sample_bound(split: MicroBatched, cluster: Cluster, *, batch: int | None = N
                        terms["colocation"], memory, memory <= max(prob.cap), source)
 
 
-def copies_bound(split: MicroBatched, prob: Problem, head, tail) -> float:
+def copies_bound(split: Transformed, prob: Problem, head, tail) -> float:
     """The ``copies`` term (module doc): the largest over the original batched ops.
 
     >>> from pesto.graph import Op, OpGraph
     >>> from pesto.cluster import gpus
-    >>> from pesto.microbatch import split_step
-    >>> s = split_step(OpGraph([Op("a", {"GPU": 40.0}, batch=True)]), 4)
+    >>> from pesto.step import split
+    >>> s = split(OpGraph([Op("a", {"GPU": 40.0}, batch=True)]), 4)
     >>> p = Problem.of(s.graph, gpus(3))
     >>> copies_bound(s, p, [0.0] * 4, [0.0] * 4)   # 4 copies of 10 on 3 GPUs: 2 rounds
     20.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -43,6 +44,10 @@ def divisors_of(n: int) -> list[int]:
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
 
+
+#: The largest ``time_limit`` (seconds, about 30 years): the solvers take it in
+#: int64 milliseconds or microseconds, which infinity or 1e300 overflow.
+MAX_TIME_LIMIT = 1e9
 
 #: The full pipeline's split of ``time_limit``: exact solver, LNS, local search
 #: (the rest goes to the baselines, re-ordering and the bound); see benchmarks/results/lns.md.
@@ -74,8 +79,8 @@ def _check_seconds(name: str, value, *, optional: bool = True, positive: bool = 
     if value is None and optional:
         return
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value  # not nan
-    if not ok or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} number of seconds, "
+    if not ok or value < 0 or (positive and value == 0) or math.isinf(value):
+        raise ValueError(f"{name} must be a finite {'positive' if positive else 'non-negative'} number of seconds, "
                          f"got {value!r}")
 
 
@@ -196,6 +201,9 @@ class SolveOptions:
             raise TypeError(f"time_limit must be a number of seconds or None, got {t!r} ({type(t).__name__})")
         if t is not None and not t > 0:  # also rejects nan
             raise ValueError(f"time_limit must be a positive number of seconds, got {t!r}")
+        if t is not None and not t <= MAX_TIME_LIMIT:  # the solvers take int64 ms or µs: inf or 1e300 overflow
+            raise ValueError(f"time_limit must be a finite number of seconds up to {MAX_TIME_LIMIT:g}, got {t!r}; "
+                             "for a long solve give a large one (e.g. 3600) and stop it with Ctrl-C")
         check_int("target_vertices", self.target_vertices, low=1)
         check_int("workers", self.workers, low=1, optional=True)
         check_int("seed", self.seed, low=0)

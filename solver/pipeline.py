@@ -126,6 +126,7 @@ def run_stages(run: Run, stages: Sequence[str] | None = None) -> Plan | None:
                 run.trace.say(f"{st}: {grant.note}")
                 continue
             seconds = "" if grant.seconds == float("inf") else f" ({grant.seconds:.1f} s granted)"
+            run.trace.granted[st] = grant.seconds
             run.trace.say(f"{st}: start{seconds} | {standing(run)}")
             n, t = len(run.trace.stages), time.perf_counter()
             gc.freeze()  # what earlier stages made (plans of every op) lives on too

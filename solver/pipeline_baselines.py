@@ -1,8 +1,8 @@
 """Practitioners' parallel baselines on micro-batched steps: GPipe, 1F1B, data parallel.
 
 Each placer takes a step whose ops carry batch marks (:attr:`pesto.graph.Op.batch`;
-:func:`pesto.training.infer_batch_marks` marks a TensorFlow graph that has
-none), builds the transformed step as an ordinary graph and returns a
+a front end sets them: :func:`tf_patch.marks.mark_step` for a TensorFlow graph
+that has none), builds the transformed step as an ordinary graph and returns a
 :class:`~pesto.plan.Plan` *of that graph*, simulated and checked by
 :func:`pesto.finalize.finalize` like every placer. The typed
 :func:`pipeline_plan` / :func:`data_parallel_plan` return it with the graph
@@ -10,7 +10,7 @@ none), builds the transformed step as an ordinary graph and returns a
 checks it.
 
 * ``gpipe`` / ``1f1b`` (:func:`place_gpipe`, :func:`place_1f1b`): the step split
-  into ``micro_batches`` slices (:func:`pesto.microbatch.split_step`), cut into
+  into ``micro_batches`` slices (:func:`pesto.step.split`), cut into
   ``k`` contiguous stages, every slice's copy of an op on its stage's GPU, for
   every ``k`` up to the number of GPUs and every candidate block order below;
   the plan with the smallest simulated step wins (one that fits memory first).
@@ -20,7 +20,7 @@ checks it.
   stage ``s``, then one forward / one backward, then the remaining backward.
   Once-per-step ops (variable reads, accumulation, the update) run as soon as
   they are ready.
-* ``data-parallel`` (:func:`place_data_parallel`): :func:`pesto.replicate.replicate`
+* ``data-parallel`` (:func:`place_data_parallel`): :func:`pesto.step.replicate`
   with one replica per GPU (replica ``r`` on GPU ``r``, the ring all-reduce as
   transfers on the cluster's links), each replica optionally split into
   ``micro_batches``; the better of TensorFlow's FIFO order and an order that
@@ -29,13 +29,14 @@ checks it.
 Stages (documented rule)
 ------------------------
 **Forward and backward.** Among batched ops, the backward pass is
-:func:`pesto.training.backward_ops` (TensorFlow's gradient scopes, or the ops
-after ``loss=``). Every backward op is *anchored* to a forward op: the op its
-scope mirrors (``gradients/<op>_grad/...`` and ``gradient_tape/<op>/...`` name
-the forward op they differentiate; failing an op, a layer scope of depth >= 2,
-whose middle op is taken); else the latest anchor of the backward ops it
+:func:`pesto.step.marks.backward_ops` (the ops marked with a backward
+:attr:`~pesto.graph.Op.phase`, or the ops after ``loss=``). Every backward op
+is *anchored* to a forward op: its :attr:`~pesto.graph.Op.anchor` mark (the
+forward op it differentiates, set by the front end: for TensorFlow, the op its
+gradient scope mirrors, :mod:`tf_patch.marks`) when that is a batched forward
+op; else the latest anchor of the backward ops it
 feeds (a sum of gradient contributions, TensorFlow's top-level
-``gradients/AddN_k``, belongs with the gradients of the tensor it sums for:
+``AddN_k`` of the gradient scope, belongs with the gradients of the tensor it sums for:
 anchored by what it reads, an RNN's sum for layer 0 at time 0 went with layer 1
 and made the blocks of one layer feed each other both ways); else the latest
 forward op it reads; else the earliest anchor of the backward ops it reads;
@@ -59,12 +60,14 @@ Examples
 --------
 >>> from pesto.graph import Op, OpGraph, Tensor, Edge
 >>> from pesto.cluster import gpus
->>> names = ["l0", "l1", "gradients/l1_grad", "gradients/l0_grad"]
->>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n) for n in names]
+>>> names = ["l0", "l1", "d1", "d0"]
+>>> marks = [("forward", None), ("forward", None), ("input-grad", "l1"), ("input-grad", "l0")]
+>>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n, phase=p, anchor=a)
+...        for n, (p, a) in zip(names, marks)]
 >>> es = [Edge(a, b, f"{a}:0") for a, b in zip(names, names[1:])]
 >>> g = OpGraph(ops, es, [Tensor(f"{n}:0", n, 8) for n in names])
 >>> r = pipeline_plan(g, gpus(2, beta=(1.0, 0.0)), schedule="gpipe", micro_batches=2)
->>> r.stages, r.plan.placement["l1@mb1"], r.plan.placement["gradients/l1_grad@mb0"]
+>>> r.stages, r.plan.placement["l1@mb1"], r.plan.placement["d1@mb0"]
 (2, '/GPU:1', '/GPU:1')
 >>> r.plan.makespan < place_data_parallel(g, gpus(1)).makespan
 True
@@ -83,10 +86,9 @@ from pesto.dag import priority_order
 from pesto.errors import CycleError
 from pesto.finalize import finalize
 from pesto.graph import OpGraph
-from pesto.microbatch import MicroBatched, split_step
 from pesto.plan import Plan
-from pesto.replicate import replicate
-from pesto.training import GRADIENT_ROOT, backward_ops
+from pesto.step import Transformed, compose, replicate, split as split_step
+from pesto.step.marks import backward_ops
 
 from .baselines import pipeline_cuts
 from .common import order_by_key
@@ -172,9 +174,10 @@ def phases(graph: OpGraph, *, loss: str | None = None) -> Phases:
     """Forward / backward batched ops and every backward op's anchor (module doc).
 
     >>> from dataclasses import replace
-    >>> g = OpGraph.from_edges({"a": 1, "b": 1, "gradients/b_grad/x": 1, "gradients/a_grad/x": 1},
-    ...                        [("a", "b"), ("b", "gradients/b_grad/x"), ("gradients/b_grad/x", "gradients/a_grad/x")])
-    >>> g = OpGraph([replace(op, batch=True, scope=op.name.rpartition("/")[0]) for op in g.ops], g.edges, g.tensors)
+    >>> g = OpGraph.from_edges({"a": 1, "b": 1, "db": 1, "da": 1}, [("a", "b"), ("b", "db"), ("db", "da")])
+    >>> marks = {"a": ("forward", None), "b": ("forward", None), "db": ("input-grad", "b"), "da": ("input-grad", "a")}
+    >>> g = OpGraph([replace(op, batch=True, phase=marks[op.name][0], anchor=marks[op.name][1]) for op in g.ops],
+    ...             g.edges, g.tensors)
     >>> p = phases(g)
     >>> p.forward, sorted(p.backward), dict(p.anchor)   # each gradient staged with the op it differentiates
     ((0, 1), [2, 3], {2: 1, 3: 0})
@@ -186,14 +189,12 @@ def phases(graph: OpGraph, *, loss: str | None = None) -> Phases:
     backward = frozenset(i for i in topo if ops[i].batch and graph.names[i] in back)
     pos = {i: k for k, i in enumerate(topo)}
     fwd = set(forward)
-    by_scope = _forward_scopes(graph, forward)
     anchor: dict[int, int] = {}
     pred, succ = graph.pred_idx(), graph.succ_idx()
-    for i in topo:
-        if i in backward:
-            a = _mirror(ops[i].scope or graph.names[i], idx, fwd, by_scope)
-            if a is not None:
-                anchor[i] = a
+    for i in topo:   # the front end's anchor mark, when it is a batched forward op
+        a = idx.get(ops[i].anchor) if i in backward and ops[i].anchor is not None else None
+        if a is not None and a in fwd:
+            anchor[i] = a
     for i in reversed(topo):   # a gradient sum: with the gradients it feeds (its tensor's producer's)
         feeds = [anchor[j] for j in succ[i] if j in anchor]
         if i in backward and i not in anchor and feeds:
@@ -205,33 +206,6 @@ def phases(graph: OpGraph, *, loss: str | None = None) -> Phases:
             anchor[i] = (max(reads, key=pos.get) if reads else min(later, key=pos.get) if later
                          else forward[-1] if forward else i)
     return Phases(forward, backward, anchor)
-
-
-def _forward_scopes(graph: OpGraph, forward) -> dict:
-    """Scope prefix (depth >= 2) -> the middle forward op under it (topological order)."""
-    under: dict[str, list[int]] = {}
-    for i in forward:
-        parts = graph.ops[i].scope.split("/")
-        for d in range(2, len(parts) + 1):
-            under.setdefault("/".join(parts[:d]), []).append(i)
-    return {k: v[len(v) // 2] for k, v in under.items()}
-
-
-def _mirror(scope: str, idx, fwd, by_scope):
-    """The forward op a gradient scope names (its longest prefix that is one), else a layer's."""
-    parts = scope.split("/")
-    if not parts or not GRADIENT_ROOT.match(parts[0]):
-        return None
-    parts = [p[:-5] if p.endswith("_grad") else p for p in parts[1:]]
-    for k in range(len(parts), 0, -1):
-        j = idx.get("/".join(parts[:k]))
-        if j is not None and j in fwd:
-            return j
-    for k in range(len(parts), 1, -1):
-        j = by_scope.get("/".join(parts[:k]))
-        if j is not None:
-            return j
-    return None
 
 
 def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Blocking]:
@@ -369,7 +343,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     Raises
     ------
     MicroBatchError, BatchMarkError
-        As :func:`pesto.microbatch.split_step`.
+        As :func:`pesto.step.split`.
     ValueError
         An unknown ``schedule``.
     """
@@ -440,7 +414,7 @@ def _block_costs(graph: OpGraph, bl: Blocking, m: int, beta) -> tuple[np.ndarray
     return work, comm
 
 
-def _pipeline(split: MicroBatched, cluster: Cluster, gpus, stage, stages: int, ph: Phases,
+def _pipeline(split: Transformed, cluster: Cluster, gpus, stage, stages: int, ph: Phases,
               schedule: str, t0: float) -> Plan:
     """Place and order one stage split of ``split`` and simulate it."""
     task = {s: {t: k for k, t in enumerate(task_order(schedule, s, stages, split.micro_batches))}
@@ -449,7 +423,7 @@ def _pipeline(split: MicroBatched, cluster: Cluster, gpus, stage, stages: int, p
                        placer=schedule, t0=t0, stats={"stages": stages, "micro_batches": split.micro_batches})
 
 
-def staged_plan(split: MicroBatched, cluster: Cluster, stage: Sequence[int], device: Sequence[str],
+def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], device: Sequence[str],
                 ph: Phases, task_key: Callable[[int, str, int], float], *, placer: str, t0: float,
                 position: Sequence[int] | None = None, **fields) -> Plan:
     """The simulated plan of ``split`` given each batched op's device and each
@@ -548,13 +522,13 @@ def _fix_groups(graph: OpGraph, cluster: Cluster, dev: Mapping[str, str]) -> dic
 
 
 def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1) -> StepPlan:
-    """One replica per GPU (:func:`pesto.replicate.replicate`), each split into
+    """One replica per GPU (:func:`pesto.step.replicate`), each split into
     ``micro_batches`` slices; the better of two device orders (module doc).
 
     Raises
     ------
     MicroBatchError, BatchMarkError
-        As :func:`pesto.microbatch.split_step`.
+        As :func:`pesto.step.split`.
     """
     t0 = time.perf_counter()
     gpus = gpu_names(cluster)
@@ -563,10 +537,10 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
         g, replica_of = rep.graph, {n: o.replica for n, o in rep.origin.items()}
         first = [-1.0 if rep.origin[n].role not in ("copy", "step") else 0.0 for n in g.names]
     else:
-        split = split_step(rep.graph, micro_batches)
-        g = split.graph
-        replica_of = {n: rep.origin[o.op].replica for n, o in split.origin.items()}
-        first = [float(split.origin[n].slice) if split.origin[n].role == "copy" else -1.0 for n in g.names]
+        both = compose(split_step(rep.graph, micro_batches), rep)
+        g = both.graph
+        replica_of = {n: o.replica for n, o in both.origin.items()}
+        first = [float(both.origin[n].slice) if both.origin[n].role == "copy" else -1.0 for n in g.names]
     placement = _fix_groups(g, cluster, {n: gpus[r] for n, r in replica_of.items()})
     stats = {"replicas": len(gpus), "micro_batches": micro_batches}
     pos = {i: k for k, i in enumerate(g.topo_idx())}
@@ -599,7 +573,7 @@ def place_1f1b(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss
 def place_data_parallel(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1) -> Plan:
     """Data parallelism, one replica per GPU and a ring all-reduce (the plan places the replicated graph).
 
-    :func:`data_parallel_plan`: :func:`pesto.replicate.replicate`, replica ``r``
+    :func:`data_parallel_plan`: :func:`pesto.step.replicate`, replica ``r``
     on GPU ``r``, each replica split into ``micro_batches`` slices.
     """
     return data_parallel_plan(graph, cluster, micro_batches=micro_batches).plan

@@ -2,7 +2,7 @@
 
 :func:`slice_grid` cuts the un-split step into ``B`` blocks
 (:func:`solver.pipeline_baselines.blockings`, :func:`grid_blocks` of them) and
-reads, from the split step (:func:`pesto.microbatch.split_step`), per block
+reads, from the split step (:func:`pesto.step.split`), per block
 ``b`` and slice ``s``:
 
 * a forward task ``F[b, s]`` (the copies ``op@mb<s>`` of the block's forward
@@ -37,11 +37,12 @@ Examples
 --------
 >>> from pesto.graph import Op, OpGraph, Tensor, Edge
 >>> from pesto.cluster import gpus
->>> from pesto.microbatch import split_step
->>> names = ["l0", "l1", "gradients/l1_grad", "gradients/l0_grad"]
->>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n) for n in names]
+>>> from pesto.step import split
+>>> names, anchor = ["l0", "l1", "d1", "d0"], {"d1": "l1", "d0": "l0"}   # two layers, their gradients
+>>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n, anchor=anchor.get(n),
+...           phase="input-grad" if n in anchor else "forward") for n in names]
 >>> es = [Edge(a, b, f"{a}:0") for a, b in zip(names, names[1:])]
->>> grid = slice_grid(split_step(OpGraph(ops, es, [Tensor(f"{n}:0", n, 8) for n in names]), 2), gpus(2))
+>>> grid = slice_grid(split(OpGraph(ops, es, [Tensor(f"{n}:0", n, 8) for n in names]), 2), gpus(2))
 >>> grid.blocks, grid.dur[:, :, 0, 0].tolist()   # (block, phase) of slice 0 on GPU 0: 10 µs / 2
 (2, [[5.0, 5.0], [5.0, 5.0]])
 >>> grid.edges   # F0 -> F1, F1 -> B1, B1 -> B0: 4 bytes a slice each
@@ -59,7 +60,8 @@ from pesto.cluster import Cluster
 from pesto.dag import CycleError, toposort
 from pesto.errors import PestoError
 from pesto.graph import OpGraph
-from pesto.microbatch import MicroBatched, copy_name
+from pesto.step import Transformed
+from pesto.step.slicing import copy_name
 from pesto.problem import Problem
 
 from .pipeline_baselines import Blocking, Phases, blockings, phases, step_stages
@@ -81,7 +83,7 @@ class SliceGrid:
 
     Attributes
     ----------
-    split : MicroBatched
+    split : Transformed
     phases : Phases
     blocking : Blocking
         Per op of ``split.source`` its block (-1 for unbatched ops), after merges.
@@ -105,7 +107,7 @@ class SliceGrid:
         ``(b_u, b_v, bytes)``: once-per-step bytes from block ``b_u`` to ``b_v``.
     """
 
-    split: MicroBatched
+    split: Transformed
     phases: Phases
     blocking: Blocking
     devices: tuple
@@ -136,7 +138,7 @@ def grid_blocks(micro_batches: int, forward_ops: int, tasks: int = GRID_TASKS) -
     return max(1, min(forward_ops, max(4, min(32, round(tasks / (2 * micro_batches))))))
 
 
-def slice_grid(split: MicroBatched, cluster: Cluster, *, loss: str | None = None,
+def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
                tasks: int = GRID_TASKS, blocking: str | None = None) -> SliceGrid:
     """The grid of ``split`` on ``cluster``'s GPUs (module doc).
 
@@ -212,7 +214,7 @@ def _after_batched(g: OpGraph) -> list[bool]:
     return out
 
 
-def _batched_links(split: MicroBatched) -> list[tuple[int, int, str, int]]:
+def _batched_links(split: Transformed) -> list[tuple[int, int, str, int]]:
     """``(u, v, tensor, bytes of one slice's copy)`` per batched -> batched edge of the source."""
     g, sg = split.source, split.graph
     out = []
@@ -266,7 +268,7 @@ def _acyclic(bl: Blocking, ph: Phases, links, name: str) -> Blocking:
         bl = Blocking(bl.name, block, len(keep))
 
 
-def _activation(split: MicroBatched, ph: Phases, bl: Blocking) -> np.ndarray:
+def _activation(split: Transformed, ph: Phases, bl: Blocking) -> np.ndarray:
     """Per block, the bytes of one slice's forward tensors a backward op reads."""
     g, sg = split.source, split.graph
     out = np.zeros(bl.count)

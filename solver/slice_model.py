@@ -1,7 +1,7 @@
 """The joint slice-aware exact model of a micro-batched step (issue 24, item 3).
 
 :func:`solve_slices` splits the step into ``M`` slices
-(:func:`pesto.microbatch.split_step`), builds the block x slice grid
+(:func:`pesto.step.split`), builds the block x slice grid
 (:func:`solver.slice_grid.slice_grid`), lets CP-SAT choose the stage of every
 block -- shared by all slices and both phases -- together with the order of
 the slice tasks on each device (:class:`solver.slice_cpsat.GridModel`, hinted
@@ -24,8 +24,9 @@ Examples
 --------
 >>> from pesto.graph import Op, OpGraph, Tensor, Edge
 >>> from pesto.cluster import gpus
->>> names = ["l0", "l1", "gradients/l1_grad", "gradients/l0_grad"]
->>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n) for n in names]
+>>> names, anchor = ["l0", "l1", "d1", "d0"], {"d1": "l1", "d0": "l0"}   # two layers, their gradients
+>>> ops = [Op(n, {"GPU": 10.0}, output_bytes=8, batch=True, scope=n, anchor=anchor.get(n),
+...           phase="input-grad" if n in anchor else "forward") for n in names]
 >>> es = [Edge(a, b, f"{a}:0") for a, b in zip(names, names[1:])]
 >>> g = OpGraph(ops, es, [Tensor(f"{n}:0", n, 8) for n in names])
 >>> r = solve_slices(g, gpus(2, beta=(0.0, 0.0)), micro_batches=2, time_limit=2, workers=1)
@@ -43,7 +44,7 @@ from pesto.cluster import Cluster
 from pesto.deadline import Deadline
 from pesto.errors import PestoError
 from pesto.graph import OpGraph
-from pesto.microbatch import split_step
+from pesto.step import split as split_step
 from pesto.plan import Plan
 
 from .pipeline_baselines import SCHEDULES, StepPlan, pipeline_plan, staged_plan
@@ -146,7 +147,7 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
     GridError
         No grid for this step (:func:`solver.slice_grid.slice_grid`).
     MicroBatchError, BatchMarkError
-        As :func:`pesto.microbatch.split_step`.
+        As :func:`pesto.step.split`.
     """
     t0 = time.perf_counter()
     split = split_step(graph, micro_batches)

@@ -62,6 +62,7 @@ class Trace:
         self.stages: list[Stage] = []
         self.skipped: dict[str, str] = {}
         self.hint = ""
+        self.granted: dict[str, float] = {}  # stage -> the seconds its grant gave (the loop records it)
 
     @property
     def talks(self) -> bool:

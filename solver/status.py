@@ -11,8 +11,8 @@ from pesto.deadline import Deadline
 from pesto.plan import Plan, check_plan
 from pesto.solvelog import SolveLog
 
-from .bound_model import CHAIN_SOURCE, comm_bound
-from .bounds import TOLERANCE, reached, phases
+from .bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, comm_bound
+from .bounds import TOLERANCE, lower_bound, reached, phases
 from .budget import CHAIN_RUNS, CHECK_RUNS, COMM_BOUND_RUNS, STATUS_RUNS
 from .stages import Run, choose
 
@@ -63,7 +63,7 @@ def status(run: Run, deadline: Deadline) -> Plan:
         raise ValueError(f"no candidate plan: the stages {list(run.stages)} made none")
     winner, best = choose(pool)
     on_graph = solved is not None and run.coarse is None
-    bound, source = _bound(run, best)
+    bound, source = _held(run, best, *_bound(run, best))
     run.raise_bound(bound, source)
     st = final_status(best, bound, exact_ran=solved is not None, interrupted=run.budget.deadline.interrupted,
                       proved_optimal=on_graph and winner == opts.backend and best.status == "optimal")
@@ -97,10 +97,23 @@ def _bound(run: Run, best: Plan) -> tuple[float, str]:
         bound_time = min(bound_time, room) if room > 0.05 else 0.0
     if bound_time > 0.05 and not reached(best.makespan, bound):
         cb = comm_bound(graph, run.cluster, time_limit=bound_time, incumbent=best, workers=1,
-                        seed=run.options.seed, deterministic=budget.deadline.deterministic, phased=phased)
+                        seed=run.options.seed, deterministic=budget.deadline.deterministic, phased=phased,
+                        deadline=budget.deadline)
         if cb.value > bound:  # (never above the makespan: the incumbent caps the model)
             bound, source = min(cb.value, best.makespan), cb.source
     return bound, source
+
+
+def _held(run: Run, best: Plan, bound: float, source: str) -> tuple[float, str]:
+    """``(bound, source)``, unless a plan that keeps memory beats the bound:
+    then it came from a model that forbids valid plans (a restricted CP-SAT
+    model), and critical path / work stands instead, so that a bound never
+    exceeds a valid plan's step nor makes it "optimal"."""
+    if best.status == "infeasible" or reached(bound, best.makespan):
+        return bound, source
+    run.trace.say(f"status: the {source} bound {bound / 1000:.3f} ms exceeds the step of a valid plan "
+                  f"({best.makespan / 1000:.3f} ms): not a bound of the graph, critical path / work used")
+    return lower_bound(run.graph, run.cluster), SIMPLE_SOURCE
 
 
 def _cheap_bound(run: Run, best: Plan, bound: float, source: str):
@@ -131,6 +144,18 @@ def _check(run: Run, best: Plan) -> str:
         check_plan(run.graph, run.cluster, best, check_memory=best.status != "infeasible").raise_if_invalid()
     over = dl.elapsed() - dl.seconds
     if not dl.deterministic and over > max(2.0, 0.1 * dl.seconds):  # the limit was not kept: say why
-        note += (f"; over the time limit by {over:.1f} s: {run.graph.num_ops} ops need more for one plan"
-                 f" (the first heuristic took {budget.unit or 0.0:.1f} s)")
+        note += f"; over the time limit by {over:.1f} s: " + _why_over(run)
     return note
+
+
+def _why_over(run: Run) -> str:
+    """The stage that overran its grant the most (e.g. CP-SAT on a big model
+    past its stop), else the graph's size against the first heuristic's time."""
+    late = [(s.seconds - run.trace.granted[s.name], s) for s in run.trace.stages
+            if s.name in run.trace.granted and s.seconds > run.trace.granted[s.name] + 0.5]
+    if late:
+        extra, stage = max(late, key=lambda x: x[0])
+        return (f"the {stage.name} stage ({stage.note}) took {stage.seconds:.1f} s of a "
+                f"{run.trace.granted[stage.name]:.1f} s grant")
+    return (f"{run.graph.num_ops} ops need more for one plan"
+            f" (the first heuristic took {run.budget.unit or 0.0:.1f} s)")

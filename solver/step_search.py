@@ -1,8 +1,8 @@
 """``pesto.solve(micro_batches=M | "auto")``: the best plan over transformed steps.
 
 A plan of a micro-batched or replicated step places a *different graph* than
-the step given (:func:`pesto.microbatch.split_step`,
-:func:`pesto.replicate.replicate`), so :func:`solve_step` returns it with that
+the step given (:func:`pesto.step.split`,
+:func:`pesto.step.replicate`), so :func:`solve_step` returns it with that
 graph (:class:`StepResult`), and the plan's log says which graph it is
 (``micro_batches``, ``graph_kind``, ``replicas``) and every step compared
 (``steps``); :func:`step_graph` rebuilds the graph from those fields.
@@ -36,9 +36,10 @@ screens :func:`micro_batch_counts` with the baselines and runs the exact
 stages on ``M = 1`` and the best screened counts (:func:`solve_step`), so
 that the whole search keeps to the time limit.
 
-Batch marks: a graph with unmarked ops (``Op.batch is None``) is marked by
-:func:`pesto.training.infer_batch_marks` (TensorFlow's data inputs); when
-that finds no rule, :class:`~pesto.errors.BatchMarkError` says so.
+Batch marks: the step's ops carry them (:attr:`pesto.graph.Op.batch`,
+``phase``, ``anchor``, ``role``), set by a front end (the facade,
+:func:`pesto.api.marked`, marks a TensorFlow graph without them); a graph
+with unmarked ops raises :class:`~pesto.errors.BatchMarkError` naming them.
 """
 from __future__ import annotations
 
@@ -51,12 +52,10 @@ from pesto.deadline import Deadline
 from pesto.errors import BatchMarkError, MicroBatchMemoryError, PestoError
 from pesto.graph import OpGraph
 from pesto.memory import fmt_bytes
-from pesto.microbatch import split_step
 from pesto.plan import Plan
 from pesto.problem import Problem
-from pesto.replicate import replicate
 from pesto.solvelog import SolveLog, Stage
-from pesto.training import infer_batch_marks
+from pesto.step import replicate, split as split_step
 
 from .microbatch_bound import SampleBound, memory_need, sample_bound
 from .options import SolveOptions
@@ -131,21 +130,20 @@ def micro_batch_counts(micro_batches, batch_size: int | None = None) -> list[int
 
 
 def with_marks(graph: OpGraph) -> OpGraph:
-    """``graph`` if every op has a batch mark, else marked by
-    :func:`pesto.training.infer_batch_marks`.
+    """``graph``, whose every op has a batch mark (a front end sets them:
+    :func:`pesto.api.marked` for a TensorFlow graph without them).
 
     Raises
     ------
     BatchMarkError
-        Unmarked ops and no rule to infer their marks (no data input found).
+        Ops without a batch mark, named.
     """
-    if all(op.batch is not None for op in graph.ops):
-        return graph
-    try:
-        return infer_batch_marks(graph)
-    except BatchMarkError as exc:
-        raise BatchMarkError(f"graph {graph.name!r} has ops without batch marks (Op.batch) and no rule infers "
-                             f"them ({exc}); mark the ops (JSON 'batch': true/false)") from None
+    unknown = [op.name for op in graph.ops if op.batch is None]
+    if unknown:
+        raise BatchMarkError(f"graph {graph.name!r} has {len(unknown)} op(s) without batch marks (Op.batch): "
+                             f"mark them (JSON 'batch': true/false; pesto.solve marks a TensorFlow graph)",
+                             unknown)
+    return graph
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:

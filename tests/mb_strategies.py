@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from pesto.graph import OpGraph
 from strategies import dags
+from tf_patch.marks import mark_phases
 
 __all__ = ["marked_dags", "mark", "layered_step"]
 
@@ -38,6 +39,8 @@ def layered_step(layers: int = 4, *, act: int = 1_000_000, weight: int = 4000, t
     ``gradients/layer_l/f_grad/``, ``dx`` (reads the layer's weight and the
     gradient from above) and ``dw`` (reads the layer's input: a weight gradient,
     ``weight`` bytes); all batched ops take ``t`` µs, backward ones ``2 t``.
+    Phase, anchor and role marks by the TensorFlow front end's rule
+    (:func:`tf_patch.marks.mark_phases`).
     """
     from pesto.graph import Edge, Op, Tensor
 
@@ -72,4 +75,4 @@ def layered_step(layers: int = 4, *, act: int = 1_000_000, weight: int = 4000, t
             edge(u, v)
         es.append(Edge(f"layer_{l}/w", f"train/apply_{l}", (f"layer_{l}/w:0",)))
         grad = dx
-    return OpGraph(ops, es, ts, name=f"layered{layers}")
+    return mark_phases(OpGraph(ops, es, ts, name=f"layered{layers}"))

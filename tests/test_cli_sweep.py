@@ -215,12 +215,12 @@ def test_seed_beyond_32_bits_is_a_usage_error(capsys, g60, seed, ok):
 
 
 _NO_TF = {
-    # `import tensorflow` raises ImportError, so does `import tf_patch` (it imports TF)
+    # `import tensorflow` raises ImportError, so do tf_patch's TensorFlow names (tf_patch.needs_tf)
     "at import": "import sys; sys.modules['tensorflow'] = None\n",
-    # tf_patch imports TensorFlow lazily: `import tf_patch` works, profiling fails
-    "lazily": ("import sys, types; sys.modules['tensorflow'] = None; m = types.ModuleType('tf_patch')\n"
+    # a TensorFlow name that imports TensorFlow only when run: `import tf_patch` works, profiling fails
+    "lazily": ("import sys, tf_patch; sys.modules['tensorflow'] = None\n"
                "def opgraph_for(*a, **k):\n    import tensorflow\n"
-               "m.opgraph_for = opgraph_for; sys.modules['tf_patch'] = m\n"),
+               "tf_patch.opgraph_for = opgraph_for\n"),
 }
 
 

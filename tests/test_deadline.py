@@ -191,3 +191,21 @@ def test_an_ignored_sigint_does_not_cut_a_solve_short():
         signal.signal(signal.SIGINT, before)
     assert sent and sent[0] < end  # the signal came while the solve ran
     assert plan.status != "interrupted" and plan.log.stopped != "SIGINT"
+
+
+def test_an_interrupt_before_the_search_has_begun_still_stops_it():
+    # OR-Tools ignores stop_search until its solve has started: a deadline interrupted
+    # just before (a signal while the worker thread starts) must still stop the search
+    from ortools.sat.python import cp_model
+    from solver.cpsat_model import CpsatModel
+    from solver.cpsat_solve import search
+    model = CpsatModel(layered_dag(150, width=8, seed=1), gpus(2))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 60
+    solver.parameters.catch_sigint_signal = False
+    solver.parameters.num_workers = 2
+    d = Deadline(60)
+    d.interrupt("SIGINT")
+    t = time.perf_counter()
+    search(solver, model.model, d)
+    assert time.perf_counter() - t < 20  # not the 60 s limit (generous: shared CI cores)

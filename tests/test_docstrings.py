@@ -18,8 +18,9 @@ def _modules():
         for info in pkgutil.walk_packages(mod.__path__, prefix=f"{pkg}."):
             if info.name not in SKIP:
                 out.append(info.name)
-    # the test/benchmark helpers that left the library keep their examples checked
-    return out + ["benchmarks.generators", "benchmarks.external"]
+    # the test/benchmark helpers that left the library keep their examples checked; the
+    # TensorFlow front end's marks need no TensorFlow
+    return out + ["benchmarks.generators", "benchmarks.external", "tf_patch.marks"]
 
 
 @pytest.mark.parametrize("module", _modules())

@@ -9,9 +9,9 @@ import pesto
 from mb_strategies import layered_step
 from pesto.cluster import gpus, hosts, v100x4_pcie
 from pesto.errors import MicroBatchError
-from pesto.microbatch import Origin, split_step
+from pesto.step import compose, split
 from pesto.plan import check_plan
-from pesto.replicate import replicate
+from pesto.step import replicate
 from solver.hybrid import _replica_stages, hybrid_plan, replica_groups
 from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
 from solver.registry import get_placer
@@ -55,10 +55,10 @@ def test_each_replica_is_a_pipeline_inside_one_host(step, two_hosts, m):
     assert (r.replicas, r.stages, r.micro_batches) == (2, 2, m)
     host = {d: k // 2 for k, d in enumerate(two_hosts.names)}
     rep = replicate(step, 2)
-    split = split_step(rep.graph, m).origin if m > 1 else {n: Origin(n, 0, "copy") for n in rep.graph.names}
+    both = compose(split(rep.graph, m), rep) if m > 1 else rep
     used = [set(), set()]
     for name, dev in r.plan.placement.items():
-        origin = rep.origin[split[name].op]          # the replicated op this one copies or sums
+        origin = both.origin[name]                   # the step's op this one copies or sums, and its replica
         assert host[dev] == origin.replica, name     # a replica's ops, its ring ops too, stay on its host
         used[origin.replica].add(dev)
     assert all(len(u) == 2 for u in used)            # and use both of its GPUs: two stages

@@ -41,6 +41,8 @@ LAZY_OK = {
     ("pesto/__init__.py", "pesto.api"): "PEP 562: the facade (and with it the solver, OR-Tools) loads on first use",
     ("pesto/cli.py", "tf_patch"): "TensorFlow models for `pesto profile` / `place MODEL`: Pesto works without TF",
     ("pesto/cli.py", "benchmarks"): "the optional benchmarks package behind `pesto bench` (a source checkout)",
+    ("tf_patch/__init__.py", "tf_patch.opgraphs"): "PEP 562: the TensorFlow-needing names load on first use, "
+                                                   "so tf_patch.marks imports without TensorFlow",
 }
 # Functions allowed over MAX_LINES, with their own cap and the reason.
 MAX_LINES = 80
@@ -82,7 +84,7 @@ def _imports(mod: str, tree: ast.AST):
 
 
 def _console_scripts() -> set[str]:
-    """Modules of pyproject.toml's ``[project.scripts]`` (``pesto = "pesto.cli:main"``)."""
+    """Modules of pyproject.toml's ``[project.scripts]`` (``pesto = "pesto.cli:console"``)."""
     text = (ROOT / "pyproject.toml").read_text()
     section = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
     return set(re.findall(r'^\s*[\w.-]+\s*=\s*"([\w.]+):\w+"', section, re.M))
@@ -202,3 +204,54 @@ def test_any_package_can_be_imported_first(first):
     code = f"import {first}; import pesto; assert callable(pesto.solve)"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# TensorFlow op types and scope names: only the front end (tf_patch/) may read them.
+TF_NAMES = re.compile(r"gradients[/(_]|gradients\b|_grad\b|gradient_tape|\bAddN\b|\bAddV2\b|AccumulateNV2|"
+                      r"Apply(Adam|GradientDescent|Momentum)|\(Resource\)|\bPlaceholder|IteratorGetNext|"
+                      r"(Assign|AssignAdd|AssignSub)VariableOp|VarHandleOp|ReadVariableOp|VariableV2|"
+                      r"Scatter(Add|Sub)")
+TF_FREE = ("pesto", "coarsen", "solver")
+# The one exception, with its reason (file, the string literal).
+TF_OK = {("solver/baselines.py", r"^(gradients(_\d+)?|gradient_tape|training|train)$"):
+         "the Pesto paper's Expert baseline splits by name scopes as its human expert does, on "
+         "graphs no front end marked (every plain solve runs it); reading marks instead would "
+         "change it and the placement figures"}
+# Not TensorFlow graph names: Pesto's device names are TensorFlow's device strings by design
+# (pesto.cluster.task_device names a host's devices /job:worker/replica:0/task:1/device:GPU:0).
+
+
+def _code_strings(tree: ast.AST):
+    """(line, text) of every string constant that is not a docstring."""
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+
+
+def test_no_tensorflow_names_outside_the_front_end():
+    """The core, the coarsener and the solver read what ops are from their marks
+    (Op.batch, phase, anchor, role), never from TensorFlow's op types or scope
+    names (``tf_patch/marks.py`` turns those into marks). Docstrings may name them."""
+    bad = []
+    for mod, rel, tree in _modules():
+        if rel.parts[0] not in TF_FREE:
+            continue
+        for line, text in _code_strings(tree):
+            m = TF_NAMES.search(text)
+            if m and (rel.as_posix(), text) not in TF_OK:
+                bad.append(f"{rel}:{line} {m.group(0)!r} in {text[:60]!r}")
+    assert not bad, "TensorFlow names outside tf_patch/:\n" + "\n".join(bad)
+
+
+def test_the_tf_names_check_finds_them():
+    tree = ast.parse('"""gradients/ in a docstring is fine."""\n'
+                     'ROOT = re.compile(r"^(gradients(_\\d+)?|gradient_tape)$")\n'
+                     'SUMS = {"AddN", "AddV2"}\nx = name.endswith("_grad")\nt = "Placeholder"\n')
+    hits = sorted(line for line, text in _code_strings(tree) if TF_NAMES.search(text))
+    assert hits == [2, 3, 3, 4, 5]

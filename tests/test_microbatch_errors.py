@@ -9,7 +9,7 @@ from mb_strategies import layered_step
 from pesto.cluster import gpus
 from pesto.errors import BatchMarkError, InfeasibleError, MicroBatchError, MicroBatchMemoryError
 from pesto.graph import Edge, Op, OpGraph, Tensor
-from pesto.microbatch import split_step
+from pesto.step import split
 from solver.microbatch_bound import sample_bound
 from solver.pipeline_baselines import pipeline_plan
 from solver.step_search import StepResult, winner_bound
@@ -51,10 +51,10 @@ def test_auto_misspelt_suggests_auto(step, m):
         _solve(step, micro_batches=m)
 
 
-def test_microbatch_of_an_unmarked_graph_names_the_ops():
+def test_split_of_an_unmarked_graph_names_the_ops():
     g = pesto.OpGraph.from_edges({"a": 1.0, "b": 2.0, "c": 1.0}, [("a", "b", 8), ("b", "c", 8)])
     with pytest.raises(BatchMarkError, match="no batch mark") as exc:
-        pesto.microbatch(g, 2)
+        split(g, 2)
     assert exc.value.ops == ["a", "b", "c"] and "'a', 'b', 'c'" in str(exc.value)
 
 
@@ -105,5 +105,5 @@ def test_winner_bound_of_a_pipeline_baseline_is_its_split_steps(step):
     c = pesto.v100x2_nvlink()
     sp = pipeline_plan(step, c, schedule="gpipe", micro_batches=4)
     b = winner_bound(step, c, StepResult(sp.plan, sp.graph, 4, "micro-batched", 1, {}), batch=8)
-    assert b == sample_bound(split_step(step, 4), c, batch=8)
+    assert b == sample_bound(split(step, 4), c, batch=8)
     assert 0 < b.step <= sp.plan.makespan and b.per_sample == b.step / 8

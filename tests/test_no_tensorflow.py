@@ -63,16 +63,58 @@ def test_cli_places_a_json_graph_without_tensorflow(tmp_path):
 
 
 def test_tf_patch_without_tensorflow_names_what_to_install():
+    """``import tf_patch`` works (its marks need no TensorFlow); its TensorFlow
+    names and modules raise an ImportError naming the ``tf`` extra."""
     r = _run_without_tf(
-        "try:\n"
-        "    import tf_patch\n"
-        "except ImportError as exc:\n"
-        "    print(type(exc).__name__, exc.name, exc)\n"
-        "else:\n"
-        "    sys.exit('tf_patch imported without TensorFlow')\n")
+        "import tf_patch\n"
+        "for what in ('tf_patch.opgraph_for', 'import tf_patch.extract', 'import tf_patch.zoo.rnnlm'):\n"
+        "    try:\n"
+        "        exec(what)\n"
+        "    except ImportError as exc:\n"
+        "        print(type(exc).__name__, exc.name, exc)\n"
+        "    else:\n"
+        "        sys.exit(what + ' without TensorFlow')\n"
+        "assert 'tensorflow' not in sys.modules\n")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.startswith("ImportError tensorflow ")
-    assert "TensorFlow" in r.stdout and "pip install" in r.stdout and "[tf]" in r.stdout
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3 and all(line.startswith("ImportError tensorflow ") for line in lines), lines
+    assert all("TensorFlow" in line and "pip install" in line and "[tf]" in line for line in lines)
+
+
+def _tf_named_step() -> dict:
+    """A TensorFlow training step as the zoo's JSON graphs are: TF names and types, no marks."""
+    import pesto
+
+    names = [("x", "Placeholder", 64, 0), ("w", "VarHandleOp", 16, 16), ("read", "ReadVariableOp", 16, 0),
+             ("dense/MatMul", "MatMul", 64, 0), ("gradients/dense/MatMul_grad/MatMul_1", "MatMul", 16, 0),
+             ("train/update_w/ResourceApplyGradientDescent", "ResourceApplyGradientDescent", 0, 0)]
+    ops = [pesto.Op(n, {"GPU": 10.0}, output_bytes=b, persistent_bytes=p, type=t, scope=n.rpartition("/")[0])
+           for n, t, b, p in names]
+    ts = [pesto.Tensor(f"{n}:0", n, b) for n, _, b, _ in names if b]
+    es = [("w", "read"), ("x", "dense/MatMul"), ("read", "dense/MatMul"),
+          ("x", "gradients/dense/MatMul_grad/MatMul_1"), ("dense/MatMul", "gradients/dense/MatMul_grad/MatMul_1"),
+          ("gradients/dense/MatMul_grad/MatMul_1", "train/update_w/ResourceApplyGradientDescent")]
+    edges = [pesto.Edge(u, v, (f"{u}:0",)) for u, v in es]
+    edges.append(pesto.Edge("w", "train/update_w/ResourceApplyGradientDescent", ()))
+    return pesto.OpGraph(ops, edges, ts, name="tfstep").to_dict()
+
+
+def test_marks_of_a_tf_named_graph_need_no_tensorflow(tmp_path):
+    graph, out = tmp_path / "g.json", tmp_path / "plan.json"
+    graph.write_text(json.dumps(_tf_named_step()))
+    r = _run_without_tf(
+        "import pesto\n"
+        "from tf_patch.marks import mark_step\n"
+        f"g = mark_step(pesto.OpGraph.from_json({str(graph)!r}))\n"
+        "print(sorted((o.name, o.batch, o.phase) for o in g.ops))\n"
+        "assert 'tensorflow' not in sys.modules\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "('gradients/dense/MatMul_grad/MatMul_1', True, 'weight-grad')" in r.stdout
+    r = _run_without_tf("from pesto.cli import main\nsys.exit(main(sys.argv[1:]))\n",
+                        "place", str(graph), "--gpus", "2", "--placer", "gpipe", "--micro-batches", "2",
+                        "-o", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "dense/MatMul@mb1" in json.loads(out.read_text())["placement"]
 
 
 def test_cli_profile_without_tensorflow_exits_3_naming_the_extra(tmp_path):

@@ -11,10 +11,10 @@ from mb_strategies import layered_step
 from pesto.cluster import gpus, v100x4_pcie
 from pesto.errors import BatchMarkError
 from pesto.graph import Op, OpGraph
-from pesto.microbatch import parse_name
+from pesto.step.slicing import parse_name
 from pesto.plan import check_plan
 from pesto.simulate import simulate
-from pesto.training import infer_batch_marks
+from tf_patch.marks import mark_step
 from solver.pipeline_baselines import (data_parallel_plan, phases, pipeline_plan, place_1f1b,
                                        place_data_parallel, place_gpipe, split_stages, task_order)
 from solver.registry import PLACERS, get_placer
@@ -58,7 +58,7 @@ def test_split_stages_is_optimal(work, data):
 
 
 def test_backward_ops_are_staged_with_the_layer_they_differentiate():
-    g = infer_batch_marks(OpGraph.from_json(GRAPHS / "rnnlm_2x2048.json.gz"))
+    g = mark_step(OpGraph.from_json(GRAPHS / "rnnlm_2x2048.json.gz"))
     ph = phases(g)
     name = {g.index[n]: n for n in g.names}
     anchor = {name[b]: name[a] for b, a in ph.anchor.items()}

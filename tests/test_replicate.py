@@ -1,9 +1,10 @@
-"""pesto.replicate: data parallelism as a graph with a ring all-reduce (issue 24)."""
+"""pesto.step.replicate: data parallelism as a graph with a ring all-reduce (issue 24)."""
 from __future__ import annotations
 
 import hashlib
 import math
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -12,9 +13,10 @@ from mb_strategies import marked_dags
 from pesto.cluster import gpus, hosts, v100x4_pcie
 from pesto.errors import BatchMarkError, MicroBatchError
 from pesto.graph import Edge, Op, OpGraph, Tensor
-from pesto.microbatch import FLOOR_US, fixed_ops, microbatch, partial_tensors, split_step
 from pesto.plan import check_plan
-from pesto.replicate import BUCKET_BYTES, RESERVED, gradient_buckets, pack_buckets, replicate
+from pesto.step import compose, replicate, split
+from pesto.step.slicing import FLOOR_US, fixed_ops, partial_tensors
+from pesto.step.replication import BUCKET_BYTES, RESERVED, gradient_buckets, pack_buckets
 from pesto.simulate import simulate
 
 SETTINGS = settings(max_examples=50, deadline=None)
@@ -109,7 +111,7 @@ def test_data_parallel_beats_one_device_when_links_are_fast():
 
 def test_replicas_then_micro_batches_accumulate_before_the_all_reduce():
     rep = replicate(_step(), 2)
-    s = split_step(rep.graph, 3)
+    s = split(rep.graph, 3)
     accs = [n for n in s.graph.names if "@acc" in n]
     assert len(accs) == 2 * 2 * 2   # 2 replicas x 2 chunk tensors x (3 - 1) adds
     assert all(s.graph.successors(a)[0].startswith(("dw:0@rs", "dw:0@r")) for a in accs)
@@ -159,7 +161,7 @@ def test_unmarked_graph_and_too_few_devices_are_refused():
         replicate(OpGraph([Op("a", {"GPU": 1.0})]), 2)
     with pytest.raises(MicroBatchError, match="3 replicas need as many devices"):
         replicate(_step(), 3).placement(["/GPU:0", "/GPU:1"])
-    assert microbatch(replicate(_step(), 2).graph, 1).num_ops == replicate(_step(), 2).graph.num_ops
+    assert split(replicate(_step(), 2).graph, 1).graph.num_ops == replicate(_step(), 2).graph.num_ops
 
 
 # -- gradient buckets ------------------------------------------------------------
@@ -246,7 +248,6 @@ def test_a_gradient_produced_after_the_open_buckets_all_reduce_starts_a_new_buck
     # dw0 is all-reduced and read by the once-per-step `mid`, which feeds the batched
     # dw1: fusing dw0 and dw1 would make the ring wait for itself (hypothesis found it)
     from pesto.graph import Edge, Op, OpGraph, Tensor
-    from pesto.replicate import gradient_buckets
     ops = [Op("dw0", {"GPU": 1.0}, batch=True), Op("mid", {"GPU": 1.0}, batch=False),
            Op("dw1", {"GPU": 1.0}, batch=True), Op("apply", {"GPU": 1.0}, batch=False)]
     g = OpGraph(ops, [Edge("dw0", "mid", "dw0:0"), Edge("mid", "dw1", "mid:0"), Edge("dw1", "apply", "dw1:0")],
@@ -254,3 +255,48 @@ def test_a_gradient_produced_after_the_open_buckets_all_reduce_starts_a_new_buck
     assert gradient_buckets(g, 1 << 20) == [("dw0:0",), ("dw1:0",)]
     rep = replicate(g, 2, bucket_bytes=1 << 20)   # builds: no cycle
     assert rep.graph.num_ops > g.num_ops
+
+
+# -- one Transformed, compose -----------------------------------------------------
+
+@pytest.mark.parametrize("n,m", [(2, 3), (3, 2), (1, 2)])
+def test_compose_maps_a_split_replicated_step_to_the_step(n, m):
+    step = _step()
+    rep = replicate(step, n)
+    inner = split(rep.graph, m)
+    both = compose(inner, rep)
+    assert both.graph is inner.graph and both.source is step
+    assert (both.replicas, both.micro_batches) == (n, m)
+    for name, o in both.origin.items():
+        i = inner.origin[name]
+        r = rep.origin[i.op]
+        assert o.op == r.op and o.replica == r.replica and o.slice == i.slice   # straight to the step's op
+        assert o.role == (i.role if i.role not in ("copy", "step") else r.role)
+        if o.tensor is not None:
+            assert step.has_tensor(o.tensor) and all(step.has_tensor(t) for t in o.members)
+    batched = [op.name for op in step.ops if op.batch]
+    for op in batched:   # every batched op: one copy per replica and slice
+        copies = both.copies(op)
+        assert sorted((both.origin[c].replica, both.origin[c].slice) for c in copies) == \
+            [(r, s) for r in range(n) for s in range(m)]
+    acc = [o for o in both.origin.values() if o.role == "accumulate"]
+    assert acc and all(o.tensor == "dw:0" and o.op == "dw" and 0 < o.slice < m for o in acc)
+    assert {o.replica for o in acc} == set(range(n)) and both.partials == {"dw:0"}
+
+
+def test_compose_refuses_a_transform_of_another_graph():
+    rep = replicate(_step(), 2)
+    with pytest.raises(ValueError, match="made from"):
+        compose(split(_step(), 2), rep)
+
+
+def test_anchor_marks_follow_the_copies():
+    g = _step()
+    g = OpGraph([replace(op, anchor="h", phase="weight-grad") if op.name == "dw" else op for op in g.ops],
+                g.edges, g.tensors, name=g.name)
+    s = split(g, 2).graph
+    assert s.op("dw@mb1").anchor == "h@mb1" and s.op("dw@mb1").phase == "weight-grad"
+    r = replicate(g, 2).graph
+    assert r.op("dw@r1").anchor == "h@r1"
+    both = split(r, 2).graph
+    assert both.op("dw@r1@mb0").anchor == "h@r1@mb0"

@@ -108,14 +108,14 @@ def test_a_split_zoo_step_is_marked_slice_by_slice():
     assert marks["microbatch/inputs"] and not marks["microbatch/loss"]
 
 
-def test_pesto_microbatch_splits_an_extracted_unsplit_step():
+def test_pesto_step_split_splits_an_extracted_unsplit_step():
     """The marks are what the graph-level split needs: every op marked, no
     variable marked batched, and each batched op copied once per slice."""
-    import pesto
+    from pesto.step import split
 
     m = build_model("rnnlm", "small", layers=1, units=16, batch=8, steps=3, vocab=50)
     g, _ = tf_patch.opgraph(m.graph, m.fetches, "v100", on_unknown="ignore")
-    split = pesto.microbatch(g, 2)
+    out = split(g, 2).graph
     batched = {op.name for op in g.ops if op.batch}
-    assert {n[:-4] for n in split.names if n.endswith("@mb1")} == batched
+    assert {n[:-4] for n in out.names if n.endswith("@mb1")} == batched
     assert not [op.name for op in g.ops if op.batch and op.persistent_bytes]

@@ -19,7 +19,8 @@ import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
 tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
-from pesto.microbatch import parse_name, split_step  # noqa: E402
+from pesto.step import split as split_step  # noqa: E402
+from pesto.step.slicing import parse_name  # noqa: E402
 from tf_patch import slicemap  # noqa: E402
 from tf_patch.microstep import slice_of  # noqa: E402
 from tf_patch.pipeline import PlacedRun  # noqa: E402

@@ -1,46 +1,24 @@
 """Everything that touches TensorFlow: extract, profile, fit comms, apply, the
-model zoo (:mod:`tf_patch.zoo`) and the demos (``python -m tf_patch.demo``).
+model zoo (:mod:`tf_patch.zoo`) and the demos (``python -m tf_patch.demo``);
+and :mod:`tf_patch.marks`, TensorFlow's names and types as Pesto's op marks.
 
-``import tf_patch`` needs TensorFlow installed (ImportError otherwise, naming
-the ``tf`` extra) but does not import it: the functions that run TensorFlow
-import it when called (it is slow to import).
+``import tf_patch`` and :mod:`tf_patch.marks` need no TensorFlow (the CLI
+marks a TF-named JSON graph without it). The other names (``tf_patch.opgraph_for``,
+...) and modules need TensorFlow installed: they raise an ImportError naming
+the ``tf`` extra otherwise (:mod:`tf_patch.needs_tf`); they load on first use
+(PEP 562 ``__getattr__``), and TensorFlow itself only when a function runs it.
 
 >>> import tf_patch                                          # doctest: +SKIP
 >>> g = tf_patch.opgraph_for("rnnlm", "small", costs="v100")  # doctest: +SKIP
 """
 from __future__ import annotations
 
-import importlib.util
-import time
+import importlib
 
-from . import apply, commfit, devices, extract, function, microstep, pipeline, profile, traces  # noqa: F401
-from .apply import apply_plan, check_colocation, verify
-from .commfit import CommFit, fit_transfers
-from .devices import describe, detect, plan_device, session_config, tf_device
-from .extract import _as_graph, allowed_kinds, extract as _extract, step_ops
-from .function import FunctionStep, function_opgraph, function_step, keras_opgraph, keras_step
-from .microstep import LossStep, check_micro_batches
-from .traces import chrome_trace_costs, step_stats_costs
-from .pipeline import contended, parallel_factor, profile_model, run_placed
-from .profile import Profile, estimate, measure
-from .zoo import build_model
-
-
-def _require_tensorflow() -> None:
-    """Raise ImportError, naming the ``tf`` extra, when TensorFlow is not
-    installed: without it nothing here works, and the CLI turns the error into
-    its "not installed" exit (3). TensorFlow itself is imported only by the
-    functions that run it (it is slow to import)."""
-    try:
-        found = importlib.util.find_spec("tensorflow") is not None
-    except (ImportError, ValueError):  # an import hook that refuses it; a broken install
-        found = False
-    if not found:
-        raise ImportError("tf_patch needs TensorFlow, which is not installed: pip install 'pesto-placer[tf]' "
-                          "(from a source checkout: pip install -e '.[tf]')", name="tensorflow")
-
-
-_require_tensorflow()
+#: The modules reached as ``tf_patch.<module>`` without an import of their own.
+_MODULES = frozenset({"apply", "batchmarks", "commfit", "demo", "demo_hosts", "devices", "distributed", "extract",
+                      "function", "fusion", "marks", "microstep", "opgraphs", "pipeline", "profile", "slicemap",
+                      "traces", "zoo"})
 
 __all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "function_step",
            "keras_step", "FunctionStep", "LossStep", "check_micro_batches", "step_stats_costs",
@@ -49,77 +27,17 @@ __all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras
            "contended", "run_placed"]
 
 
-def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead: float = 0.0,
-            progress: bool = False, **options):
-    """``(OpGraph, Profile)`` of any tf.Graph's training step, with grappler's analytical costs.
+def __getattr__(name: str):
+    """``tf_patch.<name>`` of :data:`__all__` from :mod:`tf_patch.opgraphs`, and the
+    submodules, loaded on first use (ImportError naming the ``tf`` extra without TensorFlow)."""
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in __all__:
+        from . import opgraphs
 
-    Parameters
-    ----------
-    graph : tf.Graph or GraphDef
-    fetches : the step's fetches (e.g. ``[train_op, loss]``; names such as
-        ``"Identity:0"`` too)
-    gpu : "v100", "a100" or "h100": the device grappler models (no GPU needed)
-    options : for :func:`tf_patch.extract.extract` (``batch``,
-        ``tensor_sizes``, ``on_unknown``...)
-
-    Examples
-    --------
-    >>> g, profile = tf_patch.opgraph(tf_graph, [train_op])   # doctest: +SKIP
-    >>> plan = pesto.solve(g, gpus=2)                  # doctest: +SKIP
-    >>> tf_patch.apply_plan(tf_graph, plan)            # doctest: +SKIP
-    """
-    graph = _as_graph(graph)  # a GraphDef is imported once, so fetch names resolve in it
-    cpu_ops = [op.name for op in step_ops(graph, fetches) if "GPU" not in allowed_kinds(op.type, "GPU")]
-    prof = estimate(graph, fetches, gpu, cpu_ops=cpu_ops, overhead=overhead, progress=progress)
-    return _extract(graph, fetches, costs=prof.costs, cpu_costs=prof.cpu_costs, kind="GPU",
-                   memory={k: {"output_bytes": v["output_bytes"]} for k, v in prof.memory.items()
-                           if v.get("output_bytes")},
-                   name=name, **options), prof
+        return getattr(opgraphs, name)
+    raise AttributeError(f"module 'tf_patch' has no attribute {name!r}")
 
 
-def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int = 5,
-                  warmup: int = 2, progress: bool = True, overhead: float = 0.0):
-    """``(OpGraph, Profile)`` of a built :class:`tf_patch.zoo.ZooModel`.
-
-    ``costs``: a GPU name ("v100", "a100", "h100") for grappler's analytical
-    estimate (kind "GPU"; ops without a GPU kernel get kind "CPU"), or
-    "measured" to trace ``steps`` steps on this machine (kind "CPU"; kernels
-    are timed on one device and one thread, so ``n_devices`` is not used).
-    """
-    if costs == "measured":
-        # one device, one thread: each kernel timed alone (see tf_patch.pipeline)
-        prof = measure(model, n_devices=1, steps=steps, warmup=warmup, progress=progress,
-                       config=session_config(1, inter_op=1))
-        g = _extract(model.graph, model.fetches, costs=prof.costs, kind="CPU", memory=prof.memory,
-                    name=f"{model.name}")
-        return g, prof
-    return opgraph(model.graph, model.fetches, costs, name=model.name, overhead=overhead,
-                   progress=progress)
-
-
-def opgraph_for(model_name: str, preset: str = "small", costs: str = "v100", **options):
-    """Build a zoo model and return its OpGraph with costs.
-
-    Parameters
-    ----------
-    model_name : "rnnlm", "nmt", "transformer" or "nasnet"
-    preset : a preset of that model ("small", "2x2048", ...)
-    costs : "v100" / "a100" / "h100" (grappler analytical, no GPU needed) or
-        "measured" (FULL_TRACE on this machine's CPU)
-    options : model overrides (layers=..., batch=...) plus ``steps``,
-        ``warmup``, ``progress``, ``overhead`` for profiling
-
-    Examples
-    --------
-    >>> g = opgraph_for("rnnlm", "small")   # doctest: +SKIP
-    >>> g.num_ops > 500                     # doctest: +SKIP
-    True
-    """
-    prof_keys = {"steps_profiled": "steps", "warmup": "warmup", "progress": "progress",
-                 "overhead": "overhead", "n_devices": "n_devices"}
-    prof_opts = {prof_keys[k]: options.pop(k) for k in list(options) if k in prof_keys}
-    t0 = time.perf_counter()
-    model = build_model(model_name, preset, **options)
-    g, _ = model_opgraph(model, costs, **prof_opts)
-    g.build_seconds = time.perf_counter() - t0  # informative; OpGraph is otherwise immutable
-    return g
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _MODULES)

@@ -32,6 +32,7 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from dataclasses import dataclass, field
 
 from pesto.dag import reachability, toposort

@@ -1,7 +1,7 @@
 """Batch marks from static shapes: which ops of a TensorFlow step scale with the batch.
 
 :func:`batch_marks` fills :attr:`pesto.graph.Op.batch` for every op that
-:func:`tf_patch.extract.extract` keeps (so ``pesto.microbatch`` can split an
+:func:`tf_patch.extract.extract` keeps (so :func:`pesto.step.split` can split an
 un-split TensorFlow step): ``True`` for an op that runs once per slice of the
 batch (it reads or writes per-sample data, or computes the slice's loss and
 gradients), ``False`` for one that runs once per step (variables, their
@@ -49,7 +49,7 @@ The rule
      gradients), and the gradient's seed and shape arithmetic.
 6. Everything else: ``False`` (shape arithmetic on constants, a scalar
    computed from scalars). A step with no data input gets no marks
-   (``None``: Pesto does not guess; ``pesto.microbatch`` refuses it and
+   (``None``: Pesto does not guess; :func:`pesto.step.split` refuses it and
    names the ops).
 
 Knowingly approximate: an op that depends on no data input but makes a
@@ -68,14 +68,14 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import re
 from collections import Counter
 
-__all__ = ["batch_marks", "data_inputs", "batch_sizes", "GRADIENT_ROOT", "INPUT_TYPES"]
+from .marks import GRADIENT_ROOT, INPUT_TYPES
 
-INPUT_TYPES = frozenset({"Placeholder", "PlaceholderWithDefault", "IteratorGetNext"})
-#: First name components of TensorFlow's gradient scopes (``tf.gradients``, ``tf.GradientTape``).
-GRADIENT_ROOT = re.compile(r"^(gradients(_\d+)?|gradient_tape)$")
+__all__ = ["batch_marks", "data_inputs", "batch_sizes"]
+
 _VARIABLES = frozenset({"VarHandleOp", "VariableV2", "Variable", "VarHandleOpV2"})
 _READS = frozenset({"ReadVariableOp", "VarIsInitializedOp"})
 _WRITE = re.compile(r"^Assign\w*$|^(Resource)?(Sparse)?Apply\w+$|^(Resource)?Scatter\w+$")

@@ -50,6 +50,7 @@ costs, places it, trains it placed and checks the trace.
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import argparse
 import os
 import statistics

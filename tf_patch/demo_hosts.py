@@ -14,6 +14,7 @@ then stops the servers. The whole run is bounded by ``--timeout`` seconds.
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import argparse
 import os
 import signal

@@ -13,6 +13,7 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import re
 
 __all__ = ["map_devices", "PREFIX", "tf_device", "plan_device", "detect", "session_config", "describe"]

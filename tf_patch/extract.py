@@ -18,7 +18,9 @@ Only ops that actually run in a step are kept: the ancestors of the fetches
   variable's shape and dtype;
 * scope = op name without its last component;
 * ``batch``: whether the op runs once per slice of the batch, from static
-  shapes (:func:`tf_patch.batchmarks.batch_marks` states the rule).
+  shapes (:func:`tf_patch.batchmarks.batch_marks` states the rule);
+* ``phase``, ``anchor``, ``role``: from TensorFlow's gradient scopes and op
+  types (:func:`tf_patch.marks.mark_phases` states the rule).
 
 Examples
 --------
@@ -27,12 +29,14 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from typing import Callable, Iterable, Mapping
 
 from pesto.errors import InvalidGraphError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 
 from .batchmarks import batch_marks
+from .marks import mark_phases
 
 __all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN",
            "unsized_tensors", "shape_tensor_bytes", "MAX_SHAPE_ELEMENTS"]
@@ -247,7 +251,7 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
                           type=op.type, batch=marks.get(op.name)))
     # a pair with data edges and a control edge: the data edge already orders them
     edge_objs = [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in edges.items()]
-    return OpGraph(op_objs, edge_objs, tensors, name=name)
+    return mark_phases(OpGraph(op_objs, edge_objs, tensors, name=name))   # phase, anchor, role (batch: above)
 
 
 MAX_UNKNOWN = 0.01  # share of data tensors allowed without a static size

@@ -33,6 +33,7 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from .apply import apply_plan
 from .devices import detect, session_config
 from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsized_tensors

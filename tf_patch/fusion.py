@@ -42,6 +42,7 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from dataclasses import dataclass
 
 __all__ = ["PATTERNS", "Fusion", "fusions"]

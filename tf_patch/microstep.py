@@ -55,6 +55,7 @@ pesto.errors.MicroBatchError: micro_batches=4 does not divide the batch of 30 sa
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import numbers
 import re
 

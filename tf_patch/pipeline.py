@@ -23,6 +23,7 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import os
 import re
 import statistics

@@ -20,6 +20,7 @@ True
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import statistics
 from dataclasses import dataclass, field
 

@@ -1,7 +1,7 @@
 """Pesto's split graph -> TensorFlow's split step: the name map, and enforcing a micro-batched plan.
 
 ``pesto.solve(step, micro_batches=M)`` places Pesto's own split of the
-un-split step (:func:`pesto.microbatch.split_step`: copies ``op@mb<i>``,
+un-split step (:func:`pesto.step.split`: copies ``op@mb<i>``,
 accumulations ``t@acc<k>``); TensorFlow builds the split step itself
 (:mod:`tf_patch.microstep`: ``mb<i>/...``). :func:`slice_map` maps the first
 onto the second; :func:`place_split` turns a Pesto plan into a plan of the TF
@@ -46,13 +46,14 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
 from pesto import evaluate, solve
 from pesto.graph import OpGraph
-from pesto.microbatch import parse_name
+from pesto.step.slicing import parse_name
 
 __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPlacement", "place_split",
            "GRADIENT_ROOTS"]

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+from .. import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from . import gpt, nasnet, nmt, rnnlm, transformer
 from .common import ZooModel
 

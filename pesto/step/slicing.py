@@ -1,10 +1,11 @@
-"""Micro-batched training steps as op graphs (issue 24, the graph layer).
+"""Micro-batched training steps as op graphs: :func:`split`.
 
-:func:`microbatch` turns one training step, whose ops are marked with
+:func:`split` turns one training step, whose ops are marked with
 :attr:`pesto.graph.Op.batch`, into the same step run as ``M`` micro-batches:
 the batch is cut into ``M`` slices, each slice runs the forward and backward
 ops, the slices' weight gradients are summed, and the optimizer applies once.
-The result is an ordinary :class:`~pesto.graph.OpGraph`, so every placer, the
+The result (:class:`~pesto.step.transform.Transformed`) holds an ordinary
+:class:`~pesto.graph.OpGraph`, so every placer, the
 simulator and the checker take it as it is; each slice's copy of an op may go
 to any device (a pipeline stage is all copies of a layer on one device).
 
@@ -35,7 +36,8 @@ How the graph is built
 ----------------------
 * a batched op ``op`` becomes ``M`` copies ``op@mb0 .. op@mb{M-1}`` (the naming
   rule: the original name, ``@mb`` and the slice index); an unbatched op
-  appears once, under its own name;
+  appears once, under its own name. A copy keeps the op's marks, its
+  :attr:`~pesto.graph.Op.anchor` renamed to the same slice's copy of the anchor;
 * edges batched -> batched join the copies of the same slice; unbatched ->
   batched fans out to every copy (one tensor, so it is sent once per device
   whatever the number of slices there); a control edge batched -> unbatched
@@ -61,19 +63,19 @@ Cost rule of a copy (documented constants, tested)
   (``FLOOR_US`` = 2 µs, the duration of the shortest kernel a V100 runs, launch
   pipelined: below that a GPU op is latency bound), and an op already below the
   floor keeps its time;
-* an op that touches **no sliced tensor** and at least one partial (an ``AddN``
-  summing a weight's per-time-step gradients in an RNN) keeps its full time and
+* an op that touches **no sliced tensor** and at least one partial (a sum of
+  a weight's per-time-step gradients in an RNN) keeps its full time and
   temporary bytes: its work is per element of the weight, not per sample;
 * **bytes**: a sliced tensor is ``ceil(bytes / M)``; a partial keeps its size
   (it is weight-shaped); the op's ``output_bytes`` keep the part that is
   partials and divide the rest (rounded up); ``temporary_bytes`` are divided
   (rounded up); ``persistent_bytes`` are not copied (rule 3);
 * which tensors are partials: those read by an unbatched op, and (backwards,
-  shape-free) the inputs of a batched *sum* (type in :data:`SUM_TYPES`) whose
-  output is a partial and whose batched inputs all have its size (the
-  per-time-step weight gradients an ``AddN`` sums). Only sums: a size match
-  alone says nothing (a Transformer's activations and its sparse embedding
-  gradient all weigh 16 MiB);
+  shape-free) the inputs of a batched *sum* (:attr:`~pesto.graph.Op.role`
+  ``"grad-sum"``, a mark the front end sets) whose output is a partial and
+  whose batched inputs all have its size (the per-time-step weight gradients
+  an RNN sums). Only sums: a size match alone says nothing (a Transformer's
+  activations and its sparse embedding gradient all weigh 16 MiB);
 * an **accumulate op** adds two tensors of ``B`` bytes: it reads ``2B`` and
   writes ``B``, memory bound, so it takes ``max(FLOOR_US, 3 B / bandwidth)`` with
   ``BANDWIDTH["GPU"]`` = 900 GB/s (V100 HBM2: the roofline grappler's V100 model
@@ -100,7 +102,7 @@ Examples
 >>> tensors = [Tensor("x:0", "x", 800), Tensor("w:0", "w", 64), Tensor("dw:0", "dw", 64)]
 >>> edges = [Edge("x", "dw", "x:0"), Edge("w", "dw", "w:0"), Edge("dw", "apply", "dw:0"),
 ...          Edge("w", "apply", "w:0")]
->>> g = microbatch(OpGraph(ops, edges, tensors), 2)
+>>> g = split(OpGraph(ops, edges, tensors), 2).graph
 >>> g.names
 ('x@mb0', 'x@mb1', 'w', 'dw@mb0', 'dw@mb1', 'dw:0@acc1', 'apply')
 >>> g.op("x@mb1").compute["GPU"], g.tensor("x:0@mb1").bytes, g.tensor("dw:0@mb1").bytes
@@ -110,18 +112,17 @@ Examples
 """
 from __future__ import annotations
 
-import numbers
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Mapping
 
-from .errors import BatchMarkError, MicroBatchError
-from .graph import Edge, Op, OpGraph, Tensor
+from ..errors import BatchMarkError, MicroBatchError
+from ..graph import Edge, Op, OpGraph, Tensor
+from .transform import Origin, Transformed, check_count
 
-__all__ = ["microbatch", "split_step", "MicroBatched", "Origin", "check_count", "check_marks",
-           "partial_tensors", "fixed_ops", "slice_op", "accumulate_op", "copy_name", "parse_name",
-           "FLOOR_US", "BANDWIDTH", "SUM_TYPES", "RESERVED"]
+__all__ = ["split", "check_marks", "partial_tensors", "fixed_ops", "slice_op", "accumulate_op", "copy_name",
+           "parse_name", "FLOOR_US", "BANDWIDTH", "RESERVED"]
 
 #: Shortest time of a slice's kernel (µs): a V100 kernel's duration floor with
 #: launches pipelined. An op already faster keeps its own time.
@@ -130,92 +131,12 @@ FLOOR_US = 2.0
 #: costed with: V100 HBM2 900 GB/s; a two-socket DDR4 server ~50 GB/s.
 BANDWIDTH = MappingProxyType({"GPU": 900e3, "CPU": 50e3})
 
-#: Op types that sum their inputs elementwise (partials flow back through them).
-SUM_TYPES = frozenset({"AddN", "AddV2", "Add", "AccumulateNV2"})
-
-#: Names :func:`microbatch` makes: an original op or tensor may not look like them.
+#: Names :func:`split` makes: an original op or tensor may not look like them.
 RESERVED = re.compile(r"@(mb|acc)\d")
 
 
-@dataclass(frozen=True)
-class Origin:
-    """Where an op of a split graph comes from.
-
-    Attributes
-    ----------
-    op : str
-        The original op (for an accumulate op: the producer of the tensor it sums).
-    slice : int or None
-        The slice of a copy; for an accumulate op the last slice it adds
-        (``t@acck`` sums slices ``0..k``); None for an unbatched op.
-    role : str
-        ``"copy"`` (a batched op's slice), ``"step"`` (an unbatched op, once
-        per step) or ``"accumulate"``.
-    tensor : str or None
-        The original tensor an accumulate op sums.
-    """
-
-    op: str
-    slice: int | None
-    role: str
-    tensor: str | None = None
-
-
-@dataclass(frozen=True)
-class MicroBatched:
-    """A step split into micro-batches (:func:`split_step`).
-
-    Attributes
-    ----------
-    graph : OpGraph
-        The micro-batched step.
-    source : OpGraph
-        The step it was made from.
-    micro_batches : int
-    origin : mapping op of ``graph`` -> Origin
-    partials : frozenset of str
-        The original tensors summed over slices.
-    """
-
-    graph: OpGraph
-    source: OpGraph
-    micro_batches: int
-    origin: Mapping[str, Origin]
-    partials: frozenset
-
-    def copies(self, op: str) -> tuple[str, ...]:
-        """The ops of ``graph`` that run original op ``op`` (M copies, or itself).
-
-        >>> from pesto.graph import Op, OpGraph
-        >>> s = split_step(OpGraph([Op("a", {"GPU": 4.0}, batch=True)]), 3)
-        >>> s.copies("a")
-        ('a@mb0', 'a@mb1', 'a@mb2')
-        """
-        if self.source.op(op).batch:
-            return tuple(copy_name(op, i) for i in range(self.micro_batches))
-        return (op,)
-
-
-def check_count(n, what: str = "micro_batches") -> int:
-    """``n`` as a count >= 1, or :class:`~pesto.errors.MicroBatchError` naming ``what``.
-
-    >>> check_count(4)
-    4
-    >>> check_count(0)
-    Traceback (most recent call last):
-    ...
-    pesto.errors.MicroBatchError: micro_batches must be an integer >= 1, got 0
-    """
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise MicroBatchError(f"{what} must be an integer >= 1, got {n!r} ({type(n).__name__})", culprit=n)
-    n = int(n)
-    if n < 1:
-        raise MicroBatchError(f"{what} must be an integer >= 1, got {n}", culprit=n)
-    return n
-
-
 def check_marks(graph: OpGraph, reserved: re.Pattern = RESERVED) -> None:
-    """Refuse a graph :func:`microbatch` cannot split, naming the ops to blame.
+    """Refuse a graph :func:`split` cannot split, naming the ops to blame.
 
     ``reserved``: the names the transformation makes (a name matching it is refused).
 
@@ -231,12 +152,12 @@ def check_marks(graph: OpGraph, reserved: re.Pattern = RESERVED) -> None:
     >>> check_marks(OpGraph([Op("a", {"GPU": 1.0}, batch=True), Op("b", {"GPU": 1.0})]))
     Traceback (most recent call last):
     ...
-    pesto.errors.BatchMarkError: 1 op(s) have no batch mark (Op.batch is None); mark them or use pesto.training.infer_batch_marks: 'b'
+    pesto.errors.BatchMarkError: 1 op(s) have no batch mark (Op.batch is None); mark them (a front end does: tf_patch.marks.mark_step for a TensorFlow graph): 'b'
     """
     unknown = [op.name for op in graph.ops if op.batch is None]
     if unknown:
         raise BatchMarkError(f"{len(unknown)} op(s) have no batch mark (Op.batch is None); mark them "
-                             f"or use pesto.training.infer_batch_marks", unknown)
+                             f"(a front end does: tf_patch.marks.mark_step for a TensorFlow graph)", unknown)
     if not any(op.batch for op in graph.ops):
         raise BatchMarkError(f"graph {graph.name!r} has no batched op (every Op.batch is False): "
                              f"nothing to split")
@@ -260,29 +181,29 @@ def parse_name(name: str) -> Origin:
     """Inverse of the naming rule, without the graph.
 
     >>> parse_name("layer/MatMul@mb3")
-    Origin(op='layer/MatMul', slice=3, role='copy', tensor=None)
+    Origin(op='layer/MatMul', replica=None, slice=3, role='copy', tensor=None, members=())
     >>> parse_name("grad:0@acc2").role, parse_name("w").role
     ('accumulate', 'step')
     """
     m = re.fullmatch(r"(.*)@(mb|acc)(\d+)", name)
     if m is None:
-        return Origin(name, None, "step")
+        return Origin(name, role="step")
     if m.group(2) == "mb":
-        return Origin(m.group(1), int(m.group(3)), "copy")
+        return Origin(m.group(1), slice=int(m.group(3)))
     tensor = m.group(1)
-    return Origin(tensor.rsplit(":", 1)[0], int(m.group(3)), "accumulate", tensor)
+    return Origin(tensor.rsplit(":", 1)[0], slice=int(m.group(3)), role="accumulate", tensor=tensor)
 
 
 def partial_tensors(graph: OpGraph) -> frozenset:
     """Tensors of batched ops that are summed over slices (weight-shaped).
 
     A tensor a batched op hands to an unbatched op is a partial; so are,
-    going backwards, the inputs of a batched sum (:data:`SUM_TYPES`) whose
+    going backwards, the inputs of a batched sum (role ``"grad-sum"``) whose
     output is a partial, when all its batched inputs have the output's size.
 
     >>> from pesto.graph import Op, OpGraph, Tensor, Edge
-    >>> ops = [Op(n, {"GPU": 1.0}, batch=b, type=t) for n, b, t in
-    ...        [("x", True, ""), ("g1", True, ""), ("g2", True, ""), ("addn", True, "AddN"),
+    >>> ops = [Op(n, {"GPU": 1.0}, batch=b, role=r) for n, b, r in
+    ...        [("x", True, ""), ("g1", True, ""), ("g2", True, ""), ("addn", True, "grad-sum"),
     ...         ("apply", False, "")]]
     >>> ts = [Tensor("x:0", "x", 80), Tensor("g1:0", "g1", 16), Tensor("g2:0", "g2", 16),
     ...       Tensor("addn:0", "addn", 16)]
@@ -305,7 +226,7 @@ def partial_tensors(graph: OpGraph) -> frozenset:
             ins[j].append((name, nbytes))
     ops = graph.ops
     for v in reversed(graph.topo_idx()):
-        if not batched[v] or ops[v].type not in SUM_TYPES or not ins[v]:
+        if not batched[v] or ops[v].role != "grad-sum" or not ins[v]:
             continue
         sizes = {b for name, b in outs[v] if name in partial}
         if len(sizes) == 1 and all(b in sizes for _, b in ins[v]):
@@ -376,9 +297,9 @@ def accumulate_op(name: str, nbytes: int, kinds, *, scope: str = "", floor_us: f
     return Op(name, compute, output_bytes=nbytes, scope=scope, type="Accumulate", batch=False)
 
 
-def microbatch(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
-               bandwidth: Mapping[str, float] = BANDWIDTH) -> OpGraph:
-    """The step ``graph`` run as ``micro_batches`` slices, as an OpGraph (module doc).
+def split(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
+          bandwidth: Mapping[str, float] = BANDWIDTH) -> Transformed:
+    """The step ``graph`` run as ``micro_batches`` slices, with the map back to its ops (module doc).
 
     Raises
     ------
@@ -390,29 +311,19 @@ def microbatch(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US
     Examples
     --------
     >>> from pesto.graph import Op, OpGraph
-    >>> g = OpGraph([Op("a", {"GPU": 8.0}, batch=True), Op("b", {"GPU": 1.0}, batch=False)])
-    >>> microbatch(g, 4).names, microbatch(g, 4).total_work()
+    >>> s = split(OpGraph([Op("a", {"GPU": 8.0}, batch=True), Op("b", {"GPU": 1.0}, batch=False)]), 4)
+    >>> s.graph.names, s.graph.total_work()
     (('a@mb0', 'a@mb1', 'a@mb2', 'a@mb3', 'b'), 9.0)
-    """
-    return split_step(graph, micro_batches, floor_us=floor_us, bandwidth=bandwidth).graph
-
-
-def split_step(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
-               bandwidth: Mapping[str, float] = BANDWIDTH) -> MicroBatched:
-    """:func:`microbatch` with the map back to the original ops (:class:`MicroBatched`).
-
-    >>> from pesto.graph import Op, OpGraph
-    >>> s = split_step(OpGraph([Op("a", {"GPU": 8.0}, batch=True)]), 2)
     >>> s.origin["a@mb1"]
-    Origin(op='a', slice=1, role='copy', tensor=None)
+    Origin(op='a', replica=None, slice=1, role='copy', tensor=None, members=())
     """
     m = check_count(micro_batches)
     check_marks(graph)
     b = _Split(graph, m, floor_us, bandwidth)
     b.add_ops()
     b.add_edges()
-    split = OpGraph(b.ops, b.edge_list(), b.tensors, name=f"{graph.name}@mb{m}")
-    return MicroBatched(split, graph, m, MappingProxyType(b.origin), b.partials)
+    out = OpGraph(b.ops, b.edge_list(), b.tensors, name=f"{graph.name}@mb{m}")
+    return Transformed(out, graph, MappingProxyType(b.origin), micro_batches=m, partials=b.partials)
 
 
 class _Split:
@@ -447,18 +358,23 @@ class _Split:
             if not op.batch:
                 self.ops.append(op)
                 self.tensors.extend(mine)
-                self.origin[op.name] = Origin(op.name, None, "step")
+                self.origin[op.name] = Origin(op.name, role="step")
                 continue
             kept = sum(t.bytes for t in mine if t.name in self.partials)
             for i in range(m):
                 name = copy_name(op.name, i)
-                self.ops.append(slice_op(op, m, name, fixed=op.name in self.fixed, partial_bytes=kept,
-                                         floor_us=self.floor, colocation_group=self.group(op, i)))
-                self.origin[name] = Origin(op.name, i, "copy")
+                copy = slice_op(op, m, name, fixed=op.name in self.fixed, partial_bytes=kept,
+                                floor_us=self.floor, colocation_group=self.group(op, i))
+                self.ops.append(copy if op.anchor is None else replace(copy, anchor=self.anchor(op.anchor, i)))
+                self.origin[name] = Origin(op.name, slice=i)
                 self.tensors.extend(Tensor(copy_name(t.name, i), name, self.size(t)) for t in mine)
             for t in mine:
                 if t.name in self.to_step:
                     self.accumulate(op, t)
+
+    def anchor(self, name: str, i: int) -> str:
+        """Slice ``i``'s name of anchor ``name``: its copy if batched (a mark naming no op stays)."""
+        return copy_name(name, i) if name in self.g and self.g.op(name).batch else name
 
     def size(self, t: Tensor) -> int:
         return t.bytes if t.name in self.partials else _ceil_div(t.bytes, self.m)
@@ -471,7 +387,7 @@ class _Split:
             self.ops.append(accumulate_op(name, t.bytes, op.kinds, scope=op.scope, floor_us=self.floor,
                                           bandwidth=self.bw, what=t.name))
             self.tensors.append(Tensor(name, name, t.bytes))
-            self.origin[name] = Origin(op.name, k, "accumulate", t.name)
+            self.origin[name] = Origin(op.name, slice=k, role="accumulate", tensor=t.name)
             self.link(prev[0], name, [prev[1]])
             self.link(copy_name(op.name, k), name, [copy_name(t.name, k)])
             prev = (name, name)

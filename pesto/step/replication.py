@@ -2,19 +2,21 @@
 
 :func:`replicate` turns one training step (ops marked with
 :attr:`pesto.graph.Op.batch`, the same preconditions as
-:mod:`pesto.microbatch`) into the data-parallel step on ``N`` replicas, as an
-ordinary :class:`~pesto.graph.OpGraph`. Placing replica ``r`` on device ``r``
-is the data-parallel plan (:meth:`Replicated.placement`), which the simulator
-times with every all-reduce transfer on the cluster's links.
+:func:`pesto.step.split`) into the data-parallel step on ``N`` replicas, as an
+ordinary :class:`~pesto.graph.OpGraph` in a
+:class:`~pesto.step.transform.Transformed`. Placing replica ``r`` on device ``r``
+is the data-parallel plan (:meth:`~pesto.step.transform.Transformed.placement`),
+which the simulator times with every all-reduce transfer on the cluster's links.
 
 * **replica r** holds ``op@r{r}`` for every op: a batched op as its slice
-  ``r`` of ``N`` (the cost rule of :func:`pesto.microbatch.slice_op`: the
+  ``r`` of ``N`` (the cost rule of :func:`pesto.step.slicing.slice_op`: the
   replica's share of the batch); an unbatched op whole (its own copy of the
   variables, their reads and the optimizer: every replica applies the same
   update). Colocation groups become one per replica, ``group@r{r}``;
-  tensors ``t@r{r}``;
+  tensors ``t@r{r}``; a copy's :attr:`~pesto.graph.Op.anchor` names the
+  same replica's copy;
 * **the all-reduce**: each partial tensor ``t`` (a slice's weight gradient a
-  batched op hands to an unbatched one, :func:`pesto.microbatch.partial_tensors`)
+  batched op hands to an unbatched one, :func:`pesto.step.slicing.partial_tensors`)
   of ``B`` bytes is summed over the replicas by a **ring** 0 -> 1 -> ... -> N-1
   -> 0 over chunks of ``ceil(B / N)`` bytes (the producer's output seen as
   ``N`` chunk tensors ``t@r{r}/chunk{j}``, views of one buffer):
@@ -22,7 +24,7 @@ times with every all-reduce transfer on the cluster's links.
   - reduce-scatter, steps ``s = 0 .. N-2``: replica ``r`` receives from
     ``r - 1`` its running sum of chunk ``j = (r - 1 - s) mod N`` and adds its
     own: op ``t@rs{s}@r{r}`` (an add of ``ceil(B / N)`` bytes, costed as
-    :func:`pesto.microbatch.accumulate_op`); after ``N - 1`` steps replica
+    :func:`pesto.step.slicing.accumulate_op`); after ``N - 1`` steps replica
     ``r`` holds the sum of chunk ``(r + 1) mod N``;
   - all-gather, steps ``s = 0 .. N-2``: replica ``r`` receives from ``r - 1``
     a summed chunk: op ``t@ag{s}@r{r}`` (no compute: the transfer is the cost);
@@ -48,16 +50,17 @@ times with every all-reduce transfer on the cluster's links.
   starts when all its gradients are ready, and its earlier buckets overlap
   the rest of the backward pass. ``t@allreduce@r{r}`` outputs one tensor
   ``m@allreduce@r{r}`` per member ``m`` (its bytes), read by ``m``'s
-  unbatched consumers. :attr:`ReplicaOrigin.members` names the tensors a ring
+  unbatched consumers. :attr:`~pesto.step.transform.Origin.members` names the tensors a ring
   op sums; its ``op`` / ``tensor`` are the first member's (a placer that puts
   a tensor's ring by its variable, as :mod:`solver.hybrid`, puts a bucket by
   its first member's variable; transfers carry the other members').
 
 The sum is what the update needs when each replica's loss is normalised by
-the whole batch (as for :mod:`pesto.microbatch`). ``N = 1`` is the step itself
-under the names ``op@r0``. ``microbatch(replicate(g, N).graph, M)`` splits
+the whole batch (as for :func:`pesto.step.split`). ``N = 1`` is the step itself
+under the names ``op@r0``. ``split(replicate(g, N).graph, M)`` splits
 every replica into ``M`` micro-batches (the accumulation runs per replica,
-before its all-reduce).
+before its all-reduce); :func:`~pesto.step.transform.compose` maps its ops
+straight to the step's.
 
 Examples
 --------
@@ -98,17 +101,16 @@ first ready) unless ``bucket_bytes`` is smaller than their sum:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from .errors import MicroBatchError
-from .graph import Edge, Op, OpGraph, Tensor
-from .microbatch import (BANDWIDTH, FLOOR_US, accumulate_op, check_count, check_marks, fixed_ops,
-                         partial_tensors, slice_op)
+from ..errors import MicroBatchError
+from ..graph import Edge, Op, OpGraph, Tensor
+from .slicing import BANDWIDTH, FLOOR_US, accumulate_op, check_marks, fixed_ops, partial_tensors, slice_op
+from .transform import Origin, Transformed, check_count
 
-__all__ = ["replicate", "Replicated", "ReplicaOrigin", "replica_name", "RESERVED", "BUCKET_BYTES",
-           "gradient_buckets", "pack_buckets"]
+__all__ = ["replicate", "replica_name", "RESERVED", "BUCKET_BYTES", "gradient_buckets", "pack_buckets"]
 
 #: Default gradient bucket size in bytes (PyTorch DDP's ``bucket_cap_mb=25``).
 BUCKET_BYTES = 25 * 2**20
@@ -120,64 +122,6 @@ FIRST_BUCKET_BYTES = 2**20
 
 #: Names :func:`replicate` makes: an original op or tensor may not look like them.
 RESERVED = re.compile(r"@(r|rs|ag)\d|@allreduce@")
-
-
-@dataclass(frozen=True)
-class ReplicaOrigin:
-    """Where an op of a replicated graph comes from.
-
-    Attributes
-    ----------
-    op : str
-        The original op (for an all-reduce op: the producer of the gradient).
-    replica : int
-    role : str
-        ``"copy"`` (a batched op's share), ``"step"`` (an unbatched op's copy),
-        ``"reduce-scatter"``, ``"all-gather"`` or ``"gather"``.
-    tensor : str or None
-        The original tensor an all-reduce op sums (for a fused bucket: its
-        first member, whose producer is ``op``).
-    members : tuple of str
-        Every original tensor the all-reduce op's bucket sums, in bucket
-        order (``(tensor,)`` for a bucket of one); empty for a copy.
-    """
-
-    op: str
-    replica: int
-    role: str
-    tensor: str | None = None
-    members: tuple = ()
-
-
-@dataclass(frozen=True)
-class Replicated:
-    """A step replicated for data parallelism (:func:`replicate`).
-
-    Attributes
-    ----------
-    graph : OpGraph
-    source : OpGraph
-    replicas : int
-    origin : mapping op of ``graph`` -> ReplicaOrigin
-    """
-
-    graph: OpGraph
-    source: OpGraph
-    replicas: int
-    origin: Mapping[str, ReplicaOrigin]
-
-    def placement(self, devices: Sequence[str]) -> dict[str, str]:
-        """Replica ``r`` on ``devices[r]``: the data-parallel placement.
-
-        Raises
-        ------
-        MicroBatchError
-            Fewer devices than replicas.
-        """
-        if len(devices) < self.replicas:
-            raise MicroBatchError(f"{self.replicas} replicas need as many devices, got {list(devices)}",
-                                  culprit=len(devices))
-        return {name: devices[o.replica] for name, o in self.origin.items()}
 
 
 def replica_name(name: str, r: int) -> str:
@@ -290,7 +234,7 @@ def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) ->
 
 
 def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKET_BYTES,
-              floor_us: float = FLOOR_US, bandwidth: Mapping[str, float] = BANDWIDTH) -> Replicated:
+              floor_us: float = FLOOR_US, bandwidth: Mapping[str, float] = BANDWIDTH) -> Transformed:
     """The data-parallel step of ``graph`` on ``replicas`` replicas (module doc).
 
     ``bucket_bytes``: gradients are fused into buckets of at most that many
@@ -303,7 +247,7 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
         ``replicas`` not an integer >= 1; a bad ``bucket_bytes``; a device
         kind without bandwidth.
     BatchMarkError
-        As :func:`pesto.microbatch.microbatch`.
+        As :func:`pesto.step.split`.
     """
     n = check_count(replicas, "replicas")
     check_marks(graph, RESERVED)
@@ -316,7 +260,7 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
     b.add_edges()
     out = OpGraph(b.ops, [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in b.edges.items()],
                   b.tensors, name=f"{graph.name}@r{n}")
-    return Replicated(out, graph, n, MappingProxyType(b.origin))
+    return Transformed(out, graph, MappingProxyType(b.origin), replicas=n, partials=b.partials)
 
 
 class _Ring:
@@ -335,7 +279,7 @@ class _Ring:
         self.ops: list[Op] = []
         self.tensors: list[Tensor] = []
         self.edges: dict[tuple[str, str], list[str]] = {}
-        self.origin: dict[str, ReplicaOrigin] = {}
+        self.origin: dict[str, Origin] = {}
         self.final: dict[tuple[str, int], tuple[str, str]] = {}
 
     def add_replica(self, r: int) -> None:
@@ -346,12 +290,13 @@ class _Ring:
             mine = self.produced.get(op.name, [])
             if op.batch:
                 kept = sum(t.bytes for t in mine if t.name in self.partials)
-                self.ops.append(slice_op(op, n, name, fixed=op.name in self.fixed, partial_bytes=kept,
-                                         floor_us=self.floor, colocation_group=group))
-                self.origin[name] = ReplicaOrigin(op.name, r, "copy")
+                copy = slice_op(op, n, name, fixed=op.name in self.fixed, partial_bytes=kept,
+                                floor_us=self.floor, colocation_group=group)
+                self.origin[name] = Origin(op.name, replica=r)
             else:
-                self.ops.append(replace(op, name=name, colocation_group=group))
-                self.origin[name] = ReplicaOrigin(op.name, r, "step")
+                copy = replace(op, name=name, colocation_group=group)
+                self.origin[name] = Origin(op.name, replica=r, role="step")
+            self.ops.append(copy if op.anchor not in self.g else replace(copy, anchor=replica_name(op.anchor, r)))
             for t in mine:
                 size = t.bytes if not op.batch or t.name in self.partials else -(-t.bytes // n)
                 self.tensors.append(Tensor(replica_name(t.name, r), name, size))
@@ -366,8 +311,8 @@ class _Ring:
         its output tensors ``outputs`` = [(name, bytes)] (default: one, under its name)."""
         self.ops.append(op)
         self.tensors.extend(Tensor(t, op.name, nb) for t, nb in (outputs or [(op.name, op.output_bytes)]))
-        self.origin[op.name] = ReplicaOrigin(members[0].src, r, role, members[0].name,
-                                             tuple(t.name for t in members))
+        self.origin[op.name] = Origin(members[0].src, replica=r, role=role, tensor=members[0].name,
+                                      members=tuple(t.name for t in members))
         for src, tensor in inputs:
             ts = self.edges.setdefault((src, op.name), [])
             if tensor is not None:

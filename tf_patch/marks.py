@@ -1,0 +1,306 @@
+"""The marks of a TensorFlow training step, from TensorFlow's names and types.
+
+The core reads what each op of a step is from marks on the op
+(:attr:`pesto.graph.Op.batch`, ``phase``, ``anchor``, ``role``:
+:mod:`pesto.step.marks`), never from a framework's names. This module is
+where TensorFlow's names become those marks; it imports no TensorFlow, so the
+CLI marks a TF-named JSON graph without TensorFlow installed.
+
+* :func:`mark_step` = :func:`mark_batch` then :func:`mark_phases`: every
+  mark an op lacks, by the rules below (ops that carry a mark keep it);
+* :func:`mark_batch` fills :attr:`~pesto.graph.Op.batch` of a graph that came
+  without marks (the cached zoo JSON graphs) by a stated rule on op names,
+  types and edges -- no shapes (:mod:`tf_patch.batchmarks` marks from shapes
+  at extraction);
+* :func:`mark_phases` fills ``phase``, ``anchor`` and ``role`` from
+  TensorFlow's gradient scopes and op types.
+
+The batch rule
+--------------
+1. **data inputs**: source ops (no predecessor) of type ``Placeholder``,
+   ``PlaceholderWithDefault`` or ``IteratorGetNext`` holding no persistent bytes
+   and producing some (a Keras step's captured variables arrive as placeholders
+   *with* persistent bytes: they are not inputs). ``inputs=`` overrides it;
+2. **step ops** (once per step): every op under an *optimizer scope*, every
+   variable write (``Assign*``, ``*Apply*``, ``*Scatter*``: a batch-norm moving
+   average too) and every op holding persistent bytes (a variable). An
+   optimizer scope is the first scope component of an op that applies a
+   gradient to a variable (types ``*Apply*``, ``AssignSubVariableOp``,
+   ``AssignAddVariableOp``, ``ResourceScatterAdd/Sub``: ``train``, Keras'
+   ``sgd_1``) unless some op under it is *forward*: reached from a data input
+   without passing a gradient scope (:data:`GRADIENT_ROOT`) --
+   a model scope whose batch norm updates its moving averages is no optimizer;
+3. **batched**: the data inputs and every op reached from them, through data
+   or control edges, without passing through a step op (activations, the loss,
+   their gradients, the weight gradients: they read per-sample data; a
+   constant a gradient builds under a control dependency on a batched op is
+   part of that slice's gradient -- left unbatched it would make every slice
+   wait for all others there);
+4. **unbatched**: everything else (variables, their reads, constants, shape
+   arithmetic on constants, the optimizer).
+
+What it gets wrong, knowingly: an op that *makes* a batch-shaped tensor from
+constants (an RNN's zero initial state ``Fill``) is not reached from the inputs,
+so it stays unbatched and is shared by all slices (cheap; a shape rule would
+slice it); a batch-norm moving-average update reads the slices' summed
+statistics (the step's value changes, not its cost); a sparse (``IndexedSlices``)
+embedding gradient is treated as a dense partial (see :mod:`pesto.step.slicing`).
+
+The phase rule
+--------------
+* **backward** (:func:`gradient_ops`): the ops under a gradient scope
+  (:data:`GRADIENT_ROOT`: ``gradients/``, ``gradient_tape/``) and every op
+  after one of them; of those, an unbatched op is ``"update"``, one with a
+  tensor read by an unbatched op (a weight gradient) ``"weight-grad"``, the
+  others ``"input-grad"``; every other op is ``"forward"``. A graph without
+  a gradient scope gets no phase (unknown);
+* **anchor**: a batched backward op's scope mirrors the forward op it
+  differentiates (``gradients/<op>_grad/...``, ``gradient_tape/<op>/...``):
+  the longest scope prefix naming a batched forward op, else a layer scope
+  of depth >= 2 holding forward ops, whose middle one is taken
+  (the pipeline placers' rule for the ops left: :func:`solver.pipeline_baselines.phases`);
+* **role** ``"grad-sum"``: every op of a type in :data:`SUM_TYPES` (an
+  elementwise sum: the per-time-step weight gradients of an RNN are summed by
+  an ``AddN``; a forward add is marked too -- the type does not tell them
+  apart -- and :func:`pesto.step.split` only sums partials through one whose
+  output is a weight gradient of its inputs' size).
+
+Examples
+--------
+>>> from pesto.graph import Op, OpGraph, Tensor, Edge
+>>> ops = [Op("x", {"GPU": 1.0}, output_bytes=64, type="Placeholder"),
+...        Op("w", {"GPU": 1.0}, persistent_bytes=16, type="VarHandleOp"),
+...        Op("read", {"GPU": 1.0}, output_bytes=16, type="ReadVariableOp"),
+...        Op("mm", {"GPU": 9.0}, output_bytes=32, type="MatMul", scope="dense"),
+...        Op("gradients/mm_grad", {"GPU": 9.0}, output_bytes=16, type="MatMul", scope="gradients/mm_grad"),
+...        Op("train/apply", {"GPU": 2.0}, type="ResourceApplyGradientDescent", scope="train")]
+>>> ts = [Tensor(f"{o.name}:0", o.name, o.output_bytes) for o in ops]
+>>> es = [Edge("w", "read", "w:0"), Edge("x", "mm", "x:0"), Edge("read", "mm", "read:0"),
+...       Edge("x", "gradients/mm_grad", "x:0"), Edge("mm", "gradients/mm_grad", "mm:0"),
+...       Edge("gradients/mm_grad", "train/apply", "gradients/mm_grad:0"), Edge("w", "train/apply", "w:0")]
+>>> g = mark_step(OpGraph(ops, es, ts))
+>>> [(o.name, o.batch, o.phase) for o in g.ops]   # doctest: +NORMALIZE_WHITESPACE
+[('x', True, 'forward'), ('w', False, 'forward'), ('read', False, 'forward'), ('mm', True, 'forward'),
+ ('gradients/mm_grad', True, 'weight-grad'), ('train/apply', False, 'update')]
+>>> g.op("gradients/mm_grad").anchor
+'mm'
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Iterable
+
+from pesto.errors import BatchMarkError
+from pesto.graph import OpGraph
+
+__all__ = ["mark_step", "mark_batch", "mark_phases", "input_ops", "optimizer_scopes", "update_ops",
+           "gradient_ops", "scope_root", "is_marked", "GRADIENT_ROOT", "INPUT_TYPES", "SUM_TYPES"]
+
+#: Op types a batch enters a TensorFlow step by.
+INPUT_TYPES = frozenset({"Placeholder", "PlaceholderWithDefault", "IteratorGetNext"})
+#: Op types that apply a gradient to a variable: their first scope component is an optimizer scope.
+APPLY_TYPE = re.compile(r"^(Resource)?(Sparse)?Apply\w+$|^Assign(Add|Sub)VariableOp$|^(Resource)?Scatter(Add|Sub)$")
+#: Op types that write a variable: always once per step.
+WRITE_TYPE = re.compile(r"^Assign\w*$|^(Resource)?(Sparse)?Apply\w+$|^(Resource)?Scatter\w+$")
+#: First scope components under which TensorFlow builds gradients
+#: (``tf.gradients``: ``gradients``, ``gradients_1``...; ``tf.GradientTape``: ``gradient_tape``).
+GRADIENT_ROOT = re.compile(r"^(gradients(_\d+)?|gradient_tape)$")
+#: Op types that sum their inputs elementwise (role ``"grad-sum"``: partials flow back through them).
+SUM_TYPES = frozenset({"AddN", "AddV2", "Add", "AccumulateNV2"})
+
+
+def scope_root(op) -> str:
+    """First component of an op's scope (of its name when the scope is empty).
+
+    >>> from pesto.graph import Op
+    >>> scope_root(Op("gradients/a/b", {"GPU": 1.0})), scope_root(Op("x", {"GPU": 1.0}, scope="enc/l0"))
+    ('gradients', 'enc')
+    """
+    return (op.scope or op.name).split("/", 1)[0]
+
+
+def input_ops(graph: OpGraph) -> list[str]:
+    """The ops the batch enters by (rule 1 of the module doc).
+
+    >>> from pesto.graph import Op, OpGraph
+    >>> input_ops(OpGraph([Op("x", {"GPU": 0.0}, output_bytes=8, type="Placeholder"),
+    ...                      Op("v", {"GPU": 0.0}, persistent_bytes=8, type="Placeholder")]))
+    ['x']
+    """
+    return [op.name for op in graph.ops if op.type in INPUT_TYPES and not graph.predecessors(op.name)
+            and op.persistent_bytes == 0 and op.output_bytes > 0]
+
+
+def optimizer_scopes(graph: OpGraph, inputs: Iterable[str] | None = None) -> frozenset:
+    """First scope components of the ops that apply a gradient to a variable,
+    less those holding a forward op (rule 2 of the module doc).
+
+    >>> from pesto.graph import Op, OpGraph
+    >>> sorted(optimizer_scopes(OpGraph([Op("train/x", {"GPU": 1.0}, type="ResourceApplyAdam",
+    ...                                     scope="train/update_w")])))
+    ['train']
+    """
+    roots = {scope_root(op) for op in graph.ops if APPLY_TYPE.match(op.type)}
+    if not roots:
+        return frozenset()
+    ops = graph.ops
+    grad = {i for i, op in enumerate(ops) if GRADIENT_ROOT.match(scope_root(op))}
+    start = input_ops(graph) if inputs is None else [n for n in inputs if n in graph]
+    forward = _reach(graph, [graph.index[n] for n in start], grad)
+    return frozenset(roots - {scope_root(ops[i]) for i in forward})
+
+
+def _reach(graph: OpGraph, seeds, blocked) -> set:
+    """Indices reached from ``seeds`` (any edge), never entering ``blocked``."""
+    succ = graph.succ_idx()
+    seen = set(seeds)
+    todo = list(seen)
+    while todo:
+        for j in succ[todo.pop()]:
+            if j not in seen and j not in blocked:
+                seen.add(j)
+                todo.append(j)
+    return seen
+
+
+def update_ops(graph: OpGraph, inputs: Iterable[str] | None = None) -> frozenset:
+    """Ops that run once per step whatever they read (rule 2 of the module doc).
+
+    >>> g = OpGraph.from_edges({"x": 1, "bn/mean": 1, "bn/AssignMovingAvg": 1},
+    ...                        [("x", "bn/mean"), ("bn/mean", "bn/AssignMovingAvg")])
+    >>> g = OpGraph([replace(o, type=t) for o, t in zip(g.ops, ["Placeholder", "Mean",
+    ...              "AssignSubVariableOp"])], g.edges, g.tensors)
+    >>> sorted(update_ops(g, ["x"]))   # bn holds a forward op: no optimizer scope
+    ['bn/AssignMovingAvg']
+    """
+    roots = optimizer_scopes(graph, inputs)
+    return frozenset(op.name for op in graph.ops if scope_root(op) in roots or WRITE_TYPE.match(op.type)
+                     or op.persistent_bytes > 0)
+
+
+def mark_batch(graph: OpGraph, *, inputs: Iterable[str] | None = None) -> OpGraph:
+    """``graph`` with every op without a batch mark marked by the batch rule (module doc).
+
+    Parameters
+    ----------
+    inputs : op names, optional
+        The data inputs; default :func:`input_ops`.
+
+    Raises
+    ------
+    BatchMarkError
+        No data input (the message says to pass ``inputs=``), or an input
+        that is not an op of the graph.
+    """
+    if all(op.batch is not None for op in graph.ops):
+        return graph
+    names = list(input_ops(graph) if inputs is None else inputs)
+    missing = [n for n in names if n not in graph]
+    if missing:
+        raise BatchMarkError(f"graph {graph.name!r} has no op named as a data input", missing)
+    if not names:
+        raise BatchMarkError(f"graph {graph.name!r}: no data input found (a source Placeholder without "
+                             f"persistent bytes); pass inputs=[op names]")
+    idx = graph.index
+    stop = {idx[n] for n in update_ops(graph, names)}
+    seen = _reach(graph, [idx[n] for n in names], stop)
+    ops = [op if op.batch is not None else replace(op, batch=i in seen) for i, op in enumerate(graph.ops)]
+    return OpGraph(ops, graph.edges, graph.tensors, name=graph.name)
+
+
+def gradient_ops(graph: OpGraph) -> frozenset:
+    """The ops of the backward pass and of the update that follows it: the
+    ops under a gradient scope (:data:`GRADIENT_ROOT`) and every op after one
+    of them; empty when no op is under one.
+
+    >>> g = OpGraph.from_edges({"x": 1, "gradients/x_grad": 1, "u": 1}, [("x", "gradients/x_grad"),
+    ...                        ("gradients/x_grad", "u")])
+    >>> sorted(gradient_ops(g))
+    ['gradients/x_grad', 'u']
+    """
+    out = {i for i, op in enumerate(graph.ops) if GRADIENT_ROOT.match(scope_root(op))}
+    out |= _reach(graph, out, ())
+    return frozenset(graph.names[i] for i in out)
+
+
+def mark_phases(graph: OpGraph) -> OpGraph:
+    """``graph`` with ``phase``, ``anchor`` and ``role`` filled where an op has
+    none, by the phase rule of the module doc (batch marks are read, not set).
+
+    >>> g = mark_phases(OpGraph.from_edges({"a": 1, "b": 1}, [("a", "b")]))
+    >>> [(o.phase, o.anchor, o.role) for o in g.ops]   # no gradient scope: phases unknown
+    [(None, None, ''), (None, None, '')]
+    """
+    back = gradient_ops(graph)
+    ops = graph.ops
+    phase: list = [None] * len(ops)
+    anchor: list = [None] * len(ops)
+    if back:
+        batched = [op.batch is not False for op in ops]
+        step_reader = set()
+        for _, src, _, cons in graph.tensor_table():
+            if any(ops[j].batch is False for j in cons):
+                step_reader.add(src)
+        idx = graph.index
+        forward = [i for i in graph.topo_idx() if ops[i].batch and ops[i].name not in back]
+        fwd, by_scope = set(forward), _forward_scopes(graph, forward)
+        for i, op in enumerate(ops):
+            if op.name not in back:
+                phase[i] = "forward"
+                continue
+            phase[i] = "update" if not batched[i] else "weight-grad" if i in step_reader else "input-grad"
+            if op.batch:
+                a = _mirror(op.scope or op.name, idx, fwd, by_scope)
+                anchor[i] = None if a is None else ops[a].name
+    out = [replace(op, phase=op.phase or p, anchor=op.anchor or a,
+                   role=op.role or ("grad-sum" if op.type in SUM_TYPES else ""))
+           for op, p, a in zip(ops, phase, anchor)]
+    return OpGraph(out, graph.edges, graph.tensors, name=graph.name)
+
+
+def mark_step(graph: OpGraph, *, inputs: Iterable[str] | None = None) -> OpGraph:
+    """``graph`` with every mark an op lacks filled: :func:`mark_batch`, then :func:`mark_phases`.
+
+    Raises
+    ------
+    BatchMarkError
+        As :func:`mark_batch` (only when some op has no batch mark).
+    """
+    return mark_phases(mark_batch(graph, inputs=inputs))
+
+
+def is_marked(graph: OpGraph) -> bool:
+    """Whether every op has a batch mark and some op a phase: the marks a front end sets.
+
+    >>> is_marked(OpGraph.from_edges({"a": 1}, []))
+    False
+    """
+    return all(op.batch is not None for op in graph.ops) and any(op.phase is not None for op in graph.ops)
+
+
+def _forward_scopes(graph: OpGraph, forward) -> dict:
+    """Scope prefix (depth >= 2) -> the middle forward op under it (topological order)."""
+    under: dict[str, list[int]] = {}
+    for i in forward:
+        parts = graph.ops[i].scope.split("/")
+        for d in range(2, len(parts) + 1):
+            under.setdefault("/".join(parts[:d]), []).append(i)
+    return {k: v[len(v) // 2] for k, v in under.items()}
+
+
+def _mirror(scope: str, idx, fwd, by_scope):
+    """The forward op a gradient scope names (its longest prefix that is one), else a layer's."""
+    parts = scope.split("/")
+    if not parts or not GRADIENT_ROOT.match(parts[0]):
+        return None
+    parts = [p[:-5] if p.endswith("_grad") else p for p in parts[1:]]
+    for k in range(len(parts), 0, -1):
+        j = idx.get("/".join(parts[:k]))
+        if j is not None and j in fwd:
+            return j
+    for k in range(len(parts), 1, -1):
+        j = by_scope.get("/".join(parts[:k]))
+        if j is not None:
+            return j
+    return None
