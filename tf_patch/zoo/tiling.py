@@ -145,16 +145,19 @@ def _renamed(graph: OpGraph, op_name, name: str | None = None) -> OpGraph:
 
     def group(g):
         return f"coloc:{op_name(g[6:])}" if g and g.startswith("coloc:") else g
-    ops = [_op_copy(op, op_name(op.name), group(op.colocation_group)) for op in graph.ops]
+    ops = [_op_copy(op, op_name(op.name), group(op.colocation_group), op.anchor and op_name(op.anchor))
+           for op in graph.ops]
     tensors = [Tensor(tn(t.name), op_name(t.src), t.bytes) for t in graph.tensors]
     edges = [Edge(op_name(e.src), op_name(e.dst), tuple(tn(t) for t in e.tensors)) for e in graph.edges]
     return OpGraph(ops, edges, tensors, name=name or graph.name)
 
 
-def _op_copy(op: Op, name: str, group) -> Op:
+def _op_copy(op: Op, name: str, group, anchor) -> Op:
+    """``op`` named ``name`` in colocation group ``group``, differentiating
+    ``anchor`` (its marks, costs and bytes kept)."""
     return Op(name, dict(op.compute), kinds=op.kinds, persistent_bytes=op.persistent_bytes,
               output_bytes=op.output_bytes, temporary_bytes=op.temporary_bytes, colocation_group=group,
-              scope=_scope(name), type=op.type, batch=op.batch)
+              scope=_scope(name), type=op.type, batch=op.batch, phase=op.phase, anchor=anchor, role=op.role)
 
 
 class Chain:
@@ -223,7 +226,8 @@ def _ops(graph: OpGraph, block: set, layers: int) -> list:
             continue
         order = range(layers - 1, -1, -1) if seg[0].name.startswith("gradients/") else range(layers)
         for k in order:
-            ops.extend(_op_copy(op, relayer(op.name, k), relayer(op.colocation_group, k)) for op in seg)
+            ops.extend(_op_copy(op, relayer(op.name, k), relayer(op.colocation_group, k), relayer(op.anchor, k))
+                       for op in seg)
     return ops
 
 
