@@ -58,7 +58,8 @@ def placed_run(micro_batches: int) -> dict:
             "made": sorted(n for n, k in kernels.items() if "WithBias" in k),
             "left_out": [list(e) for e in applied.left_out], "edges": len(applied.control_edges),
             "misplaced": [list(m) for m in seen["misplaced"]], "checked": seen["checked_edges"],
-            "violations": [list(v[:2]) for v in seen["order_violations"]], "note": applied.note}
+            "violations": [list(v[:2]) for v in seen["order_violations"]], "note": applied.note,
+            "moved": [list(m) for m in applied.moved]}
 
 
 def _check(run):
@@ -66,6 +67,7 @@ def _check(run):
     assert run["predicted"] == run["made"], run["note"]  # no fusion assumed that TF does not make, none missed
     assert all(why in REASONS for *_, why in run["left_out"])
     assert f"{len(run['left_out'])} left out" in run["note"]
+    assert not run["moved"] or f"{len(run['moved'])} bias op(s) moved" in run["note"]
     assert run["misplaced"] == [] and run["violations"] == []
     assert run["checked"] >= run["edges"] - len(run["left_out"]) > 0
     assert run["placed"] == run["unplaced"]  # bit for bit
@@ -91,3 +93,29 @@ def test_a_convnext_like_step_keeps_its_order_where_onednn_is_off(micro_batches)
     run = json.loads(out.stdout.strip().splitlines()[-1])
     _check(run)
     assert run["made"] == [] and run["left_out"] == []
+
+
+def _trace(times):
+    """A RunMetadata of ops ``name -> (start µs, end µs)`` on /CPU:0."""
+    md = t1.RunMetadata()
+    dev = md.step_stats.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:0")
+    for name, (start, end) in times.items():
+        dev.node_stats.add(node_name=name, all_start_micros=start, op_end_rel_micros=end - start,
+                           all_end_rel_micros=end - start)
+    return md
+
+
+def test_an_edge_of_an_op_predicted_fused_is_checked_as_that_op_when_it_ran_alone():
+    """The check took the edge conv -> shape at the fused kernel's time (the
+    BiasAdd's) even where the Conv2D ran as a kernel of its own: the BiasAdd
+    ending after ShapeN began was a false violation. Where the Conv2D did not
+    run under its name (fused away) the kernel's time is still the one."""
+    from tf_patch.apply import Applied
+    from tf_patch.fusion import Fusion
+    from tf_patch.pipeline import trace_check
+    applied = Applied(control_edges=[("conv", "shape")],
+                      fusions=[Fusion("Conv2D+BiasAdd", ("conv", "bias"), "bias")])
+    alone = trace_check(_trace({"conv": (0, 10), "shape": (10, 11), "bias": (10, 20)}), None, applied)
+    assert alone["order_violations"] == [] and alone["checked_edges"] == 1
+    fused = trace_check(_trace({"shape": (10, 11), "bias": (0, 20)}), None, applied)
+    assert [v[:2] for v in fused["order_violations"]] == [("bias", "shape")]
