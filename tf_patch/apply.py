@@ -157,19 +157,8 @@ def control_edges_for(graph, plan, *, max_bitset_ops: int = 60000) -> Order:
         fusion); nothing is changed.
     """
     ops = graph.get_operations()
-    names = [op.name for op in ops]
-    idx = {n: i for i, n in enumerate(names)}
-    succ = [set() for _ in ops]
-    for op in ops:
-        for t in op.inputs:
-            succ[idx[t.op.name]].add(idx[op.name])
-        for c in op.control_inputs:
-            succ[idx[c.name]].add(idx[op.name])
+    names, idx, succ, sources = _successors(graph)
     reach = _reach(succ, names) if len(ops) <= max_bitset_ops else None
-    # Sources (no inputs: variable handles, constants, placeholders) are left
-    # out of the chains: they cost nothing, and an edge into a variable
-    # handle would drag step ops into its initialiser's run.
-    sources = {op.name for op in ops if not op.inputs and not op.control_inputs}
     cand, skipped, chain = [], 0, {"next": {}, "prev": {}, "pos": {}}
     for seq in plan.order.values():
         seq = [idx[n] for n in seq if n in idx and n not in sources]
@@ -300,6 +289,24 @@ def _spare_unfused(graph, idx, edges, left, pairs) -> None:
             left.update({(a, i): "aborts-tf" for i in (ic, ib) for a in into.get(i, ())})
 
 
+def _successors(graph):
+    """``(names, idx, succ, sources)`` of ``graph``'s ops: successor sets by
+    index (data and control edges), and the ops without inputs (variable
+    handles, constants, placeholders), which the order chains leave out:
+    they cost nothing, and an edge into a variable handle would drag step
+    ops into its initialiser's run."""
+    ops = graph.get_operations()
+    names = [op.name for op in ops]
+    idx = {n: i for i, n in enumerate(names)}
+    succ = [set() for _ in ops]
+    for op in ops:
+        for t in op.inputs:
+            succ[idx[t.op.name]].add(idx[op.name])
+        for c in op.control_inputs:
+            succ[idx[c.name]].add(idx[op.name])
+    return names, idx, succ, {op.name for op in ops if not op.inputs and not op.control_inputs}
+
+
 def keep_fusions(graph, plan):
     """``(plan, moved)``: ``plan`` with the bias op of each pair the unplaced
     step fuses (:mod:`tf_patch.fusion`, every op on one CPU device) but the
@@ -308,31 +315,45 @@ def keep_fusions(graph, plan):
     The BiasAdd goes right after its Conv2D (after the BiasAdd's inputs on
     that device, if any come later), the BiasAddGrad right before its
     Conv2DBackpropFilter (both read one gradient), so the pair runs as the
-    one kernel it is unplaced. ``moved``: ``(op, plan device, new device)``.
+    one kernel it is unplaced. A move that would make the plan's orders
+    contradict the data flow is not made (the pair stays split).
+    ``moved``: ``(op, plan device, new device)``.
     """
     place = dict(plan.placement)
     if not any("CPU" in d.upper() for d in place.values()):
         return plan, []
     order = {d: list(seq) for d, seq in plan.order.items()}
-    moved = []
+    moved, graph_edges = [], None
     for f in find_fusions(graph, {n: "/CPU:0" for n in place}):
         op, partner = f.ops[1], f.ops[0]
         src, dst = place[op], place[partner]
-        if src == dst or "CPU" not in src.upper() or "CPU" not in dst.upper():
+        if src == dst or "CPU" not in src.upper() or "CPU" not in dst.upper() or op not in order.get(src, ()):
             continue
-        order[src].remove(op)
-        seq = order[dst]
+        seq = list(order[dst])
         if f.pattern == "Conv2D+BiasAdd":
             inputs = {t.op.name for t in graph.get_operation_by_name(op).inputs}
-            at = 1 + max(i for i, n in enumerate(seq) if n == partner or n in inputs)
+            seq.insert(1 + max(i for i, n in enumerate(seq) if n == partner or n in inputs), op)
         else:
-            at = seq.index(partner)
-        seq.insert(at, op)
-        place[op] = dst
-        moved.append((op, src, dst))
+            seq.insert(seq.index(partner), op)
+        trial = {**order, src: [n for n in order[src] if n != op], dst: seq}
+        graph_edges = graph_edges or _successors(graph)
+        if _orders_cycle(graph_edges, trial) is None:
+            order, place[op] = trial, dst
+            moved.append((op, src, dst))
     if not moved:
         return plan, []
     return plan.replace(placement=place, order={d: tuple(seq) for d, seq in order.items()}), moved
+
+
+def _orders_cycle(graph_edges, order):
+    """A cycle of the graph (``_successors``) with each device's ``order``
+    chained (sources left out), or None."""
+    _, idx, succ, sources = graph_edges
+    chains = []
+    for seq in order.values():
+        seq = [idx[n] for n in seq if n in idx and n not in sources]
+        chains += zip(seq, seq[1:])
+    return _cycle(_with_edges(succ, chains))
 
 
 def _with_edges(succ, edges):
