@@ -9,7 +9,7 @@ edges at its BiasAdd's time. The step here has the same kinds of layers in
 small (biased patchify and downsampling convolutions, a biased depthwise
 convolution, LayerNormalization, pointwise Dense pairs); it is placed by
 m-ETF on two devices, un-split and in two micro-batches, in this process
-(oneDNN as TensorFlow sets it here) and in one with
+(oneDNN as TensorFlow sets it here), and in two micro-batches in one with
 ``TF_ENABLE_ONEDNN_OPTS=0``. Each time: the fusions predicted are those
 TensorFlow makes, every order edge left out has a reason, the trace shows
 0 misplaced ops and 0 order violations, and the losses are the unplaced
@@ -78,14 +78,15 @@ def test_a_convnext_like_step_keeps_its_order_with_onednn_as_tensorflow_sets_it(
     _check(placed_run(micro_batches))
 
 
-@pytest.mark.parametrize("micro_batches", [1, 2])
-def test_a_convnext_like_step_keeps_its_order_where_onednn_is_off(micro_batches):
+@pytest.mark.slow  # a second TensorFlow process: about 20 s
+def test_a_convnext_like_step_keeps_its_order_where_onednn_is_off():
     """Where oneDNN is off nothing fuses: nothing is predicted fused, no order
-    edge is left out, and every edge holds under its own ops' names (before
-    the fix: 3 and 7 fusions predicted, 1 and 9 edges left out for them, and
-    2 order violations in two micro-batches)."""
+    edge is left out, and every edge holds under its own ops' names. In two
+    micro-batches, the case ConvNeXtTiny showed 7 violations in (before the
+    fix: 7 fusions predicted, 9 edges left out for them, 2 order violations;
+    un-split: 3 predicted, 1 left out)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    code = f"import json, test_tf_convnext as t; print(json.dumps(t.placed_run({micro_batches})))"
+    code = "import json, test_tf_convnext as t; print(json.dumps(t.placed_run(2)))"
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
