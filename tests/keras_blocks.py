@@ -23,3 +23,20 @@ def lstm_gru(batch: int, steps: int, features: int, lstm: int, gru: int, classes
     inp = tf.keras.Input((steps, features))
     h = L.LSTM(lstm, return_sequences=True)(inp)
     return tf.keras.Model(inp, L.Dense(classes)(L.GRU(gru)(h))), tf.random.normal((batch, steps, features), seed=1)
+
+
+def convnext_like(batch: int, size: int, width: int, classes: int):
+    """ConvNeXt in small: a patchify stem (a 4x4 stride-4 convolution with a
+    bias, LayerNormalization), two stages of one block (a 7x7 depthwise
+    convolution with a bias, LayerNormalization, a GELU pointwise Dense pair,
+    a residual add) with a LayerNormalization + 2x2 stride-2 downsampling
+    convolution between them, pooled into ``classes`` logits."""
+    inp = tf.keras.Input((size, size, 3))
+    h = L.LayerNormalization(epsilon=1e-6)(L.Conv2D(width, 4, strides=4)(inp))
+    for stage in range(2):
+        if stage:
+            h = L.Conv2D(width, 2, strides=2)(L.LayerNormalization(epsilon=1e-6)(h))
+        r = L.LayerNormalization(epsilon=1e-6)(L.DepthwiseConv2D(7, padding="same")(h))
+        h = L.Add()([h, L.Dense(width)(L.Dense(4 * width, activation="gelu")(r))])
+    h = L.LayerNormalization(epsilon=1e-6)(L.GlobalAveragePooling2D()(h))
+    return tf.keras.Model(inp, L.Dense(classes)(h)), tf.random.normal((batch, size, size, 3), seed=1)

@@ -418,6 +418,7 @@ def test_order_edges_that_a_runtime_fusion_would_close_into_a_cycle_are_left_out
     the edge conv -> bias read, once oneDNN fuses Conv2D + BiasAdd, runs from
     the fused node into its own input. Such pairs are guarded, and the
     placed graph computes what the unplaced one does."""
+    from tf_patch.fusion import onednn_fuses
     g, loss, init = _conv_bias_graph()
     with tf.compat.v1.Session(graph=g) as sess:
         sess.run(init)
@@ -426,8 +427,11 @@ def test_order_edges_that_a_runtime_fusion_would_close_into_a_cycle_are_left_out
     chain = ["w_read", "conv", read, "bias", "biasadd", "relu", "loss"]
     plan = Plan({n: "/CPU:0" for n in chain}, {"/CPU:0": tuple(chain)})
     applied = apply_plan(g, plan, n_devices=1)
-    assert applied.fusion_guarded >= 1
-    assert ("conv", read) not in applied.control_edges
+    if onednn_fuses():
+        assert applied.fusion_guarded >= 1
+        assert ("conv", read) not in applied.control_edges
+    else:  # nothing fuses in this process (tf_patch.fusion.onednn_fuses): every order edge is added
+        assert applied.fusion_guarded == 0 and ("conv", read) in applied.control_edges
     with tf.compat.v1.Session(graph=g, config=tf_patch.session_config(1)) as sess:
         sess.run(init)
         assert sess.run(loss) == pytest.approx(expected)

@@ -7,8 +7,17 @@ below orders a small conv step so that one rule of
 the fusion still happens (the partition graphs TensorFlow reports), that the
 edges left out are exactly those the rule names, that every kept edge holds
 in a trace, and that the step computes the unplaced values bit for bit.
+
+They run where oneDNN fuses in this process, which is observed
+(:func:`tf_patch.fusion.onednn_fuses`), not guessed: TensorFlow turns oneDNN
+on by default only on CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX.
+Elsewhere they skip, and one test runs this file again in a process with
+``TF_ENABLE_ONEDNN_OPTS=1``, so the rules are tested there too.
 """
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,11 +29,21 @@ import tf_patch  # noqa: E402
 from pesto import Plan  # noqa: E402
 from tf_patch.apply import apply_plan  # noqa: E402
 from tf_patch.extract import extract  # noqa: E402
-from tf_patch.fusion import fusions  # noqa: E402
+from tf_patch.fusion import fusions, onednn_fuses  # noqa: E402
 from tf_patch.pipeline import trace_check  # noqa: E402
 
 pytestmark = pytest.mark.tf
 t1 = tf.compat.v1
+OFF = ("oneDNN does not fuse in this process (a Conv2D + BiasAdd ran as two kernels; TF_ENABLE_ONEDNN_OPTS="
+       f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}, and TensorFlow turns oneDNN on by default only on CPUs "
+       "with AVX512_VNNI/AVX512_BF16/AVX_VNNI/AMX): test_the_rules_hold_with_onednn_turned_on covers them")
+
+
+@pytest.fixture
+def fusing():
+    """Skip where oneDNN does not fuse in this process (observed)."""
+    if not onednn_fuses():
+        pytest.skip(OFF)
 FUSED = {"_MklNativeConv2DWithBias": "Conv2D+BiasAdd",
          "_MklNativeConv2DBackpropFilterWithBias": "Conv2DBackpropFilter+BiasAddGrad"}
 
@@ -77,8 +96,6 @@ def _placed(*blocks, bias_control=False):
     g, fetches, init, types, variables = _conv_step(bias_control)
     config = tf_patch.session_config(1)
     before, kinds, _ = _run(g, fetches, init, variables, config)
-    if not any(k.startswith("_Mkl") for k in kinds.values()):
-        pytest.skip("oneDNN is off in this TensorFlow (TF_ENABLE_ONEDNN_OPTS=0): nothing fuses")
     og = extract(g, fetches, kind="CPU", default_cost=1.0)
     short = {"F": types["Conv2DBackpropFilter"], "G": types["BiasAddGrad"], "S": types["ShapeN"]}
     blocks = [[short.get(n, n) for n in block] for block in blocks]
@@ -136,19 +153,19 @@ def _check(applied, before, after, kinds, trace, expect_left):
     assert f"{len(expect_left)} left out" in applied.note
 
 
-def test_an_edge_from_the_conv_into_what_its_bias_add_reads_is_left_out():
+def test_an_edge_from_the_conv_into_what_its_bias_add_reads_is_left_out(fusing):
     """conv -> b_read -> biasadd: fused, the kernel would wait on b_read, which waits on it."""
     res = _placed(["w_read", "conv", "b_read", "biasadd"], BACKWARD)
     _check(*res, [(("conv", "b_read"), "fusion-cycle")] + _inside(res[0]))
 
 
-def test_an_edge_into_a_bias_add_oneDNN_fuses_is_left_out():
+def test_an_edge_into_a_bias_add_oneDNN_fuses_is_left_out(fusing):
     """A control input on the BiasAdd (or the Conv2D) would stop the fusion."""
     res = _placed(["b_read", "w_read", "conv", "other", "biasadd"], BACKWARD)
     _check(*res, [(("other", "biasadd"), "stops-fusion")] + _inside(res[0]))
 
 
-def test_a_conv_and_bias_add_that_do_not_fuse_never_get_equal_control_inputs():
+def test_a_conv_and_bias_add_that_do_not_fuse_never_get_equal_control_inputs(fusing):
     """The BiasAdd has its own control input ``other``, so oneDNN leaves the
     pair unfused; an order edge ``other -> conv`` would give the Conv2D the
     same one, and oneDNN's merge then aborts the process (a CHECK)."""
@@ -163,7 +180,7 @@ def test_a_conv_and_bias_add_that_do_not_fuse_never_get_equal_control_inputs():
     assert "_MklNativeConv2DWithBias" not in kinds.values()
 
 
-def test_adjacent_backprop_pair_runs_as_one_kernel_with_the_edge_into_it_copied():
+def test_adjacent_backprop_pair_runs_as_one_kernel_with_the_edge_into_it_copied(fusing):
     applied, *rest = _placed(FORWARD, ["other", "F", "G"])
     fgrad = [f for f in applied.fusions if f.pattern == "Conv2DBackpropFilter+BiasAddGrad"][0].ops
     _check(applied, *rest, [(fgrad, "inside-fusion")])
@@ -171,7 +188,7 @@ def test_adjacent_backprop_pair_runs_as_one_kernel_with_the_edge_into_it_copied(
     assert into.get(fgrad[0]) == into.get(fgrad[1]) == "other"  # equal control inputs: still fused
 
 
-def test_a_backprop_pair_apart_fuses_at_the_later_ones_turn():
+def test_a_backprop_pair_apart_fuses_at_the_later_ones_turn(fusing):
     """f, other, g: ``other`` needs nothing from f, so the kernel runs at g's
     turn, after ``other``: only f -> other is left out."""
     applied, *rest = _placed(FORWARD, ["F", "other", "G"])
@@ -179,7 +196,7 @@ def test_a_backprop_pair_apart_fuses_at_the_later_ones_turn():
     _check(applied, *rest, [((f, "other"), "fusion-cycle")])
 
 
-def test_a_backprop_pair_apart_fuses_at_the_earlier_ones_turn_when_between_needs_it():
+def test_a_backprop_pair_apart_fuses_at_the_earlier_ones_turn_when_between_needs_it(fusing):
     """f, w_step, g: w_step scales f's output, so the kernel runs at f's
     turn, before w_step: only w_step -> g is left out."""
     applied, *rest = _placed(FORWARD, ["F", "w_step", "G"])
@@ -187,7 +204,7 @@ def test_a_backprop_pair_apart_fuses_at_the_earlier_ones_turn_when_between_needs
     _check(applied, *rest, [(("w_step", g), "fusion-cycle")])
 
 
-def test_a_backprop_pair_joined_through_other_ops_loses_one_of_their_edges():
+def test_a_backprop_pair_joined_through_other_ops_loses_one_of_their_edges(fusing):
     """G, b_step, S, F: G -> b_step and S -> F are data edges, so the fused
     kernel would wait on S, which the order puts after b_step, which waits on
     the kernel: the order edge b_step -> S is left out."""
@@ -196,7 +213,36 @@ def test_a_backprop_pair_joined_through_other_ops_loses_one_of_their_edges():
     _check(applied, *rest, [(("b_step", shape_n), "fusion-cycle")])
 
 
-def test_predicted_fusions_are_those_tensorflow_makes_in_a_keras_cnn():
+def test_a_pair_the_plan_splits_is_joined_on_one_device_unless_the_order_forbids(fusing):
+    """BiasAddGrad on /CPU:1, its Conv2DBackpropFilter on /CPU:0: unfused the
+    step rounds differently, so the BiasAddGrad moves next to the filter
+    gradient (and the step computes the unplaced values bit for bit); where
+    /CPU:0 runs the bias update ``b_step`` (which needs the BiasAddGrad)
+    before the filter gradient, the move would contradict the data flow and
+    is not made."""
+    from tf_patch.apply import keep_fusions
+    g, fetches, init, types, variables = _conv_step()
+    before, *_ = _run(g, fetches, init, variables, tf_patch.session_config(2))
+    og = extract(g, fetches, kind="CPU", default_cost=1.0)
+    f, bias_grad = types["Conv2DBackpropFilter"], types["BiasAddGrad"]
+    for blocks, joins in [([FORWARD, ["F", "G"]], True), ([FORWARD, ["G", "b_step", "F"]], False)]:
+        order = _order(og, [[{"F": f, "G": bias_grad}.get(n, n) for n in b] for b in blocks])
+        place = {n: "/CPU:1" if n == bias_grad else "/CPU:0" for n in order}
+        plan = Plan(place, {d: tuple(n for n in order if place[n] == d) for d in ("/CPU:0", "/CPU:1")})
+        joined, moved = keep_fusions(g, plan)
+        assert moved == ([(bias_grad, "/CPU:1", "/CPU:0")] if joins else [])
+        if joins:
+            seq = list(joined.order["/CPU:0"])
+            assert seq[seq.index(f) - 1] == bias_grad and joined.order["/CPU:1"] == ()
+    applied = apply_plan(g, plan.replace(order={"/CPU:0": tuple(n for n in _order(og, [FORWARD]) if n != bias_grad),
+                                                "/CPU:1": (bias_grad,)}), n_devices=2)
+    after, kinds, _ = _run(g, fetches, init, variables, tf_patch.session_config(2))
+    assert applied.moved and "1 bias op(s) moved" in applied.note
+    assert "_MklNativeConv2DBackpropFilterWithBias" in kinds.values()
+    assert all(np.array_equal(x, y) for x, y in zip(before, after))
+
+
+def test_predicted_fusions_are_those_tensorflow_makes_in_a_keras_cnn(fusing):
     """On a Keras CNN (biases, ZeroPadding2D before a valid conv, a dense
     layer), unplaced: the pairs :func:`fusions` predicts are exactly the
     fused kernels in TensorFlow's partition graphs, and Pad + Conv2D (also
@@ -215,11 +261,26 @@ def test_predicted_fusions_are_those_tensorflow_makes_in_a_keras_cnn():
     step._session().run(step._fetches(), step.feed, options=t1.RunOptions(output_partition_graphs=True),
                         run_metadata=md)
     kinds = {n.name: n.op for pg in md.partition_graphs for n in pg.node}
-    if not any(k.startswith("_Mkl") for k in kinds.values()):
-        pytest.skip("oneDNN is off in this TensorFlow (TF_ENABLE_ONEDNN_OPTS=0): nothing fuses")
     predicted = fusions(step.tf_graph, {op.name: "/CPU:0" for op in step.graph.ops})
     made = {(FUSED[k], n) for n, k in kinds.items() if k in FUSED}
     assert {(f.pattern, f.survivor) for f in predicted} == made and len(made) == 4
     assert all(n not in kinds for f in predicted for n in [f.fused_away])
     assert not [k for k in kinds.values() if "Pad" in k and "Conv" in k]
     step.close()
+
+
+@pytest.mark.slow  # a second TensorFlow process: about 25 s, only where oneDNN is off
+def test_the_rules_hold_with_onednn_turned_on():
+    """Where oneDNN does not fuse here, this file runs again in a process
+    with ``TF_ENABLE_ONEDNN_OPTS=1``: every test above must pass there."""
+    if onednn_fuses():
+        pytest.skip("oneDNN fuses in this process: the tests above ran here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs",
+                          os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    tail = out.stdout[-3000:] + out.stderr[-2000:]
+    if "oneDNN does not fuse in this process" in out.stdout:
+        pytest.skip("oneDNN does not fuse even with TF_ENABLE_ONEDNN_OPTS=1 (a TensorFlow built without it)")
+    assert out.returncode == 0 and re.search(r"\b9 passed", out.stdout), tail

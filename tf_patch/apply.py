@@ -20,7 +20,12 @@
    have value``: ResNet50, edge ``conv -> bias read``). An edge into one of
    a fused backprop pair is copied onto the other, so both still fuse.
    ``Applied.left_out`` lists them with the reason, ``Applied.note`` counts
-   them.
+   them. A plan that puts the two ops of a pair the unplaced step fuses on
+   different devices would keep them apart, and the unfused kernels round
+   differently (the losses were no longer the unplaced step's bit for bit):
+   :func:`keep_fusions` moves the pair's bias op (BiasAdd, BiasAddGrad,
+   the cheap one) onto its partner's device first, next to it in the order;
+   ``Applied.moved`` lists the moves.
 4. :func:`verify` creates a session with ``allow_soft_placement=False`` and
    grappler's reordering passes off (:func:`tf_patch.devices.session_config`),
    so TF's own placer accepts the placement or fails loudly.
@@ -42,7 +47,8 @@ from .extract import colocation_groups
 from .devices import map_devices, session_config, tf_device
 from .fusion import fusions as find_fusions
 
-__all__ = ["Applied", "Order", "REASONS", "check_colocation", "control_edges_for", "apply_plan", "order_note", "verify"]
+__all__ = ["Applied", "Order", "REASONS", "check_colocation", "control_edges_for", "keep_fusions", "apply_plan",
+           "order_note", "verify"]
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Applied:
     plan: object = None                                # the plan as applied (devices of this machine)
     note: str = ""                                     # how plan devices were mapped, how the order held
     n_devices: int = 0                                 # devices a session needs
+    moved: list = field(default_factory=list)          # (op, plan device, device run on): keep_fusions
 
     @property
     def fusion_guarded(self) -> int:
@@ -151,19 +158,8 @@ def control_edges_for(graph, plan, *, max_bitset_ops: int = 60000) -> Order:
         fusion); nothing is changed.
     """
     ops = graph.get_operations()
-    names = [op.name for op in ops]
-    idx = {n: i for i, n in enumerate(names)}
-    succ = [set() for _ in ops]
-    for op in ops:
-        for t in op.inputs:
-            succ[idx[t.op.name]].add(idx[op.name])
-        for c in op.control_inputs:
-            succ[idx[c.name]].add(idx[op.name])
+    names, idx, succ, sources = _successors(graph)
     reach = _reach(succ, names) if len(ops) <= max_bitset_ops else None
-    # Sources (no inputs: variable handles, constants, placeholders) are left
-    # out of the chains: they cost nothing, and an edge into a variable
-    # handle would drag step ops into its initialiser's run.
-    sources = {op.name for op in ops if not op.inputs and not op.control_inputs}
     cand, skipped, chain = [], 0, {"next": {}, "prev": {}, "pos": {}}
     for seq in plan.order.values():
         seq = [idx[n] for n in seq if n in idx and n not in sources]
@@ -294,6 +290,73 @@ def _spare_unfused(graph, idx, edges, left, pairs) -> None:
             left.update({(a, i): "aborts-tf" for i in (ic, ib) for a in into.get(i, ())})
 
 
+def _successors(graph):
+    """``(names, idx, succ, sources)`` of ``graph``'s ops: successor sets by
+    index (data and control edges), and the ops without inputs (variable
+    handles, constants, placeholders), which the order chains leave out:
+    they cost nothing, and an edge into a variable handle would drag step
+    ops into its initialiser's run."""
+    ops = graph.get_operations()
+    names = [op.name for op in ops]
+    idx = {n: i for i, n in enumerate(names)}
+    succ = [set() for _ in ops]
+    for op in ops:
+        for t in op.inputs:
+            succ[idx[t.op.name]].add(idx[op.name])
+        for c in op.control_inputs:
+            succ[idx[c.name]].add(idx[op.name])
+    return names, idx, succ, {op.name for op in ops if not op.inputs and not op.control_inputs}
+
+
+def keep_fusions(graph, plan):
+    """``(plan, moved)``: ``plan`` with the bias op of each pair the unplaced
+    step fuses (:mod:`tf_patch.fusion`, every op on one CPU device) but the
+    plan splits over two CPU devices moved onto its partner's device.
+
+    The BiasAdd goes right after its Conv2D (after the BiasAdd's inputs on
+    that device, if any come later), the BiasAddGrad right before its
+    Conv2DBackpropFilter (both read one gradient), so the pair runs as the
+    one kernel it is unplaced. A move that would make the plan's orders
+    contradict the data flow is not made (the pair stays split).
+    ``moved``: ``(op, plan device, new device)``.
+    """
+    place = dict(plan.placement)
+    if not any("CPU" in d.upper() for d in place.values()):
+        return plan, []
+    order = {d: list(seq) for d, seq in plan.order.items()}
+    moved, graph_edges = [], None
+    for f in find_fusions(graph, {n: "/CPU:0" for n in place}):
+        op, partner = f.ops[1], f.ops[0]
+        src, dst = place[op], place[partner]
+        if src == dst or "CPU" not in src.upper() or "CPU" not in dst.upper() or op not in order.get(src, ()):
+            continue
+        seq = list(order[dst])
+        if f.pattern == "Conv2D+BiasAdd":
+            inputs = {t.op.name for t in graph.get_operation_by_name(op).inputs}
+            seq.insert(1 + max(i for i, n in enumerate(seq) if n == partner or n in inputs), op)
+        else:
+            seq.insert(seq.index(partner), op)
+        trial = {**order, src: [n for n in order[src] if n != op], dst: seq}
+        graph_edges = graph_edges or _successors(graph)
+        if _orders_cycle(graph_edges, trial) is None:
+            order, place[op] = trial, dst
+            moved.append((op, src, dst))
+    if not moved:
+        return plan, []
+    return plan.replace(placement=place, order={d: tuple(seq) for d, seq in order.items()}), moved
+
+
+def _orders_cycle(graph_edges, order):
+    """A cycle of the graph (``_successors``) with each device's ``order``
+    chained (sources left out), or None."""
+    _, idx, succ, sources = graph_edges
+    chains = []
+    for seq in order.values():
+        seq = [idx[n] for n in seq if n in idx and n not in sources]
+        chains += zip(seq, seq[1:])
+    return _cycle(_with_edges(succ, chains))
+
+
 def _with_edges(succ, edges):
     out = [set(s) for s in succ]
     for a, b in edges:
@@ -329,7 +392,8 @@ def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applie
     """Set devices (and, with ``order``, control edges) on ``graph`` in place.
 
     Plan devices are mapped onto this machine first
-    (:func:`tf_patch.devices.map_devices`): ``/GPU:k`` stays where there are
+    (:func:`tf_patch.devices.map_devices`), and a oneDNN pair the plan
+    splits is joined (:func:`keep_fusions`, ``Applied.moved``): ``/GPU:k`` stays where there are
     enough GPUs, else runs on logical CPU device ``/CPU:k``; ``Applied.note``
     says which, ``Applied.n_devices`` how many devices a session needs (at
     least ``n_devices``), and how much of the order is enforced
@@ -347,11 +411,15 @@ def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applie
     missing = [n for n in plan.placement if not _has_op(graph, n)]
     if missing:
         raise InvalidPlanError([f"plan places op {m!r} that is not in the tf.Graph" for m in missing[:20]])
+    plan, moved = keep_fusions(graph, plan)
     check_colocation(graph, plan.placement)
     decided = control_edges_for(graph, plan) if order else Order([], 0, [], [], 0)
     out = Applied(skipped=decided.skipped, left_out=decided.left_out, fusions=decided.fusions,
-                  order_edges=decided.order_edges, plan=plan, n_devices=needed)
+                  order_edges=decided.order_edges, plan=plan, n_devices=needed, moved=moved)
     out.note = note + ("; " + order_note(out) if order else "")
+    if moved:
+        out.note += (f"; {len(moved)} bias op(s) moved onto the device of the convolution they fuse with "
+                     "unplaced (so the step computes its values bit for bit)")
     for name, dev in plan.placement.items():
         d = tf_device(dev)
         graph.get_operation_by_name(name)._set_device(d)

@@ -31,6 +31,15 @@ also keep a fusion from happening. Which fusions can run then:
   predicted merges against the partition graphs TF reports), and the
   transpose eliminations refuse ops with control edges anyway.
 
+Whether the pass runs at all depends on the process: TensorFlow turns
+oneDNN on by default only on x86 Linux CPUs with neural-network features
+(AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX), and ``TF_ENABLE_ONEDNN_OPTS``
+overrides that once, when TensorFlow loads. Rather than guess from those,
+:func:`onednn_fuses` runs a one-op Conv2D + BiasAdd once per process and
+looks at the kernel TensorFlow made of it; where nothing fuses
+:func:`fusions` predicts nothing (no order edge is then left out, and a
+trace check takes every op under its own name).
+
 TensorFlow's merge rule has one more edge: a Conv2D and a BiasAdd with the
 same *non-empty* control inputs fail a ``CHECK`` in the pass and abort the
 process. :func:`tf_patch.apply.control_edges_for` never gives them that.
@@ -39,13 +48,17 @@ Examples
 --------
 >>> sorted(PATTERNS)
 ['Conv2D+BiasAdd', 'Conv2DBackpropFilter+BiasAddGrad']
+>>> onednn_fuses() in (True, False)                     # doctest: +SKIP
+True
 """
 from __future__ import annotations
 
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from dataclasses import dataclass
 
-__all__ = ["PATTERNS", "Fusion", "fusions"]
+from .devices import session_config
+
+__all__ = ["PATTERNS", "Fusion", "fusions", "onednn_fuses"]
 
 #: pattern -> (first op type, second op type, which of the two names the fused kernel)
 PATTERNS = {"Conv2D+BiasAdd": ("Conv2D", "BiasAdd", 1),
@@ -87,9 +100,12 @@ def fusions(graph, placement, *, control: bool = True) -> list[Fusion]:
     Returns
     -------
     list of Fusion
-        Pairs both on one CPU device, float32, same data format.
+        Pairs both on one CPU device, float32, same data format; none where
+        oneDNN does not fuse in this process (:func:`onednn_fuses`).
     """
     out = []
+    if not any("CPU" in d.upper() for d in placement.values()) or not onednn_fuses():
+        return out
     for op in graph.get_operations():
         if op.name not in placement or "CPU" not in placement[op.name].upper() or _dtype(op) != "float32":
             continue
@@ -111,6 +127,43 @@ def fusions(graph, placement, *, control: bool = True) -> list[Fusion]:
         pattern = f"{a.type}+{b.type}"
         out.append(Fusion(pattern, (a.name, b.name), (a.name, b.name)[PATTERNS[pattern][2]]))
     return out
+
+
+_PROBE: list = []  # onednn_fuses()'s answer, once per process (TensorFlow reads its switch once too)
+
+
+def onednn_fuses() -> bool:
+    """Whether oneDNN's graph pass merges a Conv2D + BiasAdd in this process.
+
+    Observed, not guessed: a float32 Conv2D + BiasAdd on one CPU device is
+    run once in a session configured as tf_patch's are
+    (:func:`tf_patch.devices.session_config`), and the partition graph
+    TensorFlow reports is read: the pair merged when the Conv2D is gone and
+    the BiasAdd's name runs a convolution kernel. The answer is kept for the
+    process, as TensorFlow decides once, when it loads.
+    """
+    if not _PROBE:
+        _PROBE.append(_probe())
+    return _PROBE[0]
+
+
+def _probe() -> bool:
+    import numpy as np
+    import tensorflow as tf
+
+    t1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default(), g.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+        x = t1.placeholder(tf.float32, (1, 4, 4, 2), name="x")
+        w = tf.constant(np.ones((1, 1, 2, 2), np.float32))
+        conv = tf.nn.conv2d(x, w, 1, "VALID", name="conv")
+        out = tf.nn.bias_add(conv, tf.constant(np.ones(2, np.float32)), name="biasadd")
+    md = t1.RunMetadata()
+    with t1.Session(graph=g, config=session_config(1)) as sess:
+        sess.run(out, {x: np.ones((1, 4, 4, 2), np.float32)},
+                 options=t1.RunOptions(output_partition_graphs=True), run_metadata=md)
+    kinds = {n.name: n.op for pg in md.partition_graphs for n in pg.node}
+    return "conv" not in kinds and "Conv2D" in kinds.get("biasadd", "")
 
 
 def _conv_of(bias_add, placement):
