@@ -147,6 +147,11 @@ class ReplicaGraph:
         """Placeholder -> value, for running the assigns of :attr:`init`."""
         return {ph: self.values[h] for h, (ph, _) in self.init.items()}
 
+    def copies(self, values: Mapping[str, object]) -> dict:
+        """Values of the split step's variables (by handle) -> values of every
+        replica's copy (by handle of this graph)."""
+        return {h: values[_REP.sub("", h)] for h in self.init}
+
 
 @dataclass(frozen=True)
 class _Group:
@@ -514,7 +519,7 @@ def _finish(graph, fetches, per_rep, rings, values, replicas, micro_batches) -> 
                 ph = tf.compat.v1.placeholder(dtype, op.get_attr("shape"))
                 init[op.name] = (ph.name, tf.raw_ops.AssignVariableOp(resource=op.outputs[0], value=ph).name)
                 reads[op.name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0], dtype=dtype).name
-                vals[op.name] = values[base]
+                vals[op.name] = values[base]   # every replica starts from the split step's value
     ring = {key: tuple(v) for r in rings for key, v in r.ops.items()}
     return ReplicaGraph(graph, replicas, micro_batches, loss, tuple(out), MappingProxyType(init),
                         MappingProxyType(reads), MappingProxyType(vals),
