@@ -268,37 +268,30 @@ class _Rewrite:
         return node
 
 
-def _import(graph, nodes, library, versions, remap: Mapping[str, str] = MappingProxyType({})) -> None:
-    """Import ``nodes`` into ``graph`` under their own names; inputs from ops
-    already there are mapped onto them (``remap``: input tensor -> the tensor
-    it stands for), control inputs added after."""
+def _graph_of(nodes, library, versions):
+    """A new tf.Graph of ``nodes`` (NodeDefs, under their own names)."""
     import tensorflow as tf
 
     gd = tf.compat.v1.GraphDef()
     gd.versions.CopyFrom(versions)
     gd.library.CopyFrom(library)
-    own = {n.name for n in nodes}
-    input_map, controls = {}, []
-    for n in nodes:
-        kept = []
-        for text in n.input:
-            src, idx = _split_input(text)
-            if src in own:
-                kept.append(text)
-            elif idx is None:
-                controls.append((src, n.name))
-            else:
-                key = f"{src}:{idx}"
-                input_map[key] = graph.get_tensor_by_name(remap.get(key, key))
-                kept.append(key)
-        del n.input[:]
-        n.input.extend(kept)
-        gd.node.append(n)
+    gd.node.extend(nodes)
+    graph = tf.Graph()
     with graph.as_default():
-        tf.graph_util.import_graph_def(gd, input_map=input_map or None, name="")
-    for src, dst in controls:
-        graph.get_operation_by_name(dst)._add_control_input(graph.get_operation_by_name(src))
+        tf.graph_util.import_graph_def(gd, name="")
+    return graph
 
+
+def _joined(graph, nodes, remap: Mapping[str, str], library, versions):
+    """A new tf.Graph of ``graph`` and ``nodes``, imported at once (so no
+    name is made unique against a scope already there); an input of ``nodes``
+    in ``remap`` reads the tensor it stands for."""
+    for n in nodes:
+        inputs = [remap.get(t, t) if not t.startswith("^") else t for t in n.input]
+        del n.input[:]
+        n.input.extend(inputs)
+    gd = graph.as_graph_def()
+    return _graph_of(list(gd.node) + list(nodes), library, versions)
 
 
 class _Ring:
@@ -454,14 +447,13 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
                   else [rw.copy(op, rw.replica_of(op), replicas)])
         (second if op in late else first).extend(copies)
     gd = graph.as_graph_def()
-    new = tf.Graph()
-    _import(new, first, gd.library, gd.versions)
+    new = _graph_of(first, gd.library, gd.versions)
     remap = {}
     with new.as_default():
         for ring in rings:
             ring.build(new)
             remap.update(ring.out)
-    _import(new, second, gd.library, gd.versions, remap)
+    new = _joined(new, second, remap, gd.library, gd.versions)
     return _finish(new, fetches, per_rep, rings, values, replicas, micro_batches)
 
 
@@ -507,8 +499,9 @@ def _finish(graph, fetches, per_rep, rings, values, replicas, micro_batches) -> 
         out = []
         for u in updates:
             u = u.split(":")[0]
-            if u in per_rep:
-                tf.group(*[graph.get_operation_by_name(REPLICA.format(r) + u) for r in range(replicas)], name=u)
+            if u in per_rep:   # its name, unless TF had to make that unique
+                u = tf.group(*[graph.get_operation_by_name(REPLICA.format(r) + u) for r in range(replicas)],
+                             name=u).name
             out.append(u)
         with tf.name_scope("pesto_init"):
             for op in graph.get_operations():
@@ -685,3 +678,47 @@ def mapped_plan(plan: Plan, op_map, tfg) -> Plan:
         order.setdefault(placement[tfg.names[i]], []).append(tfg.names[i])
     return Plan(placement, order, makespan=plan.makespan, placer=plan.placer or "pesto",
                 status="feasible" if plan.status == "interrupted" else plan.status)
+
+
+def variable_values(graph, init_op, fetches) -> dict:
+    """Handle op -> value of every variable the step ``fetches`` runs, after
+    ``init_op`` (a session of its own on ``graph``, which gains a read per variable)."""
+    import tensorflow as tf
+
+    handles = [op for op in step_ops(graph, list(fetches)) if op.type == "VarHandleOp"]
+    with graph.as_default():
+        reads = {op.name: tf.raw_ops.ReadVariableOp(resource=op.outputs[0], dtype=op.get_attr("dtype"))
+                 for op in handles}
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(init_op)
+        return sess.run(reads)
+
+
+def replicate_model(model, result):
+    """``(replicated ZooModel, its plan, the map)``: a zoo model built split in
+    ``result.replicas * result.micro_batches`` slices (``build_model(...,
+    micro_batches=R * M)``), replicated for ``pesto.solve_step``'s replicated
+    ``result`` (:func:`replicate_graph` with the plan's buckets,
+    :func:`replicated_plan`); it trains as the model does (same feed, same
+    initial values) and ``PlacedRun`` takes it with the plan."""
+    import tensorflow as tf
+
+    from .zoo.common import ZooModel
+
+    fetches = [model.loss.name, model.train_op.name]
+    values = variable_values(model.graph, model.init_op, fetches)
+    buckets, _ = pesto_buckets(result.graph, model.graph, fetches)
+    rg = replicate_graph(model.graph, fetches, result.replicas, result.micro_batches, values=values,
+                         buckets=list(buckets.values()))
+    plan, rmap = replicated_plan(result, rg, buckets)
+    g = rg.graph
+
+    def feed_fn(step: int) -> dict:
+        return {g.get_tensor_by_name(getattr(t, "name", t)): v for t, v in model.feed_fn(step).items()}
+
+    with g.as_default():
+        init_op = tf.group(*[g.get_operation_by_name(a) for _, a in rg.init.values()], name="pesto_init/all")
+    replicated = ZooModel(g, g.get_operation_by_name(rg.updates[0]), g.get_tensor_by_name(rg.loss), feed_fn,
+                          model.name, {**model.config, "replicas": result.replicas}, init_op,
+                          {g.get_tensor_by_name(ph): v for ph, v in rg.init_feed().items()})
+    return replicated, plan, rmap
