@@ -67,6 +67,7 @@ Examples
 """
 from __future__ import annotations
 
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -74,7 +75,7 @@ from typing import Mapping
 
 from pesto.dag import priority_order
 from pesto.errors import MicroBatchError
-from pesto.microbatch import parse_name
+from pesto.step.slicing import parse_name
 from pesto.plan import Plan
 
 from .extract import extract, step_ops

@@ -270,13 +270,18 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
     Raises
     ------
     ValueError
-        ``result`` is not a micro-batched plan (``graph_kind`` other than
-        ``"micro-batched"`` or ``"step"``: a replicated plan has no TF split
-        step to map onto; run it as ``MirroredStrategy``).
+        ``result`` is a replicated plan (data-parallel or hybrid): it runs on
+        TF's replicated step, not the split step; the message names the
+        functions that build and place that one
+        (:func:`tf_patch.replicate_model`, :meth:`tf_patch.FunctionStep.apply`).
     """
     if result.graph_kind not in ("micro-batched", "step"):
-        raise ValueError(f"a {result.graph_kind!r} plan (replicas={result.replicas}) has no TF split step to "
-                         "map onto: TensorFlow runs data parallelism as MirroredStrategy")
+        k = result.replicas * result.micro_batches
+        raise ValueError(f"a {result.graph_kind!r} plan ({result.replicas} replicas x {result.micro_batches} "
+                         f"micro-batch(es)) runs on TF's replicated step, not on a split step: for a zoo model "
+                         f"tf_patch.replicate_model(build_model(..., micro_batches={k}), result) gives the "
+                         "model and its plan; a Keras or tf.function step takes the result itself "
+                         "(FunctionStep.apply(result))")
     slices = slice_map(step, result.graph.names, tf_split, result.micro_batches)
     placement = result.plan.placement
     if result.graph_kind == "step":  # M = 1: the names are the TF step's own
