@@ -344,7 +344,8 @@ def _verdict(rows: list, measured: list, one: int, unsplit: int, args) -> None:
 
     for k in dict.fromkeys([one, *range(unsplit, len(rows))]):
         pred = rows[k].predicted / rows[0].predicted if rows[0].predicted else float("nan")
-        print(f"  Pesto vs {rows[k].name.rstrip(' *')}: {measured[k] / measured[0]:.2f}x measured, "
+        name = "TF default placement" if k == one else rows[k].name.rstrip(" *")
+        print(f"  Pesto vs {name}: {measured[k] / measured[0]:.2f}x measured, "
               + ("no prediction" if pred != pred else f"{pred:.2f}x predicted"))
     chosen, whole = rows[0], rows[unsplit]
     print(f"  the chosen plan ({args.what}): predicted {ms(chosen.predicted)}, measured {ms(measured[0])}; "
