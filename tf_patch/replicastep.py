@@ -81,6 +81,7 @@ from pesto.plan import Plan
 from .extract import extract, step_ops
 from .microstep import slice_of
 from .slicemap import mapped_hint, slice_candidates
+from .zoo.common import ZooModel
 
 __all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "pesto_buckets", "ring_steps",
            "chunk_sizes", "ReplicaMap", "REPLICA"]
@@ -703,8 +704,6 @@ def replicate_model(model, result):
     :func:`replicated_plan`); it trains as the model does (same feed, same
     initial values) and ``PlacedRun`` takes it with the plan."""
     import tensorflow as tf
-
-    from .zoo.common import ZooModel
 
     fetches = [model.loss.name, model.train_op.name]
     values = variable_values(model.graph, model.init_op, fetches)
