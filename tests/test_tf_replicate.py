@@ -32,7 +32,7 @@ from tf_patch.zoo import build_model  # noqa: E402
 pytestmark = pytest.mark.tf
 
 L = tf.keras.layers
-CLUSTER = {2: pesto.gpus(2, beta=(0.0, 1e-9)), 4: pesto.gpus(4, beta=(0.0, 1e-9))}
+CLUSTER = {n: pesto.gpus(n, beta=(0.0, 1e-9)) for n in (1, 2, 4)}
 TINY = dict(layers=1, units=16, batch=8, steps=3, vocab=50)
 
 
@@ -130,6 +130,22 @@ def test_a_zoo_model_trains_data_parallel_as_mirrored_strategy(optimizer, lr):
     np.testing.assert_allclose(losses, mirrored, rtol=1e-6)
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 100
     assert set(seen["devices"].values()) == {"/CPU:0", "/CPU:1"}
+
+
+def test_one_replica_is_the_step_itself():
+    """``auto`` on one GPU may return the data-parallel plan of one replica (``op@r0``, no all-reduce)."""
+    step = _keras("cnn", 1)
+    whole = step.run(2)
+    step.reset()
+    result = _replicated(step.graph, 1)
+    assert result.replicas == 1 and all(n.endswith("@r0") for n in result.graph.names)
+    step.apply(result)
+    assert step.replicas == 1 and step.micro_batches == 1 and step.tf_graph is not None
+    assert set(step.plan.placement) <= set(step.graph.names) and len(step.plan.placement) > 20
+    assert step.run(2) == whole
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    step.close()
 
 
 def test_a_step_given_as_a_whole_function_cannot_take_a_replicated_plan():

@@ -52,13 +52,14 @@ from __future__ import annotations
 
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 
-from pesto import evaluate, solve, solve_step
+from pesto import evaluate, solve, solve_step, step_graph
 from pesto.simulate import simulate
 from solver import get_placer
 
@@ -66,7 +67,7 @@ from .commfit import fit_transfers
 from .devices import describe, detect
 from .function import keras_step
 from .microstep import check_micro_batches
-from .replicastep import replicate_model
+from .replicastep import one_replica, replicate_model
 from .slicemap import place_split
 from .pipeline import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
 from .zoo import MODELS, build_model, presets
@@ -229,7 +230,7 @@ class Chosen:
 
     @property
     def what(self) -> str:
-        if self.replicas > 1 or (self.result is not None and self.result.graph_kind == "replicated"):
+        if self.replicas > 1:
             return f"data parallelism, {self.replicas} replicas x {self.micro_batches} micro-batch(es)"
         return f"{self.micro_batches} micro-batches" if self.micro_batches > 1 else "the un-split step"
 
@@ -248,6 +249,10 @@ def choose_micro_batches(args, batch: int) -> Chosen:
     t0 = time.perf_counter()
     result = solve_step(graph, cluster=cluster, time_limit=args.time_limit, workers=1, seed=args.seed,
                         micro_batches="auto", batch_size=batch)
+    if result.graph_kind == "replicated" and result.replicas == 1:   # one replica: the step itself
+        kind = "micro-batched" if result.micro_batches > 1 else "step"
+        result = dataclasses.replace(result, plan=one_replica(result.plan, result.graph.names)[0], graph_kind=kind,
+                                     graph=step_graph(graph, result.micro_batches, kind))
     print(f"[auto] pesto.solve(micro_batches='auto', batch_size={batch}) in {time.perf_counter() - t0:.1f} s; "
           "step per candidate (ms, on the un-split profile):")
     for name, us in sorted(result.steps.items(), key=lambda kv: kv[1]):

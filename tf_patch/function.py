@@ -40,7 +40,7 @@ from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsiz
 from .microstep import LossStep, split_step
 from .pipeline import trace_check
 from .profile import estimate, measure
-from .replicastep import mapped_plan, pesto_buckets, replicate_graph, replicated_plan
+from .replicastep import mapped_plan, one_replica, pesto_buckets, replicate_graph, replicated_plan
 from .slicemap import slice_map
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
@@ -324,6 +324,10 @@ class FunctionStep:
         """The plan of the TF step that runs ``result`` (:meth:`apply`); this
         step re-traced and rebuilt for it first when it needs other slices."""
         kind, m, r = result.graph_kind, result.micro_batches, result.replicas
+        plan, names = result.plan, result.graph.names
+        if kind == "replicated" and r == 1:   # one replica: the step itself (split in M)
+            plan, names = one_replica(plan, names)
+            kind = "micro-batched" if m > 1 else "step"
         slices = {"replicated": r * m, "micro-batched": m}.get(kind, 1)
         if slices != self.micro_batches:
             self._retrace(slices)
@@ -341,9 +345,9 @@ class FunctionStep:
             if self._unsplit is None:
                 raise ValueError("a micro-batched plan maps Pesto's split of the un-split step onto TF's: build "
                                  "this step un-split (micro_batches=1), solve its graph, then apply the result")
-            self.mapping = slice_map(self._unsplit, result.graph.names, self.graph, m)
-            return mapped_plan(result.plan, self.mapping, self.graph)
-        return result.plan
+            self.mapping = slice_map(self._unsplit, names, self.graph, m)
+            return mapped_plan(plan, self.mapping, self.graph)
+        return plan
 
     def _retrace(self, slices: int) -> None:
         """This step traced again in ``slices`` slices (grappler's costs), from the current values."""

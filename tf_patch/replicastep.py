@@ -80,10 +80,10 @@ from pesto.plan import Plan
 
 from .extract import extract, step_ops
 from .microstep import slice_of
-from .slicemap import mapped_hint, slice_candidates
+from .slicemap import SliceMap, mapped_hint, slice_candidates
 from .zoo.common import ZooModel
 
-__all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "pesto_buckets", "ring_steps",
+__all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "one_replica", "pesto_buckets", "ring_steps",
            "chunk_sizes", "ReplicaMap", "REPLICA"]
 
 #: Scope of replica ``r``'s copy of a once-per-step op.
@@ -93,6 +93,7 @@ _GATHER = re.compile(r"^(.*)@allreduce@r(\d+)$")
 _COPY = re.compile(r"^(.*)@r(\d+)$")
 _CHUNK = re.compile(r"^(.*)@r(\d+)/chunk\d+$")
 _REP = re.compile(r"^rep\d+/")
+_ONE = re.compile(r"@r0(?=@|:|$)")
 
 
 def ring_steps(replicas: int, r: int) -> list[tuple[int, int]]:
@@ -188,36 +189,40 @@ def _groups(graph, names: set) -> dict[str, _Group]:
     return out
 
 
-def _classify(graph, ops, groups) -> tuple[dict, set, set]:
-    """``(replica of each slice op, once-per-step ops copied per replica, those
-    of them after the all-reduce)``; the rest (inputs, splits, the loss sum and
-    what reads it) stays single."""
+def _classify(graph, ops) -> tuple[dict, set]:
+    """``(slice of each slice op, once-per-step ops copied per replica)``; the
+    rest (inputs, splits, the loss sum and what reads it) stays single."""
     names = {op.name for op in ops}
     acc = {n for n in names if n.startswith("accumulate/")}
     # a variable is once per step whatever its name (a tf.function's captured handle is named
     # after its first read, in slice 0)
     handles = {op.name for op in ops if op.type == "VarHandleOp"}
     sliced = {n: slice_of(n) for n in names - handles if slice_of(n) is not None}
+    succ = _successors(ops)
+    once = names - acc - set(sliced)
+    single = _reach(succ, [n for n in names if n.startswith("microbatch/")], once) | {
+        n for n in once if n.startswith("microbatch/") or graph.get_operation_by_name(n).type == "Placeholder"}
+    return sliced, once - single
+
+
+def _successors(ops) -> dict[str, list]:
+    """Op name -> the names of the ops reading it (data or control)."""
     succ: dict[str, list] = {}
     for op in ops:
         for t in list(op.inputs) + list(op.control_inputs):
-            src = getattr(t, "op", t).name
-            succ.setdefault(src, []).append(op.name)
-    once = names - acc - set(sliced)
+            succ.setdefault(getattr(t, "op", t).name, []).append(op.name)
+    return succ
 
-    def reach(starts):
-        seen, todo = set(), list(starts)
-        while todo:
-            for d in succ.get(todo.pop(), ()):
-                if d in once and d not in seen:
-                    seen.add(d)
-                    todo.append(d)
-        return seen
 
-    single = reach(n for n in names if n.startswith("microbatch/")) | {
-        n for n in once if n.startswith("microbatch/") or graph.get_operation_by_name(n).type == "Placeholder"}
-    post = reach(acc) - single
-    return sliced, once - single, post
+def _reach(succ, starts, within=None) -> set:
+    """The ops downstream of ``starts`` (not themselves), through ops of ``within`` only (None: all)."""
+    seen, todo = set(), list(starts)
+    while todo:
+        for d in succ.get(todo.pop(), ()):
+            if (within is None or d in within) and d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
 
 
 def _split_input(text: str) -> tuple[str, str | None]:
@@ -427,12 +432,10 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     MicroBatchError
         The graph has not ``replicas * micro_batches`` slices, or a bucket cannot be packed.
     """
-    import tensorflow as tf
-
     ops = step_ops(graph, list(fetches))
     names = {op.name for op in ops}
     groups = _groups(graph, names)
-    sliced, per_rep, post = _classify(graph, ops, groups)
+    sliced, per_rep = _classify(graph, ops)
     want = replicas * micro_batches
     if set(sliced.values()) != set(range(want)) or (want > 1 and not groups):
         raise MicroBatchError(f"{replicas} replicas of {micro_batches} micro-batch(es) need the step split into "
@@ -441,14 +444,14 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     rings = [_Ring(k, [groups[s] for s in b if s in groups], replicas, micro_batches)
              for k, b in enumerate(_complete(buckets, groups))]
     outs = {t for g in groups.values() for t in g.outs}
-    rw = _Rewrite(graph.as_graph_def(), names, sliced, per_rep, micro_batches, outs)
-    late = _after(ops, {n for n in names if n.startswith("accumulate/")}) - set(groups_ops(names))
+    gd = graph.as_graph_def()
+    rw = _Rewrite(gd, names, sliced, per_rep, micro_batches, outs)
+    late = _reach(_successors(ops), [n for n in names if n.startswith("accumulate/")])
     first, second = [], []
     for op in (o.name for o in ops if not o.name.startswith("accumulate/")):
         copies = ([rw.copy(op, r, replicas) for r in range(replicas)] if op in per_rep
                   else [rw.copy(op, rw.replica_of(op), replicas)])
         (second if op in late else first).extend(copies)
-    gd = graph.as_graph_def()
     new = _graph_of(first, gd.library, gd.versions)
     remap = {}
     with new.as_default():
@@ -457,26 +460,6 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
             remap.update(ring.out)
     new = _joined(new, second, remap, gd.library, gd.versions)
     return _finish(new, fetches, per_rep, rings, values, replicas, micro_batches)
-
-
-def groups_ops(names) -> list[str]:
-    """The accumulation ops among ``names`` (dropped: the rings replace them)."""
-    return [n for n in names if n.startswith("accumulate/")]
-
-
-def _after(ops, starts: set) -> set:
-    """Ops downstream of ``starts`` (themselves included)."""
-    succ: dict[str, list] = {}
-    for op in ops:
-        for t in list(op.inputs) + list(op.control_inputs):
-            succ.setdefault(getattr(t, "op", t).name, []).append(op.name)
-    seen, todo = set(starts), list(starts)
-    while todo:
-        for d in succ.get(todo.pop(), ()):
-            if d not in seen:
-                seen.add(d)
-                todo.append(d)
-    return seen
 
 
 def _complete(buckets, groups: Mapping[str, _Group]) -> list[list[str]]:
@@ -551,37 +534,15 @@ def pesto_buckets(pesto_graph, graph, fetches) -> tuple[dict, list]:
 
 
 @dataclass(frozen=True)
-class ReplicaMap:
-    """The ops of Pesto's replicated graph mapped onto the replicated TF step (:func:`replica_map`).
+class ReplicaMap(SliceMap):
+    """The ops of Pesto's replicated graph mapped onto the replicated TF step
+    (:func:`replica_map`): a :class:`tf_patch.slicemap.SliceMap` whose
+    ``micro_batches`` counts the step's slices (``R x M``); TF ops no Pesto op
+    maps to are placed by a neighbour (:func:`tf_patch.slicemap.mapped_hint`)."""
 
-    Attributes
-    ----------
-    ops : mapping Pesto op -> tuple of TF ops
-    unmapped_tf : tuple of str
-        TF ops of the step no Pesto op maps to (placed by a neighbour: :func:`tf_patch.slicemap.mapped_hint`).
-    unmapped_pesto : tuple of str
-        Pesto ops with no TF op.
-    """
-
-    ops: Mapping[str, tuple]
-    unmapped_tf: tuple
-    unmapped_pesto: tuple
-
-    def placement(self, placement: Mapping[str, str]) -> dict:
-        """``{TF op: device}`` of the mapped TF ops from a Pesto placement."""
-        return {t: placement[p] for p, ts in self.ops.items() if p in placement for t in ts}
-
-    def summary(self) -> str:
-        """One line: what was mapped and what was not (counted, a few named)."""
-        def few(names):
-            return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        mapped = len({t for ts in self.ops.values() for t in ts})
-        out = f"{len(self.ops)} Pesto ops -> {mapped} TF ops of the replicated step"
-        if self.unmapped_tf:
-            out += f"; {len(self.unmapped_tf)} TF ops placed by a neighbour ({few(self.unmapped_tf)})"
-        if self.unmapped_pesto:
-            out += f"; {len(self.unmapped_pesto)} Pesto ops with no TF op ({few(self.unmapped_pesto)})"
-        return out
+    @property
+    def target(self) -> str:
+        return f"replicated step ({self.micro_batches} slices)"
 
 
 def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_names) -> ReplicaMap:
@@ -597,7 +558,7 @@ def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_n
         if found:
             ops[name] = tuple(dict.fromkeys(t for t in found if t in have))
     hit = {t for ts in ops.values() for t in ts}
-    return ReplicaMap(MappingProxyType(ops), tuple(sorted(have - hit)),
+    return ReplicaMap(rg.replicas * rg.micro_batches, MappingProxyType(ops), tuple(sorted(have - hit)),
                       tuple(n for n in pesto_names if not ops.get(n)))
 
 
@@ -680,6 +641,25 @@ def mapped_plan(plan: Plan, op_map, tfg) -> Plan:
         order.setdefault(placement[tfg.names[i]], []).append(tfg.names[i])
     return Plan(placement, order, makespan=plan.makespan, placer=plan.placer or "pesto",
                 status="feasible" if plan.status == "interrupted" else plan.status)
+
+
+def one_replica(plan: Plan, names) -> tuple[Plan, tuple]:
+    """A plan of the step replicated once (``R = 1``: ops ``op@r0``, no
+    all-reduce) as a plan of the step itself, and its op names: ``op@r0`` ->
+    ``op``, ``op@r0@mb<i>`` -> ``op@mb<i>`` (the micro-batched step's names).
+
+    >>> p, names = one_replica(Plan({"a@r0": "/GPU:0", "b@r0@mb1": "/GPU:0"}, {"/GPU:0": ("a@r0", "b@r0@mb1")}),
+    ...                        ["a@r0", "b@r0@mb1"])
+    >>> names, dict(p.order)
+    (('a', 'b@mb1'), {'/GPU:0': ('a', 'b@mb1')})
+    """
+    def strip(name: str) -> str:
+        return _ONE.sub("", name)
+
+    start = None if plan.start is None else {strip(n): t for n, t in plan.start.items()}
+    return (plan.replace(placement={strip(n): d for n, d in plan.placement.items()}, start=start,
+                         order={d: tuple(map(strip, ops)) for d, ops in plan.order.items()}),
+            tuple(map(strip, names)))
 
 
 def variable_values(graph, init_op, fetches) -> dict:

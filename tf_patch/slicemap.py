@@ -93,6 +93,11 @@ class SliceMap:
     unmapped_tf: tuple
     unmapped_pesto: tuple
 
+    @property
+    def target(self) -> str:
+        """What the TF step is, for :meth:`summary`."""
+        return f"{self.micro_batches}-slice step"
+
     def placement(self, placement: Mapping[str, str]) -> dict:
         """``{TF op: device}`` of the mapped TF ops from a Pesto placement
         (several Pesto ops on one TF op: the last in map order, a sparse
@@ -104,7 +109,7 @@ class SliceMap:
         def few(names):
             return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         mapped = len({t for ts in self.ops.values() for t in ts})
-        out = f"{len(self.ops)} Pesto ops -> {mapped} TF ops of the {self.micro_batches}-slice step"
+        out = f"{len(self.ops)} Pesto ops -> {mapped} TF ops of the {self.target}"
         if self.unmapped_tf:
             out += f"; {len(self.unmapped_tf)} TF ops with no Pesto op ({few(self.unmapped_tf)})"
         if self.unmapped_pesto:
