@@ -39,9 +39,13 @@ batch_size=<batch>)`` on it, prints every candidate's step (``M=1``, ``M=2``,
 GPipe, 1F1B, data-parallel ...) and the ``M`` it chose, then builds, profiles
 and trains TF's split step of that ``M`` as ``--micro-batches M`` does, placed
 by :func:`tf_patch.slicemap.place_split` (Pesto's plan mapped onto TF's op
-names, then re-solved on TF's profile with it as the hint). A data-parallel
-winner is not enforced (TensorFlow runs it as ``MirroredStrategy``, a row of
-the table): the demo says so and falls back to the best split step's ``M``.
+names, then re-solved on TF's profile with it as the hint). A data-parallel or
+hybrid winner (``R`` replicas of ``M`` micro-batches) trains on TF's replicated
+step (:func:`tf_patch.replicate_model`: each op on the device the plan gives
+it, the plan's gradient buckets as ring all-reduces), next to the un-split step
+and ``MirroredStrategy``. Every run ends with the chosen plan's predicted and
+measured step next to the un-split step's, and says ``the choice lost`` when
+the chosen plan measured slower than the un-split step.
 
 ``keras:NAME`` (:data:`tf_patch.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),

@@ -14,7 +14,9 @@ the function's outputs plus its side effects (optimizer updates).
   usual ``GradientTape`` training step;
 * :func:`function_step` / :func:`keras_step` -- a :class:`FunctionStep`:
   ``.graph`` (the OpGraph), ``.run(steps)`` (train, returns the losses),
-  ``.apply(plan)`` (devices and the plan's order enforced), ``.check()``
+  ``.apply(plan)`` (devices and the plan's order enforced; any
+  ``pesto.solve_step`` result too: split or replicated, the step is traced
+  again as TF must run it), ``.check()``
   (a traced step compared with the plan).
 
 How a step runs placed: its traced graph is rebuilt as a ``tf.compat.v1``
