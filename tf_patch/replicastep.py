@@ -595,7 +595,7 @@ def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) 
     split = f"microbatch/{op.rsplit('/', 1)[-1]}"
     if split in have:
         return [op, split] if r == 0 and op in have else [split] if r == 0 else []
-    return [c for s in slices for c in slice_candidates(op, s)[:1] if c in have]
+    return [c for s in slices if (c := next((c for c in slice_candidates(op, s) if c in have), None))]
 
 
 def replicated_plan(result, rg: ReplicaGraph, buckets: Mapping[str, list]) -> tuple[Plan, ReplicaMap]:
