@@ -153,6 +153,22 @@ def test_one_replica_is_the_step_itself():
     step.close()
 
 
+def test_a_replicated_step_takes_the_next_plan_and_trains_on():
+    """Data parallelism, then the un-split step's own plan: training goes on from replica 0's values."""
+    step = _keras("cnn", 2)
+    whole = step.run(4)
+    step.reset()
+    step.apply(_replicated(step.graph, 2))
+    first = step.run(2)
+    plain = pesto.evaluate(step._unsplit, {n: "/GPU:1" for n in step._unsplit.names}, gpus=2)
+    step.apply(StepResult(plain, step._unsplit, 1, "step", 1, {}))
+    assert step.replicas == 1 and step.micro_batches == 1 and not any(n.startswith("rep") for n in step.graph.names)
+    np.testing.assert_allclose(first + step.run(2), whole, rtol=1e-6)
+    seen = step.check()
+    assert seen["misplaced"] == [] and set(step.plan.placement.values()) == {"/CPU:1"}
+    step.close()
+
+
 def test_a_step_given_as_a_whole_function_cannot_take_a_replicated_plan():
     x, y = tf.random.normal((4, 3), seed=3), tf.random.normal((4, 2), seed=4)
     w = tf.Variable(tf.ones((3, 2)))

@@ -35,6 +35,8 @@ Examples
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from .apply import apply_plan
 from .devices import detect, session_config
@@ -42,8 +44,8 @@ from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsiz
 from .microstep import LossStep, split_step
 from .pipeline import trace_check
 from .profile import estimate, measure
-from .replicastep import mapped_plan, one_replica, pesto_buckets, replicate_graph, replicated_plan
-from .slicemap import slice_map
+from .replicastep import mapped_plan, one_replica, pesto_buckets, replica_zero, replicate_graph, replicated_plan
+from .slicemap import SliceMap, slice_map
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
            "FunctionStep"]
@@ -324,31 +326,43 @@ class FunctionStep:
 
     def _carry(self, result):
         """The plan of the TF step that runs ``result`` (:meth:`apply`); this
-        step re-traced and rebuilt for it first when it needs other slices."""
+        step re-traced and rebuilt for it first when it needs other slices
+        (or when it is replicated already: the rebuild starts from its split step)."""
         kind, m, r = result.graph_kind, result.micro_batches, result.replicas
         plan, names = result.plan, result.graph.names
         if kind == "replicated" and r == 1:   # one replica: the step itself (split in M)
             plan, names = one_replica(plan, names)
             kind = "micro-batched" if m > 1 else "step"
         slices = {"replicated": r * m, "micro-batched": m}.get(kind, 1)
-        if slices != self.micro_batches:
+        if slices != self.micro_batches or self.replicas > 1:
             self._retrace(slices)
         if kind == "replicated":
-            fetches = self._fetches()
-            buckets, _ = pesto_buckets(result.graph, self.tf_graph, fetches)
-            rg = replicate_graph(self.tf_graph, fetches, r, m, values=self._values, buckets=list(buckets.values()))
-            initial = rg.copies(self._initial)
-            self.tf_graph, self._init, self._reads, self._values = rg.graph, dict(rg.init), dict(rg.reads), dict(rg.values)
-            self._initial, self.loss, self.updates, self.replicas = initial, rg.loss, list(rg.updates), r
-            plan, self.mapping = replicated_plan(result, rg, buckets)
-            self.graph = extract(rg.graph, self._fetches(), on_unknown="ignore")
-            return plan
+            return self._replicate(result)
         if kind == "micro-batched":
             if self._unsplit is None:
                 raise ValueError("a micro-batched plan maps Pesto's split of the un-split step onto TF's: build "
                                  "this step un-split (micro_batches=1), solve its graph, then apply the result")
             self.mapping = slice_map(self._unsplit, names, self.graph, m)
             return mapped_plan(plan, self.mapping, self.graph)
+        if all(n in self.graph for n in plan.placement):
+            return plan
+        # traced again: the names the trace gives anew (a Keras optimizer's scope) are placed by a neighbour
+        kept = {n: (n,) for n in plan.placement if n in self.graph}
+        self.mapping = SliceMap(1, MappingProxyType(kept), tuple(n for n in self.graph.names if n not in kept),
+                                tuple(n for n in plan.placement if n not in kept))
+        return mapped_plan(plan, self.mapping, self.graph)
+
+    def _replicate(self, result):
+        """This split step rebuilt as ``result``'s replicas; the plan of it."""
+        fetches = self._fetches()
+        buckets, _ = pesto_buckets(result.graph, self.tf_graph, fetches)
+        rg = replicate_graph(self.tf_graph, fetches, result.replicas, result.micro_batches, values=self._values,
+                             buckets=list(buckets.values()))
+        self._initial = rg.copies(self._initial)
+        self.tf_graph, self._init, self._reads, self._values = rg.graph, dict(rg.init), dict(rg.reads), dict(rg.values)
+        self.loss, self.updates, self.replicas = rg.loss, list(rg.updates), result.replicas
+        plan, self.mapping = replicated_plan(result, rg, buckets)
+        self.graph = extract(rg.graph, self._fetches(), on_unknown="ignore")
         return plan
 
     def _retrace(self, slices: int) -> None:
@@ -360,8 +374,9 @@ class FunctionStep:
         fn = self._source.with_micro_batches(slices)
         fn.check(self._args)
         other = FunctionStep(_concrete(fn, self._args), self._args, source=fn, **self._options)
-        now = {id(v): self._values[n] for n, v in self._captured.items() if n in self._values}
-        first = {id(v): self._initial[n] for n, v in self._captured.items() if n in self._initial}
+        values, initial = replica_zero(self._values), replica_zero(self._initial)   # replicated: replica 0's
+        now = {id(v): values[n] for n, v in self._captured.items() if n in values}
+        first = {id(v): initial[n] for n, v in self._captured.items() if n in initial}
         for n, v in other._captured.items():
             other._values[n] = now.get(id(v), other._values[n])
             other._initial[n] = first.get(id(v), other._initial[n])

@@ -83,7 +83,8 @@ from .microstep import slice_of
 from .slicemap import SliceMap, mapped_hint, slice_candidates
 from .zoo.common import ZooModel
 
-__all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "one_replica", "pesto_buckets", "ring_steps",
+__all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "one_replica",
+           "replica_zero", "pesto_buckets", "ring_steps",
            "chunk_sizes", "ReplicaMap", "REPLICA"]
 
 #: Scope of replica ``r``'s copy of a once-per-step op.
@@ -660,6 +661,16 @@ def one_replica(plan: Plan, names) -> tuple[Plan, tuple]:
     return (plan.replace(placement={strip(n): d for n, d in plan.placement.items()}, start=start,
                          order={d: tuple(map(strip, ops)) for d, ops in plan.order.items()}),
             tuple(map(strip, names)))
+
+
+def replica_zero(values: Mapping[str, object]) -> dict:
+    """Values by variable handle, of a replicated step's replica 0 under the
+    split step's handle names (``rep0/h`` -> ``h``; other replicas dropped).
+
+    >>> replica_zero({"rep0/w": 1, "rep1/w": 2, "v": 3})
+    {'w': 1, 'v': 3}
+    """
+    return {_REP.sub("", h): v for h, v in values.items() if not _REP.match(h) or h.startswith(REPLICA.format(0))}
 
 
 def variable_values(graph, init_op, fetches) -> dict:
