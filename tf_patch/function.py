@@ -216,6 +216,11 @@ class FunctionStep:
         Tensors of the step with no size from their static shape nor from
         the shape-vector bound (:func:`tf_patch.extract.shape_tensor_bytes`);
         should be empty, extraction refuses more than 1 %.
+    micro_batches, replicas : int
+        The slices the TF step runs in and the replicas they form (after
+        :meth:`apply` of a replicated plan: ``R x M`` slices, ``R`` replicas).
+    mapping : SliceMap or ReplicaMap or None
+        How the last plan :meth:`apply` carried was mapped onto the TF step.
     """
 
     def __init__(self, concrete, args, *, costs: str = "v100", name: str = "step", n_devices: int = 2,
