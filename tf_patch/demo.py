@@ -325,8 +325,8 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
           f"{len(tr['order_violations'])}/{tr['checked_edges']} order violations")
     if check:
         print("\n".join(check))
-    _print_table(rows, timing, ref)
-    _verdict(rows, timing.step_us, one, len(rows) - len(whole) if whole else one, args)
+    speed = _print_table(rows, timing, ref)
+    _verdict(rows, timing.step_us, one, len(rows) - len(whole) if whole else one, args, speed)
     if on_cpu:
         _cpu_note(n, timing, dev0)
     pts = sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4, len(losses) - 1})
@@ -344,10 +344,11 @@ def _on_one(graph, cluster) -> float:
     return simulate(graph, cluster, {o: cluster.names[0] for o in graph.names}).makespan
 
 
-def _verdict(rows: list, measured: list, one: int, unsplit: int, args) -> None:
+def _verdict(rows: list, measured: list, one: int, unsplit: int, args, speed: float = 1.0) -> None:
     """Pesto against TF's default placement and every un-split row; then the
-    chosen plan's predicted and measured step next to the un-split step's
-    (row ``unsplit``), and whether the choice held."""
+    chosen plan's predicted step (at the machine's ``speed``, as the table's)
+    and measured step next to the un-split step's (row ``unsplit``), and
+    whether the choice held."""
     def ms(us):
         return "-" if us != us else f"{us / 1000:.3f} ms"
 
@@ -357,8 +358,8 @@ def _verdict(rows: list, measured: list, one: int, unsplit: int, args) -> None:
         print(f"  Pesto vs {name}: {measured[k] / measured[0]:.2f}x measured, "
               + ("no prediction" if pred != pred else f"{pred:.2f}x predicted"))
     chosen, whole = rows[0], rows[unsplit]
-    print(f"  the chosen plan ({args.what}): predicted {ms(chosen.predicted)}, measured {ms(measured[0])}; "
-          f"the un-split step ({whole.name.rstrip(' *')}): predicted {ms(whole.predicted)}, "
+    print(f"  the chosen plan ({args.what}): predicted {ms(speed * chosen.predicted)}, measured {ms(measured[0])}; "
+          f"the un-split step ({whole.name.rstrip(' *')}): predicted {ms(speed * whole.predicted)}, "
           f"measured {ms(measured[unsplit])}")
     if unsplit != 0 and measured[0] > measured[unsplit]:
         print(f"  the choice lost: measured {ms(measured[0])} vs {ms(measured[unsplit])} un-split "
@@ -414,8 +415,9 @@ def _split_check(args, losses: list, whole: list) -> list[str]:
     return out
 
 
-def _print_table(rows: list[_Row], timing, ref: int | None) -> None:
-    """The results table. With a reference row (index ``ref``), every
+def _print_table(rows: list[_Row], timing, ref: int | None) -> float:
+    """The results table; returns the machine's speed it used (1 without a
+    reference). With a reference row (index ``ref``), every
     prediction is also given at the machine's speed now, the reference's
     measured / profile step in these same rounds, and the error is taken
     against that (:func:`tf_patch.pipeline.anchored_errors`)."""
@@ -432,6 +434,7 @@ def _print_table(rows: list[_Row], timing, ref: int | None) -> None:
         print(f"  profile: the simulator's step on the profile of [1/5] (x the factor of [2/5] on several devices);\n"
               f"  predicted: that x {speed:.3f}, {rows[ref].name}'s measured / profile step in these rounds (the\n"
               "  machine's speed now: on a shared VM it drifts 10-20 % within a minute); error: of the prediction")
+    return speed
 
 
 def _cpu_note(n, timing, dev0) -> None:
