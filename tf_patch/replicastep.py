@@ -1,7 +1,7 @@
 """Data-parallel and hybrid steps built in TensorFlow from a replicated Pesto plan (issue 31, item 1).
 
 ``pesto.solve_step`` may return a plan of the **replicated** step
-(:func:`pesto.replicate.replicate`: ``R`` replicas ``op@r<r>`` and a ring
+(:func:`pesto.step.replicate`: ``R`` replicas ``op@r<r>`` and a ring
 all-reduce per gradient bucket; with ``micro_batches=M > 1`` each replica
 further split into ``M`` slices, the hybrid). This module builds that step in
 TensorFlow and maps the plan onto it op by op, so the plan's replicas, device
@@ -23,7 +23,7 @@ devices and the order):
   summed (``r<r>/acc_<i>``, hybrid only), flattened and packed
   (``r<r>/pack``, ``r<r>/chunks``), then ``R - 1`` reduce-scatter adds
   ``rs<s>/r<r>`` and ``R - 1`` all-gather copies ``ag<s>/r<r>`` between ring
-  neighbours (the chunks and steps of :mod:`pesto.replicate`), then unpacked
+  neighbours (the chunks and steps of :mod:`pesto.step.replication`), then unpacked
   (``r<r>/sum``, ``r<r>/grad_<j>``) into what replica ``r``'s update reads. A
   sparse gradient (``IndexedSlices``: rows and indices concatenated) cannot be
   summed: every replica gathers all replicas' rows (``allgather/<k>/r<r>/``),
