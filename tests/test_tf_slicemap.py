@@ -110,11 +110,12 @@ def test_pesto_s_micro_batched_plan_trains_the_tf_split_step_placed(graphs):
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 0
 
 
-def test_a_replicated_plan_is_refused_with_the_reason():
+def test_a_replicated_plan_is_sent_to_the_replicated_step():
     class Replicated:
-        graph_kind, replicas = "replicated", 2
+        graph_kind, replicas, micro_batches = "replicated", 2, 2
 
-    with pytest.raises(ValueError, match="MirroredStrategy"):
+    with pytest.raises(ValueError, match=r"runs on TF's replicated step.*replicate_model\(build_model\(\.\.\., "
+                                         r"micro_batches=4\), result\).*FunctionStep.apply\(result\)"):
         place_split(Replicated(), None, None, None)
 
 
@@ -147,7 +148,7 @@ def test_demo_auto_prints_each_candidate_and_the_m_it_chose(capsys):
     assert "pesto.solve(micro_batches='auto', batch_size=16)" in out
     for m in (1, 2, 4, 8, 16):   # each count's step, or why the 2 s limit left it out
         assert f"M={m} " in out, m
-    chosen = [line for line in out.splitlines() if line.startswith("[auto] chose micro_batches=")
-              or line.startswith("[auto] the best plan is data-parallel")]
+    chosen = [line for line in out.splitlines() if line.startswith("[auto] chose ")]
     assert len(chosen) == 1, out
     assert "trace: 0 ops off-plan" in out
+    assert "the chosen plan (" in out and ("the choice lost: measured" in out or "the choice held: measured" in out)

@@ -39,9 +39,13 @@ batch_size=<batch>)`` on it, prints every candidate's step (``M=1``, ``M=2``,
 GPipe, 1F1B, data-parallel ...) and the ``M`` it chose, then builds, profiles
 and trains TF's split step of that ``M`` as ``--micro-batches M`` does, placed
 by :func:`tf_patch.slicemap.place_split` (Pesto's plan mapped onto TF's op
-names, then re-solved on TF's profile with it as the hint). A data-parallel
-winner is not enforced (TensorFlow runs it as ``MirroredStrategy``, a row of
-the table): the demo says so and falls back to the best split step's ``M``.
+names, then re-solved on TF's profile with it as the hint). A data-parallel or
+hybrid winner (``R`` replicas of ``M`` micro-batches) trains on TF's replicated
+step (:func:`tf_patch.replicate_model`: each op on the device the plan gives
+it, the plan's gradient buckets as ring all-reduces), next to the un-split step
+and ``MirroredStrategy``. Every run ends with the chosen plan's predicted and
+measured step next to the un-split step's, and says ``the choice lost`` when
+the chosen plan measured slower than the un-split step.
 
 ``keras:NAME`` (:data:`tf_patch.zoo.keras_apps.KERAS_MODELS`, e.g. ``keras:mobilenetv2``) builds a
 ``keras.applications`` model offline (``weights=None``, a synthetic batch),
@@ -52,13 +56,14 @@ from __future__ import annotations
 
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 
-from pesto import evaluate, solve, solve_step
+from pesto import evaluate, solve, solve_step, step_graph
 from pesto.simulate import simulate
 from solver import get_placer
 
@@ -66,6 +71,7 @@ from .commfit import fit_transfers
 from .devices import describe, detect
 from .function import keras_step
 from .microstep import check_micro_batches
+from .replicastep import one_replica, replicate_model
 from .slicemap import place_split
 from .pipeline import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
 from .zoo import MODELS, build_model, presets
@@ -102,7 +108,9 @@ def main(argv=None) -> int:
     chosen = None
     if args.micro_batches == "auto":
         chosen = choose_micro_batches(args, batch)
-        args.micro_batches = chosen.micro_batches if chosen.micro_batches > 1 else None
+        args.micro_batches = chosen.slices if chosen.slices > 1 else None
+    args.what = chosen.what if chosen is not None else (f"{args.micro_batches} micro-batches" if args.micro_batches
+                                                        else "the un-split step")
     return place_and_train(args, batch, chosen)
 
 
@@ -127,6 +135,8 @@ def place_and_train(args, batch, chosen=None) -> int:
     """Profile the step of ``args.micro_batches`` slices, place it (from
     ``chosen``'s plan when ``auto`` chose one: :func:`tf_patch.slicemap.place_split`), train and report."""
     n, micro = args.gpus, args.micro_batches or 1
+    if chosen is not None and chosen.replicas > 1:
+        return _replicated_and_train(args, chosen)
 
     def build():
         return build_model(args.model, args.preset, seed=args.seed, micro_batches=micro)
@@ -150,7 +160,26 @@ def place_and_train(args, batch, chosen=None) -> int:
         print(f"[3/5] {plan.summary()}")
     place_s = time.perf_counter() - t0
     expert = _placer("expert", graph, cluster)
-    return _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference, graph)
+    unsplit = chosen.profiled[0] if chosen is not None else None
+    return _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference, graph, unsplit)
+
+
+def _replicated_and_train(args, chosen) -> int:
+    """A data-parallel or hybrid winner of ``auto``: TF's replicated step
+    (:func:`tf_patch.replicate_model`: the step split into ``R x M`` slices,
+    each replica its variables, the plan's rings) placed by the plan, trained
+    and timed next to the un-split step and ``MirroredStrategy``."""
+    result, (alone, cluster, _, _) = chosen.result, chosen.profiled
+
+    def split():
+        return build_model(args.model, args.preset, seed=args.seed, micro_batches=chosen.slices)
+
+    t0 = time.perf_counter()
+    model, plan, rmap = replicate_model(split(), result)
+    print(f"[3/5] auto's plan ({chosen.what}, {result.plan.makespan / 1000:.3f} ms on Pesto's replicated graph) "
+          f"carried onto TF's replicated step ({time.perf_counter() - t0:.1f} s): {rmap.summary()}")
+    return _run_and_report(lambda: replicate_model(split(), result)[0], None, cluster, plan,
+                           time.perf_counter() - t0, None, args, None, alone, alone)
 
 
 def _profile(build, args, split: str = ""):
@@ -179,7 +208,7 @@ def _profile(build, args, split: str = ""):
 
 @dataclass(frozen=True)
 class Chosen:
-    """What ``--micro-batches auto`` chose (:func:`choose_micro_batches`).
+    """What ``--micro-batches auto`` chose (:func:`choose_micro_batches`): any plan, a replicated one too.
 
     ``result``: ``pesto.solve_step``'s result to map onto TF's split step, or
     None when the winner cannot be enforced (a data-parallel plan: then the
@@ -193,6 +222,21 @@ class Chosen:
     result: object
     step: object
     profiled: tuple
+
+    @property
+    def replicas(self) -> int:
+        return self.result.replicas if self.result is not None and self.result.graph_kind == "replicated" else 1
+
+    @property
+    def slices(self) -> int:
+        """The slices of the TF step that runs the choice (``R x M`` for a replicated plan)."""
+        return self.replicas * self.micro_batches
+
+    @property
+    def what(self) -> str:
+        if self.replicas > 1:
+            return f"data parallelism, {self.replicas} replicas x {self.micro_batches} micro-batch(es)"
+        return f"{self.micro_batches} micro-batches" if self.micro_batches > 1 else "the un-split step"
 
 
 def choose_micro_batches(args, batch: int) -> Chosen:
@@ -209,6 +253,10 @@ def choose_micro_batches(args, batch: int) -> Chosen:
     t0 = time.perf_counter()
     result = solve_step(graph, cluster=cluster, time_limit=args.time_limit, workers=1, seed=args.seed,
                         micro_batches="auto", batch_size=batch)
+    if result.graph_kind == "replicated" and result.replicas == 1:   # one replica: the step itself
+        kind = "micro-batched" if result.micro_batches > 1 else "step"
+        result = dataclasses.replace(result, plan=one_replica(result.plan, result.graph.names)[0], graph_kind=kind,
+                                     graph=step_graph(graph, result.micro_batches, kind))
     print(f"[auto] pesto.solve(micro_batches='auto', batch_size={batch}) in {time.perf_counter() - t0:.1f} s; "
           "step per candidate (ms, on the un-split profile):")
     for name, us in sorted(result.steps.items(), key=lambda kv: kv[1]):
@@ -216,19 +264,9 @@ def choose_micro_batches(args, batch: int) -> Chosen:
     for name, why in (result.plan.log.skipped if result.plan.log else {}).items():
         if "M=" in name and name not in result.steps:   # the counts the time limit or memory left out
             print(f"         {name:<22}  skipped: {why}")
-    what = f"M={result.micro_batches}" + (f", {result.replicas} replicas" if result.graph_kind == "replicated" else "")
-    if result.graph_kind != "replicated":
-        what = "the un-split step" if result.micro_batches == 1 else "a micro-batched step"
-        print(f"[auto] chose micro_batches={result.micro_batches} ({what}, {result.plan.makespan / 1000:.3f} ms)")
-        return Chosen(result.micro_batches, result, graph, profiled)
-    own = {k: v for k, v in result.steps.items() if not k.startswith("data-parallel")}
-    best = min(own, key=own.get)
-    m = int(best.rsplit("M=", 1)[1])
-    print(f"[auto] the best plan is data-parallel ({what}, {result.plan.makespan / 1000:.3f} ms): the demo "
-          f"cannot enforce a replicated plan on TF (TensorFlow runs data parallelism as MirroredStrategy, the row "
-          f"'MirroredStrategy x{args.gpus}' below); falling back to the best split step, {best} "
-          f"({own[best] / 1000:.3f} ms): micro_batches={m}, placed by pesto.solve")
-    return Chosen(m, None, graph, profiled)
+    chosen = Chosen(result.micro_batches, result, graph, profiled)
+    print(f"[auto] chose {chosen.what} ({result.plan.makespan / 1000:.3f} ms predicted)")
+    return chosen
 
 
 @dataclass
@@ -242,15 +280,19 @@ class _Row:
     run: object  # tf_patch.pipeline.PlacedRun
 
 
-def _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference=None, graph=None) -> int:
-    """Steps 4 and 5: train under each placement, time them in turns, print the table."""
+def _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference=None, graph=None,
+                    unsplit=None) -> int:
+    """Steps 4 and 5: train under each placement, time them in turns, print
+    the table and whether the chosen plan beat the un-split step. ``alone``:
+    the profile of the step ``build`` builds (None: not profiled, a replicated
+    step); ``unsplit``: the un-split step's profile, which predicts its row."""
     n, dev0 = args.gpus, cluster.names[0]
     on_cpu = detect(n)[0] == "CPU"
     graph = alone if graph is None else graph
     # one device, one busy core: the model's costs alone
-    default_pred = simulate(alone, cluster, {o: dev0 for o in alone.names}).makespan
-    also = f", {reference.placer}'s" if reference is not None else ""
-    print(f"[4/5] training under Pesto's plan, Expert's{also} and TF's default placement ({n} devices)"
+    default_pred = _on_one(alone, cluster)
+    also = (", Expert's" if expert is not None else "") + (f", {reference.placer}'s" if reference is not None else "")
+    print(f"[4/5] training under Pesto's plan{also} and TF's default placement ({n} devices)"
           + ("; each logical device is one core: kernels single-threaded, one executor thread per device "
              "used (tf_patch.session_config)" if on_cpu else ""))
     rows = [_Row("Pesto", place_s, plan.makespan, PlacedRun(build, plan, n_devices=n))]
@@ -266,7 +308,7 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     if on_cpu:  # TF's own threading on one device: no device model, so no prediction
         rows.append(_Row(f"TF on {dev0}, all cores *", 0.0, float("nan"),
                          PlacedRun(build, None, n_devices=n, inter_op=0)))
-    whole = _unsplit_rows(args, n) if args.micro_batches else []
+    whole = _unsplit_rows(args, n, _on_one(unsplit, cluster)) if args.micro_batches else []
     rows += whole
     try:
         losses = rows[0].run.train(args.steps)
@@ -283,12 +325,8 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
           f"{len(tr['order_violations'])}/{tr['checked_edges']} order violations")
     if check:
         print("\n".join(check))
-    _print_table(rows, timing, ref)
-    measured = timing.step_us
-    print(f"  Pesto vs TF default placement: {measured[one] / measured[0]:.2f}x measured, "
-          f"{default_pred / plan.makespan:.2f}x predicted")
-    for k, row in enumerate(whole, start=len(rows) - len(whole)):
-        print(f"  Pesto vs {row.name[:-2]}: {measured[k] / measured[0]:.2f}x measured (no prediction)")
+    speed = _print_table(rows, timing, ref)
+    _verdict(rows, timing.step_us, one, len(rows) - len(whole) if whole else one, args, speed)
     if on_cpu:
         _cpu_note(n, timing, dev0)
     pts = sorted({0, len(losses) // 4, len(losses) // 2, 3 * len(losses) // 4, len(losses) - 1})
@@ -298,20 +336,55 @@ def _run_and_report(build, alone, cluster, plan, place_s, expert, args, referenc
     return 0
 
 
+def _on_one(graph, cluster) -> float:
+    """The simulator's step of ``graph`` with every op on the cluster's first
+    device (TF's default placement; NaN without a profile)."""
+    if graph is None:
+        return float("nan")
+    return simulate(graph, cluster, {o: cluster.names[0] for o in graph.names}).makespan
+
+
+def _verdict(rows: list, measured: list, one: int, unsplit: int, args, speed: float = 1.0) -> None:
+    """Pesto against TF's default placement and every un-split row; then the
+    chosen plan's predicted step (at the machine's ``speed``, as the table's)
+    and measured step next to the un-split step's (row ``unsplit``), and
+    whether the choice held."""
+    def ms(us):
+        return "-" if us != us else f"{us / 1000:.3f} ms"
+
+    for k in dict.fromkeys([one, *range(unsplit, len(rows))]):
+        pred = rows[k].predicted / rows[0].predicted if rows[0].predicted else float("nan")
+        name = "TF default placement" if k == one else rows[k].name.rstrip(" *")
+        print(f"  Pesto vs {name}: {measured[k] / measured[0]:.2f}x measured, "
+              + ("no prediction" if pred != pred else f"{pred:.2f}x predicted"))
+    chosen, whole = rows[0], rows[unsplit]
+    print(f"  the chosen plan ({args.what}): predicted {ms(speed * chosen.predicted)}, measured {ms(measured[0])}; "
+          f"the un-split step ({whole.name.rstrip(' *')}): predicted {ms(speed * whole.predicted)}, "
+          f"measured {ms(measured[unsplit])}")
+    if unsplit != 0 and measured[0] > measured[unsplit]:
+        print(f"  the choice lost: measured {ms(measured[0])} vs {ms(measured[unsplit])} un-split "
+              f"({measured[unsplit] / measured[0]:.2f}x)")
+    elif unsplit != 0:
+        print(f"  the choice held: measured {ms(measured[0])} vs {ms(measured[unsplit])} un-split "
+              f"({measured[unsplit] / measured[0]:.2f}x)")
+
+
 #: Largest relative difference between the split step's losses and the un-split step's
 #: that the demo calls equal (float32 sums in another order differ by ~1e-7).
 LOSS_RTOL = 1e-5
 
 
-def _unsplit_rows(args, n: int) -> list:
+def _unsplit_rows(args, n: int, predicted: float = float("nan")) -> list:
     """Rows for the un-split step: under TF's default placement (what
-    splitting costs or gains here) and under ``tf.distribute.MirroredStrategy``
+    splitting costs or gains here; ``predicted``: its step from the un-split
+    profile, when there is one) and under ``tf.distribute.MirroredStrategy``
     on the ``n`` devices (:func:`tf_patch.zoo.common.mirrored_step`; left out,
     and said, when TensorFlow cannot run it here)."""
     def whole(**kw):
         return lambda: build_model(args.model, args.preset, seed=args.seed, **kw)
 
-    rows = [_Row("TF default, un-split step *", 0.0, float("nan"), PlacedRun(whole(), None, n_devices=n))]
+    rows = [_Row("TF default, un-split step" + (" *" if predicted != predicted else ""), 0.0, predicted,
+                 PlacedRun(whole(), None, n_devices=n))]
     if n > 1:
         try:
             rows.append(_Row(f"MirroredStrategy x{n} *", 0.0, float("nan"),
@@ -327,23 +400,24 @@ def _split_check(args, losses: list, whole: list) -> list[str]:
     (whose first two steps this runs), and saying what those rows are."""
     out = ["  losses at steps 1 and 2 (step 2 after one update; each row a fresh copy from the same initial "
            "weights):",
-           f"    {f'Pesto, {args.micro_batches} micro-batches, placed':<44}{losses[0]:>12.7f}{losses[1]:>12.7f}"]
+           f"    {f'Pesto, {args.what}, placed':<44}{losses[0]:>12.7f}{losses[1]:>12.7f}"]
     for row in whole:
         ls = row.run.train(2)
         diff = max(abs(a - b) for a, b in zip(losses[:2], ls))
         same = all(abs(a - b) <= LOSS_RTOL * abs(b) for a, b in zip(losses[:2], ls))
-        out.append(f"    {row.name[:-2]:<44}{ls[0]:>12.7f}{ls[1]:>12.7f}   largest difference {diff:.1e}: "
+        out.append(f"    {row.name.rstrip(' *'):<44}{ls[0]:>12.7f}{ls[1]:>12.7f}   largest difference {diff:.1e}: "
                    + (f"equal within {LOSS_RTOL:g} relative" if same else "NOT EQUAL"))
-    out.append(f"  * TF default, un-split step: the step not split, every op on one device (what splitting into "
-               f"{args.micro_batches} costs or gains here)")
+    out.append(f"  TF default, un-split step: the step not split, every op on one device (what {args.what} "
+               "cost or gain here)")
     if len(whole) > 1:
-        out.append(f"  * {whole[1].name[:-2]}: TensorFlow's data parallelism, the un-split step with one replica "
+        out.append(f"  {whole[1].name.rstrip(' *')}: TensorFlow's data parallelism, the un-split step with one replica "
                    f"per device, each on 1/{args.gpus} of the batch, gradients all-reduced")
     return out
 
 
-def _print_table(rows: list[_Row], timing, ref: int | None) -> None:
-    """The results table. With a reference row (index ``ref``), every
+def _print_table(rows: list[_Row], timing, ref: int | None) -> float:
+    """The results table; returns the machine's speed it used (1 without a
+    reference). With a reference row (index ``ref``), every
     prediction is also given at the machine's speed now, the reference's
     measured / profile step in these same rounds, and the error is taken
     against that (:func:`tf_patch.pipeline.anchored_errors`)."""
@@ -360,6 +434,7 @@ def _print_table(rows: list[_Row], timing, ref: int | None) -> None:
         print(f"  profile: the simulator's step on the profile of [1/5] (x the factor of [2/5] on several devices);\n"
               f"  predicted: that x {speed:.3f}, {rows[ref].name}'s measured / profile step in these rounds (the\n"
               "  machine's speed now: on a shared VM it drifts 10-20 % within a minute); error: of the prediction")
+    return speed
 
 
 def _cpu_note(n, timing, dev0) -> None:

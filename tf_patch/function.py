@@ -14,7 +14,9 @@ the function's outputs plus its side effects (optimizer updates).
   usual ``GradientTape`` training step;
 * :func:`function_step` / :func:`keras_step` -- a :class:`FunctionStep`:
   ``.graph`` (the OpGraph), ``.run(steps)`` (train, returns the losses),
-  ``.apply(plan)`` (devices and the plan's order enforced), ``.check()``
+  ``.apply(plan)`` (devices and the plan's order enforced; any
+  ``pesto.solve_step`` result too: split or replicated, the step is traced
+  again as TF must run it), ``.check()``
   (a traced step compared with the plan).
 
 How a step runs placed: its traced graph is rebuilt as a ``tf.compat.v1``
@@ -33,6 +35,8 @@ Examples
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 from .apply import apply_plan
 from .devices import detect, session_config
@@ -40,8 +44,11 @@ from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsiz
 from .microstep import LossStep, split_step
 from .pipeline import trace_check
 from .profile import estimate, measure
+from .replicastep import mapped_plan, one_replica, pesto_buckets, replica_zero, replicate_graph, replicated_plan
+from .slicemap import SliceMap, slice_map
 
-__all__ = ["function_opgraph", "keras_opgraph", "train_step", "function_step", "keras_step", "FunctionStep"]
+__all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
+           "FunctionStep"]
 
 
 def _concrete(fn, args):
@@ -120,8 +127,7 @@ def train_step(model, loss, optimizer, micro_batches: int = 1):
     loss_fn = tf.keras.losses.get(loss)
     opt = tf.keras.optimizers.get(optimizer)
     if micro_batches != 1:
-        return LossStep(lambda x, y: tf.reduce_mean(loss_fn(y, model(x, training=True))),
-                        lambda: model.trainable_variables, opt, micro_batches=micro_batches)
+        return keras_loss_step(model, loss_fn, opt).with_micro_batches(micro_batches)
 
     @tf.function
     def step(x, y):
@@ -132,6 +138,16 @@ def train_step(model, loss, optimizer, micro_batches: int = 1):
         return value
 
     return step
+
+
+def keras_loss_step(model, loss, optimizer) -> LossStep:
+    """The usual Keras training step as a :class:`tf_patch.LossStep` (the mean
+    loss of a batch; split or replicated by :meth:`LossStep.with_micro_batches`)."""
+    import tensorflow as tf
+
+    loss_fn = tf.keras.losses.get(loss)
+    return LossStep(lambda x, y: tf.reduce_mean(loss_fn(y, model(x, training=True))),
+                    lambda: model.trainable_variables, tf.keras.optimizers.get(optimizer))
 
 
 def keras_opgraph(model, loss, optimizer, x, y, *, gpu: str = "v100", name: str | None = None, **options):
@@ -200,12 +216,22 @@ class FunctionStep:
         Tensors of the step with no size from their static shape nor from
         the shape-vector bound (:func:`tf_patch.extract.shape_tensor_bytes`);
         should be empty, extraction refuses more than 1 %.
+    micro_batches, replicas : int
+        The slices the TF step runs in and the replicas they form (after
+        :meth:`apply` of a replicated plan: ``R x M`` slices, ``R`` replicas).
+    mapping : SliceMap or ReplicaMap or None
+        How the last plan :meth:`apply` carried was mapped onto the TF step.
     """
 
     def __init__(self, concrete, args, *, costs: str = "v100", name: str = "step", n_devices: int = 2,
-                 on_unknown: str = "raise", steps: int = 5, warmup: int = 2):
+                 on_unknown: str = "raise", steps: int = 5, warmup: int = 2, source: LossStep | None = None):
         self.tf_graph, self.feed, self._init, self._reads, self._values = _rebuild(concrete, args)
         self._initial = dict(self._values)
+        self._captured = captured_variables(concrete)
+        self._args, self._source = args, source
+        self._options = dict(name=name, n_devices=n_devices, on_unknown=on_unknown)
+        self.micro_batches = source.micro_batches if source is not None else 1
+        self.replicas, self.mapping = 1, None
         fetches = list(concrete.outputs) + list(concrete.graph.control_outputs)
         self.loss = concrete.outputs[0].name if concrete.outputs else None
         self.updates = [op.name for op in concrete.graph.control_outputs]
@@ -218,6 +244,7 @@ class FunctionStep:
         self.unsized = unsized_tensors(ops, names, shape_tensor_bytes(ops, names))
         self.n_devices, self.plan, self.applied, self.note = n_devices, None, None, ""
         self._sess = None
+        self._unsplit = self.graph if self.micro_batches == 1 else None
 
     def _initialise(self, sess) -> None:
         feed = {ph: self._values[n] for n, (ph, _) in self._init.items()}
@@ -272,17 +299,95 @@ class FunctionStep:
     def apply(self, plan):
         """Place the step: ``plan``'s devices and order on :attr:`tf_graph`.
 
+        ``plan`` is a plan of this step, or anything ``pesto.solve_step``
+        returns (its ``plan``, ``graph``, ``graph_kind``, ``micro_batches``,
+        ``replicas``): the un-split step's plan as it is; a micro-batched or
+        replicated plan is carried onto the step TensorFlow runs for it, traced
+        again (from the step's loss: :func:`keras_step`, or a
+        :class:`tf_patch.LossStep`) split into ``M`` slices
+        (:func:`tf_patch.slicemap.slice_map`), or into ``R x M`` slices whose
+        replicas get their own variables and the plan's ring all-reduces
+        (:mod:`tf_patch.replicastep`); :attr:`mapping` says what was mapped.
         Plan devices are mapped onto this machine: ``/GPU:k`` stays when
         there are enough GPUs, else it becomes logical CPU device ``/CPU:k``
         (after ``/CPU:0`` when the plan uses that too); :attr:`note` says
         which. Training goes on from the current values. Returns what
         :func:`tf_patch.apply_plan` did.
+
+        Raises
+        ------
+        ValueError
+            A split or replicated plan for a step given as a whole
+            ``tf.function`` (it cannot be traced again split), or a
+            micro-batched plan for a step not traced un-split first.
         """
         self._values = self.values()
         self.close()
+        if hasattr(plan, "graph_kind"):
+            plan = self._carry(plan)
         self.applied = apply_plan(self.tf_graph, plan, n_devices=self.n_devices)
         self.plan, self.note, self.n_devices = self.applied.plan, self.applied.note, self.applied.n_devices
         return self.applied
+
+    def _carry(self, result):
+        """The plan of the TF step that runs ``result`` (:meth:`apply`); this
+        step re-traced and rebuilt for it first when it needs other slices
+        (or when it is replicated already: the rebuild starts from its split step)."""
+        kind, m, r = result.graph_kind, result.micro_batches, result.replicas
+        plan, names = result.plan, result.graph.names
+        if kind == "replicated" and r == 1:   # one replica: the step itself (split in M)
+            plan, names = one_replica(plan, names)
+            kind = "micro-batched" if m > 1 else "step"
+        slices = {"replicated": r * m, "micro-batched": m}.get(kind, 1)
+        if slices != self.micro_batches or self.replicas > 1:
+            self._retrace(slices)
+        if kind == "replicated":
+            return self._replicate(result)
+        if kind == "micro-batched":
+            if self._unsplit is None:
+                raise ValueError("a micro-batched plan maps Pesto's split of the un-split step onto TF's: build "
+                                 "this step un-split (micro_batches=1), solve its graph, then apply the result")
+            self.mapping = slice_map(self._unsplit, names, self.graph, m)
+            return mapped_plan(plan, self.mapping, self.graph)
+        if all(n in self.graph for n in plan.placement):
+            return plan
+        # traced again: the names the trace gives anew (a Keras optimizer's scope) are placed by a neighbour
+        kept = {n: (n,) for n in plan.placement if n in self.graph}
+        self.mapping = SliceMap(1, MappingProxyType(kept), tuple(n for n in self.graph.names if n not in kept),
+                                tuple(n for n in plan.placement if n not in kept))
+        return mapped_plan(plan, self.mapping, self.graph)
+
+    def _replicate(self, result):
+        """This split step rebuilt as ``result``'s replicas; the plan of it."""
+        fetches = self._fetches()
+        buckets, _ = pesto_buckets(result.graph, self.tf_graph, fetches)
+        rg = replicate_graph(self.tf_graph, fetches, result.replicas, result.micro_batches, values=self._values,
+                             buckets=list(buckets.values()))
+        self._initial = rg.copies(self._initial)
+        self.tf_graph, self._init, self._reads, self._values = rg.graph, dict(rg.init), dict(rg.reads), dict(rg.values)
+        self.loss, self.updates, self.replicas = rg.loss, list(rg.updates), result.replicas
+        plan, self.mapping = replicated_plan(result, rg, buckets)
+        self.graph = extract(rg.graph, self._fetches(), on_unknown="ignore")
+        return plan
+
+    def _retrace(self, slices: int) -> None:
+        """This step traced again in ``slices`` slices (grappler's costs), from the current values."""
+        if self._source is None:
+            raise ValueError(f"this step was given as a whole tf.function: it cannot be traced again in {slices} "
+                             "slices for a split or replicated plan; build it with tf_patch.keras_step or from a "
+                             "tf_patch.LossStep")
+        fn = self._source.with_micro_batches(slices)
+        fn.check(self._args)
+        other = FunctionStep(_concrete(fn, self._args), self._args, source=fn, **self._options)
+        values, initial = replica_zero(self._values), replica_zero(self._initial)   # replicated: replica 0's
+        now = {id(v): values[n] for n, v in self._captured.items() if n in values}
+        first = {id(v): initial[n] for n, v in self._captured.items() if n in initial}
+        for n, v in other._captured.items():
+            other._values[n] = now.get(id(v), other._values[n])
+            other._initial[n] = first.get(id(v), other._initial[n])
+        unsplit = self._unsplit
+        self.__dict__.update(other.__dict__)
+        self._unsplit = unsplit
 
     def check(self) -> dict:
         """One traced training step compared with the applied plan.
@@ -312,7 +417,7 @@ class FunctionStep:
 
 def function_step(fn, *args, costs: str = "v100", name: str | None = None, n_devices: int = 2,
                   on_unknown: str = "raise", steps: int = 5, warmup: int = 2,
-                  micro_batches: int = 1) -> FunctionStep:
+                  micro_batches: int = 1, source: LossStep | None = None) -> FunctionStep:
     """A :class:`FunctionStep` of ``fn(*args)``.
 
     Parameters
@@ -336,14 +441,19 @@ def function_step(fn, *args, costs: str = "v100", name: str | None = None, n_dev
         The step split into that many slices of the batch
         (:mod:`tf_patch.microstep`; :func:`tf_patch.microstep.split_step`
         says what it refuses).
+    source : LossStep, optional
+        The same step as its loss, traced again when :meth:`FunctionStep.apply`
+        gets a split or replicated plan (default: ``fn`` when it is a
+        :class:`tf_patch.LossStep`; :func:`keras_step` gives it).
 
     Returns
     -------
     FunctionStep
     """
     fn = split_step(fn, micro_batches, args)
+    source = source if source is not None else fn if isinstance(fn, LossStep) else None
     return FunctionStep(_concrete(fn, args), args, costs=costs, name=name or getattr(fn, "__name__", "step"),
-                        n_devices=n_devices, on_unknown=on_unknown, steps=steps, warmup=warmup)
+                        n_devices=n_devices, on_unknown=on_unknown, steps=steps, warmup=warmup, source=source)
 
 
 def keras_step(model, loss, optimizer, x, y, *, costs: str = "v100", name: str | None = None,
@@ -364,6 +474,10 @@ def keras_step(model, loss, optimizer, x, y, *, costs: str = "v100", name: str |
         Of :func:`train_step` (forward, loss, gradients, one update; split
         into ``micro_batches`` slices).
     """
+    import tensorflow as tf
+
+    optimizer = tf.keras.optimizers.get(optimizer)   # one optimizer for the step and its re-traces
     return function_step(train_step(model, loss, optimizer, micro_batches), x, y, costs=costs,
                          name=name or getattr(model, "name", "keras"), n_devices=n_devices, on_unknown=on_unknown,
-                         steps=steps, warmup=warmup, micro_batches=micro_batches)
+                         steps=steps, warmup=warmup, micro_batches=micro_batches,
+                         source=keras_loss_step(model, loss, optimizer).with_micro_batches(micro_batches))

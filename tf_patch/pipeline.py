@@ -255,7 +255,7 @@ class PlacedRun:
         self.times: list = []
         self.cpu_s = self.wall_s = 0.0
         try:  # TF's placer must accept the placement (no soft placement)
-            self.sess.run(self.model.init_op)
+            self.sess.run(self.model.init_op, getattr(self.model, "init_feed", None))
         except Exception:
             self.sess.close()
             raise

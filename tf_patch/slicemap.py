@@ -93,6 +93,11 @@ class SliceMap:
     unmapped_tf: tuple
     unmapped_pesto: tuple
 
+    @property
+    def target(self) -> str:
+        """What the TF step is, for :meth:`summary`."""
+        return f"{self.micro_batches}-slice step"
+
     def placement(self, placement: Mapping[str, str]) -> dict:
         """``{TF op: device}`` of the mapped TF ops from a Pesto placement
         (several Pesto ops on one TF op: the last in map order, a sparse
@@ -104,7 +109,7 @@ class SliceMap:
         def few(names):
             return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         mapped = len({t for ts in self.ops.values() for t in ts})
-        out = f"{len(self.ops)} Pesto ops -> {mapped} TF ops of the {self.micro_batches}-slice step"
+        out = f"{len(self.ops)} Pesto ops -> {mapped} TF ops of the {self.target}"
         if self.unmapped_tf:
             out += f"; {len(self.unmapped_tf)} TF ops with no Pesto op ({few(self.unmapped_tf)})"
         if self.unmapped_pesto:
@@ -270,13 +275,18 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
     Raises
     ------
     ValueError
-        ``result`` is not a micro-batched plan (``graph_kind`` other than
-        ``"micro-batched"`` or ``"step"``: a replicated plan has no TF split
-        step to map onto; run it as ``MirroredStrategy``).
+        ``result`` is a replicated plan (data-parallel or hybrid): it runs on
+        TF's replicated step, not the split step; the message names the
+        functions that build and place that one
+        (:func:`tf_patch.replicate_model`, :meth:`tf_patch.FunctionStep.apply`).
     """
     if result.graph_kind not in ("micro-batched", "step"):
-        raise ValueError(f"a {result.graph_kind!r} plan (replicas={result.replicas}) has no TF split step to "
-                         "map onto: TensorFlow runs data parallelism as MirroredStrategy")
+        k = result.replicas * result.micro_batches
+        raise ValueError(f"a {result.graph_kind!r} plan ({result.replicas} replicas x {result.micro_batches} "
+                         f"micro-batch(es)) runs on TF's replicated step, not on a split step: for a zoo model "
+                         f"tf_patch.replicate_model(build_model(..., micro_batches={k}), result) gives the "
+                         "model and its plan; a Keras or tf.function step takes the result itself "
+                         "(FunctionStep.apply(result))")
     slices = slice_map(step, result.graph.names, tf_split, result.micro_batches)
     placement = result.plan.placement
     if result.graph_kind == "step":  # M = 1: the names are the TF step's own

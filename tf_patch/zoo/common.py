@@ -44,6 +44,9 @@ class ZooModel:
         The resolved preset (layers, units, batch, ...).
     init_op : tf.Operation
         Initialises every variable (seeded).
+    init_feed : dict or None
+        What ``init_op`` is fed (a replicated step's initial values:
+        :func:`tf_patch.replicastep.replicate_model`).
     """
 
     graph: Any
@@ -53,6 +56,7 @@ class ZooModel:
     name: str
     config: dict = field(default_factory=dict)
     init_op: Any = None
+    init_feed: Any = None
 
     @property
     def fetches(self):

@@ -1,0 +1,715 @@
+"""Data-parallel and hybrid steps built in TensorFlow from a replicated Pesto plan (issue 31, item 1).
+
+``pesto.solve_step`` may return a plan of the **replicated** step
+(:func:`pesto.step.replicate`: ``R`` replicas ``op@r<r>`` and a ring
+all-reduce per gradient bucket; with ``micro_batches=M > 1`` each replica
+further split into ``M`` slices, the hybrid). This module builds that step in
+TensorFlow and maps the plan onto it op by op, so the plan's replicas, device
+map and buckets run as planned (:func:`tf_patch.apply_plan` enforces the
+devices and the order):
+
+* the TF step split into ``R * M`` slices (:mod:`tf_patch.microstep`:
+  ``mb<s>/``, ``gradients/mb<s>/``, ``gradient_tape/mb<s>/``): slice ``s``
+  belongs to replica ``s // M`` (its ``s % M``-th micro-batch), each slice's
+  loss scaled by ``1 / (R M)``, so the replicas' summed gradients are the
+  whole batch's;
+* :func:`replicate_graph` rewrites that graph: every once-per-step op
+  (variables, their reads outside the slices, the optimizer update) is copied
+  per replica as ``rep<r>/<op>`` (each replica its own variables, initialised
+  to the same values, as ``MirroredStrategy``'s mirrored variables), the
+  slices of replica ``r`` read replica ``r``'s copies, and the accumulation
+  chains ``accumulate/<variable>/`` become, per bucket of the plan, a
+  **ring all-reduce** ``allreduce/<k>/``: per replica, its slices' gradients
+  summed (``r<r>/acc_<i>``, hybrid only), flattened and packed
+  (``r<r>/pack``, ``r<r>/chunks``), then ``R - 1`` reduce-scatter adds
+  ``rs<s>/r<r>`` and ``R - 1`` all-gather copies ``ag<s>/r<r>`` between ring
+  neighbours (the chunks and steps of :mod:`pesto.step.replication`), then unpacked
+  (``r<r>/sum``, ``r<r>/grad_<j>``) into what replica ``r``'s update reads. A
+  sparse gradient (``IndexedSlices``: rows and indices concatenated) cannot be
+  summed: every replica gathers all replicas' rows (``allgather/<k>/r<r>/``),
+  which the optimizer sums per row as for one batch;
+* the input splits (``microbatch/<input>``) and the loss sum
+  (``microbatch/loss``) stay single: the loss is the sum of the replicas'
+  scaled losses, the whole batch's mean;
+* :func:`replica_map` maps the plan's ops onto these TF ops (module rule
+  below) and :func:`replicated_plan` turns the plan into a plan of the TF step:
+  every mapped TF op on its Pesto op's device, the others (once-per-step ops
+  the re-trace names differently, the input splits, the loss sum) completed by
+  :func:`tf_patch.slicemap.mapped_hint` (a neighbour's device), and each
+  device's order the TF graph's topological order taking ops by their Pesto
+  op's start (:func:`pesto.dag.priority_order`: never a cycle).
+
+The naming rule (Pesto op -> TF ops)
+------------------------------------
+* ``op@r<r>`` of a batched op (hybrid: ``op@r<r>@mb<i>``): slice ``s = r M +
+  i``'s copy (:func:`tf_patch.slicemap.slice_candidates`), or for a data input
+  its split ``microbatch/<input>``;
+* ``op@r<r>`` of a once-per-step op: ``rep<r>/<op>``, else the copies the
+  slices of replica ``r`` build of it (a variable read inside a slice);
+* the ring of a bucket named after its first member ``t``: ``t@rs<s>@r<r>``
+  -> ``allreduce/<k>/rs<s>/r<r>`` (``s = 0`` also the pack of replica ``r``),
+  ``t@ag<s>@r<r>`` -> ``allreduce/<k>/ag<s>/r<r>``, ``t@allreduce@r<r>`` ->
+  the unpack of replica ``r`` (and the gathers of its sparse members);
+* a hybrid's accumulation ``c@acc<i>`` of replica ``r``'s chunk ``c`` ->
+  replica ``r``'s ``acc_<i>`` adds of that bucket.
+
+When the update equals the un-split step's: as for :mod:`tf_patch.microstep`
+(a per-sample mean loss; batch norm, dropout and batch-level losses differ
+knowingly). With ``R = 2`` the ring adds the two replicas' gradients as the
+split step's chain does, so the update equals the 2-slice step's bit for bit.
+
+Examples
+--------
+>>> ring_steps(4, 1)
+[(0, 0), (1, 3), (2, 2)]
+>>> chunk_sizes(10, 4), chunk_sizes(5, 4)
+([3, 3, 3, 1], [2, 2, 1, 0])
+"""
+from __future__ import annotations
+
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from pesto.dag import priority_order
+from pesto.errors import MicroBatchError
+from pesto.step.slicing import parse_name
+from pesto.plan import Plan
+
+from .extract import extract, step_ops
+from .microstep import slice_of
+from .slicemap import SliceMap, mapped_hint, slice_candidates
+from .zoo.common import ZooModel
+
+__all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "one_replica",
+           "replica_zero", "pesto_buckets", "ring_steps",
+           "chunk_sizes", "ReplicaMap", "REPLICA"]
+
+#: Scope of replica ``r``'s copy of a once-per-step op.
+REPLICA = "rep{}/"
+_RING = re.compile(r"^(.*)@(rs|ag)(\d+)@r(\d+)$")
+_GATHER = re.compile(r"^(.*)@allreduce@r(\d+)$")
+_COPY = re.compile(r"^(.*)@r(\d+)$")
+_CHUNK = re.compile(r"^(.*)@r(\d+)/chunk\d+$")
+_REP = re.compile(r"^rep\d+/")
+_ONE = re.compile(r"@r0(?=@|:|$)")
+
+
+def ring_steps(replicas: int, r: int) -> list[tuple[int, int]]:
+    """``[(step, chunk), ...]``: the chunk replica ``r`` adds at each
+    reduce-scatter step (it receives that chunk's running sum from ``r - 1``);
+    after the last, replica ``r`` holds chunk ``(r + 1) mod R`` summed."""
+    return [(s, (r - 1 - s) % replicas) for s in range(replicas - 1)]
+
+
+def chunk_sizes(total: int, replicas: int) -> list[int]:
+    """Elements of each of the ``replicas`` chunks of a ``total``-element buffer
+    (``ceil(total / R)`` each, the last ones smaller or empty)."""
+    c = -(-total // replicas)
+    return [max(0, min(c, total - j * c)) for j in range(replicas)]
+
+
+@dataclass(frozen=True)
+class ReplicaGraph:
+    """The replicated TF step (:func:`replicate_graph`).
+
+    Attributes
+    ----------
+    graph : tf.Graph
+    replicas, micro_batches : int
+    loss : str
+        The loss tensor (the sum of every slice's scaled loss).
+    updates : tuple of str
+        The ops to run for one step (each fetch op of the split step, a
+        once-per-step one as a group of its replicas' copies under its name).
+    init : mapping variable handle -> (placeholder tensor, assign op)
+        Feed each placeholder its variable's value and run the assigns.
+    reads : mapping variable handle -> read tensor
+    values : mapping variable handle -> numpy array (every replica's copy
+        starts from the same value)
+    buckets : tuple of tuple of str
+        The ``accumulate/<variable>`` scopes all-reduced together, one tuple
+        per ring, in the plan's bucket order.
+    ring : mapping (bucket index, part, replica) -> tuple of TF ops
+        ``part``: ``"pack"``, ``"rs<s>"``, ``"ag<s>"``, ``"unpack"``, ``"acc<i>"``.
+    """
+
+    graph: object
+    replicas: int
+    micro_batches: int
+    loss: str
+    updates: tuple
+    init: Mapping[str, tuple]
+    reads: Mapping[str, str]
+    values: Mapping[str, object]
+    buckets: tuple
+    ring: Mapping[tuple, tuple]
+
+    def init_feed(self) -> dict:
+        """Placeholder -> value, for running the assigns of :attr:`init`."""
+        return {ph: self.values[h] for h, (ph, _) in self.init.items()}
+
+    def copies(self, values: Mapping[str, object]) -> dict:
+        """Values of the split step's variables (by handle) -> values of every
+        replica's copy (by handle of this graph)."""
+        return {h: values[_REP.sub("", h)] for h in self.init}
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One variable's accumulation in the split step: ``parts[s]`` slice ``s``'s
+    gradient (dense) or ``(values, indices)`` (sparse); ``outs``: the tensors
+    the update read (the chain's last add; the concatenated rows and indices)."""
+
+    scope: str
+    sparse: bool
+    parts: tuple
+    outs: tuple
+    shape: tuple = ()
+
+
+def _groups(graph, names: set) -> dict[str, _Group]:
+    """Every ``accumulate/<variable>`` of the split step, by scope."""
+    scopes = dict.fromkeys(n.rsplit("/", 1)[0] for n in names if n.startswith("accumulate/"))
+    out = {}
+    for scope in scopes:
+        if f"{scope}/add_1" in names:
+            k, adds = 1, []
+            while f"{scope}/add_{k}" in names:
+                adds.append(graph.get_operation_by_name(f"{scope}/add_{k}"))
+                k += 1
+            parts = [adds[0].inputs[0].name] + [a.inputs[1].name for a in adds]
+            out[scope] = _Group(scope, False, tuple(parts), (adds[-1].outputs[0].name,),
+                                tuple(adds[-1].outputs[0].shape.as_list()))
+        elif f"{scope}/values" in names and f"{scope}/indices" in names:
+            v, i = (graph.get_operation_by_name(f"{scope}/{w}") for w in ("values", "indices"))
+            parts = tuple(zip((t.name for t in v.inputs[:-1]), (t.name for t in i.inputs[:-1])))
+            out[scope] = _Group(scope, True, parts, (v.outputs[0].name, i.outputs[0].name))
+    return out
+
+
+def _classify(graph, ops) -> tuple[dict, set]:
+    """``(slice of each slice op, once-per-step ops copied per replica)``; the
+    rest (inputs, splits, the loss sum and what reads it) stays single."""
+    names = {op.name for op in ops}
+    acc = {n for n in names if n.startswith("accumulate/")}
+    # a variable is once per step whatever its name (a tf.function's captured handle is named
+    # after its first read, in slice 0)
+    handles = {op.name for op in ops if op.type == "VarHandleOp"}
+    sliced = {n: slice_of(n) for n in names - handles if slice_of(n) is not None}
+    succ = _successors(ops)
+    once = names - acc - set(sliced)
+    single = _reach(succ, [n for n in names if n.startswith("microbatch/")], once) | {
+        n for n in once if n.startswith("microbatch/") or graph.get_operation_by_name(n).type == "Placeholder"}
+    return sliced, once - single
+
+
+def _successors(ops) -> dict[str, list]:
+    """Op name -> the names of the ops reading it (data or control)."""
+    succ: dict[str, list] = {}
+    for op in ops:
+        for t in list(op.inputs) + list(op.control_inputs):
+            succ.setdefault(getattr(t, "op", t).name, []).append(op.name)
+    return succ
+
+
+def _reach(succ, starts, within=None) -> set:
+    """The ops downstream of ``starts`` (not themselves), through ops of ``within`` only (None: all)."""
+    seen, todo = set(), list(starts)
+    while todo:
+        for d in succ.get(todo.pop(), ()):
+            if (within is None or d in within) and d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+def _split_input(text: str) -> tuple[str, str | None]:
+    """A NodeDef input -> ``(op, output index as text, or None for a control input)``."""
+    if text.startswith("^"):
+        return text[1:], None
+    op, _, idx = text.partition(":")
+    return op, idx or "0"
+
+
+class _Rewrite:
+    """Copies the split step's NodeDefs into replicas (:func:`replicate_graph`)."""
+
+    def __init__(self, gd, names, sliced, per_rep, micro_batches, outs):
+        self.nodes = {n.name: n for n in gd.node if n.name in names}
+        self.sliced, self.per_rep, self.m = sliced, per_rep, micro_batches
+        self.outs = outs   # accumulated tensor name -> its group's index in the outputs
+
+    def name(self, op: str, r: int | None) -> str:
+        return REPLICA.format(r) + op if op in self.per_rep and r is not None else op
+
+    def replica_of(self, op: str) -> int | None:
+        s = self.sliced.get(op)
+        return None if s is None else s // self.m
+
+    def copy(self, op: str, r: int | None, replicas: int):
+        """Op ``op``'s NodeDef for replica ``r`` (None: a single op, whose
+        control inputs from copied ops wait for every copy)."""
+        node = type(self.nodes[op])()
+        node.CopyFrom(self.nodes[op])
+        node.name = self.name(op, r)
+        inputs = []
+        for text in node.input:
+            src, idx = _split_input(text)
+            if idx is not None and f"{src}:{idx}" in self.outs:
+                inputs.append(f"__allreduced__/r{r}/{src}:{idx}")
+            elif idx is None and src in self.per_rep and r is None:
+                inputs += [f"^{self.name(src, k)}" for k in range(replicas)]
+            else:
+                inputs.append(("^" if idx is None else "") + self.name(src, 0 if r is None else r)
+                              + ("" if idx is None else f":{idx}"))
+        del node.input[:]
+        node.input.extend(inputs)
+        if "_class" in node.attr:
+            locs = [b.decode() for b in node.attr["_class"].list.s]
+            node.attr["_class"].list.s[:] = [("loc:@" + self.name(x[5:], r)).encode() if x.startswith("loc:@")
+                                             else x.encode() for x in locs]
+        if node.op == "VarHandleOp" and r is not None:
+            node.attr["shared_name"].s = node.name.encode()
+        return node
+
+
+def _graph_of(nodes, library, versions):
+    """A new tf.Graph of ``nodes`` (NodeDefs, under their own names)."""
+    import tensorflow as tf
+
+    gd = tf.compat.v1.GraphDef()
+    gd.versions.CopyFrom(versions)
+    gd.library.CopyFrom(library)
+    gd.node.extend(nodes)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    return graph
+
+
+def _joined(graph, nodes, remap: Mapping[str, str], library, versions):
+    """A new tf.Graph of ``graph`` and ``nodes``, imported at once (so no
+    name is made unique against a scope already there); an input of ``nodes``
+    in ``remap`` reads the tensor it stands for."""
+    for n in nodes:
+        inputs = [remap.get(t, t) if not t.startswith("^") else t for t in n.input]
+        del n.input[:]
+        n.input.extend(inputs)
+    gd = graph.as_graph_def()
+    return _graph_of(list(gd.node) + list(nodes), library, versions)
+
+
+class _Ring:
+    """The all-reduce ops of one bucket (:func:`replicate_graph`), built in the new graph."""
+
+    def __init__(self, k: int, groups: list, replicas: int, micro_batches: int):
+        self.k, self.groups, self.n, self.m = k, groups, replicas, micro_batches
+        self.ops: dict[tuple, list] = {}
+        self.out: dict[str, str] = {}   # "__allreduced__/r<r>/<tensor>" -> the tensor replacing it
+
+    def _mark(self, part: str, r: int, *tensors) -> None:
+        self.ops.setdefault((self.k, part, r), []).extend(t.op.name for t in tensors)
+
+    def own(self, graph, group: _Group, r: int, j: int | None = None):
+        """Replica ``r``'s gradient of ``group`` (its slices summed, hybrid),
+        or for a sparse group (``j`` 0 rows, 1 indices) its slices' concatenated."""
+        import tensorflow as tf
+
+        parts = [graph.get_tensor_by_name(p if j is None else p[j]) for p in group.parts[r * self.m:(r + 1) * self.m]]
+        if len(parts) == 1:
+            return parts[0]
+        scope = f"allreduce/{self.k}/r{r}/{_label(group.scope)}"
+        if j is not None:
+            out = tf.concat(parts, 0, name=f"{scope}/{('rows', 'indices')[j]}")
+            self._mark(f"acc{self.m - 1}", r, out)
+            return out
+        total = parts[0]
+        for i, p in enumerate(parts[1:], start=1):
+            total = tf.add(total, p, name=f"{scope}/acc_{i}")
+            self._mark(f"acc{i}", r, total)
+        return total
+
+    def build(self, graph) -> None:
+        dense = [g for g in self.groups if not g.sparse]
+        if dense:
+            self._dense(graph, dense)
+        for g in self.groups:
+            if g.sparse:
+                self._gather(graph, g)
+
+    def _gather(self, graph, group: _Group) -> None:
+        """Every replica concatenates all replicas' rows and indices."""
+        import tensorflow as tf
+
+        own = [[self.own(graph, group, r, j) for r in range(self.n)] for j in (0, 1)]
+        for r in range(self.n):
+            for j, t in enumerate(group.outs):
+                out = tf.concat(own[j], 0, name=f"allgather/{self.k}/r{r}/{_label(group.scope)}/{'vi'[j]}")
+                self._mark("unpack", r, out)
+                src, idx = _split_input(t)
+                self.out[f"__allreduced__/r{r}/{src}:{idx}"] = out.name
+
+    def _dense(self, graph, groups: list) -> None:
+        """Pack, reduce-scatter, all-gather, unpack (module doc)."""
+        import tensorflow as tf
+
+        n, scope = self.n, f"allreduce/{self.k}"
+        own = [[self.own(graph, g, r) for g in groups] for r in range(n)]
+        dtypes = {t.dtype for t in own[0]}
+        sizes = [t.shape.num_elements() for t in own[0]]
+        if len(dtypes) > 1 or None in sizes:
+            raise MicroBatchError(f"bucket {[g.scope for g in groups]} mixes dtypes {sorted(map(str, dtypes))} or "
+                                  "has a gradient of unknown size: the ring packs one flat buffer", culprit=self.k)
+        chunks = []
+        for r in range(n):
+            flat = [tf.reshape(t, [-1], name=f"{scope}/r{r}/flat_{i}") for i, t in enumerate(own[r])]
+            pack = flat[0] if len(flat) == 1 else tf.concat(flat, 0, name=f"{scope}/r{r}/pack")
+            parts = tf.split(pack, chunk_sizes(sum(sizes), n), 0, name=f"{scope}/r{r}/chunks")
+            self._mark("pack", r, *flat, pack, parts[0])
+            chunks.append(parts)
+        held: list[dict] = [{} for _ in range(n)]
+        rs = [chunks[0][0]]   # one replica: its own sum
+        for s in range(n - 1):
+            rs = [tf.add(chunks[(r - 1) % n][j] if s == 0 else rs[(r - 1) % n], chunks[r][j],
+                         name=f"{scope}/rs{s}/r{r}") for r, (_, j) in ((r, ring_steps(n, r)[s]) for r in range(n))]
+            for r in range(n):
+                self._mark(f"rs{s}", r, rs[r])
+        ag = rs
+        for r in range(n):   # after the reduce-scatter replica r holds chunk r + 1 summed
+            held[r][(r + 1) % n] = rs[r]
+        for s in range(n - 1):
+            ag = [tf.identity(ag[(r - 1) % n], name=f"{scope}/ag{s}/r{r}") for r in range(n)]
+            for r in range(n):
+                self._mark(f"ag{s}", r, ag[r])
+                held[r][(r - s) % n] = ag[r]
+        self._unpack(groups, held, sizes)
+
+    def _unpack(self, groups, held, sizes) -> None:
+        import tensorflow as tf
+
+        scope = f"allreduce/{self.k}"
+        for r, chunks in enumerate(held):
+            total = tf.concat([chunks[j] for j in range(self.n)], 0, name=f"{scope}/r{r}/sum")
+            pieces = tf.split(total, sizes, 0, name=f"{scope}/r{r}/unpack")
+            self._mark("unpack", r, total, pieces[0])
+            for i, (g, piece) in enumerate(zip(groups, pieces)):
+                grad = tf.reshape(piece, g.shape, name=f"{scope}/r{r}/grad_{i}")
+                self._mark("unpack", r, grad)
+                src, idx = _split_input(g.outs[0])
+                self.out[f"__allreduced__/r{r}/{src}:{idx}"] = grad.name
+
+
+def _label(scope: str) -> str:
+    """``accumulate/<variable>`` -> ``<variable>`` (a scope name for the ring's ops)."""
+    return scope.removeprefix("accumulate/")
+
+
+def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, values: Mapping[str, object],
+                    buckets=None) -> ReplicaGraph:
+    """The split step ``graph`` of ``replicas * micro_batches`` slices as
+    ``replicas`` data-parallel replicas (module doc).
+
+    Parameters
+    ----------
+    graph : tf.Graph
+        A v1 graph of the split step (:mod:`tf_patch.microstep`, resource
+        variables: a zoo model's, or :attr:`tf_patch.FunctionStep.tf_graph`).
+    fetches : the step's fetches (the loss tensor first, then the update ops), by name
+    replicas, micro_batches : int
+    values : mapping variable handle op -> initial value (numpy)
+    buckets : list of lists of ``accumulate/<variable>`` scopes, or None
+        The rings (:func:`pesto_buckets` gives the plan's); a scope in none
+        is a ring alone; None: one ring per variable.
+
+    Returns
+    -------
+    ReplicaGraph
+
+    Raises
+    ------
+    MicroBatchError
+        The graph has not ``replicas * micro_batches`` slices, or a bucket cannot be packed.
+    """
+    ops = step_ops(graph, list(fetches))
+    names = {op.name for op in ops}
+    groups = _groups(graph, names)
+    sliced, per_rep = _classify(graph, ops)
+    want = replicas * micro_batches
+    if set(sliced.values()) != set(range(want)) or (want > 1 and not groups):
+        raise MicroBatchError(f"{replicas} replicas of {micro_batches} micro-batch(es) need the step split into "
+                              f"{want} slices with its gradients accumulated; this graph has slices "
+                              f"{sorted(set(sliced.values()))}", culprit=want)
+    rings = [_Ring(k, [groups[s] for s in b if s in groups], replicas, micro_batches)
+             for k, b in enumerate(_complete(buckets, groups))]
+    outs = {t for g in groups.values() for t in g.outs}
+    gd = graph.as_graph_def()
+    rw = _Rewrite(gd, names, sliced, per_rep, micro_batches, outs)
+    late = _reach(_successors(ops), [n for n in names if n.startswith("accumulate/")])
+    first, second = [], []
+    for op in (o.name for o in ops if not o.name.startswith("accumulate/")):
+        copies = ([rw.copy(op, r, replicas) for r in range(replicas)] if op in per_rep
+                  else [rw.copy(op, rw.replica_of(op), replicas)])
+        (second if op in late else first).extend(copies)
+    new = _graph_of(first, gd.library, gd.versions)
+    remap = {}
+    with new.as_default():
+        for ring in rings:
+            ring.build(new)
+            remap.update(ring.out)
+    new = _joined(new, second, remap, gd.library, gd.versions)
+    return _finish(new, fetches, per_rep, rings, values, replicas, micro_batches)
+
+
+def _complete(buckets, groups: Mapping[str, _Group]) -> list[list[str]]:
+    """``buckets`` with every group in exactly one (the rest one ring each)."""
+    out, seen = [], set()
+    for b in buckets or []:
+        b = [s for s in dict.fromkeys(b) if s in groups and s not in seen]
+        seen.update(b)
+        if b:
+            out.append(b)
+    return out + [[s] for s in groups if s not in seen]
+
+
+def _finish(graph, fetches, per_rep, rings, values, replicas, micro_batches) -> ReplicaGraph:
+    """The fetches (a copied fetch op: a group of its copies under its name),
+    the variables' initialisers and reads."""
+    import tensorflow as tf
+
+    loss, *updates = list(fetches)
+    init, reads, vals = {}, {}, {}
+    with graph.as_default():
+        out = []
+        for u in updates:
+            u = u.split(":")[0]
+            if u in per_rep:   # its name, unless TF had to make that unique
+                u = tf.group(*[graph.get_operation_by_name(REPLICA.format(r) + u) for r in range(replicas)],
+                             name=u).name
+            out.append(u)
+        with tf.name_scope("pesto_init"):
+            for op in graph.get_operations():
+                base = _REP.sub("", op.name)
+                if op.type != "VarHandleOp" or base not in values:
+                    continue
+                dtype = op.get_attr("dtype")
+                ph = tf.compat.v1.placeholder(dtype, op.get_attr("shape"))
+                init[op.name] = (ph.name, tf.raw_ops.AssignVariableOp(resource=op.outputs[0], value=ph).name)
+                reads[op.name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0], dtype=dtype).name
+                vals[op.name] = values[base]   # every replica starts from the split step's value
+    ring = {key: tuple(v) for r in rings for key, v in r.ops.items()}
+    return ReplicaGraph(graph, replicas, micro_batches, loss, tuple(out), MappingProxyType(init),
+                        MappingProxyType(reads), MappingProxyType(vals),
+                        tuple(tuple(g.scope for g in r.groups) for r in rings), MappingProxyType(ring))
+
+
+def pesto_buckets(pesto_graph, graph, fetches) -> tuple[dict, list]:
+    """``({first member: [accumulate scopes]}, members not found)``: the
+    plan's gradient buckets (the tensors replica 0's ``t@allreduce@r0``
+    outputs) as the accumulations of the TF split step ``graph`` (a member's
+    slice-0 copy is the first part an ``accumulate/<variable>`` sums), in the
+    plan's order."""
+    names = {op.name for op in step_ops(graph, list(fetches))}
+    scope_of = {}
+    for g in _groups(graph, names).values():
+        scope_of.update(dict.fromkeys(g.parts[0] if g.sparse else (g.parts[0],), g.scope))
+    firsts: dict[str, list] = {}
+    for t in pesto_graph.tensors:
+        m = _GATHER.match(t.src)
+        if m and m.group(2) == "0" and t.name.endswith("@allreduce@r0"):
+            firsts.setdefault(m.group(1), []).append(t.name[:-len("@allreduce@r0")])
+    out, missing = {}, []
+    for first, members in firsts.items():
+        out[first] = []
+        for member in members:
+            src, _, idx = member.rpartition(":")
+            cand = next((c for c in slice_candidates(src, 0) if c in names), None)
+            scope = scope_of.get(f"{cand}:{idx}")
+            if scope is None:
+                missing.append(member)
+            elif scope not in out[first]:
+                out[first].append(scope)
+    return out, missing
+
+
+@dataclass(frozen=True)
+class ReplicaMap(SliceMap):
+    """The ops of Pesto's replicated graph mapped onto the replicated TF step
+    (:func:`replica_map`): a :class:`tf_patch.slicemap.SliceMap` whose
+    ``micro_batches`` counts the step's slices (``R x M``); TF ops no Pesto op
+    maps to are placed by a neighbour (:func:`tf_patch.slicemap.mapped_hint`)."""
+
+    @property
+    def target(self) -> str:
+        return f"replicated step ({self.micro_batches} slices)"
+
+
+def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_names) -> ReplicaMap:
+    """Map the ops of Pesto's replicated graph (``pesto_names``) onto the
+    replicated TF step ``rg`` (the module's naming rule); ``buckets``:
+    :func:`pesto_buckets`'s first member -> scopes; ``tf_names``: the TF step's ops."""
+    have = set(tf_names)
+    ring_of = {b[0]: k for k, b in enumerate(rg.buckets) if b}
+    bucket = {first: ring_of[scopes[0]] for first, scopes in buckets.items() if scopes and scopes[0] in ring_of}
+    ops: dict[str, tuple] = {}
+    for name in pesto_names:
+        found = _map_one(name, rg, bucket, have)
+        if found:
+            ops[name] = tuple(dict.fromkeys(t for t in found if t in have))
+    hit = {t for ts in ops.values() for t in ts}
+    return ReplicaMap(rg.replicas * rg.micro_batches, MappingProxyType(ops), tuple(sorted(have - hit)),
+                      tuple(n for n in pesto_names if not ops.get(n)))
+
+
+def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) -> list:
+    """The TF ops of one Pesto op (:func:`replica_map`)."""
+    m, micro = rg.micro_batches, None
+    if m > 1:
+        origin = parse_name(name)
+        if origin.role == "accumulate":
+            c = _CHUNK.match(origin.tensor) or _COPY.match(origin.tensor)
+            k = bucket.get(c.group(1)) if c else None
+            return [] if k is None else list(rg.ring.get((k, f"acc{origin.slice}", int(c.group(2))), ()))
+        if origin.role == "copy":
+            name, micro = origin.op, origin.slice
+    if ring := _RING.match(name):
+        k, part, r = bucket.get(ring.group(1)), f"{ring.group(2)}{ring.group(3)}", int(ring.group(4))
+        extra = ("pack",) if part == "rs0" else ()
+        return [] if k is None else [t for p in (*extra, part) for t in rg.ring.get((k, p, r), ())]
+    if gather := _GATHER.match(name):
+        k = bucket.get(gather.group(1))
+        return [] if k is None else list(rg.ring.get((k, "unpack", int(gather.group(2))), ()))
+    copy = _COPY.match(name)
+    if copy is None:
+        return []
+    op, r = copy.group(1), int(copy.group(2))
+    slices = [r * m + micro] if micro is not None else list(range(r * m, (r + 1) * m))
+    if micro is not None or m == 1:
+        found = next((c for c in slice_candidates(op, slices[0]) if c in have), None)
+        if found:
+            return [found]
+    own = [REPLICA.format(r) + c for c in (op, *(f"mb{s}/{op}" for s in range(rg.replicas * m)))]
+    if (found := next((c for c in own if c in have), None)) is not None:
+        return [found]   # a once-per-step op (a variable: named after the slice that read it first)
+    split = f"microbatch/{op.rsplit('/', 1)[-1]}"
+    if split in have:
+        return [op, split] if r == 0 and op in have else [split] if r == 0 else []
+    return [c for s in slices if (c := next((c for c in slice_candidates(op, s) if c in have), None))]
+
+
+def replicated_plan(result, rg: ReplicaGraph, buckets: Mapping[str, list]) -> tuple[Plan, ReplicaMap]:
+    """``(plan of the replicated TF step, the map)`` from ``pesto.solve_step``'s
+    replicated ``result`` (module doc; :func:`mapped_plan`)."""
+    tfg = extract(rg.graph, [rg.loss, *rg.updates], on_unknown="ignore")
+    rmap = replica_map(result.graph.names, rg, buckets, tfg.names)
+    return mapped_plan(result.plan, rmap, tfg), rmap
+
+
+def mapped_plan(plan: Plan, op_map, tfg) -> Plan:
+    """A plan of the TF step ``tfg`` from a Pesto ``plan`` and ``op_map`` (a
+    :class:`ReplicaMap` or :class:`tf_patch.slicemap.SliceMap`: Pesto op -> TF
+    ops): every mapped TF op on its Pesto op's device, the others by
+    :func:`tf_patch.slicemap.mapped_hint`; each device's order the TF step's
+    topological order taking first the op whose Pesto op starts first (an
+    unmapped op as soon as its inputs: :func:`pesto.dag.priority_order`, so the
+    order never contradicts the TF graph).
+
+    >>> from pesto.graph import OpGraph
+    >>> from tf_patch.slicemap import SliceMap
+    >>> tfg = OpGraph.from_edges({"a": 1, "b": 1, "c": 1}, [("a", "b", 8)])
+    >>> pesto_plan = Plan({"A": "/GPU:0", "B": "/GPU:1"}, {}, start={"A": 0.0, "B": 5.0})
+    >>> m = SliceMap(1, {"A": ("a", "c"), "B": ("b",)}, (), ())
+    >>> p = mapped_plan(pesto_plan, m, tfg)
+    >>> dict(p.order)
+    {'/GPU:0': ('a', 'c'), '/GPU:1': ('b',)}
+    """
+    placement = mapped_hint(op_map.placement(plan.placement), tfg, sorted(set(plan.placement.values()))[0])
+    start = plan.start or {}
+    key = [float("inf")] * tfg.num_ops
+    for p, ts in op_map.ops.items():
+        for t in ts:
+            if t in tfg:
+                i = tfg.index[t]
+                key[i] = min(key[i], start.get(p, 0.0))
+    preds = tfg.pred_idx()
+    for i in tfg.topo_idx():   # an unmapped op: as soon as its inputs
+        if key[i] == float("inf"):
+            key[i] = max((key[j] for j in preds[i]), default=0.0)
+    order: dict[str, list] = {}
+    for i in priority_order(tfg.succ_idx(), preds, key):
+        order.setdefault(placement[tfg.names[i]], []).append(tfg.names[i])
+    return Plan(placement, order, makespan=plan.makespan, placer=plan.placer or "pesto",
+                status="feasible" if plan.status == "interrupted" else plan.status)
+
+
+def one_replica(plan: Plan, names) -> tuple[Plan, tuple]:
+    """A plan of the step replicated once (``R = 1``: ops ``op@r0``, no
+    all-reduce) as a plan of the step itself, and its op names: ``op@r0`` ->
+    ``op``, ``op@r0@mb<i>`` -> ``op@mb<i>`` (the micro-batched step's names).
+
+    >>> p, names = one_replica(Plan({"a@r0": "/GPU:0", "b@r0@mb1": "/GPU:0"}, {"/GPU:0": ("a@r0", "b@r0@mb1")}),
+    ...                        ["a@r0", "b@r0@mb1"])
+    >>> names, dict(p.order)
+    (('a', 'b@mb1'), {'/GPU:0': ('a', 'b@mb1')})
+    """
+    def strip(name: str) -> str:
+        return _ONE.sub("", name)
+
+    start = None if plan.start is None else {strip(n): t for n, t in plan.start.items()}
+    return (plan.replace(placement={strip(n): d for n, d in plan.placement.items()}, start=start,
+                         order={d: tuple(map(strip, ops)) for d, ops in plan.order.items()}),
+            tuple(map(strip, names)))
+
+
+def replica_zero(values: Mapping[str, object]) -> dict:
+    """Values by variable handle, of a replicated step's replica 0 under the
+    split step's handle names (``rep0/h`` -> ``h``; other replicas dropped).
+
+    >>> replica_zero({"rep0/w": 1, "rep1/w": 2, "v": 3})
+    {'w': 1, 'v': 3}
+    """
+    return {_REP.sub("", h): v for h, v in values.items() if not _REP.match(h) or h.startswith(REPLICA.format(0))}
+
+
+def variable_values(graph, init_op, fetches) -> dict:
+    """Handle op -> value of every variable the step ``fetches`` runs, after
+    ``init_op`` (a session of its own on ``graph``, which gains a read per variable)."""
+    import tensorflow as tf
+
+    handles = [op for op in step_ops(graph, list(fetches)) if op.type == "VarHandleOp"]
+    with graph.as_default():
+        reads = {op.name: tf.raw_ops.ReadVariableOp(resource=op.outputs[0], dtype=op.get_attr("dtype"))
+                 for op in handles}
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(init_op)
+        return sess.run(reads)
+
+
+def replicate_model(model, result):
+    """``(replicated ZooModel, its plan, the map)``: a zoo model built split in
+    ``result.replicas * result.micro_batches`` slices (``build_model(...,
+    micro_batches=R * M)``), replicated for ``pesto.solve_step``'s replicated
+    ``result`` (:func:`replicate_graph` with the plan's buckets,
+    :func:`replicated_plan`); it trains as the model does (same feed, same
+    initial values) and ``PlacedRun`` takes it with the plan."""
+    import tensorflow as tf
+
+    fetches = [model.loss.name, model.train_op.name]
+    values = variable_values(model.graph, model.init_op, fetches)
+    buckets, _ = pesto_buckets(result.graph, model.graph, fetches)
+    rg = replicate_graph(model.graph, fetches, result.replicas, result.micro_batches, values=values,
+                         buckets=list(buckets.values()))
+    plan, rmap = replicated_plan(result, rg, buckets)
+    g = rg.graph
+
+    def feed_fn(step: int) -> dict:
+        return {g.get_tensor_by_name(getattr(t, "name", t)): v for t, v in model.feed_fn(step).items()}
+
+    with g.as_default():
+        init_op = tf.group(*[g.get_operation_by_name(a) for _, a in rg.init.values()], name="pesto_init/all")
+    replicated = ZooModel(g, g.get_operation_by_name(rg.updates[0]), g.get_tensor_by_name(rg.loss), feed_fn,
+                          model.name, {**model.config, "replicas": result.replicas}, init_op,
+                          {g.get_tensor_by_name(ph): v for ph, v in rg.init_feed().items()})
+    return replicated, plan, rmap
