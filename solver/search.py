@@ -505,9 +505,13 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
         search.kick(levels)  # converged: kick the best placement and search again
     t_search = time.perf_counter() - t_search
     # the final orders within the clock too: past it one candidate order each (they cost
-    # runs of the whole graph, which the grant's least cost does not cover: the overrun on 6.5k ops)
+    # runs of the whole graph, which the grant's least cost does not cover: the overrun on 6.5k ops).
+    # Placed rank comes first: every move was scored with it, so the one order tried past the
+    # clock keeps the step the search found (FIFO first threw the moves away: the start won
+    # again). With ``with_fifo`` the score was the better of both: both are tried.
+    final = [c for c in ("rank", "fifo") if c in candidates]
     out = reschedule(graph, cluster, search.placement(search.glob_place), placer="refine",
-                     candidates=[c for c in candidates if c in ("fifo", "rank")], deadline=clock)
+                     candidates=final, deadline=None if with_fifo else clock)
     if better(start, out):
         # the start wins (its order was better than any rescheduled one)
         out = reschedule(graph, cluster, start, candidates=candidates, placer="refine", deadline=clock)
