@@ -455,8 +455,10 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
     time is left, the best placement is kicked (1-3 random units moved) and
     the search goes on from there, at most ``kicks`` times (iterated local
     search; the best placement ever seen is kept). The result is
-    :func:`reschedule`-d (the start plan's order is a candidate when the
-    placement did not change) and is never worse than ``plan`` (re-simulated).
+    :func:`reschedule`-d, placed rank first (the order the moves were scored
+    with, so a search its clock stopped keeps the step it found), then FIFO;
+    the start plan's order is a candidate when the placement did not change;
+    it is never worse than ``plan`` (re-simulated).
 
     Parameters
     ----------
@@ -464,7 +466,8 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
         A plan of ``graph`` (placement and order; times not needed).
     groups : see :func:`move_groups`
     time_limit : float
-        Seconds for the search; the final re-ordering stops on it too (after one candidate order).
+        Seconds for the search; the final re-ordering stops on it too (after one
+        candidate order: placed rank; with ``with_fifo`` both, the search's score).
     seed : int
         Order in which units are tried; with ``max_evals`` the result is
         deterministic (a time limit may stop the search earlier on a slower
