@@ -49,10 +49,10 @@ def test_check_fails_on_a_regression(monkeypatch, tmp_path):
     (tmp_path / "regression.csv").rename(tmp_path / "ref.csv")
     monkeypatch.setattr(br, "run_case", lambda w, c, t: _row(9.2))
     args = ["--cases", "nmt_2x1024@v100x4_pcie", "--time-limit", "20", "--out", str(tmp_path / "out")]
-    assert br.main(args) == 0  # reported, not failed, without --check
-    assert br.main([*args, "--check"]) == 1
+    assert br.main(args) == 1
+    assert br.main([*args, "--report-only"]) == 0
     monkeypatch.setattr(br, "run_case", lambda w, c, t: _row(9.0))
-    assert br.main([*args, "--check"]) == 0
+    assert br.main(args) == 0
 
 
 def test_every_case_names_a_graph_and_a_preset():
