@@ -455,8 +455,10 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
     time is left, the best placement is kicked (1-3 random units moved) and
     the search goes on from there, at most ``kicks`` times (iterated local
     search; the best placement ever seen is kept). The result is
-    :func:`reschedule`-d (the start plan's order is a candidate when the
-    placement did not change) and is never worse than ``plan`` (re-simulated).
+    :func:`reschedule`-d, placed rank first (the order the moves were scored
+    with, so a search its clock stopped keeps the step it found), then FIFO;
+    the start plan's order is a candidate when the placement did not change;
+    it is never worse than ``plan`` (re-simulated).
 
     Parameters
     ----------
@@ -464,7 +466,8 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
         A plan of ``graph`` (placement and order; times not needed).
     groups : see :func:`move_groups`
     time_limit : float
-        Seconds for the search; the final re-ordering stops on it too (after one candidate order).
+        Seconds for the search; the final re-ordering stops on it too (after one
+        candidate order: placed rank; with ``with_fifo`` both, the search's score).
     seed : int
         Order in which units are tried; with ``max_evals`` the result is
         deterministic (a time limit may stop the search earlier on a slower
@@ -505,9 +508,13 @@ def refine(graph: OpGraph, cluster: Cluster, plan: Plan, *, groups=None, time_li
         search.kick(levels)  # converged: kick the best placement and search again
     t_search = time.perf_counter() - t_search
     # the final orders within the clock too: past it one candidate order each (they cost
-    # runs of the whole graph, which the grant's least cost does not cover: the overrun on 6.5k ops)
+    # runs of the whole graph, which the grant's least cost does not cover: the overrun on 6.5k ops).
+    # Placed rank comes first: every move was scored with it, so the one order tried past the
+    # clock keeps the step the search found (FIFO first threw the moves away: the start won
+    # again). With ``with_fifo`` the score was the better of both: both are tried.
+    final = [c for c in ("rank", "fifo") if c in candidates]
     out = reschedule(graph, cluster, search.placement(search.glob_place), placer="refine",
-                     candidates=[c for c in candidates if c in ("fifo", "rank")], deadline=clock)
+                     candidates=final, deadline=None if with_fifo else clock)
     if better(start, out):
         # the start wins (its order was better than any rescheduled one)
         out = reschedule(graph, cluster, start, candidates=candidates, placer="refine", deadline=clock)
