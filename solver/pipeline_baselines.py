@@ -89,7 +89,7 @@ from pesto.replicate import replicate
 from pesto.training import GRADIENT_ROOT, backward_ops
 
 from .baselines import pipeline_cuts
-from .common import order_by_key
+from .common import order_by_key, rank
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
@@ -264,7 +264,7 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Block
             first.setdefault(keys[i], []).append(pos[i])
         if len(first) < 2:
             continue
-        rank = _group_rank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
+        rank = _grouprank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
         order = sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))
         candidates.append((f"scope:{depth}", order))
     out, seen = [], set()
@@ -279,7 +279,7 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Block
     return out
 
 
-def _group_rank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, float]) -> dict[str, int]:
+def _grouprank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, float]) -> dict[str, int]:
     """Scope groups in a topological order of the edges between them (forward
     ops' edges), the group of least mean position first among those ready;
     by mean position alone when those edges form a cycle. An order by mean
@@ -288,7 +288,7 @@ def _group_rank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, floa
     each other both ways.
 
     >>> g = OpGraph.from_edges({"e/a": 1, "e/b": 1, "d/a": 1}, [("e/a", "e/b"), ("e/b", "d/a")])
-    >>> _group_rank(g, {0: "e", 1: "e", 2: "d"}, {"e": 5.0, "d": 1.0})   # d reads e: after it
+    >>> _grouprank(g, {0: "e", 1: "e", 2: "d"}, {"e": 5.0, "d": 1.0})   # d reads e: after it
     {'e': 0, 'd': 1}
     """
     succ: dict[str, set] = {k: set() for k in mean}
@@ -394,7 +394,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     best = None
     for stage, (_, k, name) in sorted(splits.items(), key=lambda kv: kv[1][:2])[:max(1, candidates)]:
         plan = _pipeline(split, cluster, gpus, stage, k, ph, schedule, t0)
-        if best is None or _rank(plan) < _rank(best.plan):
+        if best is None or rank(plan) < rank(best.plan):
             best = StepPlan(plan, split.graph, m, k, schedule, name)
     return best
 
@@ -405,10 +405,6 @@ def _largest_stage(work, comm, starts) -> float:
     ends = list(starts[1:]) + [n]
     return max(float(np.sum(work[i:j])) + (comm[i] if i else 0.0) + (comm[j] if j < n else 0.0)
                for i, j in zip(starts, ends))
-
-
-def _rank(plan: Plan):
-    return (plan.status == "infeasible", plan.makespan)
 
 
 def gpu_names(cluster: Cluster) -> list[str]:
@@ -574,7 +570,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     plans = [(finalize(g, cluster, placement, order=None, placer="data-parallel", t0=t0, stats=stats), "fifo"),
              (finalize(g, cluster, placement, order=order_by_key(g, key), placer="data-parallel", t0=t0,
                        stats=stats), "all-reduce first")]
-    plan, how = min(plans, key=lambda p: _rank(p[0]))
+    plan, how = min(plans, key=lambda p: rank(p[0]))
     return StepPlan(plan, g, micro_batches, len(gpus), "data-parallel", how, len(gpus))
 
 

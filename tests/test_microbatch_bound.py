@@ -1,4 +1,4 @@
-"""solver.microbatch_bound: a lower bound of the micro-batched step for any plan."""
+"""solver.parallel.bound: a lower bound of the micro-batched step for any plan."""
 from __future__ import annotations
 
 import random
@@ -12,7 +12,7 @@ from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.microbatch import split_step
 from pesto.replicate import replicate
 from pesto.simulate import simulate
-from solver.microbatch_bound import sample_bound
+from solver.parallel.bound import sample_bound
 from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
 from strategies import clusters, plans
 from test_oracle import oracle
