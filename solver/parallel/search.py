@@ -279,6 +279,9 @@ class _Search:
         self.gpus = len(gpu_names(cluster))
         self.buckets = len(gradient_buckets(self.marked)) if self.gpus > 1 else 0
         self.window: Deadline = deadline  # what the running stage may spend
+        # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
+        # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
+        self.slice_workers = options.workers or (1 if options.deterministic else None)
 
     # -- helpers ---------------------------------------------------------------------------
     def stop_if_interrupted(self) -> None:
@@ -485,7 +488,7 @@ class _Search:
         self.stop_if_interrupted()
         self.say(f"slice model M={m}: start ({share:.1f} s)")
         try:
-            r = solve_slices(self.marked, self.cluster, micro_batches=m, time_limit=share, workers=self.options.workers,
+            r = solve_slices(self.marked, self.cluster, micro_batches=m, time_limit=share, workers=self.slice_workers,
                              seed=self.options.seed, hints=s.pipes, deadline=grant.sub(share))
         except PestoError as exc:
             self.pool.skipped[name] = str(exc)
