@@ -87,7 +87,7 @@ def test_five_hundred_gpus_keep_the_limit_and_name_the_skipped(small):
     # M_500_auto_cli: the ring all-reduce of 500 replicas was built unbounded (75 s, 3.7 GB)
     t = time.perf_counter()
     r = pesto.solve_step(small, gpus=500, micro_batches="auto", batch_size=1000, time_limit=3, workers=1)
-    assert time.perf_counter() - t < 3 + 2 + 3   # the README's tolerance (2 s) and a loaded machine
+    assert time.perf_counter() - t < 3 * 3 + 2   # the README's tolerance (2 s), 3x for a loaded machine (was 75 s)
     assert "all-reduce rings" in r.plan.log.skipped["data-parallel"]
 
 
@@ -174,3 +174,28 @@ def test_the_derived_graph_path_never_overwrites_the_input(tmp_path, capsys, sma
     assert rc == EXIT_INPUT and f"{gpath}, which is the input graph" in err
     assert time.perf_counter() - t < 5   # before solving
     assert hashlib.sha1(gpath.read_bytes()).hexdigest() == before
+
+
+# == a result that carries what it solved (issue 29 item 4) ===========================
+@pytest.mark.parametrize("m", [1, 2])
+def test_check_and_simulate_take_a_solved_result(small, m):
+    c = pesto.v100x2_nvlink()
+    r = pesto.solve_step(small, cluster=c, micro_batches=m, time_limit=1, workers=1)
+    assert type(r).__name__ == "Solved" and r.strategy.micro_batches == m
+    assert (r.graph is small) == (m == 1)
+    assert pesto.check_plan(r, c).ok
+    assert pesto.simulate(r, c).makespan == pytest.approx(r.plan.makespan)
+    with pytest.raises(TypeError, match="give a plan"):
+        pesto.check_plan(small, c)
+
+
+# == a parallelism kind is one module and one table entry (issue 29 item 2) ============
+def test_a_toy_kind_is_one_module_and_one_table_entry(small, monkeypatch):
+    import toy_accumulation
+    from solver.parallel.kinds import KINDS
+    monkeypatch.setitem(KINDS, "accumulation", toy_accumulation.KIND)
+    c = pesto.v100x2_nvlink()
+    r = pesto.solve_step(small, cluster=c, micro_batches=2, time_limit=2, workers=1)
+    assert "accumulation M=2" in r.steps
+    assert r.plan.makespan <= r.steps["accumulation M=2"]
+    pesto.check_plan(r, c).raise_if_invalid()

@@ -72,16 +72,18 @@ from pesto.training import infer_batch_marks
 
 from ..budget import Budget, Cost, Skip
 from ..common import rank
-from ..hybrid import hybrid_plan
 from ..options import SolveOptions
 from ..pipeline import PIPELINES, run_pipeline
-from ..pipeline_baselines import SCHEDULES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
+from ..pipeline_baselines import gpu_names
 from ..slice_model import solve_slices
 from .bound import SampleBound, memory_need, sample_bound
+from .kinds import KINDS, Kind
+from .realise import realise
+from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
 __all__ = ["solve_step", "step_graph", "micro_batch_counts", "with_marks", "memory_short", "winner_bound",
-           "replicated_ops", "check_batch", "strategy_of", "AUTO_MAX", "STAGES"]
+           "replicated_ops", "check_batch", "AUTO_MAX", "STAGES"]
 
 #: ``micro_batches="auto"`` tries counts up to this many slices.
 AUTO_MAX = 16
@@ -103,8 +105,9 @@ DP_MAX_OPS = 150_000
 SPLIT_MAX_OPS = 2_000_000
 #: Share of one count's grant the slice model gets.
 SLICE_SHARE = 0.4
-#: Simulations of its graph each candidate costs (predicting its time), and the per-sample bound's.
-SIMS = {"data-parallel": 2.0, "pipeline": SCREEN_CANDIDATES + 1.0, "hybrid": 2.0, "bound": 3.0}
+#: Simulations of its graph the first data-parallel plan costs (predicting its time), and the
+#: per-sample bound's (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
+SIMS = {"data-parallel": 2.0, "bound": 3.0}
 #: The search's stages under its :class:`~solver.budget.Budget`: screening and the exact
 #: stages are optional (the search has a plan without them), the bound is mandatory.
 STAGES = ("screening", "exact", "bound")
@@ -183,9 +186,9 @@ def replicated_ops(graph: OpGraph, replicas: int, m: int = 1, buckets: int | Non
     ``m`` slices: the copies plus the ring all-reduce of each gradient bucket
     (``2 (R - 1) + 1`` ops per replica and bucket: quadratic in ``R``).
 
-    >>> from mb_strategies import layered_step
-    >>> replicated_ops(layered_step(4), 500) > DP_MAX_OPS
-    True
+    >>> g = OpGraph.from_edges({"a": 1.0, "b": 1.0}, [("a", "b", 8)])
+    >>> replicated_ops(g, 500, buckets=1)   # 1000 copies, 499 500 ring ops
+    500500
     """
     if buckets is None:
         buckets = len(gradient_buckets(graph)) if replicas > 1 else 0
@@ -203,36 +206,36 @@ class _Pool:
     short: dict = field(default_factory=dict)   # M -> MicroBatchMemoryError
 
     def offer(self, name: str, plan: Plan, graph: OpGraph, strategy: Strategy) -> None:
-        self.steps[name] = plan.makespan
-        if self.best is None or rank(plan) < rank(self.best.plan):
-            self.best = Solved(plan, graph, strategy)
+        self.offer_solved(name, Solved(plan, graph, strategy))
 
-    def offer_step(self, name: str, sp: StepPlan) -> None:
-        """Offer a baseline's :class:`~solver.pipeline_baselines.StepPlan` as ``name``."""
-        self.offer(name, sp.plan, sp.graph, strategy_of(sp))
-
-
-def strategy_of(sp: StepPlan) -> Strategy:
-    """The :class:`~solver.parallel.strategy.Strategy` a baseline's plan realises."""
-    if sp.schedule == "data-parallel":
-        return Strategy(replicas=sp.replicas, micro_batches=sp.micro_batches)
-    return Strategy(replicas=sp.replicas, stages=sp.stages, micro_batches=sp.micro_batches, schedule=sp.schedule)
+    def offer_solved(self, name: str, r: Solved) -> None:
+        """Offer a realised candidate as ``name``."""
+        self.steps[name] = r.plan.makespan
+        if self.best is None or rank(r.plan) < rank(self.best.plan):
+            self.best = r
 
 
 class _Pace:
-    """Seconds per simulated op, measured on the candidates built so far: what
-    predicts the next candidate's time (wall clock only; None until measured)."""
+    """What predicts a candidate's time (wall clock only): seconds per
+    simulated op, and the fixed seconds per simulation of building the
+    simulator's problem (quadratic in the devices: its routes), both from a
+    warm-up on the step, the op cost then from each candidate built."""
 
     def __init__(self):
         self.per_op: float | None = None
+        self.fixed = 0.0
 
     def warm_up(self, graph: OpGraph, cluster: Cluster) -> None:
-        """Simulate ``graph`` on one device twice (the engine's compiled loops
-        built, then timed): the first estimate, before any candidate."""
+        """Build the step's problem (timed: the fixed cost), then simulate the
+        step on one device twice (the engine's compiled loops built, then
+        timed: the op cost)."""
         if not graph.num_ops:
             return
         dev = gpu_names(cluster)[0]
         try:
+            t = time.perf_counter()
+            Problem.of(graph, cluster)
+            self.fixed = time.perf_counter() - t
             for order in (None, graph.topological_order()):
                 t = time.perf_counter()
                 finalize(graph, cluster, {n: dev for n in graph.names}, order=order, placer="warm-up", t0=t)
@@ -241,13 +244,15 @@ class _Pace:
         self.per_op = (time.perf_counter() - t) / graph.num_ops
 
     def predict(self, ops: float, sims: float) -> float | None:
-        return None if self.per_op is None else self.per_op * ops * sims
+        """Seconds of ``sims`` simulations of ``ops`` ops (None until measured)."""
+        return None if self.per_op is None else sims * (self.per_op * ops + self.fixed)
 
     def timed(self, fn: Callable, sims: float, ops: Callable[[object], int]):
         """``fn()``, its seconds per simulated op (``ops(result)`` ops, ``sims`` simulations) kept."""
         t = time.perf_counter()
         out = fn()
-        self.per_op = (time.perf_counter() - t) / max(1.0, sims * max(ops(out), 1))
+        per_sim = (time.perf_counter() - t) / max(sims, 1.0)
+        self.per_op = max(per_sim - self.fixed, 0.0) / max(ops(out), 1) or self.per_op
         return out
 
 
@@ -292,10 +297,10 @@ class _Search:
         """Whether a candidate of about ``ops`` ops (``sims`` simulations) may be
         built now: not when interrupted (raises :class:`Stopped`), and not when
         predicted past the running stage's window (wall clock only; skipped and
-        named). The first candidate of a search runs unpredicted."""
+        named). Without a plan yet, the exact stages still make one."""
         self.stop_if_interrupted()
         need = self.pace.predict(ops, sims)
-        if self.deadline.deterministic or need is None or self.pool.best is None or need <= self.window.left():
+        if self.deadline.deterministic or need is None or need <= self.window.left():
             return True
         self.pool.skipped[name] = f"not built: about {need:.1f} s for {ops} ops, {self.window.left():.1f} s left"
         self.say(f"{name}: skipped (time limit)")
@@ -354,13 +359,13 @@ class _Search:
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
             return
         try:
-            dp = self.pace.timed(lambda: data_parallel_plan(self.marked, self.cluster), SIMS[name],
-                                 lambda r: r.graph.num_ops)
-        except PestoError as exc:
+            dp = self.pace.timed(lambda: realise(self.marked, self.cluster, Strategy(replicas=self.gpus)),
+                                 SIMS[name], lambda r: r.graph.num_ops)
+        except (PestoError, ValueError) as exc:
             self.pool.skipped[name] = str(exc)
             self.say(f"{name}: skipped ({exc})")
             return
-        self.pool.offer_step(name, dp)
+        self.pool.offer_solved(name, dp)
         self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
 
     def screen(self, m: int) -> _Screened | None:
@@ -378,38 +383,32 @@ class _Search:
             self.say(f"micro-batches {m}: skipped ({short})")
             return None
         s = _Screened(split, [], float("inf"))
-        if m > 1:
-            for schedule in SCHEDULES:
-                sp = self.candidate(f"{schedule} M={m}", split.num_ops, "pipeline", lambda: pipeline_plan(
-                    self.marked, self.cluster, schedule=schedule, micro_batches=m, candidates=SCREEN_CANDIDATES))
-                if sp is not None:
-                    s.starts.append(sp.plan)
-                    s.pipes.append(sp)
-                    s.step = min(s.step, sp.plan.makespan)
-            self.replicated(f"data-parallel M={m}", self.gpus, m, lambda: data_parallel_plan(
-                self.marked, self.cluster, micro_batches=m))
-        for r in (r for r in range(2, self.gpus) if self.gpus % r == 0):
-            self.replicated(f"hybrid R={r} M={m}", r, m, lambda: hybrid_plan(
-                self.marked, self.cluster, replicas=r, micro_batches=m, candidates=SCREEN_CANDIDATES))
+        for kind in KINDS.values():
+            for strategy in kind.candidates(self.marked, self.cluster, m):
+                r = self.candidate(kind, strategy)
+                if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
+                    s.starts.append(r.plan)   # a pipeline: a start of the exact stages, a slice model hint
+                    s.pipes.append(r.detail)
+                    s.step = min(s.step, r.plan.makespan)
         return s
 
-    def replicated(self, name: str, replicas: int, m: int, build: Callable[[], StepPlan]) -> None:
-        """A data-parallel or hybrid candidate, unless :meth:`too_large`."""
-        if not self.too_large(name, replicas, m):
-            self.candidate(name, replicated_ops(self.marked, replicas, m, self.buckets), name.split()[0], build)
-
-    def candidate(self, name: str, ops: int, kind: str, build: Callable[[], StepPlan]) -> StepPlan | None:
-        """Build a screening candidate of about ``ops`` ops if it :meth:`fits`,
-        timed (:class:`_Pace`) and offered; None when skipped or failed (named)."""
-        if not self.fits(name, ops, SIMS[kind]):
+    def candidate(self, kind: Kind, strategy: Strategy) -> Solved | None:
+        """Realise a screening candidate unless it is too large (:func:`replicated_ops`
+        above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
+        (:meth:`fits`); timed (:class:`_Pace`) and offered. None when skipped or
+        failed (named in ``plan.log.skipped``)."""
+        name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
+        ops = replicated_ops(self.marked, replicas, m, self.buckets)
+        if (replicas > 1 and self.too_large(name, replicas, m)) or not self.fits(name, ops, kind.sims):
             return None
         try:
-            sp = self.pace.timed(build, SIMS[kind], lambda r: r.graph.num_ops)
-        except PestoError as exc:  # e.g. no forward/backward stage split: Pesto alone
+            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=SCREEN_CANDIDATES),
+                                kind.sims, lambda r: r.graph.num_ops)
+        except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
             self.pool.skipped[name] = str(exc)
             return None
-        self.pool.offer_step(name, sp)
-        return sp
+        self.pool.offer_solved(name, r)
+        return r
 
     def exact_all(self, screened: Mapping[int, _Screened]) -> None:
         """The exact stages on :func:`_exact_counts`: each an equal part of
@@ -434,9 +433,12 @@ class _Search:
     def grant(self, name: str, want: float) -> Deadline | None:
         """The budget's grant of ``want`` seconds for an exact stage, or None
         (skipped and named: interrupted, expired, or under :data:`MIN_SECONDS`
-        on the wall clock while a plan exists)."""
+        on the wall clock while a plan exists). Without a plan yet, an expired
+        grant: the pipeline's first heuristic still runs to its end."""
         self.stop_if_interrupted()
         grant = self.budget.grant("exact", max(0.0, want))
+        if isinstance(grant, Skip) and self.pool.best is None:
+            return self.deadline.sub(0.0)   # no plan yet: the pipeline's first heuristic makes one, whatever the clock
         if isinstance(grant, Skip):
             why = grant.reason
         elif not self.deadline.deterministic and grant.seconds < MIN_SECONDS and self.pool.best is not None:

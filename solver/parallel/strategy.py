@@ -24,7 +24,7 @@ ValueError: Strategy.micro_batches must be an integer >= 1, got 0
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from pesto.graph import OpGraph
@@ -39,7 +39,10 @@ SCHEDULE_NAMES = ("none", "free", "slice", "gpipe", "1f1b")
 
 @dataclass(frozen=True)
 class Strategy:
-    """One point of the plan space (module doc). ``recompute``,
+    """One point of the plan space (module doc). For a pipeline schedule
+    before it is realised, ``stages`` is the most stages the cutter may use
+    (:func:`solver.parallel.realise.realise` picks the count; the result's
+    strategy has the count used). ``recompute``,
     ``shard_optimizer`` and ``split_backward`` are reserved for the kinds to
     come (activation recomputation, sharded optimizer state, split-backward
     schedules) and must keep their defaults until a realiser supports them."""
@@ -54,10 +57,10 @@ class Strategy:
     split_backward: bool = False
 
     def __post_init__(self):
-        for field in ("replicas", "stages", "micro_batches"):
-            v = getattr(self, field)
+        for name in ("replicas", "stages", "micro_batches"):
+            v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"Strategy.{field} must be an integer >= 1, got {v!r}")
+                raise ValueError(f"Strategy.{name} must be an integer >= 1, got {v!r}")
         if self.schedule not in SCHEDULE_NAMES:
             raise ValueError(f"Strategy.schedule {self.schedule!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}")
         if self.recompute or self.shard_optimizer or self.split_backward:
@@ -87,12 +90,15 @@ class Solved:
     the step transformed as ``strategy`` says); ``transformed`` is the
     transform's origin map when the realiser kept it (else None). The same
     type for every kind; :func:`pesto.check_plan` and :func:`pesto.simulate`
-    take it in place of a (graph, plan) pair."""
+    take it in place of a (graph, plan) pair. ``detail``: the realiser's own
+    record, if any (a pipeline's :class:`~solver.pipeline_baselines.StepPlan`:
+    its block order hints the slice model); not part of the result's meaning."""
 
     plan: Plan
     graph: OpGraph
     strategy: Strategy = Strategy()
     transformed: Any = None
+    detail: Any = field(default=None, repr=False, compare=False)
 
     @property
     def micro_batches(self) -> int:
