@@ -50,9 +50,22 @@ def mid_path(tmp_path):
 ])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_in_any_phase_writes_the_best_plan(tmp_path, mid_path, phase, line, sig):
+    _signalled(tmp_path, mid_path, phase, line, sig, "auto")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase, line", [("screening", "gpipe M=4: step"), ("slice model", "slice model M=4: start"),
+                                         ("pipeline", "exact M=4: start")])   # M_sig_m4_*
+def test_a_signal_with_a_fixed_m_writes_the_best_plan(tmp_path, mid_path, phase, line):
+    _signalled(tmp_path, mid_path, phase, line, signal.SIGINT, 4)
+
+
+def _signalled(tmp_path, mid_path, phase, line, sig, m):
+    """Send ``sig`` when ``line`` shows (a plan exists by then: before the first
+    plan, a stop exits 130 with nothing written, as the plain solve does)."""
     out = tmp_path / "p.json"
     t = time.perf_counter()
-    rc, _, err = pesto_process("place", mid_path, "--micro-batches", "auto", "--batch-size", 8, "--time-limit", 60,
+    rc, _, err = pesto_process("place", mid_path, "--micro-batches", m, "--batch-size", 16, "--time-limit", 60,
                                "-o", out, signal_on=line, sig=sig)
     took = time.perf_counter() - t
     assert rc == EXIT_INTERRUPTED, err
@@ -199,3 +212,11 @@ def test_a_toy_kind_is_one_module_and_one_table_entry(small, monkeypatch):
     assert "accumulation M=2" in r.steps
     assert r.plan.makespan <= r.steps["accumulation M=2"]
     pesto.check_plan(r, c).raise_if_invalid()
+
+
+def test_a_hint_unused_by_a_fixed_m_is_said(small):
+    # M_api_hint_with_mb: a plan of the un-split step with micro_batches=2 was silently ignored
+    c = pesto.v100x2_nvlink()
+    hint = pesto.solve(small, cluster=c, time_limit=1, workers=1)
+    plan = pesto.solve(small, cluster=c, micro_batches=2, hint=hint, time_limit=1, workers=1)
+    assert "starts nothing" in plan.log.skipped["hint"]

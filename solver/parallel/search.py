@@ -321,6 +321,7 @@ class _Search:
     def run(self) -> None:
         """Screening, then the exact stages (raises :class:`Stopped` on an interrupt)."""
         counts = self.counts()
+        self.note_hint()
         if self.auto:
             self.first_plan()
         grant = self.budget.grant("screening")
@@ -328,6 +329,7 @@ class _Search:
             self.stop_if_interrupted()
             grant = self.deadline   # expired: the first plan of a fixed M is still made
         self.window = grant
+        self.say(f"screening: M in {sorted(counts)}, {len(KINDS)} kinds ({grant.left():.1f} s)")
         screened = {}
         for m in sorted(counts):
             s = self.screen(m)
@@ -336,6 +338,15 @@ class _Search:
         if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
             self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
         self.exact_all(screened)
+
+    def note_hint(self) -> None:
+        """A hint plan (``options.hint``) of the step as given starts the
+        ``M = 1`` pipeline only: with no ``M = 1`` in the search it is unused,
+        and ``plan.log.skipped["hint"]`` says so (sweep 4, ``M_api_hint_with_mb``)."""
+        hint = self.options.hint
+        if isinstance(hint, Plan) and 1 not in micro_batch_counts(self.options.micro_batches, self.options.batch_size):
+            self.pool.skipped["hint"] = (f"a plan of the step as given; micro_batches={self.options.micro_batches} "
+                                         f"places the split step, so it starts nothing")
 
     def counts(self) -> list[int]:
         """The counts to try (:func:`micro_batch_counts`); one whose split would
@@ -408,6 +419,7 @@ class _Search:
             self.pool.skipped[name] = str(exc)
             return None
         self.pool.offer_solved(name, r)
+        self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
         return r
 
     def exact_all(self, screened: Mapping[int, _Screened]) -> None:
