@@ -15,7 +15,7 @@ import pytest
 
 import pesto
 from mb_strategies import layered_step
-from pesto.cli import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, main
+from pesto.cli import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK
 from pesto.errors import MicroBatchError
 from test_cli_sweep import pesto_process, run
 

@@ -369,6 +369,8 @@ class _Search:
         if self.gpus < 2 or self.too_large(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
             return
+        if not self.fits(name, replicated_ops(self.marked, self.gpus, 1, self.buckets), SIMS[name]):
+            return
         try:
             dp = self.pace.timed(lambda: realise(self.marked, self.cluster, Strategy(replicas=self.gpus)),
                                  SIMS[name], lambda r: r.graph.num_ops)
