@@ -7,7 +7,8 @@ slices worth building, ``realise(step, cluster, strategy, candidates=...)``
 :class:`~pesto.errors.PestoError` or ``ValueError`` naming why it does not
 apply), ``label(strategy)`` the candidate's name in ``plan.log.steps``, and
 ``sims`` the simulations of its graph one realisation costs (what the search
-predicts its time from). :mod:`solver.parallel.search` screens every kind
+predicts its time from; ``cheap``: with one stage split only, what the search
+falls back to when ``sims`` do not fit). :mod:`solver.parallel.search` screens every kind
 of :data:`KINDS`, in order, for every count; to add a kind, write its module
 and add its entry.
 
@@ -39,6 +40,7 @@ class Kind:
     realise: Callable[..., Solved]
     label: Callable[[Strategy], str]
     sims: float = 2.0
+    cheap: float | None = None   # the simulations with one stage split only (``candidates=1``), if it has several
 
 
 def _pipelines(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
@@ -62,7 +64,7 @@ def _hybrids(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
 #: The kinds, in the order the search screens them (ties go to the first offered).
 KINDS: dict[str, Kind] = {
     "hybrid": Kind("hybrid", _hybrids, realise, lambda s: f"hybrid R={s.replicas} M={s.micro_batches}", 2.0),
-    "pipeline": Kind("pipeline", _pipelines, realise, lambda s: f"{s.schedule} M={s.micro_batches}", 5.0),
+    "pipeline": Kind("pipeline", _pipelines, realise, lambda s: f"{s.schedule} M={s.micro_batches}", 5.0, 2.0),
     "data-parallel": Kind("data-parallel", _data_parallel, realise, lambda s: f"data-parallel M={s.micro_batches}",
                           2.0),
 }

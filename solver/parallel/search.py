@@ -293,7 +293,7 @@ class _Search:
         if self.deadline.interrupted:
             raise Stopped(self.deadline.reason)
 
-    def fits(self, name: str, ops: int, sims: float) -> bool:
+    def fits(self, name: str, ops: int, sims: float, *, quiet: bool = False) -> bool:
         """Whether a candidate of about ``ops`` ops (``sims`` simulations) may be
         built now: not when interrupted (raises :class:`Stopped`), and not when
         predicted past the running stage's window (wall clock only; skipped and
@@ -302,6 +302,8 @@ class _Search:
         need = self.pace.predict(ops, sims)
         if self.deadline.deterministic or need is None or need <= self.window.left():
             return True
+        if quiet:
+            return False
         self.pool.skipped[name] = f"not built: about {need:.1f} s for {ops} ops, {self.window.left():.1f} s left"
         self.say(f"{name}: skipped (time limit)")
         return False
@@ -412,11 +414,16 @@ class _Search:
         failed (named in ``plan.log.skipped``)."""
         name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
-        if (replicas > 1 and self.too_large(name, replicas, m)) or not self.fits(name, ops, kind.sims):
+        if replicas > 1 and self.too_large(name, replicas, m):
             return None
+        sims, tries = kind.sims, SCREEN_CANDIDATES
+        if not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
+            if kind.cheap is None or not self.fits(name, ops, kind.cheap):
+                return None
+            sims, tries = kind.cheap, 1
         try:
-            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=SCREEN_CANDIDATES),
-                                kind.sims, lambda r: r.graph.num_ops)
+            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries),
+                                sims, lambda r: r.graph.num_ops)
         except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
             self.pool.skipped[name] = str(exc)
             return None
