@@ -27,7 +27,7 @@ name/type rule) and split by :func:`pesto.step.split` (its stated
 cost rule, compute / M with a 2 µs floor: ``slice_costs.md`` compares it with
 grappler at the micro-batch size). Every plan processes the same batch, so the
 speed-up over one GPU is the throughput gain and the time per sample is the
-step over ``B``. The bound is :func:`solver.microbatch_bound.sample_bound` of
+step over ``B``. The bound is :func:`solver.parallel.bound.sample_bound` of
 the row's own graph (the split step, or the replicated one).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pesto.step import Transformed, replicate, split
 from pesto.step.replication import gradient_buckets
 from tf_patch.marks import mark_step
 from solver.baselines import place_single
-from solver.microbatch_bound import sample_bound
+from solver.parallel.bound import sample_bound
 from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
 
 from . import microbatch_report as report

@@ -26,7 +26,8 @@ from coarsen.base import first_op
 from solver import pipeline as _pipeline
 from solver.options import SolveOptions, check_int
 from solver.registry import HEURISTICS
-from solver.step_search import StepResult, solve_step as _solve_step, step_graph as _step_graph
+from solver.parallel.search import solve_step as _solve_step, step_graph as _step_graph
+from solver.parallel.strategy import Solved, Strategy
 from tf_patch.marks import is_marked, mark_step
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
@@ -36,7 +37,8 @@ from .graph import OpGraph
 from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan, check_plan
 
-__all__ = ["solve", "solve_step", "step_graph", "marked", "StepResult", "evaluate", "load_placement", "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
+__all__ = ["solve", "solve_step", "step_graph", "marked", "Solved", "Strategy", "evaluate", "load_placement",
+           "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
 
 _DEVICE = re.compile(r"(?:^|/|device:)(CPU|GPU):(\d+)$", re.I)
 _TASK = re.compile(r"/task:(\d+)")
@@ -169,7 +171,7 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         sharing ``time_limit``. The plan then places another graph than
         ``graph``: ``plan.log.graph_kind`` says which, :func:`step_graph`
         rebuilds it, :func:`solve_step` returns it too
-        (:mod:`solver.step_search`).
+        (:mod:`solver.parallel.search`).
     batch_size : int, optional
         The step's batch size (the graph does not record one): ``M`` must divide it.
 
@@ -182,7 +184,7 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         and step, the candidates compared on the full graph, the ``winner``,
         the lower bound (valid for the full graph) and its source; with
         ``micro_batches`` other than 1, valid for the graph the plan places
-        (the per-sample bound, :func:`solver.microbatch_bound.sample_bound`,
+        (the per-sample bound, :func:`solver.parallel.bound.sample_bound`,
         when higher or when a baseline's plan won).
 
     Raises
@@ -218,12 +220,13 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
                target_vertices: int = 200, backend: str = "cpsat", hint: Any = "best-heuristic",
                workers: int | None = None, seed: int = 0, coarsen_method: str = "height",
                pipeline: str | None = None, verbose: bool = False, deterministic: bool = False,
-               progress=None, micro_batches: int | str = "auto", batch_size: int | None = None) -> StepResult:
+               progress=None, micro_batches: int | str = "auto", batch_size: int | None = None) -> Solved:
     """:func:`solve` returning the plan with the graph it places
-    (:class:`~solver.step_search.StepResult`: ``plan``, ``graph``,
-    ``micro_batches``, ``graph_kind``, ``replicas``, ``steps``), so that
-    ``pesto.check_plan(r.graph, cluster, r.plan)`` and ``pesto.simulate``
-    take it. Default ``micro_batches="auto"``; the options and errors are :func:`solve`'s.
+    and the strategy it realises (:class:`~solver.parallel.strategy.Solved`:
+    ``plan``, ``graph``, ``strategy``; ``micro_batches``, ``graph_kind``,
+    ``replicas``, ``steps`` read from them), the same type for every kind
+    (the plain step: ``Strategy()``, ``graph`` the input), so that
+    ``pesto.check_plan(r, cluster)`` and ``pesto.simulate(r, cluster)`` take it. Default ``micro_batches="auto"``; the options and errors are :func:`solve`'s.
     """
     graph = load_graph(graph)
     started = time.perf_counter()  # the limit counts from here: loading excluded, pre-checks included
@@ -237,7 +240,7 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
                            started=started, micro_batches=micro_batches, batch_size=batch_size)
     if options.micro_batches == 1:
         check_feasible(graph, cluster)
-        result = StepResult(_pipeline.solve(graph, cluster, options), graph, 1, "step", 1, {})
+        result = Solved(_pipeline.solve(graph, cluster, options), graph, Strategy())
     else:
         result = _solve_step(marked(graph), cluster, options)
     if result.plan.status == "infeasible":
@@ -269,7 +272,7 @@ def marked(graph: OpGraph) -> OpGraph:
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
     ``graph_kind``, ``replicas``), rebuilt from the step ``graph``
-    (:func:`marked` first: :func:`solver.step_search.step_graph`).
+    (:func:`marked` first: :func:`solver.parallel.search.step_graph`).
 
     Raises
     ------

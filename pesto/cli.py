@@ -46,8 +46,9 @@ from pathlib import Path
 from solver import PLACERS, accepted_options, get_placer
 from solver.options import MAX_TIME_LIMIT
 from solver.hybrid import hybrid_plan
-from solver.pipeline_baselines import SCHEDULES, data_parallel_plan, pipeline_plan
+from solver.pipeline_baselines import SCHEDULES, data_parallel_plan, gpu_names, pipeline_plan
 from solver.slice_model import place_slice_cpsat
+from solver.parallel.search import check_batch
 
 from . import __version__
 from . import cluster as C
@@ -371,6 +372,11 @@ def run_placer(args, graph, cluster, placer: str):
 def _place_step(args, graph, cluster, placer: str, micro: int):
     """A non-exact placer's plan and the graph it places (``micro`` slices:
     GPipe, 1F1B and slice-cpsat default to 4, data parallelism and hybrid to 1; a heuristic places the split step)."""
+    m = micro if micro > 1 or placer not in (*SCHEDULES, "slice-cpsat") else 4
+    replicas = len(gpu_names(cluster)) if placer == "data-parallel" else 2 if placer == "hybrid" else 1
+    why = check_batch(getattr(args, "batch_size", None), replicas, m)
+    if why:
+        raise CliError(f"{placer}: {why}")
     with _progress(args, f"{placer}: placing {graph.num_ops} ops"):
         if placer in SCHEDULES:
             r = pipeline_plan(marked(graph), cluster, schedule=placer, micro_batches=micro if micro > 1 else 4)
@@ -426,6 +432,23 @@ def describe_step(plan, placed) -> str:
     if log is not None and log.steps:
         lines.append("  steps compared: " + ", ".join(f"{k} {v / 1000:.3f} ms" for k, v in log.steps.items()))
     return "\n".join(lines)
+
+
+#: Placers whose plan places a transformed step even without ``--micro-batches``.
+STEP_PLACERS = (*SCHEDULES, "slice-cpsat", "data-parallel", "hybrid")
+
+
+def check_step_graph_output(args) -> None:
+    """Before any work: the graph file ``-o PLAN`` implies for a transformed
+    step (``PLAN.graph.json.gz``, :func:`step_graph_path`) must be writable and
+    must not be the input graph (sweep 4, ``M_o_clobbers_input_graph``)."""
+    if not args.output or (getattr(args, "micro_batches", 1) == 1 and args.placer not in STEP_PLACERS):
+        return
+    gpath = step_graph_path(args.output)
+    if os.path.realpath(gpath) == os.path.realpath(args.target):
+        raise CliError(f"-o {args.output} would write the placed graph to {gpath}, which is the input graph "
+                       f"{args.target}; choose another -o")
+    check_output(gpath, "graph file")
 
 
 def step_graph_path(plan_path: str) -> str:
@@ -520,6 +543,7 @@ GANTT_SUFFIXES = {"png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff"
 def cmd_place(args) -> int:
     compare = check_placers(args)
     check_output(args.output, "plan file")
+    check_step_graph_output(args)
     graph = graph_from_target(args, args.target)
     cluster = make_cluster(graph, args.gpus, args.cluster)
     _say(args, f"graph {graph.name}: {graph.num_ops} ops, {graph.num_edges} edges; "

@@ -114,7 +114,7 @@ class BatchMarkError(MicroBatchError, InvalidGraphError):
 class MicroBatchMemoryError(InfeasibleError):
     """A micro-batch count ``M`` for which no plan can fit device memory: even
     the least some device must hold at once with ``M`` slices (the in-flight
-    slices' tensors, the gradient sums; ``solver.microbatch_bound.memory_floor``)
+    slices' tensors, the gradient sums; ``solver.parallel.bound.memory_floor``)
     exceeds the largest device. ``pesto.solve`` raises it for a fixed ``M``;
     ``micro_batches="auto"`` skips that ``M`` with this message in ``plan.log.skipped``.
 

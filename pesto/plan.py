@@ -365,10 +365,29 @@ class Report:
         return cls(list(_field(d, "violations")))
 
 
+def solved_parts(graph, plan, who: str = "check_plan") -> tuple:
+    """``(graph, plan)``: a solve's result (``pesto.solve_step``'s ``Solved``,
+    anything with a ``graph`` and a ``plan``) given as ``graph`` with no
+    ``plan`` is unpacked into the graph it places and its plan.
+
+    Raises
+    ------
+    TypeError
+        No plan given and ``graph`` is not such a result.
+    """
+    if plan is None:
+        if isinstance(getattr(graph, "plan", None), Plan) and isinstance(getattr(graph, "graph", None), OpGraph):
+            return graph.graph, graph.plan
+        raise TypeError(f"{who}: give a plan, or a solve's result (pesto.solve_step) in place of the graph")
+    return graph, plan
+
+
 def _as_objects(graph, cluster, plan) -> tuple[OpGraph, Cluster, "Plan"]:
     """``check_plan``'s arguments as objects, accepting what ``pesto.solve``
     accepts: a graph or plan as a JSON path, a cluster as a preset name or
-    JSON path; anything else raises ``TypeError`` naming the argument."""
+    JSON path, a solve's result in place of the graph (:func:`solved_parts`);
+    anything else raises ``TypeError`` naming the argument."""
+    graph, plan = solved_parts(graph, plan)
     if isinstance(graph, (str, os.PathLike)):
         graph = OpGraph.from_json(os.fspath(graph))
     if isinstance(cluster, (str, os.PathLike)):
@@ -387,9 +406,11 @@ def percent(x: float) -> str:
     return f"{100 * x:.1f}%" if x == 0 or abs(x) >= 0.001 else f"{100 * x:.2g}%"
 
 
-def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan, *, check_memory: bool = True,
+def check_plan(graph: OpGraph, cluster: Cluster, plan: Plan | None = None, *, check_memory: bool = True,
                tol: float = EPS) -> Report:
     """Verify ``plan`` for ``graph`` on ``cluster``; list every violation.
+    ``check_plan(solved, cluster)`` checks a solve's result
+    (:func:`pesto.solve_step`) against the graph it places.
 
     Checks placement (every op on an existing device that allows its kind, no
     unknown op), colocation groups not split, per-device order (each device's

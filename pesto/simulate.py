@@ -38,7 +38,7 @@ from .engine import replay
 from .errors import InfeasibleError, InvalidPlanError
 from .graph import OpGraph
 from .memory import timed_peak
-from .plan import Plan, Transfer
+from .plan import Plan, Transfer, solved_parts
 from .problem import INF, Problem
 
 __all__ = ["Schedule", "simulate", "run_peak"]
@@ -207,8 +207,9 @@ class Schedule:
         return {name: colour.get(group(name), other) for name in self.placement}, legend
 
 
-def simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None,
+def simulate(graph: OpGraph, cluster: Cluster, plan=None, *, mode: str | None = None,
              memory: bool = True, priority=None) -> Schedule:
+    graph, plan = solved_parts(graph, plan, "simulate")
     # The run allocates hundreds of thousands of small objects and no cycles:
     # pausing the cyclic GC halves the time on 40k-op graphs.
     enabled = gc.isenabled()
@@ -228,7 +229,9 @@ def _simulate(graph: OpGraph, cluster: Cluster, plan, *, mode: str | None = None
     ----------
     plan : Plan or mapping op -> device
         With a Plan and ``mode`` None, each device follows the plan's order;
-        a bare placement runs TF's default (FIFO ready queue).
+        a bare placement runs TF's default (FIFO ready queue). None: ``graph``
+        is a solve's result (:func:`pesto.solve_step`), replayed on the graph
+        it places.
     mode : {"order", "fifo"}, optional
         ``"fifo"`` with a Plan ignores its order.
     memory : bool

@@ -61,7 +61,7 @@ class SolveLog:
         ``"critical path / work"``, or the exact solver's name when its bound
         was higher (only when it solved the full graph, not a coarse one);
         ``"per-sample bound (<term>)"`` for a micro-batched or replicated
-        step's plan (``solver.microbatch_bound.sample_bound``).
+        step's plan (``solver.parallel.bound.sample_bound``).
     vertices : int, optional
         Vertices of the graph the exact solver saw (ops when not coarsened).
     coarse : mapping, optional

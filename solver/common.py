@@ -5,6 +5,9 @@ from typing import Sequence
 
 from pesto.dag import priority_order
 from pesto.graph import OpGraph
+from pesto.plan import Plan
+
+__all__ = ["order_by_key", "rank"]
 
 
 def order_by_key(graph: OpGraph, key: Sequence[float]) -> list[str]:
@@ -18,3 +21,13 @@ def order_by_key(graph: OpGraph, key: Sequence[float]) -> list[str]:
     ['a', 'b', 'c']
     """
     return [graph.names[i] for i in priority_order(graph.succ_idx(), graph.pred_idx(), key)]
+
+
+def rank(plan: Plan) -> tuple:
+    """The one plan-ranking rule: a plan that fits memory before one that does
+    not, then the shorter step (smaller is better; no makespan ranks last).
+
+    >>> rank(Plan({}, {}, makespan=5.0)) < rank(Plan({}, {}, makespan=4.0, status="infeasible"))
+    True
+    """
+    return (plan.status == "infeasible", plan.makespan if plan.makespan is not None else float("inf"))

@@ -20,7 +20,7 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    position in the group of the device it got there (colocation already
    settled by that plan).
 3. **The step**: ``split(replicate(graph, R).graph, M)`` (``M = 1``: the
-   replicated graph itself), the graph :func:`solver.step_search.step_graph`
+   replicated graph itself), the graph :func:`solver.parallel.search.step_graph`
    rebuilds for ``("replicated", R, M)``. Replica ``r``'s copy of an op runs
    on ``group[r][stage]``; every all-reduce op of a gradient tensor on the
    device of its replica's group that holds the stage of the tensor's
@@ -160,7 +160,7 @@ def _replica_stages(rep: Transformed, stage: Sequence[int], k: int) -> list[int]
 
 def _unsplit(graph: OpGraph) -> Transformed:
     """``graph`` as its own split in one slice under its own names (the
-    replicated ``M = 1`` step is not split: :func:`~solver.step_search.step_graph`)."""
+    replicated ``M = 1`` step is not split: :func:`~solver.parallel.search.step_graph`)."""
     origin = {op.name: Origin(op.name, slice=0) if op.batch else Origin(op.name, role="step")
               for op in graph.ops}
     return Transformed(graph, graph, MappingProxyType(origin))

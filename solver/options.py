@@ -132,7 +132,7 @@ class SolveOptions:
     partitions : the best start placements the coarsening keeps representable
     max_starts : plans the reschedule stage re-orders
     micro_batches : 1 (the step as given), an int ``M`` > 1 (the step in
-        ``M`` slices: :mod:`solver.step_search`) or ``"auto"``
+        ``M`` slices: :mod:`solver.parallel.search`) or ``"auto"``
     batch_size : the step's batch size, if known: ``M`` must divide it, and
         ``"auto"`` tries its divisors up to 16
 

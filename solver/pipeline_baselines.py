@@ -90,14 +90,15 @@ from pesto.plan import Plan
 from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
 
-from .baselines import pipeline_cuts
-from .common import order_by_key
+from .common import order_by_key, rank
+from .parallel.cut import largest_stage as _largest_stage, split_stages
+from .parallel.schedules import SCHEDULES as _SCHEDULES, actions
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
            "SCHEDULES", "CHUNKS", "CANDIDATES", "staged_plan", "step_stages", "gpu_names"]
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = tuple(_SCHEDULES)  # the registry's names (solver.parallel.schedules)
 CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
 CANDIDATES = 8   # stage splits simulated per call (those of the smallest estimate)
 
@@ -238,7 +239,7 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Block
             first.setdefault(keys[i], []).append(pos[i])
         if len(first) < 2:
             continue
-        rank = _group_rank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
+        rank = _grouprank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
         order = sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))
         candidates.append((f"scope:{depth}", order))
     out, seen = [], set()
@@ -253,7 +254,7 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Block
     return out
 
 
-def _group_rank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, float]) -> dict[str, int]:
+def _grouprank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, float]) -> dict[str, int]:
     """Scope groups in a topological order of the edges between them (forward
     ops' edges), the group of least mean position first among those ready;
     by mean position alone when those edges form a cycle. An order by mean
@@ -262,7 +263,7 @@ def _group_rank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, floa
     each other both ways.
 
     >>> g = OpGraph.from_edges({"e/a": 1, "e/b": 1, "d/a": 1}, [("e/a", "e/b"), ("e/b", "d/a")])
-    >>> _group_rank(g, {0: "e", 1: "e", 2: "d"}, {"e": 5.0, "d": 1.0})   # d reads e: after it
+    >>> _grouprank(g, {0: "e", 1: "e", 2: "d"}, {"e": 5.0, "d": 1.0})   # d reads e: after it
     {'e': 0, 'd': 1}
     """
     succ: dict[str, set] = {k: set() for k in mean}
@@ -300,35 +301,16 @@ def _blocking(graph: OpGraph, ph: Phases, name: str, fwd_block: Mapping[int, int
     return Blocking(name, tuple(block), len(used))
 
 
-def split_stages(work: Sequence[float], comm: Sequence[float], k: int) -> tuple[int, ...]:
-    """First block of each of ``k`` contiguous stages (stage 0 starts at 0)
-    minimising the largest ``sum(work[i:j]) + comm[i] + comm[j]`` (``comm[c]``:
-    cost of cutting before block ``c``; none at 0 and at the end).
-
-    >>> split_stages([4, 1, 1, 4], [0, 0, 0, 0], 2), split_stages([1, 1, 1, 1], [0, 0, 9, 0], 2)
-    ((0, 2), (0, 1))
-    """
-    n = len(work)
-    return tuple(pipeline_cuts(list(work), list(comm)[1:n], max(1, min(k, n))))  # the one partition DP
-
-
 def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int]]:
-    """The (phase, slice) tasks of ``stage`` in the order it runs them.
+    """The (phase, slice) tasks of ``stage`` in the order it runs them
+    (:func:`solver.parallel.schedules.actions`).
 
     >>> task_order("gpipe", 0, 2, 2)
     [('F', 0), ('F', 1), ('B', 0), ('B', 1)]
     >>> task_order("1f1b", 0, 3, 4)
     [('F', 0), ('F', 1), ('F', 2), ('B', 0), ('F', 3), ('B', 1), ('B', 2), ('B', 3)]
     """
-    if schedule == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    if schedule != "1f1b":
-        raise ValueError(f"unknown pipeline schedule {schedule!r}; known: {list(SCHEDULES)}")
-    w = min(stages - stage - 1, m)
-    seq = [("F", i) for i in range(w)]
-    for j in range(m - w):
-        seq += [("F", w + j), ("B", j)]
-    return seq + [("B", i) for i in range(m - w, m)]
+    return [(a.kind, a.slice) for a in actions(schedule, stage, stages, m)]
 
 
 def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", micro_batches: int = 4,
@@ -368,21 +350,9 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     best = None
     for stage, (_, k, name) in sorted(splits.items(), key=lambda kv: kv[1][:2])[:max(1, candidates)]:
         plan = _pipeline(split, cluster, gpus, stage, k, ph, schedule, t0)
-        if best is None or _rank(plan) < _rank(best.plan):
+        if best is None or rank(plan) < rank(best.plan):
             best = StepPlan(plan, split.graph, m, k, schedule, name)
     return best
-
-
-def _largest_stage(work, comm, starts) -> float:
-    """:func:`split_stages`' objective for the stages beginning at ``starts``."""
-    n = len(work)
-    ends = list(starts[1:]) + [n]
-    return max(float(np.sum(work[i:j])) + (comm[i] if i else 0.0) + (comm[j] if j < n else 0.0)
-               for i, j in zip(starts, ends))
-
-
-def _rank(plan: Plan):
-    return (plan.status == "infeasible", plan.makespan)
 
 
 def gpu_names(cluster: Cluster) -> list[str]:
@@ -548,7 +518,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     plans = [(finalize(g, cluster, placement, order=None, placer="data-parallel", t0=t0, stats=stats), "fifo"),
              (finalize(g, cluster, placement, order=order_by_key(g, key), placer="data-parallel", t0=t0,
                        stats=stats), "all-reduce first")]
-    plan, how = min(plans, key=lambda p: _rank(p[0]))
+    plan, how = min(plans, key=lambda p: rank(p[0]))
     return StepPlan(plan, g, micro_batches, len(gpus), "data-parallel", how, len(gpus))
 
 

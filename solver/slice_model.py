@@ -18,7 +18,7 @@ answer into a fine plan of the split graph:
 The grid model ignores link contention and the parallelism inside a task:
 its objective and bound (:attr:`SliceSolution.grid_bound`) are those of the
 grid model, not of the fine step. ``pesto.solve(micro_batches=M)`` offers the
-plan and passes it first to the fine search (:mod:`solver.step_search`).
+plan and passes it first to the fine search (:mod:`solver.parallel.search`).
 
 Examples
 --------
@@ -47,6 +47,7 @@ from pesto.graph import OpGraph
 from pesto.step import split as split_step
 from pesto.plan import Plan
 
+from .common import rank
 from .pipeline_baselines import SCHEDULES, StepPlan, pipeline_plan, staged_plan
 from .slice_cpsat import GridAnswer, GridModel
 from .slice_grid import GRID_TASKS, GridError, SliceGrid, slice_grid
@@ -152,12 +153,13 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
     t0 = time.perf_counter()
     split = split_step(graph, micro_batches)
     pool = sorted(_hints(graph, cluster, split.micro_batches, loss, hints),
-                  key=lambda h: (h.plan.status == "infeasible", h.plan.makespan))
+                  key=lambda h: rank(h.plan))
     grid = slice_grid(split, cluster, loss=loss, tasks=tasks, blocking=pool[0].blocking if pool else None)
     model = GridModel(grid, cluster)
     if pool:
         model.hint(*grid_hint(grid, pool[0]))
-    left = time_limit - (time.perf_counter() - t0)
+    # deterministic: the work clock's budget alone (the wall time spent building the grid is no input)
+    left = time_limit if deadline is not None and deadline.deterministic else time_limit - (time.perf_counter() - t0)
     ans = model.solve(time_limit=max(0.1, left), workers=workers, seed=seed, deadline=deadline)
     plan = None if ans.objective is None else _fine_plan(grid, cluster, ans, t0, model.scale)
     return SliceSolution(plan, split.graph, split.micro_batches, grid.blocks, grid.blocking.name,

@@ -41,6 +41,7 @@ from pesto.solvelog import Stage
 
 from .bound_model import SIMPLE_SOURCE
 from .bounds import lower_bound
+from .common import rank
 from .budget import CANDIDATE_RUNS, HEURISTIC_COST, RESCHEDULE_RUNS, Budget, Skip
 from .lns import lns
 from .options import SolveOptions
@@ -160,10 +161,6 @@ class Run:
         return "reschedule" in self.stages
 
 
-def rank_key(p: Plan):
-    return (p.status == "infeasible", p.makespan if p.makespan is not None else float("inf"))
-
-
 def choose(pool: Sequence[tuple[str, Plan]]) -> tuple[str, Plan]:
     """The winner among candidates: memory-feasible first, then the shortest
     step; on a tie (within 1e-9 µs) the earlier candidate (:func:`search.better
@@ -268,7 +265,7 @@ def reschedule_starts(run: Run, deadline: Deadline) -> None:
     k = 1 if few else run.options.max_starts
     if budget.predicting and deadline.left() < float("inf"):
         k = max(1, min(k, int(deadline.left() / budget.runs(RESCHEDULE_RUNS))))
-    chosen = sorted(starts, key=rank_key)[:k]
+    chosen = sorted(starts, key=rank)[:k]
     sub = deadline.sub(max(0.0, deadline.left() - budget.runs(CANDIDATE_RUNS))) if budget.predicting else deadline
     ranked, cut = [], 0
     for p in chosen:
@@ -278,7 +275,7 @@ def reschedule_starts(run: Run, deadline: Deadline) -> None:
         else:
             ranked.append(reschedule(run.graph, run.cluster, p, deadline=sub))
             cut += ranked[-1].info_of(RescheduleInfo).cut is not None
-    run.plans.ranked = sorted(ranked, key=rank_key)
+    run.plans.ranked = sorted(ranked, key=rank)
     run.plans.pool = [(p.placer, p) for p in run.plans.ranked]
     run.plans.baselines, run.plans.starts = {}, []
     best = run.plans.incumbent

@@ -114,9 +114,11 @@ def test_registered_placer(step, two_hosts):
 
 
 def test_step_search_offers_hybrid_plans(step, two_hosts):
-    plan = pesto.solve(step, cluster=two_hosts, micro_batches="auto", batch_size=4, time_limit=3, seed=0)
+    plan = pesto.solve(step, cluster=two_hosts, micro_batches="auto", batch_size=8, time_limit=3, seed=0)
     steps = plan.log.steps
     assert {f"hybrid R=2 M={m}" for m in (1, 2, 4)} <= set(steps)
+    # 2 replicas x 8 slices cannot share a batch of 8: half a sample per slice (sweep 4, M_cli_auto_b1)
+    assert "not a multiple of 2 replicas x 8" in plan.log.skipped["hybrid R=2 M=8"]
     assert plan.makespan <= min(steps.values()) + 1e-6
     assert plan.makespan <= steps["hybrid R=2 M=2"] < steps["data-parallel M=2"]
     placed = pesto.step_graph(step, plan.log.micro_batches, plan.log.graph_kind, plan.log.replicas)
@@ -124,8 +126,8 @@ def test_step_search_offers_hybrid_plans(step, two_hosts):
 
 
 def test_step_search_skips_hybrids_too_large(step, two_hosts, monkeypatch):
-    import solver.step_search as ss
+    import solver.parallel.search as ss
     monkeypatch.setattr(ss, "DP_MAX_OPS", 2 * step.num_ops - 1)
     plan = pesto.solve(step, cluster=two_hosts, micro_batches=2, time_limit=2, seed=0)
     assert "hybrid R=2 M=2" not in plan.log.steps
-    assert "exceed" in plan.log.skipped["hybrid R=2 M=2"]
+    assert "more than" in plan.log.skipped["hybrid R=2 M=2"]

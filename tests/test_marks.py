@@ -132,7 +132,7 @@ def test_the_solver_reads_marks_and_the_facade_sets_them():
     """The solver never infers marks: it names the unmarked ops; the facade
     (:func:`pesto.api.marked`) marks a TensorFlow-named graph by tf_patch.marks."""
     from pesto.api import marked
-    from solver.step_search import with_marks
+    from solver.parallel.search import with_marks
     from solver.pipeline_baselines import phases
 
     raw = OpGraph.from_json(GRAPHS / "rnnlm_2x2048.json.gz")

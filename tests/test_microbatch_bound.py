@@ -1,4 +1,4 @@
-"""solver.microbatch_bound: a lower bound of the micro-batched step for any plan."""
+"""solver.parallel.bound: a lower bound of the micro-batched step for any plan."""
 from __future__ import annotations
 
 import random
@@ -11,7 +11,7 @@ from pesto.cluster import gpus
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.step import replicate, split
 from pesto.simulate import simulate
-from solver.microbatch_bound import sample_bound
+from solver.parallel.bound import sample_bound
 from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
 from strategies import clusters, plans
 from test_oracle import oracle

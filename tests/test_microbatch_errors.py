@@ -10,9 +10,10 @@ from pesto.cluster import gpus
 from pesto.errors import BatchMarkError, InfeasibleError, MicroBatchError, MicroBatchMemoryError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.step import split
-from solver.microbatch_bound import sample_bound
+from solver.parallel.bound import sample_bound
 from solver.pipeline_baselines import pipeline_plan
-from solver.step_search import StepResult, winner_bound
+from solver.parallel.search import winner_bound
+from solver.parallel.strategy import Solved, Strategy
 
 GIB = 2 ** 30
 
@@ -89,11 +90,13 @@ def test_auto_skips_an_m_whose_slices_fit_no_device_and_says_why():
     assert "M=1" in plan.log.steps and plan.status != "infeasible"
 
 
-def test_a_baseline_winner_carries_the_per_sample_bound(step):
-    # batch 1: only M=1, where data parallelism halves every layer and no plan
-    # of the un-split step goes below its critical path: the baseline wins
+def test_a_baseline_winner_carries_the_per_sample_bound(step, monkeypatch):
+    # only M=1 (batch 2, AUTO_MAX 1): data parallelism halves every layer and no
+    # plan of the un-split step goes below its critical path: the baseline wins
+    import solver.parallel.search as ss
+    monkeypatch.setattr(ss, "AUTO_MAX", 1)
     r = pesto.solve_step(step, cluster=pesto.v100x2_nvlink(), time_limit=2, workers=1, micro_batches="auto",
-                         batch_size=1)
+                         batch_size=2)
     log = r.plan.log
     assert r.graph_kind == "replicated" and log.winner == "data-parallel"
     assert log.bound_source.startswith("per-sample bound")
@@ -104,6 +107,6 @@ def test_a_baseline_winner_carries_the_per_sample_bound(step):
 def test_winner_bound_of_a_pipeline_baseline_is_its_split_steps(step):
     c = pesto.v100x2_nvlink()
     sp = pipeline_plan(step, c, schedule="gpipe", micro_batches=4)
-    b = winner_bound(step, c, StepResult(sp.plan, sp.graph, 4, "micro-batched", 1, {}), batch=8)
+    b = winner_bound(step, c, Solved(sp.plan, sp.graph, Strategy(stages=sp.stages, micro_batches=4, schedule="gpipe")), batch=8)
     assert b == sample_bound(split(step, 4), c, batch=8)
     assert 0 < b.step <= sp.plan.makespan and b.per_sample == b.step / 8

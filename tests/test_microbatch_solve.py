@@ -10,7 +10,7 @@ from mb_strategies import layered_step
 from pesto.cli import main
 from pesto.errors import BatchMarkError, MicroBatchError
 from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
-from solver.step_search import micro_batch_counts
+from solver.parallel.search import micro_batch_counts
 
 EPS = 1e-6
 
@@ -26,8 +26,9 @@ def cluster():
     return pesto.v100x2_nvlink()
 
 
-def _baselines(graph, cluster, m):
-    out = {"data-parallel": data_parallel_plan(graph, cluster).plan.makespan}
+def _baselines(graph, cluster, m, auto=True):
+    """The baselines the search compares: of ``m`` slices, and the un-split data-parallel plan with ``auto``."""
+    out = {"data-parallel": data_parallel_plan(graph, cluster).plan.makespan} if auto else {}
     if m > 1:
         out.update({f"{s} M={m}": pipeline_plan(graph, cluster, schedule=s, micro_batches=m).plan.makespan
                     for s in ("gpipe", "1f1b")})
@@ -46,7 +47,8 @@ def test_default_solve_is_the_plain_step(step, cluster):
 
 def test_fixed_m_never_slower_than_its_baselines(step, cluster):
     r = pesto.solve_step(step, cluster=cluster, time_limit=3, workers=1, micro_batches=4)
-    for name, ms in _baselines(step, cluster, 4).items():
+    assert r.micro_batches == 4 and r.strategy.micro_batches == 4   # a fixed M is honoured
+    for name, ms in _baselines(step, cluster, 4, auto=False).items():
         assert r.plan.makespan <= ms + EPS, name
         assert r.steps[name] == pytest.approx(ms)
     assert r.graph_kind in ("micro-batched", "replicated")

@@ -23,7 +23,8 @@ import pesto  # noqa: E402
 from keras_blocks import attention_block, lstm_gru  # noqa: E402
 from solver.hybrid import hybrid_plan  # noqa: E402
 from solver.pipeline_baselines import data_parallel_plan  # noqa: E402
-from solver.step_search import StepResult, with_marks  # noqa: E402
+from pesto.api import marked as with_marks  # noqa: E402
+from solver.parallel.strategy import Solved, Strategy  # noqa: E402
 from tf_patch import replicastep  # noqa: E402
 from tf_patch.pipeline import PlacedRun  # noqa: E402
 from tf_patch.replicastep import pesto_buckets, replicate_model  # noqa: E402
@@ -64,7 +65,8 @@ def _replicated(graph, replicas, micro_batches=1):
         sp = data_parallel_plan(marked, CLUSTER[replicas])
     else:
         sp = hybrid_plan(marked, CLUSTER[replicas * micro_batches], replicas=replicas, micro_batches=micro_batches)
-    return StepResult(sp.plan, sp.graph, micro_batches, "replicated", replicas, {})
+    return Solved(sp.plan, sp.graph, Strategy(replicas=replicas, stages=sp.stages if micro_batches > 1 else 1,
+                                               micro_batches=micro_batches))
 
 
 def _assert_placed(step, result, devices):
@@ -161,7 +163,7 @@ def test_a_replicated_step_takes_the_next_plan_and_trains_on():
     step.apply(_replicated(step.graph, 2))
     first = step.run(2)
     plain = pesto.evaluate(step._unsplit, {n: "/GPU:1" for n in step._unsplit.names}, gpus=2)
-    step.apply(StepResult(plain, step._unsplit, 1, "step", 1, {}))
+    step.apply(Solved(plain, step._unsplit))
     assert step.replicas == 1 and step.micro_batches == 1 and not any(n.startswith("rep") for n in step.graph.names)
     np.testing.assert_allclose(first + step.run(2), whole, rtol=1e-6)
     seen = step.check()
@@ -179,7 +181,7 @@ def test_a_step_given_as_a_whole_function_cannot_take_a_replicated_plan():
         return tf.reduce_sum(a)
 
     step = tf_patch.function_step(whole, x, y, n_devices=2)
-    result = StepResult(None, step.graph, 1, "replicated", 2, {})
+    result = Solved(None, step.graph, Strategy(replicas=2))
     with pytest.raises(ValueError, match="given as a whole tf.function: it cannot be traced again in 2 slices"):
         step.apply(result)
 
@@ -193,7 +195,7 @@ def test_demo_auto_trains_a_data_parallel_winner_and_says_whether_it_held(capsys
 
     def data_parallel(graph, cluster, **_):
         sp = data_parallel_plan(with_marks(graph), cluster)
-        return StepResult(sp.plan, sp.graph, 1, "replicated", sp.replicas, {"data-parallel": sp.plan.makespan})
+        return Solved(sp.plan, sp.graph, Strategy(replicas=sp.replicas))
 
     monkeypatch.setattr(demo, "solve_step", data_parallel)
     assert demo.main(["--model", "rnnlm", "--preset", "small", "--micro-batches", "auto", "--time-limit", "1",

@@ -255,7 +255,8 @@ def choose_micro_batches(args, batch: int) -> Chosen:
                         micro_batches="auto", batch_size=batch)
     if result.graph_kind == "replicated" and result.replicas == 1:   # one replica: the step itself
         kind = "micro-batched" if result.micro_batches > 1 else "step"
-        result = dataclasses.replace(result, plan=one_replica(result.plan, result.graph.names)[0], graph_kind=kind,
+        result = dataclasses.replace(result, plan=one_replica(result.plan, result.graph.names)[0],
+                                     strategy=dataclasses.replace(result.strategy, replicas=1, stages=1),
                                      graph=step_graph(graph, result.micro_batches, kind))
     print(f"[auto] pesto.solve(micro_batches='auto', batch_size={batch}) in {time.perf_counter() - t0:.1f} s; "
           "step per candidate (ms, on the un-split profile):")

@@ -126,7 +126,7 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
         The un-split TF step Pesto split (:func:`tf_patch.extract.extract`'s
         names, batch marks), for its types and the consumers of the partials.
     split_names : iterable of str
-        The ops of Pesto's split graph (``StepResult.graph.names``, or the
+        The ops of Pesto's split graph (``Solved.graph.names``, or the
         keys of its plan's placement).
     tf_split : OpGraph
         The TF split step of ``micro_batches`` slices (extracted).

@@ -62,7 +62,7 @@ from pesto.dag import bottom_levels, top_levels
 from pesto.step import Transformed
 from pesto.problem import INF, Problem
 
-from .bounds import lower_bound
+from ..bounds import lower_bound
 
 __all__ = ["SampleBound", "sample_bound", "copies_bound", "colocation_bound", "memory_floor", "memory_need",
            "op_memory"]

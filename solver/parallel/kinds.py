@@ -1,0 +1,70 @@
+"""The table of parallelism kinds the search screens.
+
+A kind is one module's two functions and one entry here: ``candidates(step,
+cluster, m)`` -> the :class:`~solver.parallel.strategy.Strategy` s of ``m``
+slices worth building, ``realise(step, cluster, strategy, candidates=...)``
+-> a :class:`~solver.parallel.strategy.Solved` plan (raising a
+:class:`~pesto.errors.PestoError` or ``ValueError`` naming why it does not
+apply), ``label(strategy)`` the candidate's name in ``plan.log.steps``, and
+``sims`` the simulations of its graph one realisation costs (what the search
+predicts its time from; ``cheap``: with one stage split only, what the search
+falls back to when ``sims`` do not fit). :mod:`solver.parallel.search` screens every kind
+of :data:`KINDS`, in order, for every count; to add a kind, write its module
+and add its entry.
+
+>>> list(KINDS)
+['hybrid', 'pipeline', 'data-parallel']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pesto.cluster import Cluster
+from pesto.graph import OpGraph
+
+from ..pipeline_baselines import gpu_names
+from .realise import realise
+from .schedules import SCHEDULES
+from .strategy import Solved, Strategy
+
+__all__ = ["Kind", "KINDS"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One parallelism kind (module doc)."""
+
+    name: str
+    candidates: Callable[[OpGraph, Cluster, int], list[Strategy]]
+    realise: Callable[..., Solved]
+    label: Callable[[Strategy], str]
+    sims: float = 2.0
+    cheap: float | None = None   # the simulations with one stage split only (``candidates=1``), if it has several
+
+
+def _pipelines(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
+    """GPipe and 1F1B of ``m > 1`` slices over up to every GPU."""
+    n = len(gpu_names(cluster))
+    return [Strategy(stages=n, micro_batches=m, schedule=s) for s in SCHEDULES] if m > 1 else []
+
+
+def _data_parallel(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
+    """One replica per GPU in ``m > 1`` slices (``M = 1``: the search's first plan)."""
+    n = len(gpu_names(cluster))
+    return [Strategy(replicas=n, micro_batches=m)] if m > 1 and n > 1 else []
+
+
+def _hybrids(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
+    """``R`` replicas, each a 1F1B pipeline over ``GPUs / R`` GPUs, for each divisor ``1 < R < GPUs``."""
+    n = len(gpu_names(cluster))
+    return [Strategy(replicas=r, stages=n // r, micro_batches=m, schedule="1f1b") for r in range(2, n) if n % r == 0]
+
+
+#: The kinds, in the order the search screens them (ties go to the first offered).
+KINDS: dict[str, Kind] = {
+    "hybrid": Kind("hybrid", _hybrids, realise, lambda s: f"hybrid R={s.replicas} M={s.micro_batches}", 2.0),
+    "pipeline": Kind("pipeline", _pipelines, realise, lambda s: f"{s.schedule} M={s.micro_batches}", 5.0, 2.0),
+    "data-parallel": Kind("data-parallel", _data_parallel, realise, lambda s: f"data-parallel M={s.micro_batches}",
+                          2.0),
+}

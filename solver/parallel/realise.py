@@ -1,0 +1,76 @@
+"""One realiser: a :class:`~solver.parallel.strategy.Strategy` of a step -> a
+:class:`~solver.parallel.strategy.Solved` plan.
+
+Data parallelism is one stage per replica (:func:`solver.pipeline_baselines.data_parallel_plan`,
+one replica per GPU), a pipeline one replica (:func:`solver.pipeline_baselines.pipeline_plan`,
+GPipe or 1F1B from :data:`solver.parallel.schedules.SCHEDULES`, at most
+``strategy.stages`` stages), a hybrid both (:func:`solver.hybrid.hybrid_plan`);
+the slice model (``schedule="slice"``, :func:`solver.slice_model.solve_slices`)
+is one more realiser. The exact pipeline (``schedule="free"``) is not a
+realiser: it is a search stage (:mod:`solver.parallel.search`).
+"""
+from __future__ import annotations
+
+from pesto.cluster import Cluster
+from pesto.graph import OpGraph
+
+from ..hybrid import hybrid_plan
+from ..pipeline_baselines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
+from ..slice_model import solve_slices
+from .schedules import SCHEDULES
+from .strategy import Solved, Strategy
+
+__all__ = ["realise", "strategy_of", "solved_of"]
+
+
+def strategy_of(sp: StepPlan) -> Strategy:
+    """The :class:`~solver.parallel.strategy.Strategy` a baseline's plan realises."""
+    if sp.schedule == "data-parallel":
+        return Strategy(replicas=sp.replicas, micro_batches=sp.micro_batches)
+    return Strategy(replicas=sp.replicas, stages=sp.stages, micro_batches=sp.micro_batches, schedule=sp.schedule)
+
+
+def solved_of(sp: StepPlan) -> Solved:
+    """A baseline's :class:`~solver.pipeline_baselines.StepPlan` as a :class:`Solved`."""
+    return Solved(sp.plan, sp.graph, strategy_of(sp), detail=sp)
+
+
+def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
+            time_limit: float = 10.0, seed: int = 0, workers: int | None = None, deadline=None) -> Solved:
+    """The plan of the marked ``step`` that ``strategy`` says (module doc).
+
+    ``candidates``: the stage splits a pipeline simulates; ``time_limit``,
+    ``seed``, ``workers``, ``deadline``: the slice model's search.
+
+    >>> from pesto.cluster import gpus
+    >>> realise(OpGraph.from_edges({"a": 1.0}, []), gpus(4), Strategy(replicas=2))
+    Traceback (most recent call last):
+    ...
+    ValueError: data-parallel R=2: data parallelism runs one replica per GPU (4)
+
+    Raises
+    ------
+    ValueError
+        A strategy no realiser supports (named), e.g. data parallelism with
+        fewer replicas than GPUs.
+    PestoError
+        As the realiser (no stage split, no grid, ...).
+    """
+    s, m = strategy, strategy.micro_batches
+    if s.schedule == "slice":
+        r = solve_slices(step, cluster, micro_batches=m, time_limit=time_limit, workers=workers, seed=seed,
+                         deadline=deadline)
+        if r.plan is None:
+            raise ValueError(f"slice model M={m}: no grid solution ({r.status})")
+        return Solved(r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"), detail=r)
+    if s.replicas > 1 and s.stages == 1 and s.schedule == "none":
+        if s.replicas != len(gpu_names(cluster)):
+            raise ValueError(f"{s.name}: data parallelism runs one replica per GPU ({len(gpu_names(cluster))})")
+        return solved_of(data_parallel_plan(step, cluster, micro_batches=m))
+    if s.schedule in SCHEDULES and s.replicas == 1:
+        return solved_of(pipeline_plan(step, cluster, schedule=s.schedule, micro_batches=m, candidates=candidates,
+                                       stages=None if s.stages >= len(gpu_names(cluster)) else s.stages))
+    if s.schedule in SCHEDULES and s.replicas > 1:
+        return solved_of(hybrid_plan(step, cluster, replicas=s.replicas, micro_batches=m, schedule=s.schedule,
+                                     candidates=candidates))
+    raise ValueError(f"no realiser for {s.name} (schedule {s.schedule!r}); the search realises 'free' itself")

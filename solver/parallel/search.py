@@ -1,0 +1,645 @@
+"""``pesto.solve(micro_batches=M | "auto")``: the best plan over strategies, under one clock.
+
+A plan of a micro-batched or replicated step places a *different graph* than
+the step given (:func:`pesto.step.split`,
+:func:`pesto.step.replicate`), so :func:`solve_step` returns it with that
+graph and its :class:`~solver.parallel.strategy.Strategy`
+(:class:`~solver.parallel.strategy.Solved`); the plan's log says which graph
+it is (``micro_batches``, ``graph_kind``, ``replicas``) and every step
+compared (``steps``); :func:`step_graph` rebuilds the graph from those fields.
+
+**One clock.** The search runs under the solve's one
+:class:`~pesto.deadline.Deadline` (``options.time_limit`` from
+``options.started``; a :class:`~pesto.deadline.WorkClock` in deterministic
+mode) and one :class:`~solver.budget.Budget` over its stages
+(:data:`STAGES`): screening, the exact stages of each count (each count's
+pipeline runs on a grant of that deadline, the slice model on a part of it)
+and the per-sample bound. SIGINT, SIGTERM and SIGHUP in any stage interrupt
+that one deadline: the running candidate stops at its next check and the
+best plan so far is returned with status ``"interrupted"``. A candidate
+predicted not to fit what is left (from the measured seconds per simulated
+op, :class:`_Pace`; never in deterministic mode, where nothing reads the
+wall clock) or too large to build (:data:`DP_MAX_OPS`, :data:`SPLIT_MAX_OPS`)
+is skipped, named in ``plan.log.skipped``.
+
+The candidates, all scored by the same simulator (``finalize``), ranked by
+:func:`solver.common.rank` (a plan that fits memory first, then the shortest
+step):
+
+* ``"auto"`` only: the data-parallel plan (one replica per GPU, ring
+  all-reduce), not split;
+* screening, for each ``M`` tried: the GPipe and 1F1B plans of that ``M``
+  (``M > 1``; :func:`solver.pipeline_baselines.pipeline_plan`), the
+  data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
+  every divisor ``R`` of the GPUs with ``1 < R < GPUs`` the hybrid plan of
+  ``R`` replicas each pipelined over ``GPUs / R`` GPUs
+  (:func:`solver.hybrid.hybrid_plan`);
+* exact stages, for the counts :func:`_exact_counts` picks: the slice
+  model's plan (:func:`solver.slice_model.solve_slices`, :data:`SLICE_SHARE`
+  of that count's grant) and the pipeline (:func:`solver.pipeline.run_pipeline`)
+  on the step split into ``M`` slices, started from those; ``M == 1`` (with
+  ``"auto"``): the pipeline on the step as given.
+
+A fixed ``M`` is honoured: only plans of ``M`` slices compete (a count whose
+first plan cannot be made is refused with the reason, never replaced by a
+plan of another ``M``). ``replicas x M`` must divide ``batch_size`` when one
+is given. The result's bound is valid for the graph it places: the
+pipeline's, or :func:`~solver.parallel.bound.sample_bound` of that graph when
+higher or when a baseline won (:func:`winner_bound`).
+
+Batch marks: the step's ops carry them (:attr:`pesto.graph.Op.batch`,
+``phase``, ``anchor``, ``role``), set by a front end (the facade,
+:func:`pesto.api.marked`, marks a TensorFlow graph without them); a graph
+with unmarked ops raises :class:`~pesto.errors.BatchMarkError` naming them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
+
+from pesto.cluster import Cluster
+from pesto.deadline import Deadline, Stopped
+from pesto.finalize import finalize
+from pesto.errors import BatchMarkError, MicroBatchError, MicroBatchMemoryError, PestoError
+from pesto.graph import OpGraph
+from pesto.memory import fmt_bytes
+from pesto.plan import Plan
+from pesto.problem import Problem
+from pesto.solvelog import SolveLog, Stage
+from pesto.step import replicate, split as split_step
+from pesto.step.replication import gradient_buckets
+
+from ..budget import Budget, Cost, Skip
+from ..common import rank
+from ..options import SolveOptions
+from ..pipeline import PIPELINES, run_pipeline
+from ..pipeline_baselines import gpu_names
+from ..slice_model import solve_slices
+from .bound import SampleBound, memory_need, sample_bound
+from .kinds import KINDS, Kind
+from .realise import realise
+from .schedules import SCHEDULES
+from .strategy import Solved, Strategy
+
+__all__ = ["solve_step", "step_graph", "micro_batch_counts", "with_marks", "memory_short", "winner_bound",
+           "replicated_ops", "check_batch", "AUTO_MAX", "STAGES"]
+
+#: ``micro_batches="auto"`` tries counts up to this many slices.
+AUTO_MAX = 16
+#: Seconds the pipeline gets at least for one ``M``; with less left it is skipped (wall clock only).
+MIN_SECONDS = 0.5
+#: Share of the time left ``"auto"`` and a fixed ``M`` spend screening.
+SCREEN_SHARE = 0.35
+#: Stage splits each of GPipe and 1F1B simulates per count when screening.
+SCREEN_CANDIDATES = 4
+#: Share of the exact phase's time every count gets first (equal parts); the
+#: rest continues the count whose plan was best (racing, as successive halving).
+PROBE_SHARE = 0.5
+#: Counts besides ``M = 1`` that ``"auto"`` runs the exact stages on (the best screened).
+EXACT_COUNTS = 2
+#: Largest replicated graph (ops of the replicas' slices plus their ring
+#: all-reduce ops, :func:`replicated_ops`) a data-parallel or hybrid plan is built for.
+DP_MAX_OPS = 150_000
+#: Largest split step (ops x ``M``) built at all: a larger ``M`` is refused (fixed) or skipped ("auto").
+SPLIT_MAX_OPS = 2_000_000
+#: Share of one count's grant the slice model gets.
+SLICE_SHARE = 0.4
+#: Simulations of its graph the first data-parallel plan costs (predicting its time), and the
+#: per-sample bound's (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
+SIMS = {"data-parallel": 2.0, "bound": 3.0}
+#: The search's stages under its :class:`~solver.budget.Budget`: screening and the exact
+#: stages are optional (the search has a plan without them), the bound is mandatory.
+STAGES = ("screening", "exact", "bound")
+COSTS: Mapping[str, Cost] = {"screening": Cost(share=SCREEN_SHARE), "exact": Cost(), "bound": Cost(optional=False)}
+
+
+def micro_batch_counts(micro_batches, batch_size: int | None = None, replicas: int = 1) -> list[int]:
+    """The counts to try: ``[M]``, or for ``"auto"`` the divisors of
+    ``batch_size`` up to :data:`AUTO_MAX` (1, 2, 4, 8, 16 without one).
+
+    >>> micro_batch_counts("auto", 24), micro_batch_counts("auto"), micro_batch_counts(3)
+    ([1, 2, 3, 4, 6, 8, 12], [1, 2, 4, 8, 16], [3])
+    """
+    if micro_batches != "auto":
+        return [int(micro_batches)]
+    if batch_size is None:
+        return [m for m in (1, 2, 4, 8, 16) if m <= AUTO_MAX]
+    return [m for m in range(1, min(batch_size, AUTO_MAX) + 1) if batch_size % m == 0]
+
+
+def check_batch(batch_size: int | None, replicas: int, m: int) -> str:
+    """Why ``replicas`` replicas of ``m`` slices cannot share a batch of
+    ``batch_size`` samples ("" when they can, or no batch size is known).
+
+    >>> check_batch(1, 2, 1)
+    'batch_size=1 is not a multiple of 2 replicas x 1 micro-batch(es): 0.5 samples per slice'
+    >>> check_batch(32, 2, 4), check_batch(None, 500, 3)
+    ('', '')
+    """
+    if batch_size is None or batch_size % (replicas * m) == 0:
+        return ""
+    return (f"batch_size={batch_size} is not a multiple of {replicas} replicas x {m} micro-batch(es): "
+            f"{batch_size / (replicas * m):g} samples per slice")
+
+
+def with_marks(graph: OpGraph) -> OpGraph:
+    """``graph``, whose every op has a batch mark (a front end sets them:
+    :func:`pesto.api.marked` for a TensorFlow graph without them).
+
+    Raises
+    ------
+    BatchMarkError
+        Ops without a batch mark, named.
+    """
+    unknown = [op.name for op in graph.ops if op.batch is None]
+    if unknown:
+        raise BatchMarkError(f"graph {graph.name!r} has {len(unknown)} op(s) without batch marks (Op.batch): "
+                             f"mark them (JSON 'batch': true/false; pesto.solve marks a TensorFlow graph)",
+                             unknown)
+    return graph
+
+
+def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
+    """The graph a plan with these log fields places (``plan.log.micro_batches``,
+    ``graph_kind``, ``replicas``), rebuilt from the step ``graph``.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``graph_kind``.
+    """
+    if graph_kind == "step":
+        return graph
+    marked = with_marks(graph)
+    if graph_kind == "micro-batched":
+        return split_step(marked, micro_batches).graph
+    if graph_kind == "replicated":
+        rep = replicate(marked, replicas).graph
+        return rep if micro_batches == 1 else split_step(rep, micro_batches).graph
+    raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
+
+
+def replicated_ops(graph: OpGraph, replicas: int, m: int = 1, buckets: int | None = None) -> int:
+    """About the ops of ``replicas`` replicas of ``graph`` (marked), each in
+    ``m`` slices: the copies plus the ring all-reduce of each gradient bucket
+    (``2 (R - 1) + 1`` ops per replica and bucket: quadratic in ``R``).
+
+    >>> g = OpGraph.from_edges({"a": 1.0, "b": 1.0}, [("a", "b", 8)])
+    >>> replicated_ops(g, 500, buckets=1)   # 1000 copies, 499 500 ring ops
+    500500
+    """
+    if buckets is None:
+        buckets = len(gradient_buckets(graph)) if replicas > 1 else 0
+    return replicas * graph.num_ops * m + buckets * replicas * (2 * replicas - 1)
+
+
+@dataclass
+class _Pool:
+    """The candidates so far: the best (:func:`solver.common.rank`), every
+    candidate's step, the skipped ones with why, the memory errors per ``M``."""
+
+    best: Solved | None = None
+    steps: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+    short: dict = field(default_factory=dict)   # M -> MicroBatchMemoryError
+
+    def offer(self, name: str, plan: Plan, graph: OpGraph, strategy: Strategy) -> None:
+        self.offer_solved(name, Solved(plan, graph, strategy))
+
+    def offer_solved(self, name: str, r: Solved) -> None:
+        """Offer a realised candidate as ``name``."""
+        self.steps[name] = r.plan.makespan
+        if self.best is None or rank(r.plan) < rank(self.best.plan):
+            self.best = r
+
+
+class _Pace:
+    """What predicts a candidate's time (wall clock only): seconds per
+    simulated op, and the fixed seconds per simulation of building the
+    simulator's problem (quadratic in the devices: its routes), both from a
+    warm-up on the step, the op cost then from each candidate built."""
+
+    def __init__(self):
+        self.per_op: float | None = None
+        self.fixed = 0.0
+
+    def warm_up(self, graph: OpGraph, cluster: Cluster) -> None:
+        """Build the step's problem (timed: the fixed cost), then simulate the
+        step on one device twice (the engine's compiled loops built, then
+        timed: the op cost)."""
+        if not graph.num_ops:
+            return
+        dev = gpu_names(cluster)[0]
+        try:
+            t = time.perf_counter()
+            Problem.of(graph, cluster)
+            self.fixed = time.perf_counter() - t
+            for order in (None, graph.topological_order()):
+                t = time.perf_counter()
+                finalize(graph, cluster, {n: dev for n in graph.names}, order=order, placer="warm-up", t0=t)
+        except PestoError:   # an op without a kernel there: the first candidate measures instead
+            return
+        self.per_op = (time.perf_counter() - t) / graph.num_ops
+
+    def predict(self, ops: float, sims: float) -> float | None:
+        """Seconds of ``sims`` simulations of ``ops`` ops (None until measured)."""
+        return None if self.per_op is None else sims * (self.per_op * ops + self.fixed)
+
+    def timed(self, fn: Callable, sims: float, ops: Callable[[object], int]):
+        """``fn()``, its seconds per simulated op (``ops(result)`` ops, ``sims`` simulations) kept."""
+        t = time.perf_counter()
+        out = fn()
+        per_sim = (time.perf_counter() - t) / max(sims, 1.0)
+        self.per_op = max(per_sim - self.fixed, 0.0) / max(ops(out), 1) or self.per_op
+        return out
+
+
+@dataclass
+class _Screened:
+    """One count after screening: the graph its exact stages place (the step
+    for ``M = 1``, else the split), the plans they start from, the best
+    screened step (``inf`` when no baseline applied) and the GPipe/1F1B
+    results (the slice model's hints)."""
+
+    graph: OpGraph
+    starts: list
+    step: float
+    pipes: list = field(default_factory=list)
+
+
+class _Search:
+    """The state of one search: the step, its marked form, the clock and the
+    budget, the candidate pool, the pace (see :func:`solve_step`)."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, options: SolveOptions, deadline: Deadline):
+        self.graph, self.cluster, self.options, self.deadline = graph, cluster, options, deadline
+        self.marked = with_marks(graph)
+        self.auto = options.micro_batches == "auto"
+        self.say = options.progress or (lambda line: None)
+        self.budget = Budget(deadline, STAGES, costs=COSTS)
+        self.pool, self.pace = _Pool(), _Pace()
+        self.pace.warm_up(self.marked, cluster)
+        self.gpus = len(gpu_names(cluster))
+        self.buckets = len(gradient_buckets(self.marked)) if self.gpus > 1 else 0
+        self.window: Deadline = deadline  # what the running stage may spend
+        # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
+        # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
+        self.slice_workers = options.workers or (1 if options.deterministic else None)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def stop_if_interrupted(self) -> None:
+        if self.deadline.interrupted:
+            raise Stopped(self.deadline.reason)
+
+    def fits(self, name: str, ops: int, sims: float, *, quiet: bool = False) -> bool:
+        """Whether a candidate of about ``ops`` ops (``sims`` simulations) may be
+        built now: not when interrupted (raises :class:`Stopped`), and not when
+        predicted past the running stage's window (wall clock only; skipped and
+        named). Without a plan yet, the exact stages still make one."""
+        self.stop_if_interrupted()
+        need = self.pace.predict(ops, sims)
+        if self.deadline.deterministic or need is None or need <= self.window.left():
+            return True
+        if quiet:
+            return False
+        self.pool.skipped[name] = f"not built: about {need:.1f} s for {ops} ops, {self.window.left():.1f} s left"
+        self.say(f"{name}: skipped (time limit)")
+        return False
+
+    def too_large(self, name: str, replicas: int, m: int) -> bool:
+        """A replicated candidate above :data:`DP_MAX_OPS` or one the batch
+        cannot share (:func:`check_batch`): skipped and named."""
+        ops = replicated_ops(self.marked, replicas, m, self.buckets)
+        why = check_batch(self.options.batch_size, replicas, m) or (
+            f"{replicas} replicas x {m} slices: about {ops} ops with the all-reduce rings, "
+            f"more than {DP_MAX_OPS}" if ops > DP_MAX_OPS else "")
+        if why:
+            self.pool.skipped[name] = why
+        return bool(why)
+
+    # -- the stages ------------------------------------------------------------------------
+    def run(self) -> None:
+        """Screening, then the exact stages (raises :class:`Stopped` on an interrupt)."""
+        counts = self.counts()
+        self.note_hint()
+        if self.auto:
+            self.first_plan()
+        grant = self.budget.grant("screening")
+        if isinstance(grant, Skip):
+            self.stop_if_interrupted()
+            grant = self.deadline   # expired: the first plan of a fixed M is still made
+        self.window = grant
+        self.say(f"screening: M in {sorted(counts)}, {len(KINDS)} kinds ({grant.left():.1f} s)")
+        screened = {}
+        for m in sorted(counts):
+            s = self.screen(m)
+            if s is not None:
+                screened[m] = s
+        if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
+            self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
+        self.exact_all(screened)
+
+    def note_hint(self) -> None:
+        """A hint plan (``options.hint``) of the step as given starts the
+        ``M = 1`` pipeline only: with no ``M = 1`` in the search it is unused,
+        and ``plan.log.skipped["hint"]`` says so (sweep 4, ``M_api_hint_with_mb``)."""
+        hint = self.options.hint
+        if isinstance(hint, Plan) and 1 not in micro_batch_counts(self.options.micro_batches, self.options.batch_size):
+            self.pool.skipped["hint"] = (f"a plan of the step as given; micro_batches={self.options.micro_batches} "
+                                         f"places the split step, so it starts nothing")
+
+    def counts(self) -> list[int]:
+        """The counts to try (:func:`micro_batch_counts`); one whose split would
+        exceed :data:`SPLIT_MAX_OPS` is refused (fixed) or skipped ("auto")."""
+        out = []
+        for m in micro_batch_counts(self.options.micro_batches, self.options.batch_size):
+            ops = self.marked.num_ops * m
+            if ops > SPLIT_MAX_OPS:
+                why = f"M={m}: the split step would have about {ops} ops, more than {SPLIT_MAX_OPS}"
+                if not self.auto:
+                    raise MicroBatchError(f"{why}; choose fewer micro-batches", culprit=m)
+                self.pool.skipped[f"M={m}"] = why
+                continue
+            out.append(m)
+        return out
+
+    def first_plan(self) -> None:
+        """``"auto"``: the data-parallel plan of the step, not split."""
+        name = "data-parallel"
+        if self.gpus < 2 or self.too_large(name, self.gpus, 1):
+            self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
+            return
+        if not self.fits(name, replicated_ops(self.marked, self.gpus, 1, self.buckets), SIMS[name]):
+            return
+        try:
+            dp = self.pace.timed(lambda: realise(self.marked, self.cluster, Strategy(replicas=self.gpus)),
+                                 SIMS[name], lambda r: r.graph.num_ops)
+        except (PestoError, ValueError) as exc:
+            self.pool.skipped[name] = str(exc)
+            self.say(f"{name}: skipped ({exc})")
+            return
+        self.pool.offer_solved(name, dp)
+        self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
+
+    def screen(self, m: int) -> _Screened | None:
+        """Screen ``m`` (module doc): its split, memory floor and baselines."""
+        self.stop_if_interrupted()
+        if m > 1 and not self.fits(f"M={m}", self.marked.num_ops * m, 1.0):
+            return None
+        split = self.graph if m == 1 else split_step(self.marked, m).graph
+        short = memory_short(self.marked, self.cluster, m, split=split)
+        if short is not None:
+            self.pool.short[m] = short
+            self.pool.skipped[f"M={m}"] = str(short)
+            if not self.auto:
+                raise short
+            self.say(f"micro-batches {m}: skipped ({short})")
+            return None
+        s = _Screened(split, [], float("inf"))
+        for kind in KINDS.values():
+            for strategy in kind.candidates(self.marked, self.cluster, m):
+                r = self.candidate(kind, strategy)
+                if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
+                    s.starts.append(r.plan)   # a pipeline: a start of the exact stages, a slice model hint
+                    s.pipes.append(r.detail)
+                    s.step = min(s.step, r.plan.makespan)
+        return s
+
+    def candidate(self, kind: Kind, strategy: Strategy) -> Solved | None:
+        """Realise a screening candidate unless it is too large (:func:`replicated_ops`
+        above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
+        (:meth:`fits`); timed (:class:`_Pace`) and offered. None when skipped or
+        failed (named in ``plan.log.skipped``)."""
+        name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
+        ops = replicated_ops(self.marked, replicas, m, self.buckets)
+        if replicas > 1 and self.too_large(name, replicas, m):
+            return None
+        sims, tries = kind.sims, SCREEN_CANDIDATES
+        if not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
+            if kind.cheap is None or not self.fits(name, ops, kind.cheap):
+                return None
+            sims, tries = kind.cheap, 1
+        try:
+            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries),
+                                sims, lambda r: r.graph.num_ops)
+        except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
+            self.pool.skipped[name] = str(exc)
+            return None
+        self.pool.offer_solved(name, r)
+        self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
+        return r
+
+    def exact_all(self, screened: Mapping[int, _Screened]) -> None:
+        """The exact stages on :func:`_exact_counts`: each an equal part of
+        :data:`PROBE_SHARE` of the time left (less the bound's), then the rest
+        to the count whose plan was best, continued from it."""
+        chosen = _exact_counts(screened, self.auto)
+        dl = self.deadline
+        share = PROBE_SHARE if len(chosen) > 1 else 1.0
+        until = dl.elapsed() + share * max(0.0, dl.left() - self.budget.wants.get("bound", 0.0))
+        exact: dict = {}
+        for k, m in enumerate(chosen):
+            grant = self.grant(f"M={m}", (until - dl.elapsed()) / (len(chosen) - k))
+            if grant is not None:
+                exact[m] = self.exact(screened[m], m, grant)
+        if exact and len(chosen) > 1 and dl.seconds != float("inf"):
+            m = min(exact, key=lambda c: rank(exact[c]))
+            grant = self.grant(f"M={m} continued", dl.left())
+            if grant is not None:
+                plan = self.exact(screened[m], m, grant, start=exact[m])
+                self.say(f"micro-batches {m}: the best exact count continued, step {plan.makespan / 1000:.3f} ms")
+
+    def grant(self, name: str, want: float) -> Deadline | None:
+        """The budget's grant of ``want`` seconds for an exact stage, or None
+        (skipped and named: interrupted, expired, or under :data:`MIN_SECONDS`
+        on the wall clock while a plan exists). Without a plan yet, an expired
+        grant: the pipeline's first heuristic still runs to its end."""
+        self.stop_if_interrupted()
+        grant = self.budget.grant("exact", max(0.0, want))
+        if isinstance(grant, Skip) and self.pool.best is None:
+            return self.deadline.sub(0.0)   # no plan yet: the pipeline's first heuristic makes one, whatever the clock
+        if isinstance(grant, Skip):
+            why = grant.reason
+        elif not self.deadline.deterministic and grant.seconds < MIN_SECONDS and self.pool.best is not None:
+            why = f"{grant.seconds:.2f} s left of the time limit"
+        else:
+            return grant
+        self.pool.skipped[name] = f"exact stages skipped: {why}"
+        self.say(f"micro-batches {name[2:]}: exact stages skipped ({why})")
+        return None
+
+    def exact(self, s: _Screened, m: int, grant: Deadline, start: Plan | None = None) -> Plan:
+        """Offer (as ``M=m``) and return the pipeline's plan of ``s.graph`` on
+        ``grant``, started from the slice model's plan (``m > 1``) and the
+        screened plans; with ``start`` (an earlier plan of this ``m``: the
+        search continued), from it and the screened plans, no slice model."""
+        before = set(self.pool.steps)
+        self.say(f"exact M={m}: start ({grant.left():.1f} s granted)")
+        starts = ([start] if start is not None else []) + list(s.starts)
+        if start is None and m > 1:
+            starts[:0] = self.slice_start(s, m, grant)
+        self.stop_if_interrupted()
+        inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
+                                     batch_size=None, progress=None)
+        name = inner.pipeline_for(s.graph)
+        try:
+            plan = run_pipeline(s.graph, self.cluster, PIPELINES[name], inner, name=name, starts=starts,
+                                deadline=grant)
+        except KeyboardInterrupt as exc:   # the inner run's "interrupted before any plan": ours stands
+            if self.pool.best is None or "before any plan" not in str(exc):
+                raise
+            raise Stopped(self.deadline.reason) from None
+        if start is not None and rank(start) < rank(plan):
+            plan = start
+        self.pool.offer(f"M={m}", plan, s.graph, Strategy(micro_batches=m, schedule="free" if m > 1 else "none"))
+        mine = {n: v for n, v in self.pool.steps.items() if n not in before}
+        if mine:
+            self.say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
+        return plan
+
+    def slice_start(self, s: _Screened, m: int, grant: Deadline) -> list[Plan]:
+        """The slice model's plan of ``m`` slices (:func:`solver.slice_model.solve_slices`)
+        on :data:`SLICE_SHARE` of ``grant`` (skipped below :data:`MIN_SECONDS` on the
+        wall clock), offered as ``slice M=m``; [] when skipped."""
+        name = f"slice M={m}"
+        share = SLICE_SHARE * grant.left()
+        if share < MIN_SECONDS and not self.deadline.deterministic:
+            self.pool.skipped[name] = f"{share:.2f} s for the slice model, less than {MIN_SECONDS} s"
+            return []
+        self.stop_if_interrupted()
+        self.say(f"slice model M={m}: start ({share:.1f} s)")
+        try:
+            r = solve_slices(self.marked, self.cluster, micro_batches=m, time_limit=share, workers=self.slice_workers,
+                             seed=self.options.seed, hints=s.pipes, deadline=grant.sub(share))
+        except PestoError as exc:
+            self.pool.skipped[name] = str(exc)
+            self.say(f"slice model M={m}: skipped ({exc})")
+            return []
+        if r.plan is None:
+            self.pool.skipped[name] = f"no grid solution ({r.status}) within {share:.1f} s"
+            self.say(f"slice model M={m}: {self.pool.skipped[name]}")
+            return []
+        self.pool.offer(name, r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"))
+        self.say(f"slice model M={m}: {r.blocks} blocks, grid {r.status} {r.objective / 1000:.3f} ms "
+                 f"(grid bound {r.grid_bound / 1000:.3f}), step {r.plan.makespan / 1000:.3f} ms")
+        return [r.plan]
+
+    def finish(self) -> Solved:
+        """The winner with its log's fields: the strategy, the steps compared,
+        what was skipped, why the search stopped, and the bound of the graph it
+        places (:func:`winner_bound`, when higher than the pipeline's or when a
+        baseline won; skipped, and named, when interrupted or predicted past
+        the time left)."""
+        r, dl = self.pool.best, self.deadline
+        log = r.plan.log or SolveLog(pipeline="step search", winner=r.plan.placer, bound_source="none",
+                                     stages=(Stage("step search", dl.elapsed(), r.plan.makespan,
+                                                   "a baseline's plan won"),))
+        bound, source = log.bound, log.bound_source
+        need = self.pace.predict(r.graph.num_ops, SIMS["bound"])
+        if dl.interrupted or (need is not None and not dl.deterministic and need > dl.left()):
+            self.pool.skipped["per-sample bound"] = dl.reason or f"about {need:.1f} s, {dl.left():.1f} s left"
+        else:
+            sb = winner_bound(self.marked, self.cluster, r, self.options.batch_size)
+            if sb is not None and (bound is None or sb.step > bound):
+                bound, source = sb.step, f"per-sample bound ({sb.source})"
+        status = r.plan.status
+        if dl.interrupted and status not in ("infeasible", "optimal"):
+            status = "interrupted"
+        log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
+                      steps=dict(self.pool.steps), skipped={**log.skipped, **self.pool.skipped}, bound=bound,
+                      bound_source=source, stopped=dl.reason or log.stopped, deterministic=dl.deterministic)
+        return replace(r, plan=replace(r.plan, log=log, lower_bound=bound, status=status))
+
+
+def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> Solved:
+    """The best plan over the counts of ``options.micro_batches`` and data
+    parallelism (module doc), within ``options.time_limit``: one
+    :class:`~pesto.deadline.Deadline` from ``options.started``, its signals
+    caught for the whole search (the first SIGINT, SIGTERM or SIGHUP returns
+    the best plan so far, status ``"interrupted"``).
+
+    Raises
+    ------
+    BatchMarkError
+        As :func:`with_marks`.
+    MicroBatchError
+        A fixed ``M`` whose split would exceed :data:`SPLIT_MAX_OPS`, or for
+        which no plan could be made (the reasons named).
+    MicroBatchMemoryError
+        A fixed ``M`` whose split step fits no device (:func:`memory_short`).
+    KeyboardInterrupt
+        Interrupted before any plan existed.
+    """
+    deadline = Deadline(options.time_limit, deterministic=options.deterministic, start=options.started)
+    search = _Search(graph, cluster, options, deadline)
+    with deadline.catching_signals():
+        try:
+            search.run()
+        except Stopped:
+            pass
+        if search.pool.best is not None:
+            return search.finish()
+    if search.pool.short:
+        raise next(iter(search.pool.short.values()))
+    if deadline.interrupted:
+        raise KeyboardInterrupt(f"{deadline.reason} before any plan existed")
+    why = "; ".join(f"{k}: {v}" for k, v in search.pool.skipped.items()) or "no candidate applies"
+    raise MicroBatchError(f"micro_batches={options.micro_batches}: no plan could be made ({why})",
+                          culprit=options.micro_batches)
+
+
+def _exact_counts(screened: Mapping[int, _Screened], auto: bool) -> list[int]:
+    """The counts the exact stages run on: every one screened unless
+    ``auto``; with ``auto`` ``M = 1`` (the step as given first: it is never
+    left without its share) and the :data:`EXACT_COUNTS` best by screened
+    step, best first.
+
+    >>> s = {m: _Screened(None, [], v) for m, v in [(1, float("inf")), (2, 5.0), (4, 3.0), (8, 4.0)]}
+    >>> _exact_counts(s, True), _exact_counts(s, False)
+    ([1, 4, 8], [1, 2, 4, 8])
+    """
+    if not auto:
+        return sorted(screened)
+    split = sorted((s.step, m) for m, s in screened.items() if m > 1)
+    return ([1] if 1 in screened else []) + [m for _, m in split[:EXACT_COUNTS]]
+
+
+def memory_short(graph: OpGraph, cluster: Cluster, m: int, *, split: OpGraph | None = None
+                 ) -> MicroBatchMemoryError | None:
+    """The error to give when no plan of ``graph`` (marked) in ``m`` slices can
+    fit: even :func:`~solver.parallel.bound.memory_floor` of the split step
+    exceeds the largest device; None otherwise. ``split``: that split, if made.
+
+    >>> from pesto.graph import Op, OpGraph, Edge, Tensor
+    >>> from pesto.cluster import gpus
+    >>> g = OpGraph([Op("dw", {"GPU": 8.0}, output_bytes=400, batch=True),
+    ...              Op("apply", {"GPU": 1.0}, batch=False)], [Edge("dw", "apply", "dw:0")],
+    ...             [Tensor("dw:0", "dw", 400)])
+    >>> memory_short(g, gpus(2, memory=1000), 1) is None
+    True
+    >>> print(memory_short(g, gpus(2, memory=1000), 2))   # summing 2 slices: 2 gradients in, 1 out
+    M=2: in-flight slices need 1.17 KiB on one device (op 'dw:0@acc1'), the largest device has 1000 B
+    """
+    if split is None:
+        split = graph if m == 1 else split_step(graph, m).graph
+    prob = Problem.of(split, cluster)
+    need, what = memory_need(prob)
+    largest = max(prob.cap)
+    if need <= largest:
+        return None
+    return MicroBatchMemoryError(f"M={m}: in-flight slices need {fmt_bytes(need)} on one device ({what}), "
+                                 f"the largest device has {fmt_bytes(largest)}", m, need, largest, culprit=what)
+
+
+def winner_bound(marked: OpGraph, cluster: Cluster, r: Solved, batch: int | None = None) -> SampleBound | None:
+    """:func:`~solver.parallel.bound.sample_bound` of the graph ``r.plan``
+    places, rebuilt from the marked step (replicated, then split, as
+    :func:`step_graph`; ``M = 1`` as the split into one slice: the same ops
+    under the copy names, so the same bound); None when the rebuilt graph is
+    not that one (then the pipeline's bound stands)."""
+    base = replicate(marked, r.replicas).graph if r.graph_kind == "replicated" else marked
+    split = split_step(base, r.micro_batches)
+    same = (split.graph.num_ops == r.graph.num_ops if r.micro_batches == 1
+            else split.graph.names == r.graph.names)
+    return sample_bound(split, cluster, batch=batch) if same else None

@@ -1,0 +1,119 @@
+"""How a step is run (:class:`Strategy`) and a plan with what it solved (:class:`Solved`).
+
+A strategy is data: ``replicas`` data-parallel copies of the step, each cut
+into ``stages`` pipeline stages and split into ``micro_batches`` slices,
+run by ``schedule``. Data parallelism is one stage, a pipeline one replica,
+a hybrid both; the plain step is ``Strategy()``.
+
+Schedules: ``"gpipe"`` and ``"1f1b"`` (fixed orders of the slices' forward
+and backward tasks per stage), ``"free"`` (Pesto's own placement and order of
+the transformed step: the exact pipeline), ``"slice"`` (the slice model's
+block x slice grid), ``"none"`` (no pipeline: the plain step or data
+parallelism).
+
+Examples
+--------
+>>> Strategy(replicas=4).name, Strategy(stages=2, micro_batches=8, schedule="1f1b").name
+('data-parallel R=4', '1f1b K=2 M=8')
+>>> Strategy(replicas=2, stages=2, micro_batches=4, schedule="1f1b").kind
+'replicated'
+>>> Strategy(micro_batches=0)
+Traceback (most recent call last):
+...
+ValueError: Strategy.micro_batches must be an integer >= 1, got 0
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pesto.graph import OpGraph
+from pesto.plan import Plan
+from pesto.step.replication import BUCKET_BYTES
+
+__all__ = ["Strategy", "Solved", "SCHEDULE_NAMES"]
+
+#: The schedules a strategy may name (see the module doc).
+SCHEDULE_NAMES = ("none", "free", "slice", "gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One point of the plan space (module doc). For a pipeline schedule
+    before it is realised, ``stages`` is the most stages the cutter may use
+    (:func:`solver.parallel.realise.realise` picks the count; the result's
+    strategy has the count used). ``recompute``,
+    ``shard_optimizer`` and ``split_backward`` are reserved for the kinds to
+    come (activation recomputation, sharded optimizer state, split-backward
+    schedules) and must keep their defaults until a realiser supports them."""
+
+    replicas: int = 1
+    stages: int = 1
+    micro_batches: int = 1
+    schedule: str = "none"
+    bucket_bytes: int | None = BUCKET_BYTES
+    recompute: bool = False
+    shard_optimizer: int = 0
+    split_backward: bool = False
+
+    def __post_init__(self):
+        for name in ("replicas", "stages", "micro_batches"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Strategy.{name} must be an integer >= 1, got {v!r}")
+        if self.schedule not in SCHEDULE_NAMES:
+            raise ValueError(f"Strategy.schedule {self.schedule!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}")
+        if self.recompute or self.shard_optimizer or self.split_backward:
+            raise ValueError("recompute, shard_optimizer and split_backward are not supported yet")
+
+    @property
+    def kind(self) -> str:
+        """The graph a plan of it places: ``"step"``, ``"micro-batched"`` or ``"replicated"``."""
+        return "replicated" if self.replicas > 1 else "micro-batched" if self.micro_batches > 1 else "step"
+
+    @property
+    def name(self) -> str:
+        """A short name: ``"data-parallel R=4"``, ``"1f1b K=2 M=8"``, ``"hybrid R=2 K=2 M=4"``."""
+        m = f" M={self.micro_batches}" if self.micro_batches > 1 else ""
+        if self.replicas > 1:
+            if self.stages > 1:
+                return f"hybrid R={self.replicas} K={self.stages}{m}"
+            return f"data-parallel R={self.replicas}{m}"
+        if self.schedule in ("gpipe", "1f1b"):
+            return f"{self.schedule} K={self.stages}{m}"
+        return ("step" if self.schedule == "none" else self.schedule) + m
+
+
+@dataclass(frozen=True)
+class Solved:
+    """A plan with what it solved: ``plan`` places ``graph`` (the step, or
+    the step transformed as ``strategy`` says); ``transformed`` is the
+    transform's origin map when the realiser kept it (else None). The same
+    type for every kind; :func:`pesto.check_plan` and :func:`pesto.simulate`
+    take it in place of a (graph, plan) pair. ``detail``: the realiser's own
+    record, if any (a pipeline's :class:`~solver.pipeline_baselines.StepPlan`:
+    its block order hints the slice model); not part of the result's meaning."""
+
+    plan: Plan
+    graph: OpGraph
+    strategy: Strategy = Strategy()
+    transformed: Any = None
+    detail: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.strategy.micro_batches
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.replicas
+
+    @property
+    def graph_kind(self) -> str:
+        """``"step"``, ``"micro-batched"`` or ``"replicated"`` (:attr:`Strategy.kind`)."""
+        return self.strategy.kind
+
+    @property
+    def steps(self) -> Mapping[str, float]:
+        """Every candidate's step compared (``plan.log.steps``; empty for a plain solve)."""
+        return dict(self.plan.log.steps) if self.plan.log is not None else {}
