@@ -14,7 +14,7 @@ only), every plan is scored by the same simulator (link contention):
 * ``single``: the step on one GPU; ``pesto M=1``: ``pesto.solve`` on the step;
 * ``data-parallel``: one replica per GPU, ring all-reduce (``pesto.step.replicate``);
 * ``gpipe`` / ``1f1b``: the best of ``M`` in ``--micro``
-  (``solver.pipeline_baselines.pipeline_plan`` with its default stage
+  (``solver.parallel.pipelines.pipeline_plan`` with its default stage
   splits; ``pesto auto`` screens with fewer, so its logged ``gpipe M=k`` steps
   are not reused); the steps of every ``M`` in the note;
 * ``pesto auto``: the plan ``pesto.solve(graph, micro_batches="auto",
@@ -46,7 +46,7 @@ from pesto.step.replication import gradient_buckets
 from tf_patch.marks import mark_step
 from solver.baselines import place_single
 from solver.parallel.bound import sample_bound
-from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
+from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 
 from . import microbatch_report as report
 

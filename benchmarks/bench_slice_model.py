@@ -5,8 +5,8 @@ Writes ``benchmarks/results/slice_model.md``.
 
 Per cached zoo graph (marked by :func:`tf_patch.marks.mark_step`, as
 ``bench_microbatch``), cluster (``v100x2_nvlink``, ``v100x4_pcie``, GPUs only)
-and ``M``: GPipe and 1F1B (:func:`solver.pipeline_baselines.pipeline_plan`),
-the slice model alone (:func:`solver.slice_model.solve_slices`, ``time_limit``
+and ``M``: GPipe and 1F1B (:func:`solver.parallel.pipelines.pipeline_plan`),
+the slice model alone (:func:`solver.parallel.slice_model.solve_slices`, ``time_limit``
 seconds, hinted with the better pipeline) and the slice model's plan polished
 by the fine pipeline (:func:`solver.pipeline.run_pipeline`, "full", another
 ``time_limit`` seconds, the slice plan as its start). Steps are the
@@ -22,8 +22,8 @@ from pesto.graph import OpGraph
 from tf_patch.marks import mark_step
 from solver.options import SolveOptions
 from solver.pipeline import PIPELINES, run_pipeline
-from solver.pipeline_baselines import pipeline_plan
-from solver.slice_model import solve_slices
+from solver.parallel.pipelines import pipeline_plan
+from solver.parallel.slice_model import solve_slices
 
 from .bench_microbatch import CLUSTERS
 

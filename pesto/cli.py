@@ -45,9 +45,9 @@ from pathlib import Path
 
 from solver import PLACERS, accepted_options, get_placer
 from solver.options import MAX_TIME_LIMIT
-from solver.hybrid import hybrid_plan
-from solver.pipeline_baselines import SCHEDULES, data_parallel_plan, gpu_names, pipeline_plan
-from solver.slice_model import place_slice_cpsat
+from solver.parallel.hybrid import hybrid_plan
+from solver.parallel.pipelines import SCHEDULES, data_parallel_plan, gpu_names, pipeline_plan
+from solver.parallel.slice_model import place_slice_cpsat
 from solver.parallel.search import check_batch
 
 from . import __version__
@@ -340,7 +340,7 @@ def label(placer: str) -> str:
 def run_placer(args, graph, cluster, placer: str):
     """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve_step`
     (coarsen, solve, expand, simulate, check; ``--micro-batches``), the
-    micro-batch baselines through :mod:`solver.pipeline_baselines`, the others
+    micro-batch baselines through :mod:`solver.parallel.pipelines`, the others
     through the registry (given ``--time-limit`` and ``--seed`` when they take
     them). Returns the plan and the graph it places (the step, or its split
     or replicated form)."""

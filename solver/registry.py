@@ -31,10 +31,10 @@ from pesto.plan import Plan
 from .baselines import place_expert, place_expert_paper, place_metis, place_single
 from .cpsat import place_cpsat
 from .heuristics import place_celeritas, place_heft, place_m_etf, place_m_sct, place_m_topo
-from .hybrid import place_hybrid
+from .parallel.hybrid import place_hybrid
 from .mip import place_mip
-from .pipeline_baselines import place_1f1b, place_data_parallel, place_gpipe
-from .slice_model import place_slice_cpsat
+from .parallel.pipelines import place_1f1b, place_data_parallel, place_gpipe
+from .parallel.slice_model import place_slice_cpsat
 
 __all__ = ["Placer", "PLACERS", "COMMON_OPTIONS", "HEURISTICS", "baselines", "run_order", "get_placer",
            "accepted_options", "run_placers"]

@@ -1,4 +1,4 @@
-"""solver.hybrid: replicas x pipeline stages, and its place in the step search."""
+"""solver.parallel.hybrid: replicas x pipeline stages, and its place in the step search."""
 from __future__ import annotations
 
 import re
@@ -12,8 +12,8 @@ from pesto.errors import MicroBatchError
 from pesto.step import compose, split
 from pesto.plan import check_plan
 from pesto.step import replicate
-from solver.hybrid import _replica_stages, hybrid_plan, replica_groups
-from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
+from solver.parallel.hybrid import _replica_stages, hybrid_plan, replica_groups
+from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 from solver.registry import get_placer
 
 # The case hybrid must win (10 GbE: 0.8 µs/byte between hosts, NVLink inside).

@@ -12,7 +12,7 @@ from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.step import replicate, split
 from pesto.simulate import simulate
 from solver.parallel.bound import sample_bound
-from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
+from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 from strategies import clusters, plans
 from test_oracle import oracle
 

@@ -11,7 +11,7 @@ from pesto.errors import BatchMarkError, InfeasibleError, MicroBatchError, Micro
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.step import split
 from solver.parallel.bound import sample_bound
-from solver.pipeline_baselines import pipeline_plan
+from solver.parallel.pipelines import pipeline_plan
 from solver.parallel.search import winner_bound
 from solver.parallel.strategy import Solved, Strategy
 

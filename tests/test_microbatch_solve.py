@@ -9,7 +9,7 @@ import pesto
 from mb_strategies import layered_step
 from pesto.cli import main
 from pesto.errors import BatchMarkError, MicroBatchError
-from solver.pipeline_baselines import data_parallel_plan, pipeline_plan
+from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 from solver.parallel.search import micro_batch_counts
 
 EPS = 1e-6

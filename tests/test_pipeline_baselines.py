@@ -1,4 +1,4 @@
-"""solver.pipeline_baselines: GPipe, 1F1B and data parallel on micro-batched steps."""
+"""solver.parallel.pipelines: GPipe, 1F1B and data parallel on micro-batched steps."""
 from __future__ import annotations
 
 import itertools
@@ -15,7 +15,7 @@ from pesto.step.slicing import parse_name
 from pesto.plan import check_plan
 from pesto.simulate import simulate
 from tf_patch.marks import mark_step
-from solver.pipeline_baselines import (data_parallel_plan, phases, pipeline_plan, place_1f1b,
+from solver.parallel.pipelines import (data_parallel_plan, phases, pipeline_plan, place_1f1b,
                                        place_data_parallel, place_gpipe, split_stages, task_order)
 from solver.registry import PLACERS, get_placer
 

@@ -231,7 +231,7 @@ def test_bucket_ring_sums_every_chunk_over_every_replica(n):
 
 
 def test_buckets_shorten_the_data_parallel_step_of_many_small_gradients():
-    from solver.pipeline_baselines import data_parallel_plan
+    from solver.parallel.pipelines import data_parallel_plan
     g = _grads([4096] * 40)
     c = hosts(4, 2, "ib_hdr")
     fused = replicate(g, 8)

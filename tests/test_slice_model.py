@@ -1,4 +1,4 @@
-"""solver.slice_model: the joint slice-aware exact model (issue 24, item 3)."""
+"""solver.parallel.slice_model: the joint slice-aware exact model (issue 24, item 3)."""
 from __future__ import annotations
 
 import itertools
@@ -13,11 +13,11 @@ from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.step import split
 from tf_patch.marks import mark_phases
 from pesto.plan import check_plan
-from solver.pipeline_baselines import pipeline_plan
+from solver.parallel.pipelines import pipeline_plan
 from solver.registry import PLACERS
-from solver.slice_cpsat import GridModel
-from solver.slice_grid import slice_grid
-from solver.slice_model import solve_slices
+from solver.parallel.slice_cpsat import GridModel
+from solver.parallel.slice_grid import slice_grid
+from solver.parallel.slice_model import solve_slices
 
 
 def chain(times, nbytes=None, *, keep=None) -> OpGraph:

@@ -21,8 +21,8 @@ tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
 from keras_blocks import attention_block, lstm_gru  # noqa: E402
-from solver.hybrid import hybrid_plan  # noqa: E402
-from solver.pipeline_baselines import data_parallel_plan  # noqa: E402
+from solver.parallel.hybrid import hybrid_plan  # noqa: E402
+from solver.parallel.pipelines import data_parallel_plan  # noqa: E402
 from pesto.api import marked as with_marks  # noqa: E402
 from solver.parallel.strategy import Solved, Strategy  # noqa: E402
 from tf_patch import replicastep  # noqa: E402

@@ -11,7 +11,7 @@ from pesto.finalize import finalize
 from pesto.step import split as split_step
 from solver.parallel.kinds import Kind
 from solver.parallel.strategy import Solved, Strategy
-from solver.pipeline_baselines import gpu_names
+from solver.parallel.pipelines import gpu_names
 
 
 def candidates(step, cluster, m):

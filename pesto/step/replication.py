@@ -52,7 +52,7 @@ which the simulator times with every all-reduce transfer on the cluster's links.
   ``m@allreduce@r{r}`` per member ``m`` (its bytes), read by ``m``'s
   unbatched consumers. :attr:`~pesto.step.transform.Origin.members` names the tensors a ring
   op sums; its ``op`` / ``tensor`` are the first member's (a placer that puts
-  a tensor's ring by its variable, as :mod:`solver.hybrid`, puts a bucket by
+  a tensor's ring by its variable, as :mod:`solver.parallel.hybrid`, puts a bucket by
   its first member's variable; transfers carry the other members').
 
 The sum is what the update needs when each replica's loss is normalised by

@@ -1,6 +1,6 @@
 """The one stage cutter: contiguous pipeline stages over a block order.
 
-A step's blocks (:class:`solver.pipeline_baselines.Blocking`, forward
+A step's blocks (:class:`solver.parallel.pipelines.Blocking`, forward
 blocks in order, each backward op with the block it differentiates) are cut
 into ``k`` contiguous stages minimising the largest stage's work plus the
 activations crossing its two cuts (:func:`split_stages`, the one partition

@@ -23,7 +23,7 @@ from typing import Callable
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
 
-from ..pipeline_baselines import gpu_names
+from .pipelines import gpu_names
 from .realise import realise
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy

@@ -1,11 +1,11 @@
 """One realiser: a :class:`~solver.parallel.strategy.Strategy` of a step -> a
 :class:`~solver.parallel.strategy.Solved` plan.
 
-Data parallelism is one stage per replica (:func:`solver.pipeline_baselines.data_parallel_plan`,
-one replica per GPU), a pipeline one replica (:func:`solver.pipeline_baselines.pipeline_plan`,
+Data parallelism is one stage per replica (:func:`solver.parallel.pipelines.data_parallel_plan`,
+one replica per GPU), a pipeline one replica (:func:`solver.parallel.pipelines.pipeline_plan`,
 GPipe or 1F1B from :data:`solver.parallel.schedules.SCHEDULES`, at most
-``strategy.stages`` stages), a hybrid both (:func:`solver.hybrid.hybrid_plan`);
-the slice model (``schedule="slice"``, :func:`solver.slice_model.solve_slices`)
+``strategy.stages`` stages), a hybrid both (:func:`solver.parallel.hybrid.hybrid_plan`);
+the slice model (``schedule="slice"``, :func:`solver.parallel.slice_model.solve_slices`)
 is one more realiser. The exact pipeline (``schedule="free"``) is not a
 realiser: it is a search stage (:mod:`solver.parallel.search`).
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
 
-from ..hybrid import hybrid_plan
-from ..pipeline_baselines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
-from ..slice_model import solve_slices
+from .hybrid import hybrid_plan
+from .pipelines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
+from .slice_model import solve_slices
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
@@ -31,7 +31,7 @@ def strategy_of(sp: StepPlan) -> Strategy:
 
 
 def solved_of(sp: StepPlan) -> Solved:
-    """A baseline's :class:`~solver.pipeline_baselines.StepPlan` as a :class:`Solved`."""
+    """A baseline's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`."""
     return Solved(sp.plan, sp.graph, strategy_of(sp), detail=sp)
 
 

@@ -29,13 +29,13 @@ step):
 * ``"auto"`` only: the data-parallel plan (one replica per GPU, ring
   all-reduce), not split;
 * screening, for each ``M`` tried: the GPipe and 1F1B plans of that ``M``
-  (``M > 1``; :func:`solver.pipeline_baselines.pipeline_plan`), the
+  (``M > 1``; :func:`solver.parallel.pipelines.pipeline_plan`), the
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
   every divisor ``R`` of the GPUs with ``1 < R < GPUs`` the hybrid plan of
   ``R`` replicas each pipelined over ``GPUs / R`` GPUs
-  (:func:`solver.hybrid.hybrid_plan`);
+  (:func:`solver.parallel.hybrid.hybrid_plan`);
 * exact stages, for the counts :func:`_exact_counts` picks: the slice
-  model's plan (:func:`solver.slice_model.solve_slices`, :data:`SLICE_SHARE`
+  model's plan (:func:`solver.parallel.slice_model.solve_slices`, :data:`SLICE_SHARE`
   of that count's grant) and the pipeline (:func:`solver.pipeline.run_pipeline`)
   on the step split into ``M`` slices, started from those; ``M == 1`` (with
   ``"auto"``): the pipeline on the step as given.
@@ -74,8 +74,8 @@ from ..budget import Budget, Cost, Skip
 from ..common import rank
 from ..options import SolveOptions
 from ..pipeline import PIPELINES, run_pipeline
-from ..pipeline_baselines import gpu_names
-from ..slice_model import solve_slices
+from .pipelines import gpu_names
+from .slice_model import solve_slices
 from .bound import SampleBound, memory_need, sample_bound
 from .kinds import KINDS, Kind
 from .realise import realise
@@ -499,7 +499,7 @@ class _Search:
         return plan
 
     def slice_start(self, s: _Screened, m: int, grant: Deadline) -> list[Plan]:
-        """The slice model's plan of ``m`` slices (:func:`solver.slice_model.solve_slices`)
+        """The slice model's plan of ``m`` slices (:func:`solver.parallel.slice_model.solve_slices`)
         on :data:`SLICE_SHARE` of ``grant`` (skipped below :data:`MIN_SECONDS` on the
         wall clock), offered as ``slice M=m``; [] when skipped."""
         name = f"slice M={m}"

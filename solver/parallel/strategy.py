@@ -91,7 +91,7 @@ class Solved:
     transform's origin map when the realiser kept it (else None). The same
     type for every kind; :func:`pesto.check_plan` and :func:`pesto.simulate`
     take it in place of a (graph, plan) pair. ``detail``: the realiser's own
-    record, if any (a pipeline's :class:`~solver.pipeline_baselines.StepPlan`:
+    record, if any (a pipeline's :class:`~solver.parallel.pipelines.StepPlan`:
     its block order hints the slice model); not part of the result's meaning."""
 
     plan: Plan

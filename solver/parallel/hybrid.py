@@ -14,7 +14,7 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    fastest routes; replica ``r`` is group ``r``, so the ring of
    :func:`pesto.step.replicate` (replica order) runs group to group.
 2. **Stages**: the best ``K``-stage pipeline of the *un-replicated* step on
-   group 0 alone (:func:`~solver.pipeline_baselines.pipeline_plan` with
+   group 0 alone (:func:`~solver.parallel.pipelines.pipeline_plan` with
    ``stages=K`` on ``cluster.subset(group 0 + non-GPU devices)``: its block
    orders, cut DP and simulated candidates); each op's stage is the
    position in the group of the device it got there (colocation already
@@ -26,9 +26,9 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    device of its replica's group that holds the stage of the tensor's
    unbatched reader (the variable's update), so the ring of one variable runs
    between the ``R`` devices holding it. Per device the slices run in the
-   schedule's task order (:func:`~solver.pipeline_baselines.task_order` of
+   schedule's task order (:func:`~solver.parallel.pipelines.task_order` of
    the op's stage), the ring and the update as soon as they are ready, and
-   the plan is simulated by :func:`~solver.pipeline_baselines.staged_plan`,
+   the plan is simulated by :func:`~solver.parallel.pipelines.staged_plan`,
    the one rule of the pipeline placers.
 
 Reading (simulated, cached zoo graphs, ``M`` in 1, 2, 4): on ``hosts(4, 2,
@@ -65,7 +65,7 @@ from pesto.step import Origin, Transformed, check_count, replicate, split as spl
 from pesto.step.slicing import copy_name
 from pesto.plan import Plan
 
-from .pipeline_baselines import (CANDIDATES, Phases, StepPlan, gpu_names, phases, pipeline_plan, staged_plan,
+from .pipelines import (CANDIDATES, Phases, StepPlan, gpu_names, phases, pipeline_plan, staged_plan,
                                  task_order)
 
 __all__ = ["hybrid_plan", "place_hybrid", "replica_groups"]
@@ -101,7 +101,7 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     ``step_graph(graph, micro_batches, "replicated", replicas)``.
 
     ``schedule``: ``"gpipe"`` or ``"1f1b"``; ``candidates``: the stage splits
-    :func:`~solver.pipeline_baselines.pipeline_plan` simulates on one group.
+    :func:`~solver.parallel.pipelines.pipeline_plan` simulates on one group.
 
     Raises
     ------

@@ -90,9 +90,9 @@ from pesto.plan import Plan
 from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
 
-from .common import order_by_key, rank
-from .parallel.cut import largest_stage as _largest_stage, split_stages
-from .parallel.schedules import SCHEDULES as _SCHEDULES, actions
+from ..common import order_by_key, rank
+from .cut import largest_stage as _largest_stage, split_stages
+from .schedules import SCHEDULES as _SCHEDULES, actions
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
@@ -123,7 +123,7 @@ class StepPlan:
         the order rule for data parallelism (``"fifo"``, ``"all-reduce first"``).
     replicas : int
         Replicas of the step in ``graph`` (1: not replicated; data
-        parallelism: ``stages``; :func:`solver.hybrid.hybrid_plan`: its groups).
+        parallelism: ``stages``; :func:`solver.parallel.hybrid.hybrid_plan`: its groups).
     """
 
     plan: Plan

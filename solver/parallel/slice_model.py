@@ -2,16 +2,16 @@
 
 :func:`solve_slices` splits the step into ``M`` slices
 (:func:`pesto.step.split`), builds the block x slice grid
-(:func:`solver.slice_grid.slice_grid`), lets CP-SAT choose the stage of every
+(:func:`solver.parallel.slice_grid.slice_grid`), lets CP-SAT choose the stage of every
 block -- shared by all slices and both phases -- together with the order of
-the slice tasks on each device (:class:`solver.slice_cpsat.GridModel`, hinted
+the slice tasks on each device (:class:`solver.parallel.slice_cpsat.GridModel`, hinted
 with the better of the GPipe and 1F1B plans of that ``M``), and turns the
 answer into a fine plan of the split graph:
 
 * every copy of an op on its block's device; once-per-step ops with their
   first reader's block (variable reads), else the last producer's (the
   update), colocation groups kept
-  (:func:`solver.pipeline_baselines.staged_plan`, the rule GPipe and 1F1B use);
+  (:func:`solver.parallel.pipelines.staged_plan`, the rule GPipe and 1F1B use);
 * per device, copies in the order of their task's solved start, then
   topologically; the simulator judges the plan (:func:`pesto.finalize.finalize`).
 
@@ -47,8 +47,8 @@ from pesto.graph import OpGraph
 from pesto.step import split as split_step
 from pesto.plan import Plan
 
-from .common import rank
-from .pipeline_baselines import SCHEDULES, StepPlan, pipeline_plan, staged_plan
+from ..common import rank
+from .pipelines import SCHEDULES, StepPlan, pipeline_plan, staged_plan
 from .slice_cpsat import GridAnswer, GridModel
 from .slice_grid import GRID_TASKS, GridError, SliceGrid, slice_grid
 
@@ -67,7 +67,7 @@ class SliceSolution:
         The split step.
     micro_batches, blocks : int
     blocking : str
-        The block order (:func:`solver.pipeline_baselines.blockings`).
+        The block order (:func:`solver.parallel.pipelines.blockings`).
     block_device : tuple of str
         Per block its device (empty without a solution).
     status : str
@@ -141,12 +141,12 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
 
     ``hints``: GPipe / 1F1B plans of this ``M`` to start from (the best one
     hints CP-SAT); None computes them. ``tasks``: the grid's size
-    (:func:`solver.slice_grid.grid_blocks`).
+    (:func:`solver.parallel.slice_grid.grid_blocks`).
 
     Raises
     ------
     GridError
-        No grid for this step (:func:`solver.slice_grid.slice_grid`).
+        No grid for this step (:func:`solver.parallel.slice_grid.slice_grid`).
     MicroBatchError, BatchMarkError
         As :func:`pesto.step.split`.
     """

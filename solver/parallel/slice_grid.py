@@ -1,7 +1,7 @@
 """The block x slice grid of a micro-batched step: the tasks the joint slice model schedules.
 
 :func:`slice_grid` cuts the un-split step into ``B`` blocks
-(:func:`solver.pipeline_baselines.blockings`, :func:`grid_blocks` of them) and
+(:func:`solver.parallel.pipelines.blockings`, :func:`grid_blocks` of them) and
 reads, from the split step (:func:`pesto.step.split`), per block
 ``b`` and slice ``s``:
 
@@ -10,7 +10,7 @@ reads, from the split step (:func:`pesto.step.split`), per block
   accumulate ops ``t@acc<s>`` of the tensors its ops produce), whose durations
   per device are the sums of the split graph's own op costs;
 * an update task ``U[b]``: the once-per-step ops that run after some batched op
-  (the optimizer's work), staged by :func:`~solver.pipeline_baselines.step_stages`;
+  (the optimizer's work), staged by :func:`~solver.parallel.pipelines.step_stages`;
   the other once-per-step ops (variables, their reads, constants) are free at
   time 0; their persistent bytes are the block's weights;
 * precedences: the quotient of the split graph's batched -> batched edges on
@@ -64,7 +64,7 @@ from pesto.step import Transformed
 from pesto.step.slicing import copy_name
 from pesto.problem import Problem
 
-from .pipeline_baselines import Blocking, Phases, blockings, phases, step_stages
+from .pipelines import Blocking, Phases, blockings, phases, step_stages
 
 __all__ = ["SliceGrid", "GridError", "slice_grid", "grid_blocks", "GRID_TASKS"]
 
@@ -142,7 +142,7 @@ def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
                tasks: int = GRID_TASKS, blocking: str | None = None) -> SliceGrid:
     """The grid of ``split`` on ``cluster``'s GPUs (module doc).
 
-    ``blocking``: the block order by name (:func:`solver.pipeline_baselines.blockings`,
+    ``blocking``: the block order by name (:func:`solver.parallel.pipelines.blockings`,
     e.g. the one of the best pipeline, so that its stages are points of the
     grid: an RNN's topological order interleaves its layers); default or
     unknown: the topological one.

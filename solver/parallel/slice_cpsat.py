@@ -1,4 +1,4 @@
-"""CP-SAT on the block x slice grid (:mod:`solver.slice_grid`): stages and the pipeline order together.
+"""CP-SAT on the block x slice grid (:mod:`solver.parallel.slice_grid`): stages and the pipeline order together.
 
 Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
 
@@ -24,7 +24,7 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
 
 It ignores link contention and the parallelism inside a task, so its optimum
 is a bound of the *grid model*, not of the fine step; the fine plan is judged
-by the simulator (:mod:`solver.slice_model`).
+by the simulator (:mod:`solver.parallel.slice_model`).
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ from ortools.sat.python import cp_model
 from pesto.cluster import Cluster
 from pesto.deadline import Deadline
 
-from .cpsat_model import symmetric_groups
-from .cpsat_solve import STATUS, deterministic_parameters, search
+from ..cpsat_model import symmetric_groups
+from ..cpsat_solve import STATUS, deterministic_parameters, search
 from .slice_grid import SliceGrid
 
 __all__ = ["GridModel", "GridAnswer", "HORIZON_UNITS"]
@@ -79,7 +79,7 @@ class GridAnswer:
 
 
 class GridModel:
-    """The CP-SAT model of a :class:`~solver.slice_grid.SliceGrid` on ``cluster`` (module doc)."""
+    """The CP-SAT model of a :class:`~solver.parallel.slice_grid.SliceGrid` on ``cluster`` (module doc)."""
 
     def __init__(self, grid: SliceGrid, cluster: Cluster):
         self.grid, self.cluster = grid, cluster
