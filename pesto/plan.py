@@ -185,7 +185,7 @@ class Plan:
 
     def summary(self, seconds: float | None = None) -> str:
         """One line: placer, status, step, bound and gap, the speed-up over
-        one GPU (the ``"single"`` candidate of ``log``, when compared), ops per
+        one device (``log.one_device``: the ``single`` baseline's step, when made), ops per
         device and ``seconds`` (default ``wall_time``; the CLI passes the
         whole solve's time, which a micro-batch search's winner does not hold).
 
@@ -194,9 +194,9 @@ class Plan:
         """
         ms = "?" if self.makespan is None else f"{self.makespan / 1000:.3f} ms"
         lb = "" if self.lower_bound is None else f", bound {self.lower_bound / 1000:.3f} ms, gap {percent(self.gap or 0)}"
-        single = self.log.candidates.get("single") if self.log is not None else None
+        single = self.log.one_device if self.log is not None else None
         if single and self.makespan:
-            lb += f", {single / self.makespan:.2f}x one GPU"
+            lb += f", {single / self.makespan:.2f}x one device"
         counts = {d: len(o) for d, o in self.order.items()}
         took = self.wall_time if seconds is None else seconds
         return f"{self.placer or 'plan'} [{self.status}]: step {ms}{lb}, ops per device {counts}, {took:.2f} s"

@@ -93,6 +93,10 @@ class SolveLog:
         With ``micro_batches`` "auto" or above 1: the step time of each plan
         compared across graphs (``"M=4"``: Pesto's best with 4 slices,
         ``"gpipe M=4"``, ``"1f1b M=4"``, ``"data-parallel"``).
+    one_device : float or None
+        The step (µs) of the whole step on one device (the ``single``
+        baseline, simulated on the solved graph), when it was made: what
+        the speed-up in :meth:`pesto.plan.Plan.summary` is over.
     """
 
     pipeline: str
@@ -112,6 +116,7 @@ class SolveLog:
     graph_kind: str = "step"
     replicas: int = 1
     steps: Mapping[str, float] = field(default_factory=dict)
+    one_device: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -129,6 +134,7 @@ class SolveLog:
                 "coarse": dict(self.coarse), "hint": self.hint, "skipped": dict(self.skipped),
                 "stopped": self.stopped, "deterministic": self.deterministic,
                 **({"stopped_early": True} if self.stopped_early else {}),
+                **({"one_device": self.one_device} if self.one_device is not None else {}),
                 **self._step_dict()}
 
     def _step_dict(self) -> dict:

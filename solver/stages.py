@@ -92,13 +92,15 @@ class Candidates:
     """The plans found so far: ``starts`` (plans of the graph to start from:
     a given plan, the one-group solve's), ``baselines`` (the heuristics'
     plans of the solved graph, not yet candidates), ``ranked`` (the
-    re-ordered starts, best first: ``ranked[0]`` is the incumbent) and
-    ``pool`` (the candidates, (name, plan of the graph), in tie-break order)."""
+    re-ordered starts, best first: ``ranked[0]`` is the incumbent),
+    ``pool`` (the candidates, (name, plan of the graph), in tie-break order)
+    and ``one_device`` (the ``single`` baseline's step, µs, when it fits)."""
 
     starts: list[Plan] = field(default_factory=list)
     baselines: dict[str, Plan] = field(default_factory=dict)
     ranked: list[Plan] = field(default_factory=list)
     pool: list[tuple[str, Plan]] = field(default_factory=list)
+    one_device: float | None = None   # the single baseline's step, kept after the baselines are spent
 
     @property
     def incumbent(self) -> Plan | None:
@@ -225,6 +227,9 @@ def baselines(run: Run, deadline: Deadline) -> None:
     budget.deadline.charge(HEURISTIC_COST * REPLAY_COST_PER_OP * run.work.num_ops * (len(plans) + len(errors)))
     order = {k: i for i, k in enumerate(opts.baseline_names(run.reorders))}
     run.plans.baselines = dict(sorted(plans.items(), key=lambda kv: order[kv[0]]))  # ties: the baselines' rank
+    single = plans.get("single")
+    if single is not None and single.status != "infeasible" and single.makespan:
+        run.plans.one_device = single.makespan   # the speed-up's reference (SolveLog.one_device)
     run.trace.skipped.update(errors)
     best = min((p.makespan for p in plans.values()), default=None)
     run.trace.record("baselines", t, best, f"{len(plans)} plans of {run.work.num_ops} ops")

@@ -77,7 +77,7 @@ def status(run: Run, deadline: Deadline) -> Plan:
                    winner=winner, bound=bound, bound_source=source, vertices=run.work.num_ops, coarse=coarse,
                    hint=run.trace.hint, skipped=run.trace.skipped,
                    stopped=budget.deadline.reason or budget.stopped, stopped_early=budget.stopped_early,
-                   deterministic=budget.deadline.deterministic)
+                   deterministic=budget.deadline.deterministic, one_device=run.plans.one_device)
     result = best.replace(placer="pesto", lower_bound=bound, status=st, log=log,
                           wall_time=time.perf_counter() - run.trace.t0)
     run.trace.say(result.summary())
