@@ -112,7 +112,7 @@ def test_pesto_s_micro_batched_plan_trains_the_tf_split_step_placed(graphs):
 
 def test_a_replicated_plan_is_sent_to_the_replicated_step():
     class Replicated:
-        graph_kind, replicas, micro_batches = "replicated", 2, 2
+        graph_kind, replicas, micro_batches, plan, graph = "replicated", 2, 2, None, None
 
     with pytest.raises(ValueError, match=r"runs on TF's replicated step.*replicate_model\(build_model\(\.\.\., "
                                          r"micro_batches=4\), result\).*FunctionStep.apply\(result\)"):

@@ -56,10 +56,44 @@ from pesto.graph import OpGraph
 from pesto.step.slicing import parse_name
 
 __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPlacement", "place_split",
-           "GRADIENT_ROOTS"]
+           "GRADIENT_ROOTS", "ResultView", "result_view"]
 
 #: First name components of graph-mode and tape gradient scopes.
 GRADIENT_ROOTS = ("gradients", "gradient_tape")
+
+
+@dataclass(frozen=True)
+class ResultView:
+    """What tf_patch reads of a ``pesto.solve_step`` result (:func:`result_view`).
+
+    Attributes
+    ----------
+    plan : Plan
+        Over ``graph``'s ops.
+    graph : OpGraph
+        The graph the plan places (the step, Pesto's split of it, or its replicated form).
+    micro_batches, replicas : int
+    graph_kind : str
+        ``"step"``, ``"micro-batched"`` or ``"replicated"``.
+    """
+
+    plan: object
+    graph: object
+    micro_batches: int
+    replicas: int
+    graph_kind: str
+
+
+def result_view(result) -> ResultView:
+    """The one place tf_patch reads ``pesto.solve_step``'s result (so a change
+    of its type is adapted here only).
+
+    >>> class R: plan, graph, micro_batches, replicas, graph_kind = "p", "g", 2, 1, "micro-batched"
+    >>> result_view(R()).graph_kind
+    'micro-batched'
+    """
+    return ResultView(result.plan, result.graph, int(result.micro_batches), int(result.replicas),
+                      str(result.graph_kind))
 
 
 def slice_candidates(op: str, i: int) -> tuple[str, ...]:
@@ -248,7 +282,8 @@ class SplitPlacement:
     Attributes
     ----------
     plan : Plan
-        Over ``tf_split``'s ops: the re-solve started from ``hint``.
+        Over ``tf_split``'s ops (every one, so it is enforced 1:1): the
+        solve of ``tf_split`` started from ``hint``.
     hint : Plan
         The mapped placement scored on ``tf_split`` (TF's default order).
     slices : SliceMap
@@ -264,13 +299,17 @@ class SplitPlacement:
 
 def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit: float = 10.0,
                 workers: int | None = 1, seed: int = 0) -> SplitPlacement:
-    """Enforce-ready plan of TF's split step from ``pesto.solve_step``'s ``result``.
+    """Solve TF's split step, the graph TF will run, from ``pesto.solve_step``'s ``result``.
 
     Maps ``result.plan`` (over ``result.graph``, Pesto's split of ``step``)
     with :func:`slice_map`, completes it with :func:`mapped_hint`, and
-    re-solves ``tf_split`` (profiled at the micro-batch size) with that
-    placement as ``hint=`` (``pesto.solve``: it joins the starts, so the
-    plan is never slower than the mapped one on ``tf_split``).
+    solves ``tf_split`` (traced split into ``M`` slices, its ops costed at
+    the micro-batch size: grappler or measured) with ``micro_batches=1`` and
+    that placement as ``hint=`` (``pesto.solve``: it joins the starts, so the
+    plan is never slower than the mapped one on ``tf_split``). The plan
+    places every op of ``tf_split``: applied 1:1, no op unmapped.
+    :meth:`tf_patch.FunctionStep.apply` does this for a Keras or
+    ``tf.function`` step; the demo for the zoo models.
 
     Raises
     ------
@@ -280,6 +319,7 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
         functions that build and place that one
         (:func:`tf_patch.replicate_model`, :meth:`tf_patch.FunctionStep.apply`).
     """
+    result = result_view(result)
     if result.graph_kind not in ("micro-batched", "step"):
         k = result.replicas * result.micro_batches
         raise ValueError(f"a {result.graph_kind!r} plan ({result.replicas} replicas x {result.micro_batches} "
@@ -295,5 +335,6 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
                           tuple(n for n in placement if n not in tf_split))
     hint = evaluate(tf_split, mapped_hint(slices.placement(placement), tf_split, cluster.names[0]),
                     cluster=cluster)
-    plan = solve(tf_split, cluster=cluster, hint=hint, time_limit=time_limit, workers=workers, seed=seed)
+    plan = solve(tf_split, cluster=cluster, hint=hint, time_limit=time_limit, workers=workers, seed=seed,
+                 micro_batches=1)
     return SplitPlacement(plan, hint, slices, result.plan.makespan)

@@ -1,0 +1,80 @@
+"""One graph for solving and running (issue 31, item 2).
+
+A micro-batched plan of ``pesto.solve_step`` applied to a Keras step is
+solved on the split step TF traces (its ops costed at the micro-batch size),
+Pesto's plan mapped onto it as the hint, and enforced 1:1: every TF op
+placed, 0 ops off-plan, the un-split step's losses, and a plan
+``pesto.check_plan`` accepts on that traced graph. Models are tiny; no timing
+is asserted.
+"""
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
+
+tf = pytest.importorskip("tensorflow")
+
+import pesto  # noqa: E402
+from pesto.step import split as split_step  # noqa: E402
+from tf_patch.slicemap import result_view  # noqa: E402
+
+from keras_blocks import attention_block, convnext_like, lstm_gru  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+CLUSTER = pesto.gpus(2, beta=(0.0, 1e-9))
+
+
+def _cnn():
+    return convnext_like(batch=8, size=16, width=4, classes=3)
+
+
+def _attention():
+    return attention_block(batch=8, seq=6, width=8, classes=3)
+
+
+def _rnn():
+    return lstm_gru(batch=8, steps=5, features=4, lstm=8, gru=6, classes=3)
+
+
+def _micro_batched(step_graph, m):
+    """``pesto.solve_step``'s result for ``m`` micro-batches, the micro-batched
+    plan itself (not a data-parallel winner)."""
+    result = pesto.solve_step(step_graph, cluster=CLUSTER, micro_batches=m, batch_size=8, time_limit=2, workers=1)
+    view = result_view(result)
+    if view.graph_kind != "micro-batched":
+        split = split_step(step_graph, m).graph
+        view = type(view)(pesto.solve(split, cluster=CLUSTER, time_limit=2, workers=1), split, m, 1, "micro-batched")
+    return view
+
+
+@pytest.mark.parametrize("family", [_cnn, _attention, _rnn], ids=["cnn", "attention", "rnn"])
+def test_a_micro_batched_plan_is_solved_on_tf_s_split_step_and_runs_1_to_1(family):
+    tf.keras.utils.set_random_seed(0)
+    model, x = family()
+    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.1), x, y)
+    whole = step.run(2)
+    step.reset()
+    result = _micro_batched(step.graph, 2)
+    step.apply(result, cluster=CLUSTER, time_limit=2)
+    assert step.micro_batches == 2
+    placed = step.placed
+    assert set(placed.plan.placement) == set(step.graph.names)      # 1:1: every TF op has its device
+    def index(placement):    # the plan's /GPU:k runs on this machine's /GPU:k or logical /CPU:k
+        return {n: d.rsplit(":", 1)[-1] for n, d in placement.items()}
+
+    moved = {op for op, _, _ in step.applied.moved}   # oneDNN's fused pairs kept whole on logical CPUs
+    assert {n: d for n, d in index(step.applied.plan.placement).items() if n not in moved} == \
+        {n: d for n, d in index(placed.plan.placement).items() if n not in moved}
+    assert placed.plan.makespan <= placed.hint.makespan + 1e-6
+    report = pesto.check_plan(step.graph, CLUSTER, placed.plan)
+    assert report.ok, str(report)
+    np.testing.assert_allclose(step.run(2), whole, rtol=1e-6)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 0
+    step.close()
