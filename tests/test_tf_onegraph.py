@@ -5,7 +5,8 @@ solved on the split step TF traces (its ops costed at the micro-batch size),
 Pesto's plan mapped onto it as the hint, and enforced 1:1: every TF op
 placed, 0 ops off-plan, the un-split step's losses, and a plan
 ``pesto.check_plan`` accepts on that traced graph. Models are tiny; no timing
-is asserted.
+is asserted. ``micro_batches="auto"``'s split counts are re-scored on the
+split steps TF traces, and the choice follows those figures.
 """
 import os
 
@@ -19,7 +20,8 @@ tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
 from pesto.step import split as split_step  # noqa: E402
-from tf_patch.slicemap import result_view  # noqa: E402
+from tf_patch.pipeline import contended  # noqa: E402
+from tf_patch.slicemap import rescore_split, result_view  # noqa: E402
 
 from keras_blocks import attention_block, convnext_like, lstm_gru  # noqa: E402
 
@@ -78,3 +80,38 @@ def test_a_micro_batched_plan_is_solved_on_tf_s_split_step_and_runs_1_to_1(famil
     seen = step.check()
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 0
     step.close()
+
+
+def test_auto_s_split_counts_are_rescored_on_the_traced_split_steps():
+    tf.keras.utils.set_random_seed(0)
+    model, x = _attention()
+    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    loss, opt = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), tf.keras.optimizers.SGD(0.1)
+    step = tf_patch.keras_step(model, loss, opt, x, y)
+    result = pesto.solve_step(step.graph, cluster=CLUSTER, micro_batches="auto", batch_size=8, time_limit=6,
+                              workers=1)
+    traced = {}
+
+    def trace(m):
+        traced[m] = tf_patch.keras_step(model, loss, opt, x, y, micro_batches=m).graph
+        return traced[m]
+
+    r = rescore_split(result, step.graph, trace, CLUSTER, top=2, time_limit=1)
+    assert r.rows and {row.micro_batches for row in r.rows} == set(traced) and 1 not in traced
+    for row in r.rows:
+        assert row.graph is traced[row.micro_batches] and row.traced == row.plan.makespan
+        assert set(row.plan.placement) == set(row.graph.names)
+        assert pesto.check_plan(row.graph, CLUSTER, row.plan).ok
+    estimated = [row for row in r.rows if row.estimate == row.estimate]
+    assert estimated and any(abs(row.traced - row.estimate) > 1e-3 * row.estimate for row in estimated)
+    figures = {f"M={row.micro_batches}": row.traced for row in r.rows}
+    figures.update({"M=1": r.unsplit, **dict([r.replicated] if r.replicated else [])})
+    assert r.best == min(figures, key=figures.get)
+    table = r.table().splitlines()
+    for row in r.rows:   # compute/M next to the traced figure
+        line = next(t for t in table if t.split()[0] == f"M={row.micro_batches}")
+        assert f"{row.estimate / 1000:.3f}" in line and f"{row.traced / 1000:.3f}" in line
+    # the choice follows the traced figures: split steps that trace 100x dearer are not chosen
+    dear = rescore_split(result, step.graph, lambda m: contended(traced[m], 100.0), CLUSTER, top=2, time_limit=1)
+    assert not dear.best.startswith("M=") or dear.best == "M=1", dear.table()
+    assert all(row.traced > 50 * r.unsplit for row in dear.rows)

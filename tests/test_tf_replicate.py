@@ -193,7 +193,8 @@ def test_demo_auto_trains_a_data_parallel_winner_and_says_whether_it_held(capsys
 
     def data_parallel(graph, cluster, **_):
         sp = data_parallel_plan(with_marks(graph), cluster)
-        return StepResult(sp.plan, sp.graph, 1, "replicated", sp.replicas, {"data-parallel": sp.plan.makespan})
+        steps = {"data-parallel": sp.plan.makespan, "M=1": 2 * sp.plan.makespan}   # it won
+        return StepResult(sp.plan, sp.graph, 1, "replicated", sp.replicas, steps)
 
     monkeypatch.setattr(demo, "solve_step", data_parallel)
     assert demo.main(["--model", "rnnlm", "--preset", "small", "--micro-batches", "auto", "--time-limit", "1",

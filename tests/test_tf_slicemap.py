@@ -148,6 +148,9 @@ def test_demo_auto_prints_each_candidate_and_the_m_it_chose(capsys):
     assert "pesto.solve(micro_batches='auto', batch_size=16)" in out
     for m in (1, 2, 4, 8, 16):   # each count's step, or why the 2 s limit left it out
         assert f"M={m} " in out, m
+    table = out[out.index("[auto] the best split counts traced as TF runs them"):out.index("[auto] chose ")]
+    assert "compute/M" in table and "traced" in table and "best on the traced graphs: " in table, out
+    assert "M=1 " in table and "nan" not in table.split("M=1 ", 1)[1].splitlines()[0], table  # the un-split figure
     chosen = [line for line in out.splitlines() if line.startswith("[auto] chose ")]
     assert len(chosen) == 1, out
     assert "trace: 0 ops off-plan" in out

@@ -39,6 +39,8 @@ from dataclasses import replace
 from types import MappingProxyType, SimpleNamespace
 
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
+from pesto.cluster import gpus, logical_cpus
+
 from .apply import apply_plan
 from .devices import detect, session_config
 from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsized_tensors
@@ -433,10 +435,8 @@ class FunctionStep:
 def _plan_cluster(plan, graph):
     """The default cluster for re-solving a split step: ``k`` devices of the
     graph's op kind, ``k`` the highest device index the plan uses plus one."""
-    import pesto
-
     k = 1 + max(int(d.rsplit(":", 1)[-1]) for d in plan.placement.values())
-    return pesto.logical_cpus(k) if "CPU" in graph.kinds() and "GPU" not in graph.kinds() else pesto.gpus(k)
+    return logical_cpus(k) if "CPU" in graph.kinds() and "GPU" not in graph.kinds() else gpus(k)
 
 
 def function_step(fn, *args, costs: str = "v100", name: str | None = None, n_devices: int = 2,
