@@ -42,6 +42,17 @@ def _rnn():
     return lstm_gru(batch=8, steps=5, features=4, lstm=8, gru=6, classes=3)
 
 
+def _keras(family):
+    """The un-split Keras step of ``family`` (SGD, 3 classes, batch 8), and a
+    function tracing it again in ``m`` slices."""
+    tf.keras.utils.set_random_seed(0)
+    model, x = family()
+    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    loss, opt = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), tf.keras.optimizers.SGD(0.1)
+    return (tf_patch.keras_step(model, loss, opt, x, y),
+            lambda m: tf_patch.keras_step(model, loss, opt, x, y, micro_batches=m))
+
+
 def _micro_batched(step_graph, m):
     """``pesto.solve_step``'s result for ``m`` micro-batches, the micro-batched
     plan itself (not a data-parallel winner)."""
@@ -55,11 +66,7 @@ def _micro_batched(step_graph, m):
 
 @pytest.mark.parametrize("family", [_cnn, _attention, _rnn], ids=["cnn", "attention", "rnn"])
 def test_a_micro_batched_plan_is_solved_on_tf_s_split_step_and_runs_1_to_1(family):
-    tf.keras.utils.set_random_seed(0)
-    model, x = family()
-    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
-    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.1), x, y)
+    step, _ = _keras(family)
     whole = step.run(2)
     step.reset()
     result = _micro_batched(step.graph, 2)
@@ -83,17 +90,13 @@ def test_a_micro_batched_plan_is_solved_on_tf_s_split_step_and_runs_1_to_1(famil
 
 
 def test_auto_s_split_counts_are_rescored_on_the_traced_split_steps():
-    tf.keras.utils.set_random_seed(0)
-    model, x = _attention()
-    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
-    loss, opt = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), tf.keras.optimizers.SGD(0.1)
-    step = tf_patch.keras_step(model, loss, opt, x, y)
+    step, again = _keras(_attention)
     result = pesto.solve_step(step.graph, cluster=CLUSTER, micro_batches="auto", batch_size=8, time_limit=6,
                               workers=1)
     traced = {}
 
     def trace(m):
-        traced[m] = tf_patch.keras_step(model, loss, opt, x, y, micro_batches=m).graph
+        traced[m] = again(m).graph
         return traced[m]
 
     r = rescore_split(result, step.graph, trace, CLUSTER, top=2, time_limit=1)
