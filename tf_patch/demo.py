@@ -227,7 +227,8 @@ class Chosen:
     cluster, reference, graph)`` of that profile (:func:`_profile`), reused
     when the un-split step is chosen; ``split``: ``(alone, graph, plan)`` of
     TF's split step of the chosen ``M`` as the re-scoring traced and solved it
-    (:func:`tf_patch.slicemap.rescore_split`), or None.
+    (:func:`tf_patch.slicemap.rescore_split`), or None; ``predicted``: the
+    choice's step (µs) on the graph it was re-scored on.
     """
 
     micro_batches: int
@@ -235,6 +236,7 @@ class Chosen:
     step: object
     profiled: tuple
     split: tuple | None = None
+    predicted: float = float("nan")
 
     @property
     def replicas(self) -> int:
@@ -279,9 +281,7 @@ def choose_micro_batches(args, batch: int) -> Chosen:
         if "M=" in name and name not in result.steps:   # the counts the time limit or memory left out
             print(f"         {name:<22}  skipped: {why}")
     chosen = _rescored(args, result, profiled)
-    predicted = chosen.split[2].makespan if chosen.split else (
-        result.plan.makespan if chosen.result is not None else result.steps.get("M=1", float("nan")))
-    print(f"[auto] chose {chosen.what} ({predicted / 1000:.3f} ms predicted)")
+    print(f"[auto] chose {chosen.what} ({chosen.predicted / 1000:.3f} ms predicted)")
     return chosen
 
 
@@ -310,10 +310,11 @@ def _rescored(args, result, profiled) -> Chosen:
     row, best = rescoring.row, rescoring.best
     if row is not None:
         mine = result if result.graph_kind == "micro-batched" and result.micro_batches == row.micro_batches else None
-        return Chosen(row.micro_batches, mine, graph, profiled, (traced[row.micro_batches], row.graph, row.plan))
+        return Chosen(row.micro_batches, mine, graph, profiled, (traced[row.micro_batches], row.graph, row.plan),
+                      row.traced)
     if best == "M=1":
-        return Chosen(1, result if result.graph_kind == "step" else None, graph, profiled)
-    return Chosen(result.micro_batches, result, graph, profiled)
+        return Chosen(1, result if result.graph_kind == "step" else None, graph, profiled, None, rescoring.unsplit)
+    return Chosen(result.micro_batches, result, graph, profiled, None, result.plan.makespan)
 
 
 @dataclass
