@@ -8,6 +8,7 @@ placed, 0 ops off-plan, the un-split step's losses, and a plan
 is asserted. ``micro_batches="auto"``'s split counts are re-scored on the
 split steps TF traces, and the choice follows those figures.
 """
+import doctest
 import os
 
 import numpy as np
@@ -118,3 +119,10 @@ def test_auto_s_split_counts_are_rescored_on_the_traced_split_steps():
     dear = rescore_split(result, step.graph, lambda m: contended(traced[m], 100.0), CLUSTER, top=2, time_limit=1)
     assert not dear.best.startswith("M=") or dear.best == "M=1", dear.table()
     assert all(row.traced > 50 * r.unsplit for row in dear.rows)
+
+
+def test_function_examples_run():
+    from tf_patch import function
+
+    result = doctest.testmod(function)
+    assert result.attempted >= 1 and result.failed == 0

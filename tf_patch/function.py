@@ -434,7 +434,13 @@ class FunctionStep:
 
 def _plan_cluster(plan, graph):
     """The default cluster for re-solving a split step: ``k`` devices of the
-    graph's op kind, ``k`` the highest device index the plan uses plus one."""
+    graph's op kind, ``k`` the highest device index the plan uses plus one.
+
+    >>> from pesto.graph import OpGraph
+    >>> from pesto.plan import Plan
+    >>> _plan_cluster(Plan({"a": "/GPU:0", "b": "/GPU:2"}, {}), OpGraph.from_edges({"a": 1, "b": 1}, [])).names
+    ['/GPU:0', '/GPU:1', '/GPU:2']
+    """
     k = 1 + max(int(d.rsplit(":", 1)[-1]) for d in plan.placement.values())
     return logical_cpus(k) if "CPU" in graph.kinds() and "GPU" not in graph.kinds() else gpus(k)
 
