@@ -112,7 +112,7 @@ def test_pesto_s_micro_batched_plan_trains_the_tf_split_step_placed(graphs):
 
 def test_a_replicated_plan_is_sent_to_the_replicated_step():
     class Replicated:
-        graph_kind, replicas, micro_batches = "replicated", 2, 2
+        graph_kind, replicas, micro_batches, plan, graph = "replicated", 2, 2, None, None
 
     with pytest.raises(ValueError, match=r"runs on TF's replicated step.*replicate_model\(build_model\(\.\.\., "
                                          r"micro_batches=4\), result\).*FunctionStep.apply\(result\)"):
@@ -148,6 +148,9 @@ def test_demo_auto_prints_each_candidate_and_the_m_it_chose(capsys):
     assert "pesto.solve(micro_batches='auto', batch_size=16)" in out
     for m in (1, 2, 4, 8, 16):   # each count's step, or why the 2 s limit left it out
         assert f"M={m} " in out, m
+    table = out[out.index("[auto] the best split counts traced as TF runs them"):out.index("[auto] chose ")]
+    assert "compute/M" in table and "traced" in table and "best on the traced graphs: " in table, out
+    assert "M=1 " in table and "nan" not in table.split("M=1 ", 1)[1].splitlines()[0], table  # the un-split figure
     chosen = [line for line in out.splitlines() if line.startswith("[auto] chose ")]
     assert len(chosen) == 1, out
     assert "trace: 0 ops off-plan" in out

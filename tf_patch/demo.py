@@ -25,7 +25,9 @@ plan's overlap and the simulator's prediction of it, not GPU speed-ups.
 
 ``--micro-batches M`` builds the step split into ``M`` micro-batches
 (:mod:`tf_patch.microstep`: every slice's forward and backward are ops of
-their own, profiled at the micro-batch size), places and trains that; the
+their own, profiled at the micro-batch size), places it (``pesto.solve`` on
+that profile: the plan enforced is the one solved on the graph TF runs, and
+the table gives its predicted and measured step) and trains it; the
 placements of the table then run the same split step, and the demo adds two
 rows of the un-split step without a prediction: under TF's default placement
 (what splitting costs or gains) and under ``tf.distribute.MirroredStrategy``
@@ -36,10 +38,15 @@ theirs.
 ``--micro-batches auto`` (``make train MICRO=auto``) first profiles the
 un-split step and runs ``pesto.solve_step(..., micro_batches="auto",
 batch_size=<batch>)`` on it, prints every candidate's step (``M=1``, ``M=2``,
-GPipe, 1F1B, data-parallel ...) and the ``M`` it chose, then builds, profiles
-and trains TF's split step of that ``M`` as ``--micro-batches M`` does, placed
-by :func:`tf_patch.slicemap.place_split` (Pesto's plan mapped onto TF's op
-names, then re-solved on TF's profile with it as the hint). A data-parallel or
+GPipe, 1F1B, data-parallel ...), then re-scores its best 3 split counts on
+TF's split steps (:func:`tf_patch.slicemap.rescore_split`: each traced and
+profiled at the micro-batch size, solved there in at most 5 s; the table
+prints Pesto's compute/M figure next to the traced one) and picks the best of
+those, the un-split step and the replicated candidates. A split winner trains
+on the split step it traced, placed by :func:`tf_patch.slicemap.place_split`
+(Pesto's plan mapped onto TF's op names as the hint of a solve of TF's
+profile) for ``solve_step``'s own ``M``, else by ``pesto.solve`` from the
+re-scoring's plan. A data-parallel or
 hybrid winner (``R`` replicas of ``M`` micro-batches) trains on TF's replicated
 step (:func:`tf_patch.replicate_model`: each op on the device the plan gives
 it, the plan's gradient buckets as ring all-reduces), next to the un-split step
@@ -72,7 +79,7 @@ from .devices import describe, detect
 from .function import keras_step
 from .microstep import check_micro_batches
 from .replicastep import one_replica, replicate_model
-from .slicemap import place_split
+from .slicemap import place_split, rescore_split, result_view
 from .pipeline import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
 from .zoo import MODELS, build_model, presets
 from .zoo.keras_apps import KERAS_MODELS, keras_app_step
@@ -143,6 +150,9 @@ def place_and_train(args, batch, chosen=None) -> int:
 
     if chosen is not None and micro == 1:  # auto chose the un-split step: its profile is this step's
         alone, cluster, reference, graph = chosen.profiled
+    elif chosen is not None and chosen.split is not None:   # the split step auto traced and solved
+        (alone, graph, _), cluster = chosen.split, chosen.profiled[1]
+        reference = _placer(REFERENCE_PLACER, alone, cluster) if chosen.profiled[2] is not None else None
     else:
         alone, _, cluster, reference, graph = _profile(build, args, f", {micro} micro-batches of {batch // micro}"
                                                        if args.micro_batches else "")
@@ -155,8 +165,8 @@ def place_and_train(args, batch, chosen=None) -> int:
               f"mapped onto TF's split step: {placed.slices.summary()}")
         print(f"      mapped placement on TF's profile: {placed.hint.makespan / 1000:.3f} ms in TF's default order "
               f"(FIFO per device); re-solved from it as hint: {plan.summary()}")
-    else:
-        plan = _solve(graph, cluster, args)
+    else:   # TF's split step profiled: the plan enforced is the one solved on it
+        plan = _solve(graph, cluster, args, hint=chosen.split[2] if chosen is not None and chosen.split else None)
         print(f"[3/5] {plan.summary()}")
     place_s = time.perf_counter() - t0
     expert = _placer("expert", graph, cluster)
@@ -215,13 +225,18 @@ class Chosen:
     best enforceable ``micro_batches`` is placed by ``pesto.solve`` itself);
     ``step``: the un-split profiled graph it placed; ``profiled``: ``(alone,
     cluster, reference, graph)`` of that profile (:func:`_profile`), reused
-    when the un-split step is chosen.
+    when the un-split step is chosen; ``split``: ``(alone, graph, plan)`` of
+    TF's split step of the chosen ``M`` as the re-scoring traced and solved it
+    (:func:`tf_patch.slicemap.rescore_split`), or None; ``predicted``: the
+    choice's step (µs) on the graph it was re-scored on.
     """
 
     micro_batches: int
     result: object
     step: object
     profiled: tuple
+    split: tuple | None = None
+    predicted: float = float("nan")
 
     @property
     def replicas(self) -> int:
@@ -253,6 +268,7 @@ def choose_micro_batches(args, batch: int) -> Chosen:
     t0 = time.perf_counter()
     result = solve_step(graph, cluster=cluster, time_limit=args.time_limit, workers=1, seed=args.seed,
                         micro_batches="auto", batch_size=batch)
+    result = result_view(result)   # what tf_patch reads of solve_step's result
     if result.graph_kind == "replicated" and result.replicas == 1:   # one replica: the step itself
         kind = "micro-batched" if result.micro_batches > 1 else "step"
         result = dataclasses.replace(result, plan=one_replica(result.plan, result.graph.names)[0],
@@ -262,12 +278,44 @@ def choose_micro_batches(args, batch: int) -> Chosen:
           "step per candidate (ms, on the un-split profile):")
     for name, us in sorted(result.steps.items(), key=lambda kv: kv[1]):
         print(f"         {name:<22}{us / 1000:>9.3f}")
-    for name, why in (result.plan.log.skipped if result.plan.log else {}).items():
+    for name, why in result.skipped.items():
         if "M=" in name and name not in result.steps:   # the counts the time limit or memory left out
             print(f"         {name:<22}  skipped: {why}")
-    chosen = Chosen(result.micro_batches, result, graph, profiled)
-    print(f"[auto] chose {chosen.what} ({result.plan.makespan / 1000:.3f} ms predicted)")
+    chosen = _rescored(args, result, profiled)
+    print(f"[auto] chose {chosen.what} ({chosen.predicted / 1000:.3f} ms predicted)")
     return chosen
+
+
+def _rescored(args, result, profiled) -> Chosen:
+    """``auto``'s choice among its best split counts re-scored on TF's split
+    steps (profiled at the micro-batch size, the un-split step's contention
+    factor; :func:`tf_patch.slicemap.rescore_split`), the un-split step and
+    the replicated candidates; the table prints compute/M next to the traced figure."""
+    alone, cluster, _, graph = profiled
+    kind = cluster_kind(alone)
+    factor = graph.total_work(kind) / alone.total_work(kind)
+    traced = {}
+
+    def trace(m):
+        split, _ = profile_model(lambda: build_model(args.model, args.preset, seed=args.seed, micro_batches=m),
+                                 n_devices=args.gpus, steps=5)
+        traced[m] = split
+        return contended(split, factor)
+
+    t0 = time.perf_counter()
+    rescoring = rescore_split(result, graph, trace, cluster, top=3, time_limit=min(5.0, args.time_limit),
+                              seed=args.seed)
+    print(f"[auto] the best split counts traced as TF runs them (profiled at the micro-batch size) and solved "
+          f"there ({time.perf_counter() - t0:.1f} s):")
+    print(rescoring.table())
+    row, best = rescoring.row, rescoring.best
+    if row is not None:
+        mine = result if result.graph_kind == "micro-batched" and result.micro_batches == row.micro_batches else None
+        return Chosen(row.micro_batches, mine, graph, profiled, (traced[row.micro_batches], row.graph, row.plan),
+                      row.traced)
+    if best == "M=1":
+        return Chosen(1, result if result.graph_kind == "step" else None, graph, profiled, None, rescoring.unsplit)
+    return Chosen(result.micro_batches, result, graph, profiled, None, result.plan.makespan)
 
 
 @dataclass
@@ -519,9 +567,10 @@ def cluster_kind(graph) -> str:
     return sorted(graph.kinds())[0]
 
 
-def _solve(graph, cluster, args):
-    """pesto.solve with the demo's options."""
-    return solve(graph, cluster=cluster, time_limit=args.time_limit, workers=1, seed=args.seed)
+def _solve(graph, cluster, args, hint=None):
+    """pesto.solve with the demo's options (``hint``: a plan of ``graph`` to start from)."""
+    return solve(graph, cluster=cluster, time_limit=args.time_limit, workers=1, seed=args.seed,
+                 hint="best-heuristic" if hint is None else hint)
 
 
 def _placer(name, graph, cluster):

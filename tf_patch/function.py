@@ -35,9 +35,12 @@ Examples
 """
 from __future__ import annotations
 
-from types import MappingProxyType
+from dataclasses import replace
+from types import MappingProxyType, SimpleNamespace
 
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
+from pesto.cluster import gpus, logical_cpus
+
 from .apply import apply_plan
 from .devices import detect, session_config
 from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsized_tensors
@@ -45,7 +48,7 @@ from .microstep import LossStep, split_step
 from .pipeline import trace_check
 from .profile import estimate, measure
 from .replicastep import mapped_plan, one_replica, pesto_buckets, replica_zero, replicate_graph, replicated_plan
-from .slicemap import SliceMap, slice_map
+from .slicemap import SliceMap, place_split, result_view
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
            "FunctionStep"]
@@ -221,6 +224,10 @@ class FunctionStep:
         :meth:`apply` of a replicated plan: ``R x M`` slices, ``R`` replicas).
     mapping : SliceMap or ReplicaMap or None
         How the last plan :meth:`apply` carried was mapped onto the TF step.
+    placed : SplitPlacement or None
+        After :meth:`apply` of a micro-batched result: the plan solved on the
+        traced split step (``placed.plan.makespan`` its predicted step),
+        the mapped hint it started from, and Pesto's own figure.
     """
 
     def __init__(self, concrete, args, *, costs: str = "v100", name: str = "step", n_devices: int = 2,
@@ -229,9 +236,10 @@ class FunctionStep:
         self._initial = dict(self._values)
         self._captured = captured_variables(concrete)
         self._args, self._source = args, source
-        self._options = dict(name=name, n_devices=n_devices, on_unknown=on_unknown)
+        self._options = dict(name=name, n_devices=n_devices, on_unknown=on_unknown, costs=costs, steps=steps,
+                             warmup=warmup)
         self.micro_batches = source.micro_batches if source is not None else 1
-        self.replicas, self.mapping = 1, None
+        self.replicas, self.mapping, self.placed = 1, None, None
         fetches = list(concrete.outputs) + list(concrete.graph.control_outputs)
         self.loss = concrete.outputs[0].name if concrete.outputs else None
         self.updates = [op.name for op in concrete.graph.control_outputs]
@@ -296,18 +304,24 @@ class FunctionStep:
             return dict(self._values)
         return dict(zip(self._reads, self._sess.run(list(self._reads.values()))))
 
-    def apply(self, plan):
+    def apply(self, plan, *, cluster=None, time_limit: float = 10.0, seed: int = 0):
         """Place the step: ``plan``'s devices and order on :attr:`tf_graph`.
 
         ``plan`` is a plan of this step, or anything ``pesto.solve_step``
-        returns (its ``plan``, ``graph``, ``graph_kind``, ``micro_batches``,
-        ``replicas``): the un-split step's plan as it is; a micro-batched or
-        replicated plan is carried onto the step TensorFlow runs for it, traced
-        again (from the step's loss: :func:`keras_step`, or a
-        :class:`tf_patch.LossStep`) split into ``M`` slices
-        (:func:`tf_patch.slicemap.slice_map`), or into ``R x M`` slices whose
-        replicas get their own variables and the plan's ring all-reduces
-        (:mod:`tf_patch.replicastep`); :attr:`mapping` says what was mapped.
+        returns (read by :func:`tf_patch.slicemap.result_view`): the un-split
+        step's plan as it is; a micro-batched or replicated plan is carried
+        onto the step TensorFlow runs for it, traced again (from the step's
+        loss: :func:`keras_step`, or a :class:`tf_patch.LossStep`) split into
+        ``M`` slices, or into ``R x M`` slices whose replicas get their own
+        variables and the plan's ring all-reduces (:mod:`tf_patch.replicastep`);
+        :attr:`mapping` says what was mapped. A micro-batched plan is not
+        merely mapped: the traced split step (its ops costed at the micro-batch
+        size, as this step's ``costs`` say) is solved on ``cluster`` within
+        ``time_limit`` seconds, Pesto's plan mapped onto it as the hint
+        (:func:`tf_patch.slicemap.place_split`), and that plan, over every op
+        TF runs, is enforced 1:1; :attr:`placed` has it. ``cluster``: the one
+        the result was solved on (default ``pesto.gpus(k)`` or
+        ``pesto.logical_cpus(k)`` by the graph's op kind, ``k`` the plan's devices).
         Plan devices are mapped onto this machine: ``/GPU:k`` stays when
         there are enough GPUs, else it becomes logical CPU device ``/CPU:k``
         (after ``/CPU:0`` when the plan uses that too); :attr:`note` says
@@ -324,14 +338,14 @@ class FunctionStep:
         self._values = self.values()
         self.close()
         if hasattr(plan, "graph_kind"):
-            plan = self._carry(plan)
+            plan = self._carry(result_view(plan), cluster, time_limit, seed)
         self.applied = apply_plan(self.tf_graph, plan, n_devices=self.n_devices)
         self.plan, self.note, self.n_devices = self.applied.plan, self.applied.note, self.applied.n_devices
         return self.applied
 
-    def _carry(self, result):
-        """The plan of the TF step that runs ``result`` (:meth:`apply`); this
-        step re-traced and rebuilt for it first when it needs other slices
+    def _carry(self, result, cluster, time_limit, seed):
+        """The plan of the TF step that runs ``result`` (a ResultView, :meth:`apply`);
+        this step re-traced and rebuilt for it first when it needs other slices
         (or when it is replicated already: the rebuild starts from its split step)."""
         kind, m, r = result.graph_kind, result.micro_batches, result.replicas
         plan, names = result.plan, result.graph.names
@@ -347,8 +361,11 @@ class FunctionStep:
             if self._unsplit is None:
                 raise ValueError("a micro-batched plan maps Pesto's split of the un-split step onto TF's: build "
                                  "this step un-split (micro_batches=1), solve its graph, then apply the result")
-            self.mapping = slice_map(self._unsplit, names, self.graph, m)
-            return mapped_plan(plan, self.mapping, self.graph)
+            cluster = _plan_cluster(plan, self.graph) if cluster is None else cluster
+            mine = replace(result, plan=plan, graph=SimpleNamespace(names=names), replicas=1, graph_kind=kind)
+            self.placed = place_split(mine, self._unsplit, self.graph, cluster, time_limit=time_limit, seed=seed)
+            self.mapping = self.placed.slices
+            return self.placed.plan
         if all(n in self.graph for n in plan.placement):
             return plan
         # traced again: the names the trace gives anew (a Keras optimizer's scope) are placed by a neighbour
@@ -413,6 +430,19 @@ class FunctionStep:
         if self._sess is not None:
             self._sess.close()
             self._sess = None
+
+
+def _plan_cluster(plan, graph):
+    """The default cluster for re-solving a split step: ``k`` devices of the
+    graph's op kind, ``k`` the highest device index the plan uses plus one.
+
+    >>> from pesto.graph import OpGraph
+    >>> from pesto.plan import Plan
+    >>> _plan_cluster(Plan({"a": "/GPU:0", "b": "/GPU:2"}, {}), OpGraph.from_edges({"a": 1, "b": 1}, [])).names
+    ['/GPU:0', '/GPU:1', '/GPU:2']
+    """
+    k = 1 + max(int(d.rsplit(":", 1)[-1]) for d in plan.placement.values())
+    return logical_cpus(k) if "CPU" in graph.kinds() and "GPU" not in graph.kinds() else gpus(k)
 
 
 def function_step(fn, *args, costs: str = "v100", name: str | None = None, n_devices: int = 2,

@@ -442,8 +442,11 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
     Returns ``{"devices": {op: device seen}, "misplaced": [(op, planned,
     seen)], "order_violations": [(a, b, end_a, start_b)], "checked_edges": n,
     "left_out": k, "busy_us": {device: kernel µs}, "wall_us": traced step µs}``.
-    An added control edge (a, b) is respected when b starts no earlier than a
-    ends (1 µs tolerance for the trace's rounding); an op oneDNN fused into
+    An added control edge (a, b) is respected when b starts no earlier than a's
+    kernel ends (``op_end_rel_micros``, 1 µs tolerance for the trace's
+    rounding; not ``all_end``: TF's executor releases b when a's outputs are
+    propagated, before it stamps a's ``all_end``, so a busy machine showed b
+    starting tens of µs before that); an op oneDNN fused into
     another is checked under the fused kernel's name (``applied.fused``;
     one that ran as a kernel of its own, under its own name), a
     While lowered into control flow at the nodes its control edges go
@@ -451,7 +454,7 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
     not enforced (``applied.left_out``).
     """
 
-    seen, start, end, busy = {}, {}, {}, {}
+    seen, start, end, done, busy = {}, {}, {}, {}, {}
     for name, dev, _, ns in step_times(run_metadata):
         try:
             seen[name] = plan_device(dev)
@@ -459,6 +462,7 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
             continue
         start[name] = ns.all_start_micros
         end[name] = ns.all_start_micros + max(ns.op_end_rel_micros, ns.all_end_rel_micros)
+        done[name] = ns.all_start_micros + (ns.op_end_rel_micros or ns.all_end_rel_micros)
         busy[seen[name]] = busy.get(seen[name], 0) + ns.op_end_rel_micros
     misplaced = []
     if plan is not None:
@@ -473,7 +477,7 @@ def trace_check(run_metadata, plan=None, applied=None) -> dict:
         a, b = (x if x in start else fused.get(x, x) for x in (a, b))
         if a in end and b in start:
             n += 1
-            a_end, b_start = end[after.get(a, a)], start[before.get(b, b)]
+            a_end, b_start = done[after.get(a, a)], start[before.get(b, b)]
             if b_start + 1 < a_end:
                 viol.append((a, b, a_end, b_start))
     wall = (max(end.values()) - min(start.values())) if start else 0

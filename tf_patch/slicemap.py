@@ -47,7 +47,8 @@ Examples
 from __future__ import annotations
 
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
@@ -56,10 +57,58 @@ from pesto.graph import OpGraph
 from pesto.step.slicing import parse_name
 
 __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPlacement", "place_split",
-           "GRADIENT_ROOTS"]
+           "GRADIENT_ROOTS", "ResultView", "result_view", "split_candidates", "Rescored", "Rescoring",
+           "rescore_split"]
 
 #: First name components of graph-mode and tape gradient scopes.
 GRADIENT_ROOTS = ("gradients", "gradient_tape")
+
+
+@dataclass(frozen=True)
+class ResultView:
+    """What tf_patch reads of a ``pesto.solve_step`` result (:func:`result_view`).
+
+    Attributes
+    ----------
+    plan : Plan
+        Over ``graph``'s ops.
+    graph : OpGraph
+        The graph the plan places (the step, Pesto's split of it, or its replicated form).
+    micro_batches, replicas : int
+    graph_kind : str
+        ``"step"``, ``"micro-batched"`` or ``"replicated"``.
+    steps : mapping name -> µs
+        Every candidate's step (``plan.log.steps``, else the result's
+        ``steps``: ``"M=1"``, ``"M=4"``,
+        ``"gpipe M=4"``, ``"data-parallel"``, ``"hybrid R=2 M=2"``).
+    skipped : mapping name -> str
+        The candidates left out, and why (``plan.log.skipped``).
+    """
+
+    plan: object
+    graph: object
+    micro_batches: int
+    replicas: int
+    graph_kind: str
+    steps: Mapping[str, float] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+
+
+def result_view(result) -> ResultView:
+    """The one place tf_patch reads ``pesto.solve_step``'s result (so a change
+    of its type is adapted here only).
+
+    >>> class R: plan, graph, micro_batches, replicas, graph_kind = None, None, 2, 1, "micro-batched"
+    >>> result_view(R()).graph_kind
+    'micro-batched'
+    """
+    if isinstance(result, ResultView):
+        return result
+    log = getattr(result.plan, "log", None)
+    steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
+    return ResultView(result.plan, result.graph, int(result.micro_batches), int(result.replicas),
+                      str(result.graph_kind), MappingProxyType(dict(steps)),
+                      MappingProxyType(dict(getattr(log, "skipped", None) or {})))
 
 
 def slice_candidates(op: str, i: int) -> tuple[str, ...]:
@@ -248,7 +297,8 @@ class SplitPlacement:
     Attributes
     ----------
     plan : Plan
-        Over ``tf_split``'s ops: the re-solve started from ``hint``.
+        Over ``tf_split``'s ops (every one, so it is enforced 1:1): the
+        solve of ``tf_split`` started from ``hint``.
     hint : Plan
         The mapped placement scored on ``tf_split`` (TF's default order).
     slices : SliceMap
@@ -264,13 +314,17 @@ class SplitPlacement:
 
 def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit: float = 10.0,
                 workers: int | None = 1, seed: int = 0) -> SplitPlacement:
-    """Enforce-ready plan of TF's split step from ``pesto.solve_step``'s ``result``.
+    """Solve TF's split step, the graph TF will run, from ``pesto.solve_step``'s ``result``.
 
     Maps ``result.plan`` (over ``result.graph``, Pesto's split of ``step``)
     with :func:`slice_map`, completes it with :func:`mapped_hint`, and
-    re-solves ``tf_split`` (profiled at the micro-batch size) with that
-    placement as ``hint=`` (``pesto.solve``: it joins the starts, so the
-    plan is never slower than the mapped one on ``tf_split``).
+    solves ``tf_split`` (traced split into ``M`` slices, its ops costed at
+    the micro-batch size: grappler or measured) with ``micro_batches=1`` and
+    that placement as ``hint=`` (``pesto.solve``: it joins the starts, so the
+    plan is never slower than the mapped one on ``tf_split``). The plan
+    places every op of ``tf_split``: applied 1:1, no op unmapped.
+    :meth:`tf_patch.FunctionStep.apply` does this for a Keras or
+    ``tf.function`` step; the demo for the zoo models.
 
     Raises
     ------
@@ -280,6 +334,7 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
         functions that build and place that one
         (:func:`tf_patch.replicate_model`, :meth:`tf_patch.FunctionStep.apply`).
     """
+    result = result_view(result)
     if result.graph_kind not in ("micro-batched", "step"):
         k = result.replicas * result.micro_batches
         raise ValueError(f"a {result.graph_kind!r} plan ({result.replicas} replicas x {result.micro_batches} "
@@ -295,5 +350,125 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
                           tuple(n for n in placement if n not in tf_split))
     hint = evaluate(tf_split, mapped_hint(slices.placement(placement), tf_split, cluster.names[0]),
                     cluster=cluster)
-    plan = solve(tf_split, cluster=cluster, hint=hint, time_limit=time_limit, workers=workers, seed=seed)
+    plan = solve(tf_split, cluster=cluster, hint=hint, time_limit=time_limit, workers=workers, seed=seed,
+                 micro_batches=1)
     return SplitPlacement(plan, hint, slices, result.plan.makespan)
+
+
+#: Names of ``plan.log.steps`` that are a split step of one replica: ``M=4``, ``gpipe M=4``, ``slice M=4``.
+_SPLIT = re.compile(r"^(?:[a-z0-9]+ )?M=(\d+)$")
+
+
+def split_candidates(result, top: int = 3) -> list[tuple[int, float]]:
+    """The ``top`` best micro-batched counts (``M`` > 1, one replica) of a
+    ``pesto.solve_step`` result: ``(M, µs)`` by its figure (Pesto's split of
+    the un-split profile: each slice costs compute/M), best first; then, to
+    fill ``top``, counts it skipped (NaN).
+
+    >>> steps = {"M=1": 9.0, "M=2": 7.0, "gpipe M=2": 6.0, "M=4": 8.0, "data-parallel": 5.0}
+    >>> split_candidates(ResultView(None, None, 1, 1, "step", steps, {"M=8": "time limit"}))
+    [(2, 6.0), (4, 8.0), (8, nan)]
+    """
+    view, best = result_view(result), {}
+    for name, us in view.steps.items():
+        m = _SPLIT.match(name)
+        if m and int(m.group(1)) > 1 and not name.startswith(("data-parallel", "hybrid")):
+            best[int(m.group(1))] = min(us, best.get(int(m.group(1)), float("inf")))
+    out = sorted(best.items(), key=lambda kv: kv[1])[:top]
+    for name in view.skipped:
+        m = _SPLIT.match(name)
+        if m and int(m.group(1)) > 1 and int(m.group(1)) not in best and len(out) < top:
+            best[int(m.group(1))] = float("nan")
+            out.append((int(m.group(1)), float("nan")))
+    return out
+
+
+@dataclass(frozen=True)
+class Rescored:
+    """One micro-batch count re-scored on TF's traced split step (:func:`rescore_split`).
+
+    ``estimate``: ``pesto.solve_step``'s figure (µs; compute/M slices of the
+    un-split profile; NaN when it skipped the count); ``traced``: the step of
+    ``plan``, solved on ``graph``, TF's split step of ``micro_batches``
+    slices costed at the micro-batch size.
+    """
+
+    micro_batches: int
+    estimate: float
+    traced: float
+    plan: object
+    graph: OpGraph
+
+
+@dataclass(frozen=True)
+class Rescoring:
+    """``auto``'s choice re-scored on the graphs TF runs (:func:`rescore_split`).
+
+    Attributes
+    ----------
+    rows : tuple of Rescored
+        The split counts re-scored, best ``estimate`` first.
+    unsplit : float
+        The un-split step's figure (µs; its graph is the one TF runs: solved
+        here when ``result`` has no figure for it).
+    replicated : tuple of (name, µs)
+        The best data-parallel or hybrid candidate's figure (Pesto's
+        replicated graph; TF's replicated step is not traced here), or ().
+    best : str
+        ``"M=<m>"`` (a row), ``"M=1"`` or the replicated candidate's name.
+    """
+
+    rows: tuple
+    unsplit: float
+    replicated: tuple
+    best: str
+
+    @property
+    def row(self) -> Rescored | None:
+        """The winning row, or None when the winner is not split."""
+        return next((r for r in self.rows if f"M={r.micro_batches}" == self.best), None)
+
+    def table(self) -> str:
+        """Per count: the compute/M estimate next to the traced-graph figure (ms), and the choice."""
+        lines = [f"         {'candidate':<22}{'compute/M':>10}{'traced':>10}   (ms)"]
+        lines.append(f"         {'M=1':<22}{self.unsplit / 1000:>10.3f}{self.unsplit / 1000:>10.3f}")
+        for r in self.rows:
+            lines.append(f"         {f'M={r.micro_batches}':<22}{r.estimate / 1000:>10.3f}{r.traced / 1000:>10.3f}")
+        if self.replicated:
+            lines.append(f"         {self.replicated[0]:<22}{self.replicated[1] / 1000:>10.3f}{'-':>10}"
+                         "   (Pesto's replicated graph)")
+        return "\n".join(lines + [f"         best on the traced graphs: {self.best}"])
+
+
+def rescore_split(result, step: OpGraph, trace, cluster, *, top: int = 3, time_limit: float = 5.0,
+                  workers: int | None = 1, seed: int = 0) -> Rescoring:
+    """Re-score ``micro_batches="auto"``'s split counts on TF's split steps.
+
+    For each of :func:`split_candidates` ``(result, top)``, ``trace(M)`` gives
+    TF's split step of ``M`` slices (an OpGraph costed at the micro-batch
+    size: grappler or measured, on ``cluster``'s kind), which is solved
+    within ``time_limit`` seconds: from ``result``'s own plan mapped onto it
+    (:func:`place_split`) when that is the count ``result`` chose, else by
+    ``pesto.solve``. The best of those, the un-split step (``"M=1"``: its
+    graph ``step`` is the one TF runs, solved too when ``result`` skipped it)
+    and the replicated candidates (Pesto's figure) is :attr:`Rescoring.best`.
+    """
+    view, rows = result_view(result), []
+    for m, estimate in split_candidates(view, top):
+        tf_split = trace(m)
+        if view.graph_kind == "micro-batched" and view.micro_batches == m:
+            plan = place_split(view, step, tf_split, cluster, time_limit=time_limit, workers=workers,
+                               seed=seed).plan
+        else:
+            plan = solve(tf_split, cluster=cluster, time_limit=time_limit, workers=workers, seed=seed,
+                         micro_batches=1)
+        rows.append(Rescored(m, estimate, plan.makespan, plan, tf_split))
+    unsplit = view.plan.makespan if view.graph_kind == "step" else view.steps.get("M=1")
+    if unsplit is None:   # the time limit left the un-split step out: solve it too (it is the graph TF runs)
+        unsplit = solve(step, cluster=cluster, time_limit=time_limit, workers=workers, seed=seed).makespan
+    rep = [(n, us) for n, us in view.steps.items() if n.startswith(("data-parallel", "hybrid"))]
+    replicated = min(rep, key=lambda kv: kv[1]) if rep else ()
+    figures = {f"M={r.micro_batches}": r.traced for r in rows}
+    figures["M=1"] = unsplit
+    figures.update(dict([replicated]) if replicated else {})
+    return Rescoring(tuple(rows), unsplit, replicated, min(figures, key=figures.get))
