@@ -109,7 +109,8 @@ def test_auto_s_split_counts_are_rescored_on_the_traced_split_steps():
     estimated = [row for row in r.rows if row.estimate == row.estimate]
     assert estimated and any(abs(row.traced - row.estimate) > 1e-3 * row.estimate for row in estimated)
     figures = {f"M={row.micro_batches}": row.traced for row in r.rows}
-    figures.update({"M=1": r.unsplit, **dict([r.replicated] if r.replicated else [])})
+    mine = r.replicated and result_view(result).graph_kind == "replicated"   # a replicated plan at hand
+    figures.update({"M=1": r.unsplit, **dict([r.replicated] if mine else [])})
     assert r.best == min(figures, key=figures.get)
     table = r.table().splitlines()
     for row in r.rows:   # compute/M next to the traced figure
@@ -126,3 +127,17 @@ def test_function_examples_run():
 
     result = doctest.testmod(function)
     assert result.attempted >= 1 and result.failed == 0
+
+
+def test_a_replicated_figure_without_its_plan_is_shown_not_chosen():
+    # auto's winner was a split count; Pesto's data-parallel figure (no plan at hand to
+    # train) is shown beside the traced figures but the choice is among plans it has
+    from types import SimpleNamespace
+    from pesto.solvelog import SolveLog
+    g = pesto.OpGraph.from_edges({"a": 10.0, "b": 10.0}, [("a", "b")])
+    plan = pesto.evaluate(g, {"a": "/GPU:0", "b": "/GPU:0"}, cluster=CLUSTER)
+    log = SolveLog(pipeline="step search", steps={"M=1": 30.0, "M=2": 20.0, "data-parallel": 1.0})
+    result = SimpleNamespace(plan=plan.replace(log=log), graph=g, micro_batches=2, replicas=1,
+                             graph_kind="micro-batched")
+    r = rescore_split(result, g, lambda m: g, CLUSTER, top=0, time_limit=1)
+    assert r.replicated == ("data-parallel", 1.0) and r.best == "M=1" and "data-parallel" in r.table()

@@ -414,6 +414,8 @@ class Rescoring:
     replicated : tuple of (name, µs)
         The best data-parallel or hybrid candidate's figure (Pesto's
         replicated graph; TF's replicated step is not traced here), or ().
+        It competes only when ``result`` itself is that replicated plan (the
+        one replicated plan at hand to train); else it is shown, not chosen.
     best : str
         ``"M=<m>"`` (a row), ``"M=1"`` or the replicated candidate's name.
     """
@@ -451,7 +453,8 @@ def rescore_split(result, step: OpGraph, trace, cluster, *, top: int = 3, time_l
     (:func:`place_split`) when that is the count ``result`` chose, else by
     ``pesto.solve``. The best of those, the un-split step (``"M=1"``: its
     graph ``step`` is the one TF runs, solved too when ``result`` skipped it)
-    and the replicated candidates (Pesto's figure) is :attr:`Rescoring.best`.
+    and, when ``result`` is replicated, its own figure is :attr:`Rescoring.best`
+    (a split winner whose traced step loses to the un-split step is not chosen).
     """
     view, rows = result_view(result), []
     for m, estimate in split_candidates(view, top):
@@ -470,5 +473,6 @@ def rescore_split(result, step: OpGraph, trace, cluster, *, top: int = 3, time_l
     replicated = min(rep, key=lambda kv: kv[1]) if rep else ()
     figures = {f"M={r.micro_batches}": r.traced for r in rows}
     figures["M=1"] = unsplit
-    figures.update(dict([replicated]) if replicated else {})
+    if replicated and view.graph_kind == "replicated":   # only the result's own replicated plan is at hand
+        figures[replicated[0]] = replicated[1]
     return Rescoring(tuple(rows), unsplit, replicated, min(figures, key=figures.get))
