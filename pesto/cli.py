@@ -46,7 +46,8 @@ from pathlib import Path
 from solver import PLACERS, accepted_options, get_placer
 from solver.options import MAX_TIME_LIMIT
 from solver.parallel.hybrid import hybrid_plan
-from solver.parallel.pipelines import SCHEDULES, data_parallel_plan, gpu_names, pipeline_plan
+from solver.parallel.pipelines import data_parallel_plan, gpu_names, pipeline_plan
+from solver.parallel.schedules import SCHEDULES
 from solver.parallel.slice_model import place_slice_cpsat
 from solver.parallel.search import check_batch
 

@@ -92,13 +92,12 @@ from pesto.step.marks import backward_ops
 
 from ..common import order_by_key, rank
 from .cut import largest_stage as _largest_stage, split_stages
-from .schedules import SCHEDULES as _SCHEDULES, actions
+from .schedules import SCHEDULES, actions
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
-           "SCHEDULES", "CHUNKS", "CANDIDATES", "staged_plan", "step_stages", "gpu_names"]
+           "CHUNKS", "CANDIDATES", "staged_plan", "step_stages", "gpu_names"]
 
-SCHEDULES = tuple(_SCHEDULES)  # the registry's names (solver.parallel.schedules)
 CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
 CANDIDATES = 8   # stage splits simulated per call (those of the smallest estimate)
 

@@ -48,7 +48,8 @@ from pesto.step import split as split_step
 from pesto.plan import Plan
 
 from ..common import rank
-from .pipelines import SCHEDULES, StepPlan, pipeline_plan, staged_plan
+from .pipelines import StepPlan, pipeline_plan, staged_plan
+from .schedules import SCHEDULES
 from .slice_cpsat import GridAnswer, GridModel
 from .slice_grid import GRID_TASKS, GridError, SliceGrid, slice_grid
 
