@@ -218,18 +218,26 @@ def op_memory(prob: Problem) -> list[tuple[int, str]]:
     >>> max(op_memory(Problem.of(g, gpus(2))))   # both inputs and the sum
     (120, 'sum')
     """
-    graph, ops = prob.graph, prob.graph.ops
-    held = [sum(ops[i].persistent_bytes for i in mem) for mem in prob.members]
-    sent: dict[tuple[int, int], set] = {}
-    for e in graph.edges:
-        if e.tensors:
-            sent.setdefault((prob.index[e.src], prob.index[e.dst]), set()).update(e.tensors)
-    inputs = [0] * prob.n
-    for (src, dst), names in sent.items():
-        inputs[dst] += min(ops[src].output_bytes, sum(graph.tensor(t).bytes for t in names))
+    ops, n = prob.graph.ops, prob.n
+    persistent = np.fromiter((op.persistent_bytes for op in ops), dtype=np.int64, count=n)
+    unit = np.asarray(prob.unit, dtype=np.int64)
+    held = np.bincount(unit, weights=persistent, minlength=len(prob.members)).astype(np.int64)
+    # per (producer, consumer) pair the bytes of the tensors sent (the tensor table: one entry per consumer)
+    src, dst, nbytes = [], [], []
+    for _, s, b, cons in prob.graph.tensor_table():
+        src += [s] * len(cons)
+        dst += cons
+        nbytes += [b] * len(cons)
+    inputs = np.zeros(n, dtype=np.int64)
+    if src:
+        pair = np.asarray(src, dtype=np.int64) * n + np.asarray(dst, dtype=np.int64)
+        pairs, at = np.unique(pair, return_inverse=True)
+        sent = np.bincount(at, weights=np.asarray(nbytes, dtype=np.float64))
+        out_bytes = np.fromiter((op.output_bytes for op in ops), dtype=np.int64, count=n)
+        np.add.at(inputs, pairs % n, np.minimum(out_bytes[pairs // n], sent).astype(np.int64))
     out = []
-    for i, op in enumerate(ops):
+    for i, op in enumerate(ops):   # one pass: an op timed on every device it may use counts its inputs
         timed = all(prob.dur[i][d] > 0 for d in prob.allowed[i])
-        out.append((held[prob.unit[i]] + op.output_bytes + op.temporary_bytes + (inputs[i] if timed else 0),
+        out.append((int(held[prob.unit[i]]) + op.output_bytes + op.temporary_bytes + (int(inputs[i]) if timed else 0),
                     op.name))
     return out
