@@ -105,9 +105,10 @@ DP_MAX_OPS = 150_000
 SPLIT_MAX_OPS = 2_000_000
 #: Share of one count's grant the slice model gets.
 SLICE_SHARE = 0.4
-#: Simulations of its graph the first data-parallel plan costs (predicting its time), and the
-#: per-sample bound's (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
-SIMS = {"data-parallel": 2.0, "bound": 3.0}
+#: Simulations of its graph the first data-parallel plan costs (predicting its time), the
+#: per-sample bound's, and the exact pipeline's mandatory stages' (its first heuristic and the
+#: final check: what the slice model leaves it) (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
+SIMS = {"data-parallel": 2.0, "bound": 3.0, "pipeline": 2.0}
 #: The search's stages under its :class:`~solver.budget.Budget`: screening and the exact
 #: stages are optional (the search has a plan without them), the bound is mandatory.
 STAGES = ("screening", "exact", "bound")
@@ -500,12 +501,15 @@ class _Search:
 
     def slice_start(self, s: _Screened, m: int, grant: Deadline) -> list[Plan]:
         """The slice model's plan of ``m`` slices (:func:`solver.parallel.slice_model.solve_slices`)
-        on :data:`SLICE_SHARE` of ``grant`` (skipped below :data:`MIN_SECONDS` on the
-        wall clock), offered as ``slice M=m``; [] when skipped."""
+        on :data:`SLICE_SHARE` of ``grant``, at most what leaves the pipeline the predicted time of
+        its first plan (``SIMS["pipeline"]`` simulations of the split), skipped below
+        :data:`MIN_SECONDS` on the wall clock; offered as ``slice M=m``; [] when skipped."""
         name = f"slice M={m}"
-        share = SLICE_SHARE * grant.left()
+        keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the pipeline's own first plan
+        share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
         if share < MIN_SECONDS and not self.deadline.deterministic:
-            self.pool.skipped[name] = f"{share:.2f} s for the slice model, less than {MIN_SECONDS} s"
+            self.pool.skipped[name] = (f"{max(share, 0.0):.2f} s for the slice model, less than {MIN_SECONDS} s"
+                                       + (f" (about {keep:.1f} s kept for the pipeline's first plan)" if keep else ""))
             return []
         self.stop_if_interrupted()
         self.say(f"slice model M={m}: start ({share:.1f} s)")
