@@ -51,7 +51,8 @@ How the graph is built
 * an unbatched op *between* batched ops (reading a partial, or under a control
   edge from a batched op, and feeding batched ops) is where every slice waits
   for all the others: mark it batched if it belongs to one slice (a constant a
-  gradient builds under a control dependency does);
+  gradient builds under a control dependency does: the solver's entries mark
+  those, :func:`pesto.step.marks.slice_constants`);
 * the graph knows no batch size: the caller picks an ``M`` that divides it
   (bytes are rounded up, so an ``M`` that does not divide is costed as if the
   last slice were as large as the others).

@@ -68,6 +68,7 @@ from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.solvelog import SolveLog, Stage
 from pesto.step import replicate, split as split_step
+from pesto.step.marks import slice_constants
 from pesto.step.replication import gradient_buckets
 
 from ..budget import Budget, Cost, Skip
@@ -146,7 +147,8 @@ def check_batch(batch_size: int | None, replicas: int, m: int) -> str:
 
 def with_marks(graph: OpGraph) -> OpGraph:
     """``graph``, whose every op has a batch mark (a front end sets them:
-    :func:`pesto.api.marked` for a TensorFlow graph without them).
+    :func:`pesto.api.marked` for a TensorFlow graph without them), with its
+    per-slice constants marked batched (:func:`pesto.step.marks.slice_constants`).
 
     Raises
     ------
@@ -158,7 +160,7 @@ def with_marks(graph: OpGraph) -> OpGraph:
         raise BatchMarkError(f"graph {graph.name!r} has {len(unknown)} op(s) without batch marks (Op.batch): "
                              f"mark them (JSON 'batch': true/false; pesto.solve marks a TensorFlow graph)",
                              unknown)
-    return graph
+    return slice_constants(graph)
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
