@@ -63,7 +63,7 @@ from pesto.deadline import Deadline, Stopped
 from pesto.finalize import finalize
 from pesto.errors import BatchMarkError, MicroBatchError, MicroBatchMemoryError, PestoError
 from pesto.graph import OpGraph
-from pesto.memory import fmt_bytes
+from pesto.memory import fmt_bytes, step_activations
 from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.solvelog import SolveLog, Stage
@@ -285,6 +285,9 @@ class _Search:
         self.pace.warm_up(self.marked, cluster)
         self.gpus = len(gpu_names(cluster))
         self.buckets = len(gradient_buckets(self.marked)) if self.gpus > 1 else 0
+        self.acts = step_activations(self.marked)
+        self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
+        self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.window: Deadline = deadline  # what the running stage may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
@@ -309,6 +312,31 @@ class _Search:
         self.pool.skipped[name] = f"not built: about {need:.1f} s for {ops} ops, {self.window.left():.1f} s left"
         self.say(f"{name}: skipped (time limit)")
         return False
+
+    def floor(self, replicas: int, m: int) -> tuple[int, int]:
+        """``(bytes, k)``: the least a GPU holds in every plan of ``replicas``
+        replicas of ``m`` slices, each replica on ``k = GPUs / replicas`` GPUs:
+        a replica's weights and optimizer state and one slice's activations at
+        its loss (:func:`pesto.memory.step_activations`, held by every plan)
+        spread evenly over its GPUs (0 when the step has no phase marks)."""
+        k = max(1, self.gpus // replicas)
+        if self.acts is None:
+            return 0, k
+        return -(-(self.persistent + self.acts.per_slice(m)) // k), k
+
+    def short_of_memory(self, name: str, replicas: int, m: int, strategy: Strategy | None = None) -> bool:
+        """Whether :meth:`floor` rules the candidate out (more than the largest
+        GPU): skipped and named. A strategy with a memory saver is not judged by it."""
+        need, k = self.floor(replicas, m)
+        if not self.capacity or need <= self.capacity or (strategy is not None and (
+                strategy.recompute or strategy.shard_optimizer)):
+            return False
+        self.pool.skipped[name] = (
+            f"needs at least {fmt_bytes(need)} per GPU, the largest holds {fmt_bytes(self.capacity)}: "
+            f"weights and optimizer state ({fmt_bytes(self.persistent)}) and one slice's activations at the loss "
+            f"({fmt_bytes(self.acts.per_slice(m))}) over {k} GPU{'s' if k > 1 else ''}")
+        self.say(f"{name}: skipped (memory)")
+        return True
 
     def too_large(self, name: str, replicas: int, m: int) -> bool:
         """A replicated candidate above :data:`DP_MAX_OPS` or one the batch
@@ -335,7 +363,9 @@ class _Search:
         self.window = grant
         self.say(f"screening: M in {sorted(counts)}, {len(KINDS)} kinds ({grant.left():.1f} s)")
         screened = {}
-        for m in sorted(counts):
+        # memory-bound (not even one slice fits a GPU with the whole step): more slices first, they fit sooner
+        tight = self.floor(1, 1)[0] > self.capacity > 0
+        for m in sorted(counts, reverse=tight):
             s = self.screen(m)
             if s is not None:
                 screened[m] = s
@@ -370,7 +400,7 @@ class _Search:
     def first_plan(self) -> None:
         """``"auto"``: the data-parallel plan of the step, not split."""
         name = "data-parallel"
-        if self.gpus < 2 or self.too_large(name, self.gpus, 1):
+        if self.gpus < 2 or self.too_large(name, self.gpus, 1) or self.short_of_memory(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
             return
         if not self.fits(name, replicated_ops(self.marked, self.gpus, 1, self.buckets), SIMS[name]):
@@ -388,6 +418,13 @@ class _Search:
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and baselines."""
         self.stop_if_interrupted()
+        if self.short_of_memory(f"M={m}", 1, m):
+            self.pool.short.setdefault(m, MicroBatchMemoryError(f"M={m}: {self.pool.skipped[f'M={m}']}", m,
+                                                                self.floor(1, m)[0], self.capacity,
+                                                                culprit="persistent bytes and activations"))
+            if not self.auto:
+                raise self.pool.short[m]
+            return None
         if m > 1 and not self.fits(f"M={m}", self.marked.num_ops * m, 1.0):
             return None
         split = self.graph if m == 1 else split_step(self.marked, m).graph
@@ -416,7 +453,7 @@ class _Search:
         failed (named in ``plan.log.skipped``)."""
         name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
-        if replicas > 1 and self.too_large(name, replicas, m):
+        if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
         sims, tries = kind.sims, SCREEN_CANDIDATES
         if not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
