@@ -70,7 +70,8 @@ from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
 
 from ..common import order_by_key, rank
-from .cut import CHUNKS, Blocking, Phases, _block_costs, blockings, largest_stage as _largest_stage, phases, split_stages
+from .cut import (Blocking, Phases, _block_costs, block_memory, blockings, in_flight, phases, split_stages,
+                  step_estimate)
 from .schedules import SCHEDULES, actions
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
@@ -128,9 +129,13 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
 
     ``stages``: that many stages only (at most the GPUs and the blocks);
-    default every number from 1 to the number of GPUs. ``candidates``: the
-    stage splits simulated, those of smallest estimate ``(M + k - 1)`` times
-    the largest stage cost per slice (:func:`split_stages`' objective).
+    default every number from 1 to the number of GPUs. Per block order and
+    ``k`` the split is :func:`split_stages`' least step estimate for ``M``
+    slices under the GPUs' least memory (per stage its blocks' weights and
+    optimizer state plus the activations of the slices the schedule holds
+    at once there, :func:`solver.parallel.cut.block_memory`,
+    :func:`solver.parallel.cut.in_flight`). ``candidates``: the stage splits
+    simulated, those of least estimate (:func:`solver.parallel.cut.step_estimate`).
 
     Raises
     ------
@@ -147,14 +152,18 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     gpus = gpu_names(cluster)
     beta = _mean_route(cluster, gpus)
     m = split.micro_batches
+    capacity = min(cluster.device(d).memory for d in gpus)
     splits: dict[tuple, tuple] = {}   # per-op stages -> (estimate, stages, block order)
     for bl in blockings(graph, ph) or [Blocking("one", tuple(0 if op.batch else -1 for op in graph.ops), 1)]:
         work, comm = _block_costs(graph, bl, m, beta)
+        static, act = block_memory(graph, ph, bl, m, step_stages(graph, bl.block))
         for k in ([stages] if stages else range(1, len(gpus) + 1)):
-            starts = split_stages(work, comm, min(k, len(gpus)))
+            k = min(k, len(gpus), bl.count)
+            memory = [static + in_flight(schedule, s, k, m) * act for s in range(k)]
+            starts = split_stages(work, comm, k, slices=m, memory=memory, capacity=capacity)
             stage_of = np.searchsorted(np.asarray(starts), np.arange(bl.count), side="right") - 1
             stage = tuple(int(stage_of[b]) if b >= 0 else -1 for b in bl.block)
-            est = (m + len(starts) - 1) * _largest_stage(work, comm, starts)
+            est = step_estimate(work, comm, starts, m)
             if stage not in splits or est < splits[stage][0]:
                 splits[stage] = (est, len(starts), bl.name)
     best = None

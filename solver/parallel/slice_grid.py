@@ -158,7 +158,7 @@ def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
     if not ph.forward:
         raise GridError(f"graph {g.name!r} has no batched forward op: no pipeline grid")
     want = grid_blocks(m, len(ph.forward), tasks)
-    orders = blockings(g, ph, chunks=want)
+    orders = blockings(g, ph, chunks=want, layers=0)
     links = _batched_links(split)
     bl = _acyclic(next((b for b in orders if b.name == blocking), orders[0]), ph, links, g.name)
     if bl.count < min(want, orders[0].count) / 2 and bl.name != orders[0].name:
