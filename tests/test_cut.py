@@ -1,18 +1,22 @@
-"""solver.parallel.cut: the stage cut programme against a brute-force oracle, memory, layer blocks."""
+"""solver.parallel.cut and the pipeline bound: the stage cut programme against a brute-force oracle,
+memory, layer blocks; the fill/drain bound against simulated pipelines and a uniform chain's optimum."""
 from __future__ import annotations
 
 import itertools
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from mb_strategies import layered_step
 from pesto.cluster import gpus
-from pesto.graph import OpGraph
+from pesto.graph import Edge, Op, OpGraph, Tensor
+from pesto.step import split
 from solver.baselines import pipeline_cuts
 from solver.parallel.cut import (block_memory, blockings, in_flight, largest_stage, phases, split_stages,
                                  step_estimate)
+from solver.parallel.bound import pipeline_bound
 from solver.parallel.pipelines import pipeline_plan, step_stages
 
 
@@ -116,3 +120,44 @@ def test_pipeline_plan_cuts_a_layered_step_between_layers():
     r = pipeline_plan(g, gpus(2, beta=(1.0, 0.0)), schedule="1f1b", micro_batches=4, stages=2)
     dev = {o: d for o, d in r.plan.placement.items()}
     assert dev["layer_0/f@mb0"] == dev["layer_1/f@mb0"] != dev["layer_2/f@mb0"] == dev["layer_3/f@mb0"]
+
+
+def _timed_step(times: list[float]) -> OpGraph:
+    """:func:`layered_step` with layer ``l``'s forward taking ``times[l]`` µs, its gradients twice that."""
+    g = layered_step(len(times))
+    def scale(op):
+        layer = next((int(p[6:]) for p in op.name.split("/") if p.startswith("layer_") and p[6:].isdigit()), None)
+        if layer is None or not op.batch:
+            return op
+        return replace(op, compute={k: times[layer] * (1 if op.phase == "forward" else 2) for k in op.compute})
+    return OpGraph([scale(op) for op in g.ops], g.edges, g.tensors, name=g.name)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=2, max_size=5), st.sampled_from([2, 4]), st.sampled_from([2, 3]),
+       st.sampled_from(["gpipe", "1f1b"]))
+def test_the_pipeline_bound_is_below_every_pipeline_plan(times, m, devices, schedule):
+    g = _timed_step([100.0 * t for t in times])
+    cluster = gpus(devices, beta=(5.0, 1e-4))
+    s = split(g, m)
+    b = pipeline_bound(s, cluster)
+    assert b is not None and 1 <= b.stages <= devices
+    for k in range(1, devices + 1):
+        r = pipeline_plan(g, cluster, schedule=schedule, micro_batches=m, stages=k)
+        assert b.step <= r.plan.makespan + 1e-6
+        assert pipeline_bound(s, cluster, stages=r.stages).step <= r.plan.makespan + 1e-6
+
+
+def test_the_pipeline_bound_is_the_optimum_of_a_uniform_chain():
+    """k layers of forward f and backward b per slice, a stage each, free
+    links: GPipe and 1F1B take (M + k - 1)(f + b), and so does the bound."""
+    k, m, f = 4, 8, 80.0
+    names = [f"f{i}" for i in range(k)] + [f"b{i}" for i in reversed(range(k))]
+    ops = [Op(n, {"GPU": f}, batch=True, phase="forward" if n[0] == "f" else "input-grad",
+              anchor=None if n[0] == "f" else f"f{n[1:]}", scope=f"l{n[1:]}") for n in names]
+    g = OpGraph(ops, [Edge(u, v, (f"{u}:0",)) for u, v in zip(names, names[1:])], [Tensor(f"{n}:0", n, 8) for n in names])
+    cluster = gpus(k, beta=(0.0, 0.0))
+    b = pipeline_bound(split(g, m), cluster, stages=k)
+    assert b.step == (m + k - 1) * 2 * f / m
+    r = pipeline_plan(g, cluster, schedule="1f1b", micro_batches=m, stages=k)
+    assert r.plan.makespan == pytest.approx(b.step)

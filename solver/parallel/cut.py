@@ -60,7 +60,7 @@ from pesto.step.marks import backward_ops
 from .schedules import actions
 
 __all__ = ["split_stages", "largest_stage", "step_estimate", "Phases", "Blocking", "phases", "blockings",
-           "block_memory", "in_flight", "CHUNKS", "LAYERS"]
+           "block_memory", "block_orders", "in_flight", "least_largest", "CHUNKS", "LAYERS"]
 
 CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
 LAYERS = 256     # most blocks of a layer blocking (whole scope groups; more groups are merged)
@@ -162,13 +162,47 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS, layers: int =
     if not fwd:
         return []
     ops = graph.ops
-    pos = {i: k for k, i in enumerate(graph.topo_idx())}
     work = np.zeros(graph.num_ops)
     for i in fwd:
         work[i] += min(ops[i].compute.values())
     for b, a in ph.anchor.items():
         work[a] += min(ops[b].compute.values())
-    candidates, grouped = [("topological", fwd)], []
+    found = block_orders(graph, ph)
+    out, seen = [], set()
+    for name, order, _ in found:
+        if tuple(order) in seen:
+            continue
+        seen.add(tuple(order))
+        cum = np.cumsum(work[order])
+        n = min(chunks, len(order))
+        chunk = np.minimum((cum - 1e-9) * n // max(cum[-1], 1e-9), n - 1).astype(int)
+        out.append(_blocking(graph, ph, name, {i: int(c) for i, c in zip(order, chunk)}))
+    for name, order, group in found if layers > 0 else ():
+        if group is None:
+            continue
+        blocks = _layer_blocks(work[order], np.asarray(group), layers)
+        bl = _blocking(graph, ph, name.replace("scope", "layers"), {i: int(c) for i, c in zip(order, blocks)})
+        if bl.block not in {b.block for b in out}:
+            out.append(bl)
+    return out
+
+
+def block_orders(graph: OpGraph, ph: Phases) -> list[tuple[str, list[int], list[int] | None]]:
+    """The candidate pipeline orders of the forward ops (module doc), each
+    ``(name, order, group)``: ``"topological"`` (``group`` None), and per
+    scope depth ``d`` with two groups or more ``"scope:d"``, ``group`` the
+    rank of each op's scope group (nondecreasing along ``order``; a depth
+    that groups as the one before it is left out).
+
+    >>> from dataclasses import replace
+    >>> g = OpGraph.from_edges({"a/x": 1, "b/x": 1, "a/y": 1}, [("a/x", "b/x"), ("b/x", "a/y")])
+    >>> g = OpGraph([replace(op, batch=True, scope=op.name[0]) for op in g.ops], g.edges, g.tensors)
+    >>> block_orders(g, phases(g, loss="a/y"))
+    [('topological', [0, 1, 2], None), ('scope:1', [0, 2, 1], [0, 0, 1])]
+    """
+    fwd = list(ph.forward)
+    pos = {i: k for k, i in enumerate(graph.topo_idx())}
+    out: list[tuple[str, list[int], list[int] | None]] = [("topological", fwd, None)]
     for depth in range(1, 9):
         keys = {i: "/".join(_scope_parts(graph, i)[:depth]) for i in fwd}
         first: dict[str, list[int]] = {}
@@ -178,22 +212,9 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS, layers: int =
             continue
         rank = _grouprank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
         order = sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))
-        candidates.append((f"scope:{depth}", order))
-        grouped.append((f"layers:{depth}", order, [rank[keys[i]] for i in order]))
-    out, seen = [], set()
-    for name, order in candidates:
-        if tuple(order) in seen:
-            continue
-        seen.add(tuple(order))
-        cum = np.cumsum(work[order])
-        n = min(chunks, len(order))
-        chunk = np.minimum((cum - 1e-9) * n // max(cum[-1], 1e-9), n - 1).astype(int)
-        out.append(_blocking(graph, ph, name, {i: int(c) for i, c in zip(order, chunk)}))
-    for name, order, group in grouped if layers > 0 else ():
-        blocks = _layer_blocks(work[order], np.asarray(group), layers)
-        bl = _blocking(graph, ph, name, {i: int(c) for i, c in zip(order, blocks)})
-        if bl.block not in {b.block for b in out}:
-            out.append(bl)
+        group = [rank[keys[i]] for i in order]
+        if (order, group) != out[-1][1:]:   # a deeper cut that groups as the last one: the same order
+            out.append((f"scope:{depth}", order, group))
     return out
 
 
@@ -295,7 +316,8 @@ def split_stages(work, comm: Sequence[float], k: int, *, slices: int | None = No
     if k <= 1 or n <= 1:
         return (0,)
     seg = _stage_costs(work, comm, k, memory, capacity)
-    least, starts = _least_largest(seg, k, n)
+    values, starts = least_largest(seg, k, n)
+    least = values[-1]
     if not np.isfinite(least):
         return split_stages(work, comm, k, slices=slices) if memory is not None else starts
     if not slices:
@@ -304,9 +326,9 @@ def split_stages(work, comm: Sequence[float], k: int, *, slices: int | None = No
     if slices <= 1:
         return free
     best = (_step_value(seg, starts, n, slices), starts)
-    values = np.unique(np.concatenate([c[np.isfinite(c) & (c >= least)] for c in map(seg, range(k))]))
-    for at in range(0, len(values), _BATCH):
-        bounds = values[at:at + _BATCH]
+    tried = np.unique(np.concatenate([c[np.isfinite(c) & (c >= least)] for c in map(seg, range(k))]))
+    for at in range(0, len(tried), _BATCH):
+        bounds = tried[at:at + _BATCH]
         bounds = bounds[floor + (slices - 1) * bounds < best[0]]
         if not len(bounds):
             break
@@ -345,17 +367,25 @@ def _rows(x, k: int, n: int) -> np.ndarray:
     return np.broadcast_to(a, (k, n)) if len(a) == 1 else a[:k]
 
 
-def _least_largest(seg, k: int, n: int) -> tuple[float, tuple[int, ...]]:
-    """The least largest stage cost over ``k`` stages and its split (ties: earliest cuts)."""
+def least_largest(seg, k: int, n: int) -> tuple[list[float], tuple[int, ...]]:
+    """The least largest stage cost of ``n`` blocks cut into ``s`` contiguous
+    stages for each ``s`` from 1 to ``k``, and the split into ``k`` stages
+    (ties: earliest cuts); ``seg(s)``: the ``(n + 1, n + 1)`` costs of blocks
+    ``i..j-1`` as stage ``s`` (``inf``: not allowed).
+
+    >>> least_largest(lambda s: np.array([[np.inf, 1, 3], [np.inf, np.inf, 2], [np.inf] * 3]), 2, 2)
+    ([3.0, 2.0], (0, 1))
+    """
     f = np.full(n + 1, np.inf)
     f[0] = 0.0
-    args = []
+    args, values = [], []
     for s in range(k):
         tot = np.maximum(f[:, None], seg(s))
         a = np.argmin(tot, axis=0)
         f = tot[a, np.arange(n + 1)]
         args.append(a)
-    return float(f[n]), _back(args, n)
+        values.append(float(f[n]))
+    return values, _back(args, n)
 
 
 def _least_sum(seg, k: int, n: int, bounds: np.ndarray) -> list[tuple[float, tuple[int, ...]]]:
