@@ -71,7 +71,7 @@ __all__ = ["SampleBound", "sample_bound", "copies_bound", "colocation_bound", "m
 #: Most forward ops :func:`pipeline_bound` cuts between (its programme is quadratic in them).
 PIPELINE_ATOMS = 4096
 #: Quantiles of the copies' heads, and of their tails, that :func:`pipeline_bound` sets its subsets at.
-THRESHOLDS = 8
+THRESHOLDS = 3
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,9 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
         if tuple(order) in seen:
             continue
         seen.add(tuple(order))
-        cost = np.maximum.reduce([_set_costs(*x[:, order]) for x in terms])
+        cost = _set_costs(*terms[0][:, order])
+        for x in terms[1:]:
+            np.maximum(cost, _set_costs(*x[:, order]), out=cost)
         values, _ = least_largest(lambda s: cost, min(most, len(order)), len(order))
         for k, v in enumerate(values, start=1):
             if (stages is None or k == stages) and (best is None or v < best.step):
@@ -368,12 +370,10 @@ def _set_costs(head: np.ndarray, work: np.ndarray, tail: np.ndarray) -> np.ndarr
     [[inf, 11.0, 6.0], [inf, inf, 9.0], [inf, inf, inf]]
     """
     n = len(head)
-    low_head, low_tail = np.full((n + 1, n + 1), np.inf), np.full((n + 1, n + 1), np.inf)
-    for i in range(n):
-        low_head[i, i + 1:] = np.minimum.accumulate(head[i:])
-        low_tail[i, i + 1:] = np.minimum.accumulate(tail[i:])
+    c = np.full((n + 1, n + 1), np.inf)
     pre = np.concatenate([[0.0], np.cumsum(work)])
-    with np.errstate(invalid="ignore"):
-        c = low_head + (pre[None, :] - pre[:, None]) + low_tail
-    c = np.where(np.isfinite(low_head), c, 0.0)
-    return np.where(np.tril(np.ones((n + 1, n + 1), bool)), np.inf, c)
+    for i in range(n):   # row i: blocks i..j-1 for j > i
+        low_head = np.minimum.accumulate(head[i:])
+        row = low_head + (pre[i + 1:] - pre[i]) + np.minimum.accumulate(tail[i:])
+        c[i, i + 1:] = np.where(np.isfinite(low_head), row, 0.0)
+    return c

@@ -12,7 +12,8 @@ checks it.
 * ``gpipe`` / ``1f1b`` (:func:`place_gpipe`, :func:`place_1f1b`): the step split
   into ``micro_batches`` slices (:func:`pesto.step.split`), cut into
   ``k`` contiguous stages, every slice's copy of an op on its stage's GPU, for
-  every ``k`` up to the number of GPUs and every candidate block order below;
+  every ``k`` up to the number of GPUs and every candidate block order of
+  :mod:`solver.parallel.cut` (the split of least step estimate that fits memory);
   the plan with the smallest simulated step wins (one that fits memory first).
   Per device the slices run in the schedule's order: GPipe all forward
   slices, then all backward slices (in slice order, the order their gradients
