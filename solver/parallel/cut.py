@@ -290,10 +290,9 @@ def split_stages(work, comm: Sequence[float], k: int, *, slices: int | None = No
     (``work[s][b]``: devices of different speeds). Without ``slices`` the split minimises the
     largest stage cost (:func:`largest_stage`); with ``slices = M`` it
     minimises :func:`step_estimate` exactly: the least largest cost ``B*``
-    first, then for each candidate largest cost ``B`` (the stage costs from
-    ``B*`` up, in batches, while ``S + (M - 1) B`` can still beat the best
-    found, ``S`` the least sum without a bound) the least sum of stage costs
-    with none above ``B``.
+    first, then over the candidate largest costs ``B`` (the stage costs from
+    ``B*`` up) the least sum of stage costs with none above ``B``, ranges of
+    candidates that cannot beat the best found dropped (:func:`_least_step`).
 
     ``memory``: bytes per block, one vector or one per stage
     (``memory[s][b]``, e.g. the weights plus the activations of the slices
@@ -325,17 +324,32 @@ def split_stages(work, comm: Sequence[float], k: int, *, slices: int | None = No
     (floor, free), = _least_sum(seg, k, n, np.array([np.inf]))
     if slices <= 1:
         return free
-    best = (_step_value(seg, starts, n, slices), starts)
+    return _least_step(seg, k, n, slices, floor, least, starts)
+
+
+def _least_step(seg, k: int, n: int, slices: int, floor: float, least: float, starts) -> tuple[int, ...]:
+    """The split of least step estimate: over the candidate largest costs
+    ``B`` (sorted), the least sum ``S(B)`` with none above ``B``; ``S`` does
+    not increase with ``B``, so on candidates ``a < B < b`` the estimate is
+    at least ``S(b) + (slices - 1) a``: ranges that cannot beat the best
+    found are dropped, the others sampled at :data:`_BATCH` points per pass."""
     tried = np.unique(np.concatenate([c[np.isfinite(c) & (c >= least)] for c in map(seg, range(k))]))
-    for at in range(0, len(tried), _BATCH):
-        bounds = tried[at:at + _BATCH]
-        bounds = bounds[floor + (slices - 1) * bounds < best[0]]
-        if not len(bounds):
-            break
-        for total, got in _least_sum(seg, k, n, bounds):
+    best = (_step_value(seg, starts, n, slices), starts)
+    known: dict[int, float] = {}   # candidate index -> S(B)
+    todo = [(0, len(tried) - 1)]
+    while todo:
+        lo, hi = todo.pop()
+        if floor + (slices - 1) * tried[lo] >= best[0]:
+            continue
+        at = np.unique(np.linspace(lo, hi, min(_BATCH, hi - lo + 1)).round().astype(int))
+        for i, (total, got) in zip(at, _least_sum(seg, k, n, tried[at])):
+            known[int(i)] = total
             value = _step_value(seg, got, n, slices) if np.isfinite(total) else np.inf
             if value < best[0]:
                 best = (value, got)
+        for a, b in zip(at, at[1:]):
+            if b - a > 1 and known[int(b)] + (slices - 1) * tried[a + 1] < best[0]:
+                todo.append((int(a) + 1, int(b) - 1))
     return best[1]
 
 
