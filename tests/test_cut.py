@@ -161,3 +161,18 @@ def test_the_pipeline_bound_is_the_optimum_of_a_uniform_chain():
     assert b.step == (m + k - 1) * 2 * f / m
     r = pipeline_plan(g, cluster, schedule="1f1b", micro_batches=m, stages=k)
     assert r.plan.makespan == pytest.approx(b.step)
+
+
+def test_pipeline_plan_moves_a_cut_to_fit_the_schedules_activations():
+    """1F1B on 2 GPUs: stage 0 holds 2 slices' activations, stage 1 one. The
+    balanced cut (x, layer 0, 1 | layer 2, 3) needs 2 w + 1.5 a on GPU 0; at
+    2 w + 1.2 a the cut moves before layer 1 (w + a and 3 w + 0.75 a)."""
+    a, w = 1_000_000, 4000
+    g = layered_step(4, act=a, weight=w, t=1000.0)
+    free = gpus(2, beta=(1.0, 0.0))
+    tight = free.with_memory(int(2 * w + 1.2 * a))
+    where = {}
+    for name, cluster in (("free", free), ("tight", tight)):
+        r = pipeline_plan(g, cluster, schedule="1f1b", micro_batches=4, stages=2, candidates=1)
+        where[name] = r.plan.placement["layer_1/f@mb0"]
+    assert where == {"free": "/GPU:0", "tight": "/GPU:1"}
