@@ -155,7 +155,8 @@ def test_the_pipeline_bound_is_the_optimum_of_a_uniform_chain():
     names = [f"f{i}" for i in range(k)] + [f"b{i}" for i in reversed(range(k))]
     ops = [Op(n, {"GPU": f}, batch=True, phase="forward" if n[0] == "f" else "input-grad",
               anchor=None if n[0] == "f" else f"f{n[1:]}", scope=f"l{n[1:]}") for n in names]
-    g = OpGraph(ops, [Edge(u, v, (f"{u}:0",)) for u, v in zip(names, names[1:])], [Tensor(f"{n}:0", n, 8) for n in names])
+    g = OpGraph(ops, [Edge(u, v, (f"{u}:0",)) for u, v in zip(names, names[1:])],
+                [Tensor(f"{n}:0", n, 8) for n in names])
     cluster = gpus(k, beta=(0.0, 0.0))
     b = pipeline_bound(split(g, m), cluster, stages=k)
     assert b.step == (m + k - 1) * 2 * f / m

@@ -155,7 +155,8 @@ def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS, layers: int =
     >>> g = OpGraph([replace(op, batch=True, scope=op.name[0]) for op in g.ops], g.edges, g.tensors)
     >>> [(b.name, b.block) for b in blockings(g, phases(g, loss="b/y"), chunks=2)]
     [('topological', (0, 0, 1, 1)), ('scope:1', (0, 1, 0, 1))]
-    >>> [(b.name, b.block) for b in blockings(g, phases(g, loss="b/y"), chunks=1)]   # a layer blocking: a block per group
+    >>> # one chunk: the layer blocking keeps a block per group
+    >>> [(b.name, b.block) for b in blockings(g, phases(g, loss="b/y"), chunks=1)]
     [('topological', (0, 0, 0, 0)), ('scope:1', (0, 0, 0, 0)), ('layers:1', (0, 1, 0, 1))]
     """
     fwd = list(ph.forward)
@@ -287,12 +288,13 @@ def split_stages(work, comm: Sequence[float], k: int, *, slices: int | None = No
     A stage of blocks ``i..j-1`` costs ``sum(work[i:j]) + comm[i] + comm[j]``
     (``comm[c]``: cost of cutting before block ``c``; ``comm[0]`` and
     ``comm[n]`` are not read). ``work`` is one vector, or one per stage
-    (``work[s][b]``: devices of different speeds). Without ``slices`` the split minimises the
-    largest stage cost (:func:`largest_stage`); with ``slices = M`` it
-    minimises :func:`step_estimate` exactly: the least largest cost ``B*``
-    first, then over the candidate largest costs ``B`` (the stage costs from
-    ``B*`` up) the least sum of stage costs with none above ``B``, ranges of
-    candidates that cannot beat the best found dropped (:func:`_least_step`).
+    (``work[s][b]``: devices of different speeds). Without ``slices`` the
+    split minimises the largest stage cost (:func:`largest_stage`); with
+    ``slices = M`` it minimises :func:`step_estimate` exactly: the least
+    largest cost ``B*`` first, then over the candidate largest costs ``B``
+    (the stage costs from ``B*`` up) the least sum of stage costs with none
+    above ``B``, ranges of candidates that cannot beat the best found
+    dropped (:func:`_least_step`).
 
     ``memory``: bytes per block, one vector or one per stage
     (``memory[s][b]``, e.g. the weights plus the activations of the slices
@@ -307,7 +309,8 @@ def split_stages(work, comm: Sequence[float], k: int, *, slices: int | None = No
     >>> split_stages([1, 1, 1, 1], [0, 0, 0, 0], 2, memory=[4, 3, 1, 1], capacity=5)   # 4 + 3 does not fit
     (0, 1)
     >>> w, c = [2, 1, 1, 2], [0, 0, 0.5, 0]   # the cut in the middle costs 0.5 on both sides
-    >>> split_stages(w, c, 2, slices=2), split_stages(w, c, 2, slices=8)   # 6 + 1 * 4 < 7 + 1 * 3.5; 7 + 7 * 3.5 < 6 + 7 * 4
+    >>> # M = 2: 6 + 1 * 4 < 7 + 1 * 3.5; M = 8: 7 + 7 * 3.5 < 6 + 7 * 4
+    >>> split_stages(w, c, 2, slices=2), split_stages(w, c, 2, slices=8)
     ((0, 1), (0, 2))
     """
     n = np.shape(work)[-1]
