@@ -65,8 +65,8 @@ from pesto.step import Origin, Transformed, check_count, replicate, split as spl
 from pesto.step.slicing import copy_name
 from pesto.plan import Plan
 
-from .pipelines import (CANDIDATES, Phases, StepPlan, gpu_names, phases, pipeline_plan, staged_plan,
-                                 task_order)
+from .cut import Phases, phases
+from .pipelines import CANDIDATES, StepPlan, gpu_names, pipeline_plan, staged_plan, task_order
 
 __all__ = ["hybrid_plan", "place_hybrid", "replica_groups"]
 

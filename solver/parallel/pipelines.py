@@ -12,7 +12,8 @@ checks it.
 * ``gpipe`` / ``1f1b`` (:func:`place_gpipe`, :func:`place_1f1b`): the step split
   into ``micro_batches`` slices (:func:`pesto.step.split`), cut into
   ``k`` contiguous stages, every slice's copy of an op on its stage's GPU, for
-  every ``k`` up to the number of GPUs and every candidate block order below;
+  every ``k`` up to the number of GPUs and every candidate block order of
+  :mod:`solver.parallel.cut` (the split of least step estimate that fits memory);
   the plan with the smallest simulated step wins (one that fits memory first).
   Per device the slices run in the schedule's order: GPipe all forward
   slices, then all backward slices (in slice order, the order their gradients
@@ -28,29 +29,8 @@ checks it.
 
 Stages (documented rule)
 ------------------------
-**Forward and backward.** Among batched ops, the backward pass is
-:func:`pesto.step.marks.backward_ops` (the ops marked with a backward
-:attr:`~pesto.graph.Op.phase`, or the ops after ``loss=``). Every backward op
-is *anchored* to a forward op: its :attr:`~pesto.graph.Op.anchor` mark (the
-forward op it differentiates, set by the front end: for TensorFlow, the op its
-gradient scope mirrors, :mod:`tf_patch.marks`) when that is a batched forward
-op; else the latest anchor of the backward ops it
-feeds (a sum of gradient contributions, TensorFlow's top-level
-``AddN_k`` of the gradient scope, belongs with the gradients of the tensor it sums for:
-anchored by what it reads, an RNN's sum for layer 0 at time 0 went with layer 1
-and made the blocks of one layer feed each other both ways); else the latest
-forward op it reads; else the earliest anchor of the backward ops it reads;
-else the last forward op.
-**Blocks.** Forward ops are put in a pipeline order, then cut into ``CHUNKS``
-blocks of equal work (a block's work is its forward ops' and their anchored
-backward ops'), the unit a stage holds whole. The candidate orders: the
-topological order, and layer by layer for every scope depth ``d`` (ops
-grouped by their scope cut at depth ``d`` -- ``rnn/layer_0``, ``layer_3``,
-``resnet50_1/conv2_block1_...`` -- groups in the order of their ops' mean
-topological position, ops in topological order within a group). **Cuts.** A dynamic programme cuts the blocks into ``k`` contiguous stages
-minimising the largest stage cost: its work per slice plus the transfer time
-(the cluster's mean GPU route) of the slice's activations and gradients
-crossing its two cuts. **Once-per-step ops** go with the first stage reading
+Forward / backward ops, blocks and cuts: :mod:`solver.parallel.cut`.
+**Once-per-step ops** go with the first stage reading
 them (variable reads), else the last stage feeding them, else their
 neighbours'; an accumulate op with the op whose gradient it sums; a
 colocation group goes where most of its members' compute would (a slice's
@@ -91,14 +71,13 @@ from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
 
 from ..common import order_by_key, rank
-from .cut import largest_stage as _largest_stage, split_stages
+from .cut import (Blocking, Phases, _block_costs, block_memory, blockings, in_flight, phases, split_stages,
+                  step_estimate)
 from .schedules import SCHEDULES, actions
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
-           "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
-           "CHUNKS", "CANDIDATES", "staged_plan", "step_stages", "gpu_names"]
+           "StepPlan", "split_stages", "task_order", "CANDIDATES", "staged_plan", "step_stages", "gpu_names"]
 
-CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
 CANDIDATES = 8   # stage splits simulated per call (those of the smallest estimate)
 
 
@@ -134,172 +113,6 @@ class StepPlan:
     replicas: int = 1
 
 
-@dataclass(frozen=True)
-class Phases:
-    """Forward and backward batched ops of a step (:func:`phases`).
-
-    Attributes
-    ----------
-    forward : tuple of int
-        Batched forward ops (indices of the step), in topological order.
-    backward : frozenset of int
-        Batched backward ops.
-    anchor : mapping int -> int
-        Backward op -> the forward op it is staged with (the module doc's rule).
-    """
-
-    forward: tuple
-    backward: frozenset
-    anchor: Mapping[int, int]
-
-
-@dataclass(frozen=True)
-class Blocking:
-    """Batched ops grouped into blocks a stage holds whole, in pipeline order.
-
-    Attributes
-    ----------
-    name : str
-    block : tuple of int
-        Per op of the step, its block (-1 for unbatched ops).
-    count : int
-    """
-
-    name: str
-    block: tuple
-    count: int
-
-
-def phases(graph: OpGraph, *, loss: str | None = None) -> Phases:
-    """Forward / backward batched ops and every backward op's anchor (module doc).
-
-    >>> from dataclasses import replace
-    >>> g = OpGraph.from_edges({"a": 1, "b": 1, "db": 1, "da": 1}, [("a", "b"), ("b", "db"), ("db", "da")])
-    >>> marks = {"a": ("forward", None), "b": ("forward", None), "db": ("input-grad", "b"), "da": ("input-grad", "a")}
-    >>> g = OpGraph([replace(op, batch=True, phase=marks[op.name][0], anchor=marks[op.name][1]) for op in g.ops],
-    ...             g.edges, g.tensors)
-    >>> p = phases(g)
-    >>> p.forward, sorted(p.backward), dict(p.anchor)   # each gradient staged with the op it differentiates
-    ((0, 1), [2, 3], {2: 1, 3: 0})
-    """
-    back = backward_ops(graph, loss=loss)
-    idx, ops = graph.index, graph.ops
-    topo = graph.topo_idx()
-    forward = tuple(i for i in topo if ops[i].batch and graph.names[i] not in back)
-    backward = frozenset(i for i in topo if ops[i].batch and graph.names[i] in back)
-    pos = {i: k for k, i in enumerate(topo)}
-    fwd = set(forward)
-    anchor: dict[int, int] = {}
-    pred, succ = graph.pred_idx(), graph.succ_idx()
-    for i in topo:   # the front end's anchor mark, when it is a batched forward op
-        a = idx.get(ops[i].anchor) if i in backward and ops[i].anchor is not None else None
-        if a is not None and a in fwd:
-            anchor[i] = a
-    for i in reversed(topo):   # a gradient sum: with the gradients it feeds (its tensor's producer's)
-        feeds = [anchor[j] for j in succ[i] if j in anchor]
-        if i in backward and i not in anchor and feeds:
-            anchor[i] = max(feeds, key=pos.get)
-    for i in topo:
-        if i in backward and i not in anchor:
-            reads = [p for p in pred[i] if p in fwd]
-            later = [anchor[p] for p in pred[i] if p in anchor]
-            anchor[i] = (max(reads, key=pos.get) if reads else min(later, key=pos.get) if later
-                         else forward[-1] if forward else i)
-    return Phases(forward, backward, anchor)
-
-
-def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Blocking]:
-    """The candidate block orders of the module doc: forward ops in topological
-    order, or layer by layer (scope cut at each depth), cut into ``chunks``
-    pieces of equal work (forward ops and their anchored backward ops).
-
-    >>> from dataclasses import replace
-    >>> g = OpGraph.from_edges({"a/x": 1, "b/x": 1, "a/y": 1, "b/y": 1},
-    ...                        [("a/x", "b/x"), ("b/x", "a/y"), ("a/y", "b/y")])
-    >>> g = OpGraph([replace(op, batch=True, scope=op.name[0]) for op in g.ops], g.edges, g.tensors)
-    >>> [(b.name, b.block) for b in blockings(g, phases(g, loss="b/y"), chunks=2)]
-    [('topological', (0, 0, 1, 1)), ('scope:1', (0, 1, 0, 1))]
-    """
-    fwd = list(ph.forward)
-    if not fwd:
-        return []
-    ops = graph.ops
-    pos = {i: k for k, i in enumerate(graph.topo_idx())}
-    work = np.zeros(graph.num_ops)
-    for i in fwd:
-        work[i] += min(ops[i].compute.values())
-    for b, a in ph.anchor.items():
-        work[a] += min(ops[b].compute.values())
-    candidates = [("topological", fwd)]
-    for depth in range(1, 9):
-        keys = {i: "/".join(_scope_parts(graph, i)[:depth]) for i in fwd}
-        first: dict[str, list[int]] = {}
-        for i in fwd:
-            first.setdefault(keys[i], []).append(pos[i])
-        if len(first) < 2:
-            continue
-        rank = _grouprank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
-        order = sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))
-        candidates.append((f"scope:{depth}", order))
-    out, seen = [], set()
-    for name, order, *_ in candidates:
-        if tuple(order) in seen:
-            continue
-        seen.add(tuple(order))
-        cum = np.cumsum(work[order])
-        n = min(chunks, len(order))
-        chunk = np.minimum((cum - 1e-9) * n // max(cum[-1], 1e-9), n - 1).astype(int)
-        out.append(_blocking(graph, ph, name, {i: int(c) for i, c in zip(order, chunk)}))
-    return out
-
-
-def _grouprank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, float]) -> dict[str, int]:
-    """Scope groups in a topological order of the edges between them (forward
-    ops' edges), the group of least mean position first among those ready;
-    by mean position alone when those edges form a cycle. An order by mean
-    position alone can put a group before one it reads (an RNN's decoder
-    layer before the last encoder layer), and blocks cut from it then feed
-    each other both ways.
-
-    >>> g = OpGraph.from_edges({"e/a": 1, "e/b": 1, "d/a": 1}, [("e/a", "e/b"), ("e/b", "d/a")])
-    >>> _grouprank(g, {0: "e", 1: "e", 2: "d"}, {"e": 5.0, "d": 1.0})   # d reads e: after it
-    {'e': 0, 'd': 1}
-    """
-    succ: dict[str, set] = {k: set() for k in mean}
-    for i, k in keys.items():
-        for j in graph.succ_idx()[i]:
-            if j in keys and keys[j] != k:
-                succ[k].add(keys[j])
-    names = sorted(mean)
-    at = {k: i for i, k in enumerate(names)}
-    after = [sorted(at[v] for v in succ[k]) for k in names]
-    before: list[list[int]] = [[] for _ in names]
-    for i, vs in enumerate(after):
-        for j in vs:
-            before[j].append(i)
-    try:
-        order = [names[i] for i in priority_order(after, before, [mean[k] for k in names])]
-    except CycleError:   # a cycle between groups: mean position
-        order = sorted(mean, key=lambda k: (mean[k], k))
-    return {k: r for r, k in enumerate(order)}
-
-
-def _scope_parts(graph: OpGraph, i: int) -> list[str]:
-    op = graph.ops[i]
-    return op.scope.split("/") if op.scope else op.name.split("/")[:-1] or [op.name]
-
-
-def _blocking(graph: OpGraph, ph: Phases, name: str, fwd_block: Mapping[int, int]) -> Blocking:
-    used = sorted(set(fwd_block.values()))
-    dense = {b: k for k, b in enumerate(used)}
-    block = [-1] * graph.num_ops
-    for i, b in fwd_block.items():
-        block[i] = dense[b]
-    for i, a in ph.anchor.items():
-        block[i] = block[a] if block[a] >= 0 else len(used) - 1   # no forward op at all: the last block
-    return Blocking(name, tuple(block), len(used))
-
-
 def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int]]:
     """The (phase, slice) tasks of ``stage`` in the order it runs them
     (:func:`solver.parallel.schedules.actions`).
@@ -317,9 +130,13 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
 
     ``stages``: that many stages only (at most the GPUs and the blocks);
-    default every number from 1 to the number of GPUs. ``candidates``: the
-    stage splits simulated, those of smallest estimate ``(M + k - 1)`` times
-    the largest stage cost per slice (:func:`split_stages`' objective).
+    default every number from 1 to the number of GPUs. Per block order and
+    ``k`` the split is :func:`split_stages`' least step estimate for ``M``
+    slices under the GPUs' least memory (per stage its blocks' weights and
+    optimizer state plus the activations of the slices the schedule holds
+    at once there, :func:`solver.parallel.cut.block_memory`,
+    :func:`solver.parallel.cut.in_flight`). ``candidates``: the stage splits
+    simulated, those of least estimate (:func:`solver.parallel.cut.step_estimate`).
 
     Raises
     ------
@@ -336,14 +153,18 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     gpus = gpu_names(cluster)
     beta = _mean_route(cluster, gpus)
     m = split.micro_batches
+    capacity = min(cluster.device(d).memory for d in gpus)
     splits: dict[tuple, tuple] = {}   # per-op stages -> (estimate, stages, block order)
     for bl in blockings(graph, ph) or [Blocking("one", tuple(0 if op.batch else -1 for op in graph.ops), 1)]:
         work, comm = _block_costs(graph, bl, m, beta)
+        static, act = block_memory(graph, ph, bl, m, step_stages(graph, bl.block))
         for k in ([stages] if stages else range(1, len(gpus) + 1)):
-            starts = split_stages(work, comm, min(k, len(gpus)))
+            k = min(k, len(gpus), bl.count)
+            memory = [static + in_flight(schedule, s, k, m) * act for s in range(k)]
+            starts = split_stages(work, comm, k, slices=m, memory=memory, capacity=capacity)
             stage_of = np.searchsorted(np.asarray(starts), np.arange(bl.count), side="right") - 1
             stage = tuple(int(stage_of[b]) if b >= 0 else -1 for b in bl.block)
-            est = (m + len(starts) - 1) * _largest_stage(work, comm, starts)
+            est = step_estimate(work, comm, starts, m)
             if stage not in splits or est < splits[stage][0]:
                 splits[stage] = (est, len(starts), bl.name)
     best = None
@@ -365,22 +186,6 @@ def _mean_route(cluster: Cluster, devs: Sequence[str]) -> tuple[float, float]:
     if not routes:
         return (0.0, 0.0)
     return (float(np.mean([r.beta0 for r in routes])), float(np.mean([r.beta1 for r in routes])))
-
-
-def _block_costs(graph: OpGraph, bl: Blocking, m: int, beta) -> tuple[np.ndarray, np.ndarray]:
-    """Per block its work per slice; per cut position the transfer time of a slice across it."""
-    work = np.zeros(bl.count)
-    for i, op in enumerate(graph.ops):
-        if bl.block[i] >= 0:
-            work[bl.block[i]] += min(op.compute.values()) / m
-    nbytes = np.zeros(bl.count + 1)
-    for name, src, b, cons in graph.tensor_table():
-        bu = bl.block[src]
-        for bv in {bl.block[j] for j in cons} - {bu, -1}:
-            if bu >= 0:
-                nbytes[min(bu, bv) + 1: max(bu, bv) + 1] += b / m
-    comm = np.where(nbytes > 0, beta[0] + beta[1] * nbytes, 0.0)
-    return work, comm
 
 
 def _pipeline(split: Transformed, cluster: Cluster, gpus, stage, stages: int, ph: Phases,

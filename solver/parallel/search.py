@@ -45,7 +45,10 @@ first plan cannot be made is refused with the reason, never replaced by a
 plan of another ``M``). ``replicas x M`` must divide ``batch_size`` when one
 is given. The result's bound is valid for the graph it places: the
 pipeline's, or :func:`~solver.parallel.bound.sample_bound` of that graph when
-higher or when a baseline won (:func:`winner_bound`).
+higher or when a baseline won (:func:`winner_bound`); when a GPipe/1F1B
+pipeline won, :func:`~solver.parallel.bound.pipeline_bound` when higher
+(source ``"pipeline"``: valid for every contiguous-stage pipeline on the
+cluster's GPUs, the gap of the winner within its kind).
 
 Batch marks: the step's ops carry them (:attr:`pesto.graph.Op.batch`,
 ``phase``, ``anchor``, ``role``), set by a front end (the facade,
@@ -77,7 +80,7 @@ from ..options import SolveOptions
 from ..pipeline import PIPELINES, run_pipeline
 from .pipelines import gpu_names
 from .slice_model import solve_slices
-from .bound import SampleBound, memory_need, sample_bound
+from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
 from .kinds import KINDS, Kind
 from .realise import realise
 from .schedules import SCHEDULES
@@ -680,9 +683,21 @@ def winner_bound(marked: OpGraph, cluster: Cluster, r: Solved, batch: int | None
     places, rebuilt from the marked step (replicated, then split, as
     :func:`step_graph`; ``M = 1`` as the split into one slice: the same ops
     under the copy names, so the same bound); None when the rebuilt graph is
-    not that one (then the pipeline's bound stands)."""
+    not that one (then the pipeline's bound stands). For a pipeline winner
+    (one replica, a schedule of :data:`~solver.parallel.schedules.SCHEDULES`)
+    the larger of that and :func:`~solver.parallel.bound.pipeline_bound`
+    (fill and drain, valid for every contiguous-stage pipeline on the
+    cluster's GPUs: source ``"pipeline"``)."""
     base = replicate(marked, r.replicas).graph if r.graph_kind == "replicated" else marked
     split = split_step(base, r.micro_batches)
     same = (split.graph.num_ops == r.graph.num_ops if r.micro_batches == 1
             else split.graph.names == r.graph.names)
-    return sample_bound(split, cluster, batch=batch) if same else None
+    if not same:
+        return None
+    sb = sample_bound(split, cluster, batch=batch)
+    if r.strategy.schedule in SCHEDULES and r.replicas == 1:
+        pb = pipeline_bound(split, cluster)
+        if pb is not None and pb.step > sb.step:
+            sb = replace(sb, step=pb.step, per_sample=None if not batch else pb.step / batch, pipeline=pb.step,
+                         source="pipeline")
+    return sb

@@ -68,7 +68,7 @@ class SliceSolution:
         The split step.
     micro_batches, blocks : int
     blocking : str
-        The block order (:func:`solver.parallel.pipelines.blockings`).
+        The block order (:func:`solver.parallel.cut.blockings`).
     block_device : tuple of str
         Per block its device (empty without a solution).
     status : str
