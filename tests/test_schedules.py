@@ -83,3 +83,96 @@ def test_interleaved_is_megatrons_order():
     got = [f"{a.kind}{a.slice}.{a.chunk}" for a in interleaved(2)(0, 2, 4)]
     assert got == ["F0.0", "F1.0", "F0.1", "F1.1", "F2.0", "B0.1", "F3.0", "B1.1", "F2.1", "B0.0",
                    "F3.1", "B1.0", "B2.1", "B3.1", "B2.0", "B3.0"]
+
+
+# -- the op-level realiser: pipeline_plan on a uniform layered step ---------------------------------
+
+@pytest.fixture(scope="module")
+def uniform():
+    from benchmarks.bench_schedules import uniform_step
+    return uniform_step()
+
+
+@pytest.fixture(scope="module")
+def plans(uniform):
+    from pesto.cluster import gpus
+    from solver.parallel.pipelines import pipeline_plan
+    c = gpus(4, beta=(0.0, 0.0))
+    return c, {(n, m): pipeline_plan(uniform, c, schedule=n, micro_batches=m, stages=4)
+               for n in SCHEDULES for m in (8, 24)}
+
+
+def _stage_of_layers(r):
+    """Per layer, the GPU its forward copies run on (all slices on one)."""
+    from pesto.step.slicing import parse_name
+    out = {}
+    for name, dev in r.plan.placement.items():
+        o = parse_name(name)
+        if o.role == "copy" and o.op.endswith("/f"):
+            out.setdefault(int(o.op.split("/")[0].split("_")[1]), set()).add(dev)
+    assert all(len(d) == 1 for d in out.values())
+    return [out[k].pop() for k in sorted(out)]
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_every_schedule_plan_is_valid_and_places_virtual_stages(plans, name):
+    from pesto.plan import check_plan
+    c, ps = plans
+    r = ps[name, 8]
+    check_plan(r.graph, c, r.plan).raise_if_invalid()
+    assert r.stages == 4 and r.schedule == name and r.plan.placer == name
+    dev = [int(d.rsplit(":", 1)[1]) for d in _stage_of_layers(r)]   # 16 layers, in order
+    want = {"interleaved": [0, 0, 1, 1, 2, 2, 3, 3] * 2,
+            "zb-v": [0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0]}.get(name, [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4)
+    assert dev == want
+
+
+def test_zb_h1_defers_weight_gradients_as_the_schedule_says(plans):
+    from solver.parallel.schedules import actions
+    c, ps = plans
+    r = ps["zb-h1", 8]
+    for d in range(4):
+        seq = r.plan.order[f"/GPU:{d}"]
+        pos = {n: k for k, n in enumerate(seq)}
+        tasks = actions("zb-h1", d, 4, 8)
+        first_w = tasks.index(Action("W", 0))
+        last_b_before = max(a.slice for a in tasks[:first_w] if a.kind == "B")
+        dws = [pos[n] for n in seq if n.endswith("/dw@mb0")]
+        dxs = [pos[n] for n in seq if n.endswith(f"/dx@mb{last_b_before}")]
+        assert dws and dxs and min(dws) > max(dxs)   # W0 after that B, as listed
+        accs = [pos[n] for n in seq if "/dw:0@acc" in n]
+        assert accs   # the accumulate ops of the weight gradients run on the W op's GPU
+
+
+@pytest.mark.parametrize("m", [8, 24])
+def test_zero_bubble_figures_at_the_op_level(plans, m):
+    from benchmarks.bench_schedules import device_idle
+    c, ps = plans
+    step = {n: ps[n, m].plan.makespan for n in SCHEDULES}
+    unit = 4 * 1000.0 / m   # one stage's forward work of one slice (4 layers of 1 ms / M)
+    assert step["zb-h1"] <= step["1f1b"]
+    assert step["zb-h1"] == pytest.approx(unit_run("zb-h1", 4, m).step * unit, rel=0.03)   # (M+p-1)... formula
+    assert step["zb-v"] == pytest.approx(unit_run("zb-v", 4, m).step * unit, rel=0.03)
+    assert step["interleaved"] < step["1f1b"]   # free transfers
+    h1 = device_idle(ps["zb-h1", m].plan)
+    h2 = device_idle(ps["zb-h2", m].plan)
+    assert h2[1] < 0.01 < h1[1] and step["zb-h2"] <= step["zb-h1"] * 1.001
+
+
+def test_interleaved_refuses_a_count_that_is_not_whole_rounds(uniform):
+    from pesto.cluster import gpus
+    from solver.parallel.pipelines import pipeline_plan
+    with pytest.raises(ValueError, match=r"interleaved M=6: no stage split: interleaved needs the micro-batches "
+                                         r"\(6\) to be a multiple of the stages \(4\)"):
+        pipeline_plan(uniform, gpus(4), schedule="interleaved", micro_batches=6, stages=4)
+    r = pipeline_plan(uniform, gpus(4), schedule="interleaved", micro_batches=6)   # 1, 2 or 3 stages do
+    assert 6 % r.stages == 0
+
+
+def test_the_search_screens_the_new_schedules(uniform):
+    from pesto.cluster import gpus
+    from solver.parallel.kinds import KINDS
+    names = [s.schedule for s in KINDS["zero-bubble"].candidates(uniform, gpus(4), 8)]
+    assert names == ["interleaved", "zb-h1", "zb-h2", "zb-v"]
+    assert [s.schedule for s in KINDS["pipeline"].candidates(uniform, gpus(4), 8)] == ["gpipe", "1f1b"]
+    assert KINDS["zero-bubble"].candidates(uniform, gpus(4), 1) == []
