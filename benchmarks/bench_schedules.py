@@ -107,7 +107,10 @@ def table(rs: list[dict], seconds: float) -> str:
               "faster than their analytic figure: a stage's input gradient reaches the stage before it "
               "before the stage's last weight gradients ran (the ops of a backward task run in "
               "topological order), and the accumulate ops of the weight gradients (M - 1 per layer) add "
-              "to every schedule.", ""]
+              "to every schedule. The op-level peak memory of the split-backward schedules is above 1F1B's: "
+              "a deferred weight gradient keeps the activation it reads and the gradient from above until "
+              "it runs (the analytic column counts a slice's activations as one unit, held to its weight "
+              "gradient, and Zero Bubble counts the same).", ""]
     return "\n".join(lines)
 
 

@@ -176,3 +176,32 @@ def test_the_search_screens_the_new_schedules(uniform):
     assert names == ["interleaved", "zb-h1", "zb-h2", "zb-v"]
     assert [s.schedule for s in KINDS["pipeline"].candidates(uniform, gpus(4), 8)] == ["gpipe", "1f1b"]
     assert KINDS["zero-bubble"].candidates(uniform, gpus(4), 1) == []
+
+
+def test_auto_screens_the_new_schedules_on_the_best_count_only():
+    import pesto
+    from benchmarks.generators import training_step
+    from pesto.cluster import gpus
+    g = training_step(8, act=64_000, weight=4000, t=1000.0, back=1.0)
+    r = pesto.solve_step(g, cluster=gpus(4, beta=(0.0, 0.0)), micro_batches="auto", batch_size=8, time_limit=0.3,
+                         deterministic=True, workers=1)
+    steps, skipped = r.plan.log.steps, r.plan.log.skipped
+    assert {f"{n} M=8" for n in ("interleaved", "zb-h1", "zb-h2", "zb-v")} <= set(steps)
+    assert steps["zb-h1 M=8"] < steps["1f1b M=8"] and steps["zb-v M=8"] < steps["zb-h1 M=8"]
+    for m in (2, 4):   # the best GPipe/1F1B plans were those of M=8
+        assert skipped[f"zero-bubble M={m}"] == "not built: screened for M=8 only, the count whose GPipe/1F1B " \
+                                               "plans were best"
+        assert not any(n.startswith(("zb-", "interleaved")) and n.endswith(f"M={m}") for n in steps)
+    pesto.check_plan(r, gpus(4, beta=(0.0, 0.0))).raise_if_invalid()
+
+
+def test_the_new_schedules_are_skipped_when_no_fill_could_beat_the_best_plan():
+    import pesto
+    from benchmarks.generators import training_step
+    from pesto.cluster import gpus
+    g = training_step(1, act=64_000, weight=4000, t=1000.0, back=1.0)   # one layer: no pipeline to speak of
+    r = pesto.solve_step(g, cluster=gpus(4), micro_batches="auto", time_limit=0.2, deterministic=True, workers=1)
+    why = r.plan.log.skipped["zero-bubble M=2"]
+    assert why.startswith("not built: the best GPipe/1F1B step of M=2 less its fill and drain, ")
+    assert "is no better than the best plan's" in why
+    assert not any(n.startswith(("zb-", "interleaved")) for n in r.plan.log.steps)

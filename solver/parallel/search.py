@@ -33,9 +33,9 @@ step):
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
   every divisor ``R`` of the GPUs with ``1 < R < GPUs`` the hybrid plan of
   ``R`` replicas each pipelined over ``GPUs / R`` GPUs
-  (:func:`solver.parallel.hybrid.hybrid_plan`); then, on the screening
-  time left, for the :data:`EXACT_COUNTS` counts whose GPipe/1F1B plans
-  were best, the interleaved 1F1B, ZB-H1, ZB-H2 and ZB-V plans
+  (:func:`solver.parallel.hybrid.hybrid_plan`); then, on
+  :data:`LATE_SHARE` of the screening time left, for the count whose
+  GPipe/1F1B plans were best, the interleaved 1F1B, ZB-H1, ZB-H2 and ZB-V plans
   (:data:`solver.parallel.kinds.KINDS`' ``zero-bubble``, one stage split
   each), unless that count's best GPipe/1F1B step less its whole fill and
   drain is no better than the best plan so far (they gain at most that);
@@ -102,6 +102,9 @@ SCREEN_CANDIDATES = 4
 #: Share of the exact phase's time every count gets first (equal parts); the
 #: rest continues the count whose plan was best (racing, as successive halving).
 PROBE_SHARE = 0.5
+#: Share of the screening time left that the schedules screened last (interleaved, zero
+#: bubble: :attr:`solver.parallel.kinds.Kind.fill_only`) may take.
+LATE_SHARE = 0.5
 #: Counts besides ``M = 1`` that ``"auto"`` runs the exact stages on (the best screened).
 EXACT_COUNTS = 2
 #: Largest replicated graph (ops of the replicas' slices plus their ring
@@ -412,7 +415,7 @@ class _Search:
     def screen_kind(self, kind: Kind, s: _Screened, m: int) -> None:
         """Every candidate of ``kind`` for ``m`` slices; its pipelines kept in ``s``."""
         strategies = kind.candidates(self.marked, self.cluster, m)
-        if kind.fill_only and strategies and self.no_gain(kind, strategies, s, m):
+        if kind.fill_only and strategies and self.no_gain(kind, s, m):
             return
         for strategy in strategies:
             r = self.candidate(kind, strategy)
@@ -423,34 +426,37 @@ class _Search:
 
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
         """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
-        schedules), after every count's other kinds, on the screening time
-        left: for the :data:`EXACT_COUNTS` counts whose pipelines did best;
-        the other counts' candidates named in ``plan.log.skipped``."""
+        schedules), after every count's other kinds, on :data:`LATE_SHARE` of
+        the screening time left (the exact stages keep the rest): for the count
+        whose pipelines did best; the other counts named in
+        ``plan.log.skipped`` (``"zero-bubble M=4"``)."""
         ranked = sorted((m for m, s in screened.items() if s.pipes), key=lambda m: (screened[m].step, m))
-        for k, m in enumerate(ranked):
-            for kind in (x for x in KINDS.values() if x.fill_only):
-                if k < EXACT_COUNTS:
-                    self.screen_kind(kind, screened[m], m)
-                    continue
-                for strategy in kind.candidates(self.marked, self.cluster, m):
-                    self.pool.skipped[kind.label(strategy)] = (f"not built: screened for the {EXACT_COUNTS} counts "
-                                                               f"whose GPipe/1F1B plans were best only")
+        outer, self.window = self.window, self.window.sub(LATE_SHARE * self.window.left())
+        try:
+            for k, m in enumerate(ranked):
+                for kind in (x for x in KINDS.values() if x.fill_only):
+                    if k == 0:
+                        self.screen_kind(kind, screened[m], m)
+                    elif kind.candidates(self.marked, self.cluster, m):
+                        self.pool.skipped[f"{kind.name} M={m}"] = (f"not built: screened for M={ranked[0]} only, "
+                                                                   f"the count whose GPipe/1F1B plans were best")
+        finally:
+            self.window = outer
 
-    def no_gain(self, kind: Kind, strategies: list, s: _Screened, m: int) -> bool:
+    def no_gain(self, kind: Kind, s: _Screened, m: int) -> bool:
         """Whether a ``fill_only`` kind cannot beat the best plan so far: the
         count's best GPipe/1F1B step over ``k`` stages, less its whole fill and
         drain (``M / (M + k - 1)`` of it), is no better. Its candidates are then
-        skipped and named."""
+        skipped, named ``"zero-bubble M=8"`` in ``plan.log.skipped``."""
         best = self.pool.best
         if best is None or not s.pipes:
             return False
         floor = min(p.plan.makespan * m / (m + p.stages - 1) for p in s.pipes)
         if floor < best.plan.makespan:
             return False
-        for strategy in strategies:
-            self.pool.skipped[kind.label(strategy)] = (
-                f"not built: the best GPipe/1F1B step of M={m} less its fill and drain, "
-                f"{floor / 1000:.3f} ms, is no better than the best plan's {best.plan.makespan / 1000:.3f} ms")
+        self.pool.skipped[f"{kind.name} M={m}"] = (
+            f"not built: the best GPipe/1F1B step of M={m} less its fill and drain, "
+            f"{floor / 1000:.3f} ms, is no better than the best plan's {best.plan.makespan / 1000:.3f} ms")
         self.say(f"{kind.name} M={m}: skipped (no gain over the best plan possible)")
         return True
 
