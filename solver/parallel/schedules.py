@@ -96,8 +96,10 @@ class Schedule:
     def device(self, virtual: int, stages: int) -> int:
         """The device of virtual stage ``virtual`` of ``stages * chunks``.
 
-        >>> [SCHEDULES["zb-v"].device(s, 3) for s in range(6)], [SCHEDULES["interleaved"].device(s, 3) for s in range(6)]
-        ([0, 1, 2, 2, 1, 0], [0, 1, 2, 0, 1, 2])
+        >>> [SCHEDULES["zb-v"].device(s, 3) for s in range(6)]
+        [0, 1, 2, 2, 1, 0]
+        >>> [SCHEDULES["interleaved"].device(s, 3) for s in range(6)]
+        [0, 1, 2, 0, 1, 2]
         """
         c, d = divmod(virtual, stages)
         return stages - 1 - d if self.shape == "v" and c % 2 else d
@@ -251,19 +253,24 @@ def _zb_v(stage: int, stages: int, m: int) -> list[Action]:
         add("F", 1)
         add("F", 0)
     for _ in range(p - stage):
-        add("F", 1), add("B", 1), add("W", 1)
+        _each(add, ("F", 1), ("B", 1), ("W", 1))
     while cnt["F", 1] < cnt["F", 0] or cnt["F", 0] < n:
         if cnt["F", 0] < n:
             add("F", 0)
-        add("B", 0), add("W", 0), add("F", 1), add("B", 1), add("W", 1)
+        _each(add, ("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1))
     for _ in range(stage):
-        add("B", 0), add("B", 1)
+        _each(add, ("B", 0), ("B", 1))
     for _ in range(p - stage):
-        add("B", 0), add("W", 0)
+        _each(add, ("B", 0), ("W", 0))
     for c in (1, 0):
         while cnt["W", c] < cnt["B", c]:
             add("W", c)
     return [a for a in seq if a.slice < m]
+
+
+def _each(add: Callable[[str, int], None], *tasks: tuple) -> None:
+    for kind, chunk in tasks:
+        add(kind, chunk)
 
 
 #: The schedules by name (insertion order: the order the search screens them).
@@ -272,7 +279,7 @@ SCHEDULES: Mapping[str, Schedule] = MappingProxyType({
     "1f1b": Schedule("1f1b", _one_f_one_b, "one forward, one backward"),
     "interleaved": Schedule("interleaved", interleaved(2), "1F1B over 2 chunks per device (Megatron-LM)",
                             chunks=2, whole_rounds=True),
-    "zb-h1": Schedule("zb-h1", _zb_h1, "1F1B's memory, weight gradients fill the drain (Zero Bubble)",
+    "zb-h1": Schedule("zb-h1", _zb_h1, "1F1B's memory, deferred weight-gradient tasks fill the drain (Zero Bubble)",
                       split_backward=True),
     "zb-h2": Schedule("zb-h2", _zb_h2, "twice 1F1B's memory, almost no bubble (Zero Bubble)",
                       split_backward=True),
