@@ -205,3 +205,16 @@ def test_the_new_schedules_are_skipped_when_no_fill_could_beat_the_best_plan():
     assert why.startswith("not built: the best GPipe/1F1B step of M=2 less its fill and drain, ")
     assert "is no better than the best plan's" in why
     assert not any(n.startswith(("zb-", "interleaved")) for n in r.plan.log.steps)
+
+
+def test_the_hybrid_runs_split_backward_schedules_and_refuses_chunked_ones():
+    from pesto.cluster import gpus
+    from pesto.plan import check_plan
+    from benchmarks.generators import training_step
+    from solver.parallel.hybrid import hybrid_plan
+    g, c = training_step(8, act=64_000, weight=4000, t=1000.0, back=1.0), gpus(4, beta=(0.0, 0.0))
+    one, zb = (hybrid_plan(g, c, replicas=2, micro_batches=8, schedule=s) for s in ("1f1b", "zb-h1"))
+    check_plan(zb.graph, c, zb.plan).raise_if_invalid()
+    assert zb.schedule == "zb-h1" and zb.plan.makespan < one.plan.makespan
+    with pytest.raises(ValueError, match="hybrid: schedule 'zb-v' runs 2 model chunks per device"):
+        hybrid_plan(g, c, replicas=2, micro_batches=8, schedule="zb-v")
