@@ -103,7 +103,7 @@ def table(rs: list[dict], seconds: float) -> str:
               "(p slices on the first GPU); ZB-H2 holds 2p - 1 slices and leaves no GPU idle inside its span "
               "(its step still pays the fill, (p - 1) T_F, the same as ZB-H1's (p - 1)(T_F + T_B - T_W) "
               "here; it gains where T_W < T_B); interleaved 1F1B divides the fill by its 2 chunks for more "
-              "activations; ZB-V has 1F1B's peak and the shortest step. At the op level 1F1B and GPipe run "
+              "activations; ZB-V has 1F1B's peak and the shortest step. At the op level GPipe, 1F1B and interleaved run "
               "faster than their analytic figure: a stage's input gradient reaches the stage before it "
               "before the stage's last weight gradients ran (the ops of a backward task run in "
               "topological order), and the accumulate ops of the weight gradients (M - 1 per layer) add "
