@@ -224,6 +224,8 @@ def _greedy_orders(p: int, m: int, limit: int) -> list[list[Action]]:
                 seqs[s].append(Action("W", w[s]))
                 w[s] += 1
         t += 1
+        if t > 3 * m * p + 2 * p:   # every task done by then if any device ever moves
+            raise RuntimeError(f"zb-h2 orders for {p} stages, M={m}: no progress by t={t}")
     return seqs
 
 
