@@ -67,6 +67,7 @@ from pesto.plan import Plan
 
 from .cut import Phases, phases
 from .pipelines import CANDIDATES, StepPlan, gpu_names, pipeline_plan, staged_plan, task_order
+from .schedules import SCHEDULES, get as get_schedule
 
 __all__ = ["hybrid_plan", "place_hybrid", "replica_groups"]
 
@@ -100,7 +101,8 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     GPUs in ``micro_batches`` slices (module doc); the plan places
     ``step_graph(graph, micro_batches, "replicated", replicas)``.
 
-    ``schedule``: ``"gpipe"`` or ``"1f1b"``; ``candidates``: the stage splits
+    ``schedule``: one of one model chunk (``"gpipe"``, ``"1f1b"``, ``"zb-h1"``,
+    ``"zb-h2"``: weight gradients as their own tasks); ``candidates``: the stage splits
     :func:`~solver.parallel.pipelines.pipeline_plan` simulates on one group.
 
     Raises
@@ -109,9 +111,12 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
         As :func:`replica_groups`, :func:`pesto.step.replicate` and
         :func:`pesto.step.split`.
     ValueError
-        An unknown ``schedule``.
+        An unknown ``schedule``, or one of several chunks per device.
     """
     t0 = time.perf_counter()
+    if get_schedule(schedule).chunks > 1:
+        raise ValueError(f"hybrid: schedule {schedule!r} runs {SCHEDULES[schedule].chunks} model chunks per device; "
+                         f"the hybrid runs schedules of one chunk")
     m = check_count(micro_batches)
     groups = replica_groups(cluster, replicas)
     k = len(groups[0])
@@ -129,6 +134,7 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     pos = {i: p for p, i in enumerate(graph.topo_idx())}   # the replicas in step: ring ops ready early
     plan = staged_plan(split, cluster, rstage, [d for g in groups for d in g], ph,
                        lambda i, phase, s: rank[rstage[i] % k][(phase, s)], placer="hybrid", t0=t0,
+                       weight_tasks=SCHEDULES[schedule].split_backward,
                        position=[pos[graph.index[rep.origin[n].op]] for n in rep.graph.names],
                        stats={"replicas": len(groups), "stages": k, "micro_batches": m})
     return StepPlan(plan, split.graph, m, k, schedule, pipe.blocking, len(groups))

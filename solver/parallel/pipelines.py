@@ -71,12 +71,13 @@ from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
 
 from ..common import order_by_key, rank
-from .cut import (Blocking, Phases, _block_costs, block_memory, blockings, in_flight, phases, split_stages,
-                  step_estimate)
-from .schedules import SCHEDULES, actions
+from .cut import (Blocking, Phases, _block_costs, block_memory, blockings, in_flight,
+                  largest_stage as _largest_stage, phases, split_stages, step_estimate)
+from .schedules import SCHEDULES, Action, Schedule, actions, get as get_schedule
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
-           "StepPlan", "split_stages", "task_order", "CANDIDATES", "staged_plan", "step_stages", "gpu_names"]
+           "StepPlan", "split_stages", "task_order", "CANDIDATES", "staged_plan", "step_stages", "gpu_names",
+           "schedule_placer"]
 
 CANDIDATES = 8   # stage splits simulated per call (those of the smallest estimate)
 
@@ -114,14 +115,27 @@ class StepPlan:
 
 
 def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int]]:
-    """The (phase, slice) tasks of ``stage`` in the order it runs them
-    (:func:`solver.parallel.schedules.actions`).
+    """The (kind, slice) tasks of ``stage`` in the order it runs them, for a
+    schedule of one model chunk (:func:`solver.parallel.schedules.actions`;
+    ``"W"`` tasks when it splits the backward).
 
     >>> task_order("gpipe", 0, 2, 2)
     [('F', 0), ('F', 1), ('B', 0), ('B', 1)]
     >>> task_order("1f1b", 0, 3, 4)
     [('F', 0), ('F', 1), ('F', 2), ('B', 0), ('F', 3), ('B', 1), ('B', 2), ('B', 3)]
+    >>> task_order("zb-v", 0, 2, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: schedule 'zb-v' runs 2 model chunks per device: its tasks are schedules.actions(...)
+
+    Raises
+    ------
+    ValueError
+        An unknown schedule, or one of several chunks.
     """
+    if get_schedule(schedule).chunks > 1:
+        raise ValueError(f"schedule {schedule!r} runs {SCHEDULES[schedule].chunks} model chunks per device: "
+                         f"its tasks are schedules.actions(...)")
     return [(a.kind, a.slice) for a in actions(schedule, stage, stages, m)]
 
 
@@ -135,41 +149,60 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     slices under the GPUs' least memory (per stage its blocks' weights and
     optimizer state plus the activations of the slices the schedule holds
     at once there, :func:`solver.parallel.cut.block_memory`,
-    :func:`solver.parallel.cut.in_flight`). ``candidates``: the stage splits
-    simulated, those of least estimate (:func:`solver.parallel.cut.step_estimate`).
+    :func:`solver.parallel.cut.in_flight`). A schedule of ``v`` model chunks
+    per device (:attr:`~solver.parallel.schedules.Schedule.chunks`) cuts the
+    blocks into ``k v`` contiguous virtual stages (least largest stage, no
+    memory rule), virtual stage ``s`` on the device
+    :meth:`~solver.parallel.schedules.Schedule.device` says, estimated
+    ``(M v + k - 1)`` times the largest virtual stage's cost per slice.
+    ``candidates``: the stage splits simulated, those of least estimate
+    (:func:`solver.parallel.cut.step_estimate`).
 
     Raises
     ------
     MicroBatchError, BatchMarkError
         As :func:`pesto.step.split`.
     ValueError
-        An unknown ``schedule``.
+        An unknown ``schedule``, or no stage count it accepts (interleaved
+        1F1B: ``M`` a multiple of the stages) or that the blocks can fill.
     """
     t0 = time.perf_counter()
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown pipeline schedule {schedule!r}; known: {list(SCHEDULES)}")
+    sch = get_schedule(schedule)
     split = split_step(graph, micro_batches)
     ph = phases(graph, loss=loss)
     gpus = gpu_names(cluster)
     beta = _mean_route(cluster, gpus)
-    m = split.micro_batches
+    m, v = split.micro_batches, sch.chunks
     capacity = min(cluster.device(d).memory for d in gpus)
-    splits: dict[tuple, tuple] = {}   # per-op stages -> (estimate, stages, block order)
+    splits: dict[tuple, tuple] = {}   # (per-op virtual stages, devices) -> (estimate, block order)
+    refused = []
     for bl in blockings(graph, ph) or [Blocking("one", tuple(0 if op.batch else -1 for op in graph.ops), 1)]:
         work, comm = _block_costs(graph, bl, m, beta)
-        static, act = block_memory(graph, ph, bl, m, step_stages(graph, bl.block))
-        for k in ([stages] if stages else range(1, len(gpus) + 1)):
-            k = min(k, len(gpus), bl.count)
-            memory = [static + in_flight(schedule, s, k, m) * act for s in range(k)]
-            starts = split_stages(work, comm, k, slices=m, memory=memory, capacity=capacity)
+        static, act = block_memory(graph, ph, bl, m, step_stages(graph, bl.block)) if v == 1 else (0, 0)
+        for k in ([min(stages, len(gpus))] if stages else range(1, len(gpus) + 1)):
+            if v == 1:
+                k = min(k, bl.count)
+                memory = [static + in_flight(schedule, s, k, m) * act for s in range(k)]
+                starts = split_stages(work, comm, k, slices=m, memory=memory, capacity=capacity)
+            else:
+                starts = split_stages(work, comm, k * v)
+            why = sch.refuses(k, m) or ("" if v == 1 or len(starts) == k * v else
+                                        f"{k * v} virtual stages need {k * v} blocks, the step has {bl.count}")
+            if why:
+                refused.append(why)
+                continue
             stage_of = np.searchsorted(np.asarray(starts), np.arange(bl.count), side="right") - 1
             stage = tuple(int(stage_of[b]) if b >= 0 else -1 for b in bl.block)
-            est = step_estimate(work, comm, starts, m)
-            if stage not in splits or est < splits[stage][0]:
-                splits[stage] = (est, len(starts), bl.name)
+            k = len(starts) // v
+            est = (step_estimate(work, comm, starts, m) if v == 1
+                   else (m * v + k - 1) * _largest_stage(work, comm, starts))
+            if (stage, k) not in splits or est < splits[stage, k][0]:
+                splits[stage, k] = (est, bl.name)
+    if not splits:
+        raise ValueError(f"{schedule} M={m}: no stage split: " + "; ".join(dict.fromkeys(refused)))
     best = None
-    for stage, (_, k, name) in sorted(splits.items(), key=lambda kv: kv[1][:2])[:max(1, candidates)]:
-        plan = _pipeline(split, cluster, gpus, stage, k, ph, schedule, t0)
+    for (stage, k), (_, name) in sorted(splits.items(), key=lambda kv: (kv[1][0], kv[0][1]))[:max(1, candidates)]:
+        plan = _pipeline(split, cluster, gpus, stage, k, ph, sch, t0)
         if best is None or rank(plan) < rank(best.plan):
             best = StepPlan(plan, split.graph, m, k, schedule, name)
     return best
@@ -189,17 +222,24 @@ def _mean_route(cluster: Cluster, devs: Sequence[str]) -> tuple[float, float]:
 
 
 def _pipeline(split: Transformed, cluster: Cluster, gpus, stage, stages: int, ph: Phases,
-              schedule: str, t0: float) -> Plan:
-    """Place and order one stage split of ``split`` and simulate it."""
-    task = {s: {t: k for k, t in enumerate(task_order(schedule, s, stages, split.micro_batches))}
-            for s in range(stages)}
-    return staged_plan(split, cluster, stage, gpus, ph, lambda i, phase, s: task[stage[i]][(phase, s)],
-                       placer=schedule, t0=t0, stats={"stages": stages, "micro_batches": split.micro_batches})
+              sch: Schedule, t0: float) -> Plan:
+    """Place and order one split of ``split`` into virtual stages ``stage``
+    (per op; ``stages`` devices) by schedule ``sch`` and simulate it."""
+    m = split.micro_batches
+    task = [{a: j for j, a in enumerate(sch.actions(d, stages, m))} for d in range(stages)]
+    where = [(sch.device(s, stages), sch.chunk(s, stages)) for s in range(stages * sch.chunks)]
+
+    def key(i: int, phase: str, s: int) -> int:
+        d, c = where[stage[i]]
+        return task[d][Action(phase, s, c)]
+
+    return staged_plan(split, cluster, stage, [gpus[d] for d, _ in where], ph, key, placer=sch.name, t0=t0,
+                       weight_tasks=sch.split_backward, stats={"stages": stages, "micro_batches": m})
 
 
 def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], device: Sequence[str],
                 ph: Phases, task_key: Callable[[int, str, int], float], *, placer: str, t0: float,
-                position: Sequence[int] | None = None, **fields) -> Plan:
+                position: Sequence[int] | None = None, weight_tasks: bool = False, **fields) -> Plan:
     """The simulated plan of ``split`` given each batched op's device and each
     slice task's rank: the one rule of the pipeline placers.
 
@@ -208,10 +248,13 @@ def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], devi
     rule; accumulate ops go with the op whose gradient they sum); then
     :func:`_fix_groups`.
     ``task_key(i, phase, s)``: the rank of slice ``s``'s task holding op ``i``
-    (``phase`` ``"F"`` or ``"B"``) on its device; copies run by it, then in
-    topological order (``position``: per op of ``split.source`` its rank in that
-    order instead, e.g. the same for every replica's copy of an op); once-per-step
-    and accumulate ops as soon as they are ready.
+    (``phase`` ``"F"`` or ``"B"``; with ``weight_tasks``, ``"W"`` for the ops
+    marked ``"weight-grad"`` and for the accumulate ops summing their slices,
+    slice ``s``'s accumulate op with its ``W`` task) on its device; copies run
+    by it, then in topological order (``position``: per op of
+    ``split.source`` its rank in that order instead, e.g. the same for every
+    replica's copy of an op); once-per-step and the other accumulate ops as
+    soon as they are ready.
     ``fields`` go to :func:`pesto.finalize.finalize`.
     """
     g = split.source
@@ -226,11 +269,13 @@ def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], devi
     key = []
     for name in split.graph.names:
         o = split.origin[name]
-        if o.role != "copy":
+        i = g.index[o.op]
+        weight = weight_tasks and i in ph.backward and g.ops[i].phase == "weight-grad"
+        if o.role != "copy" and not (weight and o.role == "accumulate"):
             key.append(-1.0)
             continue
-        i = g.index[o.op]
-        key.append(float(task_key(i, "B" if i in ph.backward else "F", o.slice)) * n0 + pos[i])
+        phase = "W" if weight else "B" if i in ph.backward else "F"
+        key.append(float(task_key(i, phase, o.slice)) * n0 + pos[i])
     order = order_by_key(split.graph, key)
     return finalize(split.graph, cluster, placement, order=order, placer=placer, t0=t0, **fields)
 
@@ -342,6 +387,24 @@ def place_1f1b(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss
     forward / one backward slice in the steady state.
     """
     return pipeline_plan(graph, cluster, schedule="1f1b", micro_batches=micro_batches, loss=loss).plan
+
+
+def schedule_placer(schedule: str) -> Callable[..., Plan]:
+    """The placer of a schedule of :data:`~solver.parallel.schedules.SCHEDULES`:
+    ``place(graph, cluster, *, micro_batches=4, loss=None)`` -> the plan of
+    :func:`pipeline_plan` with that schedule (it places the split graph).
+
+    >>> schedule_placer("zb-v").__doc__.split(" (")[0], schedule_placer("zb-v").__name__
+    ('The zb-v schedule', 'place_zb_v')
+    """
+    sch = get_schedule(schedule)
+
+    def place(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss: str | None = None) -> Plan:
+        return pipeline_plan(graph, cluster, schedule=schedule, micro_batches=micro_batches, loss=loss).plan
+    place.__name__ = place.__qualname__ = f"place_{schedule.replace('-', '_')}"
+    place.__doc__ = (f"The {schedule} schedule ({sch.doc}) on the step split into micro_batches slices "
+                     f"(the plan places the split graph).")
+    return place
 
 
 def place_data_parallel(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1) -> Plan:

@@ -33,7 +33,13 @@ step):
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
   every divisor ``R`` of the GPUs with ``1 < R < GPUs`` the hybrid plan of
   ``R`` replicas each pipelined over ``GPUs / R`` GPUs
-  (:func:`solver.parallel.hybrid.hybrid_plan`);
+  (:func:`solver.parallel.hybrid.hybrid_plan`); then, on
+  :data:`LATE_SHARE` of the screening time left, for the count whose
+  GPipe/1F1B plans were best, the interleaved 1F1B, ZB-H1, ZB-H2 and ZB-V plans
+  (:data:`solver.parallel.kinds.KINDS`' ``zero-bubble``, one stage split
+  each), unless that count's best GPipe/1F1B step less its whole fill and
+  drain is no better than the best plan so far (they gain at most that);
+  what is not built is named in ``plan.log.skipped``;
 * exact stages, for the counts :func:`_exact_counts` picks: the slice
   model's plan (:func:`solver.parallel.slice_model.solve_slices`, :data:`SLICE_SHARE`
   of that count's grant) and the pipeline (:func:`solver.pipeline.run_pipeline`)
@@ -95,11 +101,14 @@ AUTO_MAX = 16
 MIN_SECONDS = 0.5
 #: Share of the time left ``"auto"`` and a fixed ``M`` spend screening.
 SCREEN_SHARE = 0.35
-#: Stage splits each of GPipe and 1F1B simulates per count when screening.
+#: Stage splits each pipeline schedule simulates per count when screening.
 SCREEN_CANDIDATES = 4
 #: Share of the exact phase's time every count gets first (equal parts); the
 #: rest continues the count whose plan was best (racing, as successive halving).
 PROBE_SHARE = 0.5
+#: Share of the screening time left that the schedules screened last (interleaved, zero
+#: bubble: :attr:`solver.parallel.kinds.Kind.fill_only`) may take.
+LATE_SHARE = 0.5
 #: Counts besides ``M = 1`` that ``"auto"`` runs the exact stages on (the best screened).
 EXACT_COUNTS = 2
 #: Largest replicated graph (ops of the replicas' slices plus their ring
@@ -372,6 +381,7 @@ class _Search:
             s = self.screen(m)
             if s is not None:
                 screened[m] = s
+        self.screen_late(screened)
         if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
             self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
         self.exact_all(screened)
@@ -441,13 +451,57 @@ class _Search:
             return None
         s = _Screened(split, [], float("inf"))
         for kind in KINDS.values():
-            for strategy in kind.candidates(self.marked, self.cluster, m):
-                r = self.candidate(kind, strategy)
-                if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
-                    s.starts.append(r.plan)   # a pipeline: a start of the exact stages, a slice model hint
-                    s.pipes.append(r.detail)
-                    s.step = min(s.step, r.plan.makespan)
+            if not kind.fill_only:
+                self.screen_kind(kind, s, m)
         return s
+
+    def screen_kind(self, kind: Kind, s: _Screened, m: int) -> None:
+        """Every candidate of ``kind`` for ``m`` slices; its pipelines kept in ``s``."""
+        strategies = kind.candidates(self.marked, self.cluster, m)
+        if kind.fill_only and strategies and self.no_gain(kind, s, m):
+            return
+        for strategy in strategies:
+            r = self.candidate(kind, strategy)
+            if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
+                s.starts.append(r.plan)   # a pipeline: a start of the exact stages, a slice model hint
+                s.pipes.append(r.detail)
+                s.step = min(s.step, r.plan.makespan)
+
+    def screen_late(self, screened: Mapping[int, _Screened]) -> None:
+        """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
+        schedules), after every count's other kinds, on :data:`LATE_SHARE` of
+        the screening time left (the exact stages keep the rest): for the count
+        whose pipelines did best; the other counts named in
+        ``plan.log.skipped`` (``"zero-bubble M=4"``)."""
+        ranked = sorted((m for m, s in screened.items() if s.pipes), key=lambda m: (screened[m].step, m))
+        outer, self.window = self.window, self.window.sub(LATE_SHARE * self.window.left())
+        try:
+            for k, m in enumerate(ranked):
+                for kind in (x for x in KINDS.values() if x.fill_only):
+                    if k == 0:
+                        self.screen_kind(kind, screened[m], m)
+                    elif kind.candidates(self.marked, self.cluster, m):
+                        self.pool.skipped[f"{kind.name} M={m}"] = (f"not built: screened for M={ranked[0]} only, "
+                                                                   f"the count whose GPipe/1F1B plans were best")
+        finally:
+            self.window = outer
+
+    def no_gain(self, kind: Kind, s: _Screened, m: int) -> bool:
+        """Whether a ``fill_only`` kind cannot beat the best plan so far: the
+        count's best GPipe/1F1B step over ``k`` stages, less its whole fill and
+        drain (``M / (M + k - 1)`` of it), is no better. Its candidates are then
+        skipped, named ``"zero-bubble M=8"`` in ``plan.log.skipped``."""
+        best = self.pool.best
+        if best is None or not s.pipes:
+            return False
+        floor = min(p.plan.makespan * m / (m + p.stages - 1) for p in s.pipes)
+        if floor < best.plan.makespan:
+            return False
+        self.pool.skipped[f"{kind.name} M={m}"] = (
+            f"not built: the best GPipe/1F1B step of M={m} less its fill and drain, "
+            f"{floor / 1000:.3f} ms, is no better than the best plan's {best.plan.makespan / 1000:.3f} ms")
+        self.say(f"{kind.name} M={m}: skipped (no gain over the best plan possible)")
+        return True
 
     def candidate(self, kind: Kind, strategy: Strategy) -> Solved | None:
         """Realise a screening candidate unless it is too large (:func:`replicated_ops`
@@ -458,7 +512,7 @@ class _Search:
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
         if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
-        sims, tries = kind.sims, SCREEN_CANDIDATES
+        sims, tries = kind.sims, kind.tries or SCREEN_CANDIDATES
         if not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
             if kind.cheap is None or not self.fits(name, ops, kind.cheap):
                 return None

@@ -5,8 +5,10 @@ into ``stages`` pipeline stages and split into ``micro_batches`` slices,
 run by ``schedule``. Data parallelism is one stage, a pipeline one replica,
 a hybrid both; the plain step is ``Strategy()``.
 
-Schedules: ``"gpipe"`` and ``"1f1b"`` (fixed orders of the slices' forward
-and backward tasks per stage), ``"free"`` (Pesto's own placement and order of
+Schedules: those of :data:`solver.parallel.schedules.SCHEDULES` (``"gpipe"``,
+``"1f1b"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-h2"``, ``"zb-v"``: fixed
+orders of the slices' forward, backward and weight-gradient tasks per
+device), ``"free"`` (Pesto's own placement and order of
 the transformed step: the exact pipeline), ``"slice"`` (the slice model's
 block x slice grid), ``"none"`` (no pipeline: the plain step or data
 parallelism).
@@ -31,10 +33,12 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.step.replication import BUCKET_BYTES
 
+from .schedules import SCHEDULES
+
 __all__ = ["Strategy", "Solved", "SCHEDULE_NAMES"]
 
 #: The schedules a strategy may name (see the module doc).
-SCHEDULE_NAMES = ("none", "free", "slice", "gpipe", "1f1b")
+SCHEDULE_NAMES = ("none", "free", "slice", *SCHEDULES)
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,10 @@ class Strategy:
     (:func:`solver.parallel.realise.realise` picks the count; the result's
     strategy has the count used). ``recompute``,
     ``shard_optimizer`` and ``split_backward`` are reserved for the kinds to
-    come (activation recomputation, sharded optimizer state, split-backward
-    schedules) and must keep their defaults until a realiser supports them."""
+    come (activation recomputation, sharded optimizer state; a schedule
+    says itself whether it splits the backward:
+    :attr:`solver.parallel.schedules.Schedule.split_backward`) and must keep
+    their defaults until a realiser supports them."""
 
     replicas: int = 1
     stages: int = 1
@@ -79,7 +85,7 @@ class Strategy:
             if self.stages > 1:
                 return f"hybrid R={self.replicas} K={self.stages}{m}"
             return f"data-parallel R={self.replicas}{m}"
-        if self.schedule in ("gpipe", "1f1b"):
+        if self.schedule in SCHEDULES:
             return f"{self.schedule} K={self.stages}{m}"
         return ("step" if self.schedule == "none" else self.schedule) + m
 
