@@ -43,7 +43,8 @@ How the graph is built
   whatever the number of slices there); a control edge batched -> unbatched
   runs from every copy;
 * a tensor ``t`` a batched op hands to an unbatched one (a *partial*: the slice's
-  gradient) is summed through a chain of ``M - 1`` accumulate ops
+  gradient) is summed over the slices by its producer's rule (below, "Weight
+  gradients"); by default through a chain of ``M - 1`` accumulate ops
   ``t@acc1 .. t@acc{M-1}`` (``t@acck`` = slices ``0..k``, so slice ``k`` can be
   added as soon as it is done, into one buffer), and the unbatched consumers read
   the last one. Slice ``i + 1`` depends on slice ``i`` through nothing else, so
@@ -81,6 +82,41 @@ Cost rule of a copy (documented constants, tested)
   ``BANDWIDTH["GPU"]`` = 900 GB/s (V100 HBM2: the roofline grappler's V100 model
   gives the zoo graphs' adds, e.g. ``AddV2`` of 1 MiB = 3.5 µs) and a
   server's DDR4 for ``"CPU"``; it may run on the kinds its producer allows.
+
+Weight gradients (``weight_grads``, one rule per weight-gradient op)
+-------------------------------------------------------------------
+The weight-gradient ops (:func:`weight_grad_ops`: the batched ops an
+unbatched op reads, the producers of the partials) sum the slices by one of
+:data:`WEIGHT_GRADS`, given for all or per op (a mapping op -> rule):
+
+* ``"separate"`` (the default; what TensorFlow's split step runs,
+  :mod:`tf_patch.microstep`): copies by the cost rule above, and the
+  ``t@acck`` accumulate ops: ``M - 1`` extra passes over every weight gradient;
+* ``"accumulate"`` (in place, as Megatron-LM's GEMM with ``beta = 1``): copies
+  by the cost rule above (op time / ``M`` with the floor), **plus nothing**:
+  the sum is fused into the copy. The partial-sum buffer is one tensor each
+  copy updates, so copy ``k`` reads copy ``k - 1``'s partial (an edge
+  ``op@mb{k-1} -> op@mb{k}``: the copies run one after another, and a copy on
+  another device than the previous one receives the buffer); the consumers
+  read the last copy's. Memory: the running sum's bytes; the liveness model
+  sees the input and output of a copy at once (one buffer more than in place,
+  while the copy runs);
+* ``"whole"`` (the deferred weight gradient of zero-bubble schedules): the op
+  runs once, ``op@all``, with the un-split op's time and bytes, reading every
+  slice's copy of its inputs (an edge from each ``x@mb{i}``: the
+  concatenated batch), and the consumers read it; no accumulation at all.
+  Memory: every slice's inputs stay live until it runs. Ops that only feed
+  it run whole with it (:func:`whole_ops`: the bias gradient's ``Sum`` before
+  its ``Reshape``, an RNN's per-time-step weight gradients before their sum,
+  whose sum then runs once instead of ``M`` times). A whole op is unbatched
+  (it runs once per step); its origin has role ``"whole"``, the copies it
+  stands for as members. An op a batched op reads cannot run whole: the string
+  ``"whole"`` leaves it on ``"accumulate"``, a mapping naming it is refused.
+
+Work per rule: ``whole`` <= ``accumulate`` <= ``separate`` (equal above the
+floor for the first two); ``whole`` costs memory, ``accumulate`` serialises
+the copies of one op. ``benchmarks/results/slice_costs.md`` measures the
+rule against grappler's V100 model ("Weight gradients" section).
 
 Colocation groups (rule)
 ------------------------
