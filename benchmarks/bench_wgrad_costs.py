@@ -37,6 +37,8 @@ from pesto.graph import OpGraph
 from pesto.step import split
 from pesto.step.slicing import BANDWIDTH, FLOOR_US, WEIGHT_GRADS
 
+from .bench_slice_costs import WGRAD_MARK
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results"
 #: (layer, tokens T, d_in, d_out): BERT-Large's FFN and QKV at b32 x seq 512, and a small batch.
@@ -44,7 +46,7 @@ LAYERS = (("BERT-Large FFN-in", 16384, 1024, 4096), ("BERT-Large QKV", 16384, 10
           ("BERT-Large FFN-in, b4", 2048, 1024, 4096))
 MICRO = (4, 16)
 STEPS = ("bert_large", "transformer_6", "rnnlm_4x2048")
-MARK = "<!-- bench_wgrad_costs -->"
+MARK = WGRAD_MARK
 DEFAULT = """The default stays ``separate``. In work and in these pipelines ``accumulate`` (in place) is
 never worse (Transformer-6 1F1B M=16: 66.4 ms against 69.8, the same peak), but TensorFlow's split
 step, which Pesto's plans are enforced on one op to one op (``tf_patch.slicemap``), sums with separate
