@@ -169,3 +169,24 @@ def test_strategy_names_a_bad_rule():
         Strategy(weight_grads="x")
     with pytest.raises(ValueError, match="not supported"):
         realise(layered_step(2), gpus(2), Strategy(micro_batches=2, schedule="slice", weight_grads="whole"))
+
+
+def test_costs_per_rule_match_the_split_graphs():
+    """weight_grad_costs' figures are the split graphs' own: each rule's work
+    differs from the others' by the costs' differences."""
+    from pesto.step.slicing import choose_weight_grads, weight_grad_costs
+
+    step = _step(act=4000)
+    costs = {c.op: c for c in weight_grad_costs(step, 4)}
+    assert set(costs) == {"dw", "db"} and costs["db"].ops == ("sum", "db")
+    work = {r: split(step, 4, weight_grads=r).graph.total_work() for r in WEIGHT_GRADS}
+    assert work["separate"] - work["accumulate"] == pytest.approx(
+        sum(c.separate_us - c.accumulate_us for c in costs.values()))
+    assert work["accumulate"] - work["whole"] == pytest.approx(
+        sum(c.accumulate_us - c.whole_us for c in costs.values()))
+    assert costs["dw"].whole_bytes == 3 * (1000 + 1000)     # x and dh: 3 slices beyond one
+    assert costs["db"].whole_bytes == 3 * 1000 and costs["dw"].sum_bytes == 400
+    # db's copies sit at the floor: whole saves work there; dw's do not
+    assert choose_weight_grads(costs.values()) == {"dw": "accumulate", "db": "whole"}
+    assert choose_weight_grads(costs.values(), whole_bytes=0) == {"dw": "accumulate", "db": "accumulate"}
+    assert weight_grad_costs(_read_twice(), 2)[0].whole_us is None

@@ -115,7 +115,10 @@ unbatched op reads, the producers of the partials) sum the slices by one of
 
 Work per rule: ``whole`` <= ``accumulate`` <= ``separate`` (equal above the
 floor for the first two); ``whole`` costs memory, ``accumulate`` serialises
-the copies of one op. ``benchmarks/results/slice_costs.md`` measures the
+the copies of one op. :func:`weight_grad_costs` gives each weight-gradient
+op's work and held bytes under each rule (:class:`WeightGradCost`), and
+:func:`choose_weight_grads` a per-op mapping from them (whole where it does
+less work within a byte limit, else in place). ``benchmarks/results/slice_costs.md`` measures the
 rule against grappler's V100 model ("Weight gradients" section).
 
 Colocation groups (rule)
@@ -149,7 +152,7 @@ Examples
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -159,7 +162,7 @@ from .transform import Origin, Transformed, check_count
 
 __all__ = ["split", "check_marks", "partial_tensors", "fixed_ops", "slice_op", "accumulate_op", "copy_name",
            "whole_name", "parse_name", "weight_grad_ops", "whole_ops", "FLOOR_US", "BANDWIDTH", "RESERVED",
-           "WEIGHT_GRADS"]
+           "WEIGHT_GRADS", "WeightGradCost", "weight_grad_costs", "choose_weight_grads"]
 
 #: Shortest time of a slice's kernel (µs): a V100 kernel's duration floor with
 #: launches pipelined. An op already faster keeps its own time.
@@ -440,6 +443,104 @@ def whole_ops(graph: OpGraph, ops) -> tuple[frozenset, tuple]:
         if mine and all(j in limit for j in mine) and nodes[q].output_bytes <= min(limit[j] for j in mine):
             limit[q] = min(limit[j] for j in mine)
     return frozenset(graph.names[i] for i in limit), tuple(refused)
+
+
+@dataclass(frozen=True)
+class WeightGradCost:
+    """What each rule costs one weight-gradient op (:func:`weight_grad_costs`).
+
+    Attributes
+    ----------
+    op : str
+        The weight-gradient op.
+    ops : tuple of str
+        The ops its rule applies to: ``op`` and the ops that run whole with it
+        (:func:`whole_ops`); just ``op`` when it cannot run whole.
+    separate_us, accumulate_us, whole_us : float
+        Work of ``ops`` under each rule (µs on ``kind``): ``M`` copies plus the
+        ``M - 1`` accumulate ops; ``M`` copies; the un-split ops once (None
+        when ``op`` cannot run whole).
+    sum_bytes : int
+        The running sum ``"separate"`` and ``"accumulate"`` hold from the
+        first slice to the last (the op's outputs an unbatched op reads).
+    whole_bytes : int or None
+        What ``"whole"`` holds beyond one slice: ``(M - 1) / M`` of the
+        inputs ``ops`` read from other batched ops, kept until it runs.
+    """
+
+    op: str
+    ops: tuple
+    separate_us: float
+    accumulate_us: float
+    whole_us: float | None
+    sum_bytes: int
+    whole_bytes: int | None
+
+
+def weight_grad_costs(graph: OpGraph, micro_batches: int, *, kind: str = "GPU", floor_us: float = FLOOR_US,
+                      bandwidth: Mapping[str, float] = BANDWIDTH) -> tuple[WeightGradCost, ...]:
+    """Each weight-gradient op's time and memory under each rule, at ``M`` slices (module doc).
+
+    >>> from pesto.graph import Op, OpGraph, Edge, Tensor
+    >>> ops = [Op("x", {"GPU": 1.0}, output_bytes=800, batch=True), Op("dw", {"GPU": 40.0}, output_bytes=8, batch=True),
+    ...        Op("apply", {"GPU": 1.0}, batch=False)]
+    >>> g = OpGraph(ops, [Edge("x", "dw", "x:0"), Edge("dw", "apply", "dw:0")], [Tensor("x:0", "x", 800),
+    ...             Tensor("dw:0", "dw", 8)])
+    >>> c = weight_grad_costs(g, 4)[0]
+    >>> c.separate_us, c.accumulate_us, c.whole_us, c.sum_bytes, c.whole_bytes
+    (46.0, 40.0, 40.0, 8, 600)
+    """
+    m = check_count(micro_batches)
+    partials = partial_tensors(graph)
+    fixed = fixed_ops(graph, partials)
+    to_step = {name: b for name, src, b, cons in graph.tensor_table()
+               if graph.ops[src].batch and any(not graph.ops[j].batch for j in cons)}
+    made: dict[str, list] = {}
+    for t in graph.tensors:
+        made.setdefault(t.src, []).append(t.name)
+    producers = weight_grad_ops(graph)
+    every, refused = whole_ops(graph, producers)
+    out = []
+    for p in producers:
+        cone = _cone(graph, p, every)
+        ops = (p,) if p in refused else tuple(n for n in graph.names if n in cone)
+
+        def copies(n):
+            t = graph.op(n).time_on(kind)
+            return m * (t if n in fixed else max(t / m, min(t, floor_us)))
+        sums = [to_step[t] for t in made.get(p, ()) if t in to_step]
+        acc = sum(copies(n) for n in ops)
+        adds = (m - 1) * sum(max(floor_us, 3.0 * b / bandwidth[kind]) for b in sums)
+        held = sum(graph.tensor(t).bytes for n in ops for u in graph.predecessors(n)
+                   if u not in cone and graph.op(u).batch for t in graph.edge(u, n).tensors)
+        no = p in refused
+        out.append(WeightGradCost(p, ops, acc + adds, acc, None if no else sum(graph.op(n).time_on(kind) for n in ops),
+                                  sum(sums), None if no else held - _ceil_div(held, m)))
+    return tuple(out)
+
+
+def _cone(graph: OpGraph, op: str, whole: frozenset) -> set:
+    """``op`` and its ancestors through ops of ``whole`` (what runs whole with it)."""
+    cone, todo = {op}, [op]
+    while todo:
+        for u in graph.predecessors(todo.pop()):
+            if u in whole and u not in cone:
+                cone.add(u)
+                todo.append(u)
+    return cone
+
+
+def choose_weight_grads(costs, whole_bytes: float = float("inf")) -> dict[str, str]:
+    """A rule per weight-gradient op: ``"whole"`` where it does less work than
+    in place and holds at most ``whole_bytes``, else ``"accumulate"`` (never
+    ``"separate"``: it only adds work). A mapping for :func:`split`.
+
+    >>> c = [WeightGradCost("a", ("a",), 50.0, 40.0, 30.0, 8, 600), WeightGradCost("b", ("b",), 50.0, 40.0, 40.0, 8, 9)]
+    >>> choose_weight_grads(c), choose_weight_grads(c, whole_bytes=100)
+    ({'a': 'whole', 'b': 'accumulate'}, {'a': 'accumulate', 'b': 'accumulate'})
+    """
+    return {c.op: "whole" if c.whole_us is not None and c.whole_us < c.accumulate_us and c.whole_bytes <= whole_bytes
+            else "accumulate" for c in costs}
 
 
 class _Split:
