@@ -3,8 +3,9 @@ accumulation in place, one op over all slices."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from mb_strategies import layered_step
+from mb_strategies import layered_step, marked_dags
 from pesto.cluster import gpus
 from pesto.errors import MicroBatchError
 from pesto.graph import Edge, Op, OpGraph, Tensor
@@ -190,3 +191,17 @@ def test_costs_per_rule_match_the_split_graphs():
     assert choose_weight_grads(costs.values()) == {"dw": "accumulate", "db": "whole"}
     assert choose_weight_grads(costs.values(), whole_bytes=0) == {"dw": "accumulate", "db": "accumulate"}
     assert weight_grad_costs(_read_twice(), 2)[0].whole_us is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(marked_dags(max_ops=9), st.integers(2, 4))
+def test_every_rule_splits_any_marked_step(graph, m):
+    """On random marked steps: each rule's graph is a valid step (every
+    original op runs, no cycle), and its work is ordered whole <= in place <= separate."""
+    work = {}
+    for rule in WEIGHT_GRADS:
+        s = split(graph, m, weight_grads=rule)
+        assert {o.op for o in s.origin.values()} == set(graph.names)
+        assert all(s.copies(n) for n in graph.names)
+        work[rule] = s.graph.total_work()
+    assert work["whole"] <= work["accumulate"] + 1e-9 <= work["separate"] + 2e-9
