@@ -108,6 +108,15 @@ def compare(key: str, step, small, m: int) -> Comparison:
         "; ".join(f"{n} ({step.op(n).type}) {rule[n]:.1f} vs {tf[n]:.1f} µs" for n in worst))
 
 
+def write_rows(path: Path, kind, rows, digits: int) -> None:
+    """``rows`` (dataclasses of type ``kind``) as a CSV, floats rounded to ``digits``."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[x.name for x in fields(kind)])
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(v, digits) if isinstance(v, float) else v) for k, v in r.__dict__.items()})
+
+
 def _batch(key: str) -> int:
     manifest = json.loads((HERE / "graphs" / "manifest.json").read_text())
     return int(manifest.get(key, {}).get("overrides", {}).get("batch") or PRESET_BATCH[key])
@@ -144,11 +153,7 @@ def main(argv=None) -> int:
             print(rows[-1], flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "slice_costs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[x.name for x in fields(Comparison)])
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.__dict__.items()})
+    write_rows(out / "slice_costs.csv", Comparison, rows, 4)
     md = out / "slice_costs.md"
     tail = md.read_text().partition(WGRAD_MARK) if md.exists() else ("", "", "")
     kept = "\n" + tail[1] + tail[2] if tail[1] else ""    # bench_wgrad_costs' section stays

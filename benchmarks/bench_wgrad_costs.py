@@ -31,16 +31,15 @@ for the first part; about a minute). Writes the section "Weight gradients" of
 from __future__ import annotations
 
 import argparse
-import csv
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from pesto.graph import OpGraph
 from pesto.step import split
 from pesto.step.slicing import BANDWIDTH, FLOOR_US, WEIGHT_GRADS, choose_weight_grads, weight_grad_costs
 
-from .bench_slice_costs import WGRAD_MARK
+from .bench_slice_costs import WGRAD_MARK, write_rows
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results"
@@ -221,11 +220,7 @@ def main(argv=None) -> int:
     steps, chain = step_lines(), chain_lines() + [""] + pipeline_lines() + ["", DEFAULT]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "wgrad_costs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[x.name for x in fields(GemmRow)])
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.__dict__.items()})
+    write_rows(out / "wgrad_costs.csv", GemmRow, rows, 3)
     md = out / "slice_costs.md"
     kept = md.read_text().split(MARK)[0].rstrip() + "\n\n" if md.exists() else ""
     md.write_text(kept + "\n".join(markdown(rows, steps, chain, time.perf_counter() - t0)) + "\n")
