@@ -140,9 +140,12 @@ def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str
 
 
 def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", micro_batches: int = 4,
-                  loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES) -> StepPlan:
+                  loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES,
+                  weight_grads="separate") -> StepPlan:
     """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
 
+    ``weight_grads``: the split's rule for the slices' weight gradients
+    (:func:`pesto.step.split`).
     ``stages``: that many stages only (at most the GPUs and the blocks);
     default every number from 1 to the number of GPUs. Per block order and
     ``k`` the split is :func:`split_stages`' least step estimate for ``M``
@@ -168,7 +171,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     """
     t0 = time.perf_counter()
     sch = get_schedule(schedule)
-    split = split_step(graph, micro_batches)
+    split = split_step(graph, micro_batches, weight_grads=weight_grads)
     ph = phases(graph, loss=loss)
     gpus = gpu_names(cluster)
     beta = _mean_route(cluster, gpus)
@@ -340,9 +343,12 @@ def _fix_groups(graph: OpGraph, cluster: Cluster, dev: Mapping[str, str]) -> dic
     return out
 
 
-def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1) -> StepPlan:
+def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1,
+                       weight_grads="separate") -> StepPlan:
     """One replica per GPU (:func:`pesto.step.replicate`), each split into
     ``micro_batches`` slices; the better of two device orders (module doc).
+    ``weight_grads``: the split's rule for the slices' weight gradients
+    (:func:`pesto.step.split`).
 
     Raises
     ------
@@ -356,7 +362,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
         g, replica_of = rep.graph, {n: o.replica for n, o in rep.origin.items()}
         first = [-1.0 if rep.origin[n].role not in ("copy", "step") else 0.0 for n in g.names]
     else:
-        both = compose(split_step(rep.graph, micro_batches), rep)
+        both = compose(split_step(rep.graph, micro_batches, weight_grads=weight_grads), rep)
         g = both.graph
         replica_of = {n: o.replica for n, o in both.origin.items()}
         first = [float(both.origin[n].slice) if both.origin[n].role == "copy" else -1.0 for n in g.names]

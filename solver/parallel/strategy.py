@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.step.replication import BUCKET_BYTES
+from pesto.step.slicing import WEIGHT_GRADS
 
 from .schedules import SCHEDULES
 
@@ -46,7 +47,12 @@ class Strategy:
     """One point of the plan space (module doc). For a pipeline schedule
     before it is realised, ``stages`` is the most stages the cutter may use
     (:func:`solver.parallel.realise.realise` picks the count; the result's
-    strategy has the count used). ``recompute``,
+    strategy has the count used). ``weight_grads``: how the slices' weight
+    gradients are summed (:func:`pesto.step.split`'s rule, one of
+    :data:`pesto.step.slicing.WEIGHT_GRADS`: ``"separate"`` accumulate ops,
+    what TensorFlow's split step runs; ``"accumulate"`` in place;
+    ``"whole"`` one op over all slices), passed by the realisers to the
+    split (the slice model takes ``"separate"`` only). ``recompute``,
     ``shard_optimizer`` and ``split_backward`` are reserved for the kinds to
     come (activation recomputation, sharded optimizer state; a schedule
     says itself whether it splits the backward:
@@ -61,6 +67,7 @@ class Strategy:
     recompute: bool = False
     shard_optimizer: int = 0
     split_backward: bool = False
+    weight_grads: str = "separate"
 
     def __post_init__(self):
         for name in ("replicas", "stages", "micro_batches"):
@@ -69,6 +76,8 @@ class Strategy:
                 raise ValueError(f"Strategy.{name} must be an integer >= 1, got {v!r}")
         if self.schedule not in SCHEDULE_NAMES:
             raise ValueError(f"Strategy.schedule {self.schedule!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}")
+        if self.weight_grads not in WEIGHT_GRADS:
+            raise ValueError(f"Strategy.weight_grads {self.weight_grads!r} is unknown; known: {', '.join(WEIGHT_GRADS)}")
         if self.recompute or self.shard_optimizer or self.split_backward:
             raise ValueError("recompute, shard_optimizer and split_backward are not supported yet")
 
