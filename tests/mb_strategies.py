@@ -78,18 +78,19 @@ def layered_step(layers: int = 4, *, act: int = 1_000_000, weight: int = 4000, t
     return mark_phases(OpGraph(ops, es, ts, name=f"layered{layers}"))
 
 
-def deep_step(layers: int = 6, *, act: int = 1_000_000, weight: int = 4000, t: float = 10.0,
-              slots: bool = True) -> OpGraph:
+def deep_step(layers: int = 6, *, act: int = 1_000_000, weight=4000, t: float = 10.0,
+              slots: int = 1) -> OpGraph:
     """A step of ``layers`` three-op layers with explicit marks (no front end):
     input ``x``; per layer ``l`` a variable ``layer_l/w`` (``weight`` bytes,
-    read by ``layer_l/read``) and, with ``slots``, two optimizer slots
-    ``layer_l/w/m``, ``layer_l/w/v`` (``weight`` bytes each, read only by the
+    read by ``layer_l/read``, a handle of no bytes) and, with ``slots``, two optimizer slots
+    ``layer_l/w/m``, ``layer_l/w/v`` (``slots x weight`` bytes each, read only by the
     update), one colocation group; forward ``layer_l/a`` (``t`` µs, reads the
     layer's input and weight), ``layer_l/b`` and ``layer_l/c`` (``t / 2``
     each), each ``act`` bytes out; backward ``gradients/layer_l/c_grad``
     (reads ``b``), ``b_grad`` (reads ``a``), ``a_grad/dx`` and the weight
     gradient ``a_grad/dw`` (reads the layer's input), ``2 t`` each; the
     update ``train/update_l``. A loss ``loss`` and its gradient close it.
+    ``weight``: bytes of every layer's weight, or a list of them per layer.
     """
     from pesto.graph import Edge, Op, Tensor
 
@@ -103,16 +104,17 @@ def deep_step(layers: int = 6, *, act: int = 1_000_000, weight: int = 4000, t: f
     def edge(u, v):
         es.append(Edge(u, v, (f"{u}:0",)))
 
+    weights = [weight] * layers if isinstance(weight, int) else list(weight)
     add("x", 0.5, act, True, "forward")
     h = "x"
     for l in range(layers):
-        p = f"layer_{l}"
+        p, weight = f"layer_{l}", weights[l]
         add(f"{p}/w", 0.0, 0, False, "forward", persistent_bytes=weight, colocation_group=p)
-        add(f"{p}/read", 0.0, weight, False, "forward", colocation_group=p)
+        add(f"{p}/read", 0.0, 0, False, "forward", colocation_group=p)   # a handle: no bytes
         edge(f"{p}/w", f"{p}/read")
         if slots:
             for s in ("m", "v"):
-                add(f"{p}/w/{s}", 0.0, 0, False, "forward", persistent_bytes=weight, colocation_group=p)
+                add(f"{p}/w/{s}", 0.0, 0, False, "forward", persistent_bytes=slots * weight, colocation_group=p)
         add(f"{p}/a", t, act, True, "forward")
         add(f"{p}/b", t / 2, act, True, "forward")
         add(f"{p}/c", t / 2, act, True, "forward")
@@ -125,7 +127,7 @@ def deep_step(layers: int = 6, *, act: int = 1_000_000, weight: int = 4000, t: f
     edge("loss", "gradients/loss_grad")
     g = "gradients/loss_grad"
     for l in reversed(range(layers)):
-        p, q = f"layer_{l}", f"gradients/layer_{l}"
+        p, q, weight = f"layer_{l}", f"gradients/layer_{l}", weights[l]
         below = f"layer_{l - 1}/c" if l else "x"
         add(f"{q}/c_grad", 2 * t, act, True, "input-grad", f"{p}/c")
         add(f"{q}/b_grad", 2 * t, act, True, "input-grad", f"{p}/b")

@@ -77,8 +77,8 @@ from ..pipeline import PIPELINES, run_pipeline
 from .pipelines import gpu_names
 from .slice_model import solve_slices
 from .bound import SampleBound, memory_need, sample_bound
-from .kinds import KINDS, Kind
-from .realise import realise
+from .kinds import KINDS, Kind, savers
+from .realise import realise, with_savers
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
@@ -160,24 +160,46 @@ def with_marks(graph: OpGraph) -> OpGraph:
     return graph
 
 
-def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
+def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
+               savers: str = "") -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
-    ``graph_kind``, ``replicas``), rebuilt from the step ``graph``.
+    ``graph_kind``, ``replicas``, ``savers``), rebuilt from the step ``graph``
+    (a pipeline's: the split step; data parallelism's and a hybrid's: the
+    replicated step, split).
 
     Raises
     ------
     ValueError
-        An unknown ``graph_kind``.
+        An unknown ``graph_kind`` or saver.
     """
-    if graph_kind == "step":
+    if graph_kind == "step" and not savers:
         return graph
-    marked = with_marks(graph)
+    zero = _savers(savers)
+    marked = with_savers(with_marks(graph), zero)
+    if graph_kind == "step":
+        return marked
     if graph_kind == "micro-batched":
         return split_step(marked, micro_batches).graph
     if graph_kind == "replicated":
-        rep = replicate(marked, replicas).graph
+        rep = replicate(marked, replicas, shard_optimizer=zero.shard_optimizer).graph
         return rep if micro_batches == 1 else split_step(rep, micro_batches).graph
     raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
+
+
+def _savers(words: str) -> Strategy:
+    """The savers named by :attr:`Strategy.savers` (``"ZeRO-2 recompute"``) as a
+    strategy's fields (on two replicas: any count shards).
+
+    >>> _savers("ZeRO-1 recompute").shard_optimizer, _savers("").recompute
+    (1, False)
+    """
+    known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
+    fields: dict = {}
+    for w in words.split():
+        if w not in known:
+            raise ValueError(f"unknown memory saver {w!r} in {words!r}; known: {', '.join(known)}")
+        fields.update(known[w])
+    return Strategy(replicas=2 if fields.get("shard_optimizer") else 1, **fields)
 
 
 def replicated_ops(graph: OpGraph, replicas: int, m: int = 1, buckets: int | None = None) -> int:
@@ -381,6 +403,8 @@ class _Search:
             return
         self.pool.offer_solved(name, dp)
         self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
+        if dp.plan.status == "infeasible":
+            self.save(KINDS["data-parallel"], dp.strategy)
 
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and baselines."""
@@ -392,9 +416,9 @@ class _Search:
         if short is not None:
             self.pool.short[m] = short
             self.pool.skipped[f"M={m}"] = str(short)
-            if not self.auto:
+            self.say(f"micro-batches {m}: {short}; the memory savers only")
+            if not self.screen_savers(m) and not self.auto:
                 raise short
-            self.say(f"micro-batches {m}: skipped ({short})")
             return None
         s = _Screened(split, [], float("inf"))
         for kind in KINDS.values():
@@ -406,12 +430,46 @@ class _Search:
                     s.step = min(s.step, r.plan.makespan)
         return s
 
+    def screen_savers(self, m: int) -> bool:
+        """``m`` slices fit no device as the step is (:func:`memory_short`): each
+        kind's candidates of ``m`` with their savers only (the bound counts a
+        colocation unit's persistent bytes whole, which a sharded optimizer
+        splits); whether one fits memory."""
+        fits = False
+        for kind in KINDS.values():
+            for strategy in kind.candidates(self.marked, self.cluster, m):
+                for s in savers(strategy):
+                    r = self.realised(kind, s)
+                    if r is not None and r.plan.status != "infeasible":
+                        fits = True
+                        break
+        return fits
+
     def candidate(self, kind: Kind, strategy: Strategy) -> Solved | None:
-        """Realise a screening candidate unless it is too large (:func:`replicated_ops`
+        """Realise a screening candidate (:meth:`realised`); when its plan does not
+        fit memory, its savers (:func:`solver.parallel.kinds.savers`) in turn until
+        one fits, each a candidate of its own. The candidate's own result (None
+        when skipped or failed)."""
+        r = self.realised(kind, strategy)
+        if r is not None and r.plan.status == "infeasible":
+            self.save(kind, strategy)
+        return r
+
+    def save(self, kind: Kind, strategy: Strategy) -> None:
+        """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits."""
+        for s in savers(strategy):
+            r = self.realised(kind, s)
+            if r is not None and r.plan.status != "infeasible":
+                return
+
+    def realised(self, kind: Kind, strategy: Strategy) -> Solved | None:
+        """Realise a candidate unless it is too large (:func:`replicated_ops`
         above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
-        (:meth:`fits`); timed (:class:`_Pace`) and offered. None when skipped or
-        failed (named in ``plan.log.skipped``)."""
+        (:meth:`fits`); timed (:class:`_Pace`) and offered as its kind's label
+        (and its savers, :attr:`Strategy.savers`). None when skipped or failed
+        (named in ``plan.log.skipped``)."""
         name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
+        name += f" {strategy.savers}" if strategy.savers else ""
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
         if replicas > 1 and self.too_large(name, replicas, m):
             return None
@@ -547,6 +605,7 @@ class _Search:
         if dl.interrupted and status not in ("infeasible", "optimal"):
             status = "interrupted"
         log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
+                      savers=r.strategy.savers,
                       steps=dict(self.pool.steps), skipped={**log.skipped, **self.pool.skipped}, bound=bound,
                       bound_source=source, stopped=dl.reason or log.stopped, deterministic=dl.deterministic)
         return replace(r, plan=replace(r.plan, log=log, lower_bound=bound, status=status))
@@ -638,7 +697,9 @@ def winner_bound(marked: OpGraph, cluster: Cluster, r: Solved, batch: int | None
     :func:`step_graph`; ``M = 1`` as the split into one slice: the same ops
     under the copy names, so the same bound); None when the rebuilt graph is
     not that one (then the pipeline's bound stands)."""
-    base = replicate(marked, r.replicas).graph if r.graph_kind == "replicated" else marked
+    saved = with_savers(marked, r.strategy)
+    base = (replicate(saved, r.replicas, shard_optimizer=r.strategy.shard_optimizer).graph
+            if r.graph_kind == "replicated" else saved)
     split = split_step(base, r.micro_batches)
     same = (split.graph.num_ops == r.graph.num_ops if r.micro_batches == 1
             else split.graph.names == r.graph.names)

@@ -5,6 +5,13 @@ into ``stages`` pipeline stages and split into ``micro_batches`` slices,
 run by ``schedule``. Data parallelism is one stage, a pipeline one replica,
 a hybrid both; the plain step is ``Strategy()``.
 
+Memory savers, two more fields: ``recompute`` (every layer block's
+activations recomputed before its backward, :func:`pesto.step.recompute`;
+any kind but the slice model) and ``shard_optimizer`` (``1`` or ``2``:
+ZeRO-1 / ZeRO-2, each replica updating its shard of the optimizer state,
+:func:`pesto.step.replicate`; data parallelism only). Both show in the
+name (``"data-parallel R=8 M=2 ZeRO-2"``, ``"1f1b K=4 M=8 recompute"``).
+
 Schedules: ``"gpipe"`` and ``"1f1b"`` (fixed orders of the slices' forward
 and backward tasks per stage), ``"free"`` (Pesto's own placement and order of
 the transformed step: the exact pipeline), ``"slice"`` (the slice model's
@@ -21,6 +28,12 @@ Examples
 Traceback (most recent call last):
 ...
 ValueError: Strategy.micro_batches must be an integer >= 1, got 0
+>>> Strategy(replicas=8, shard_optimizer=2, recompute=True).name
+'data-parallel R=8 ZeRO-2 recompute'
+>>> Strategy(stages=2, micro_batches=4, schedule="1f1b", shard_optimizer=1)
+Traceback (most recent call last):
+...
+ValueError: Strategy.shard_optimizer=1 shards the optimizer state over replicas: it needs replicas > 1, got 1
 """
 from __future__ import annotations
 
@@ -29,7 +42,7 @@ from typing import Any, Mapping
 
 from pesto.graph import OpGraph
 from pesto.plan import Plan
-from pesto.step.replication import BUCKET_BYTES
+from pesto.step.replication import BUCKET_BYTES, SHARD_LEVELS
 
 __all__ = ["Strategy", "Solved", "SCHEDULE_NAMES"]
 
@@ -42,10 +55,10 @@ class Strategy:
     """One point of the plan space (module doc). For a pipeline schedule
     before it is realised, ``stages`` is the most stages the cutter may use
     (:func:`solver.parallel.realise.realise` picks the count; the result's
-    strategy has the count used). ``recompute``,
-    ``shard_optimizer`` and ``split_backward`` are reserved for the kinds to
-    come (activation recomputation, sharded optimizer state, split-backward
-    schedules) and must keep their defaults until a realiser supports them."""
+    strategy has the count used). ``recompute`` and ``shard_optimizer``: the
+    memory savers (module doc). ``split_backward`` is reserved for the
+    split-backward schedules to come and must keep its default until a
+    realiser supports it."""
 
     replicas: int = 1
     stages: int = 1
@@ -63,8 +76,16 @@ class Strategy:
                 raise ValueError(f"Strategy.{name} must be an integer >= 1, got {v!r}")
         if self.schedule not in SCHEDULE_NAMES:
             raise ValueError(f"Strategy.schedule {self.schedule!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}")
-        if self.recompute or self.shard_optimizer or self.split_backward:
-            raise ValueError("recompute, shard_optimizer and split_backward are not supported yet")
+        if not isinstance(self.recompute, bool):
+            raise ValueError(f"Strategy.recompute must be True or False, got {self.recompute!r}")
+        if isinstance(self.shard_optimizer, bool) or self.shard_optimizer not in SHARD_LEVELS:
+            raise ValueError(f"Strategy.shard_optimizer must be one of {SHARD_LEVELS} (none, ZeRO-1, ZeRO-2), "
+                             f"got {self.shard_optimizer!r}")
+        if self.shard_optimizer and self.replicas < 2:
+            raise ValueError(f"Strategy.shard_optimizer={self.shard_optimizer} shards the optimizer state over "
+                             f"replicas: it needs replicas > 1, got {self.replicas}")
+        if self.split_backward:
+            raise ValueError("split_backward is not supported yet")
 
     @property
     def kind(self) -> str:
@@ -72,8 +93,18 @@ class Strategy:
         return "replicated" if self.replicas > 1 else "micro-batched" if self.micro_batches > 1 else "step"
 
     @property
+    def savers(self) -> str:
+        """The memory savers in words: ``""``, ``"ZeRO-2"``, ``"recompute"``, ``"ZeRO-1 recompute"``."""
+        return " ".join(w for w in (f"ZeRO-{self.shard_optimizer}" if self.shard_optimizer else "",
+                                    "recompute" if self.recompute else "") if w)
+
+    @property
     def name(self) -> str:
-        """A short name: ``"data-parallel R=4"``, ``"1f1b K=2 M=8"``, ``"hybrid R=2 K=2 M=4"``."""
+        """A short name: ``"data-parallel R=4"``, ``"1f1b K=2 M=8"``, ``"hybrid R=2 K=2 M=4"``,
+        the savers after it (``"data-parallel R=4 ZeRO-1"``)."""
+        return self._base_name() + (f" {self.savers}" if self.savers else "")
+
+    def _base_name(self) -> str:
         m = f" M={self.micro_batches}" if self.micro_batches > 1 else ""
         if self.replicas > 1:
             if self.stages > 1:
