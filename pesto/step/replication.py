@@ -60,8 +60,8 @@ DeepSpeed; Rajbhandari et al., SC'20). Each replica updates only its
 ``1 / N`` shard of every bucket's parameters:
 
 * the **optimizer state** (:func:`optimizer_state`: once-per-step ops with
-  persistent bytes read only by ops marked ``phase="update"``, Adam's
-  slots) holds ``ceil(bytes / N)`` per replica; weights stay whole;
+  persistent bytes read only on the way to ops marked ``phase="update"``,
+  never by a batched op: Adam's slots) holds ``ceil(bytes / N)`` per replica; weights stay whole;
 * the **updates** (the once-per-step consumers of the gradients) take
   ``1 / N`` of their compute and temporary bytes, and read the replica's
   shard of the summed gradient: the last reduce-scatter step's output
@@ -481,22 +481,29 @@ def _param(tensor: str, r: int) -> str:
 
 
 def optimizer_state(graph: OpGraph) -> frozenset:
-    """The optimizer's state: once-per-step ops holding persistent bytes that
-    only ops marked ``phase="update"`` read (Adam's slots; a weight is read
+    """The optimizer's state: once-per-step ops holding persistent bytes from
+    which no batched op can be reached and an op marked ``phase="update"``
+    can (Adam's slots: read only on the way to the update; a weight is read
     by the forward pass too).
 
     >>> ops = [Op("w", {"GPU": 0.0}, persistent_bytes=8, batch=False),
     ...        Op("m", {"GPU": 0.0}, persistent_bytes=8, batch=False),
+    ...        Op("read_m", {"GPU": 0.0}, batch=False, phase="forward"),
     ...        Op("f", {"GPU": 1.0}, batch=True, phase="forward"),
     ...        Op("u", {"GPU": 1.0}, batch=False, phase="update")]
-    >>> sorted(optimizer_state(OpGraph(ops, [Edge("w", "f", ()), Edge("w", "u", ()), Edge("m", "u", ())])))
+    >>> es = [Edge("w", "f", ()), Edge("w", "u", ()), Edge("m", "read_m", ()), Edge("read_m", "u", ())]
+    >>> sorted(optimizer_state(OpGraph(ops, es)))
     ['m']
     """
-    succ = graph.succ_idx()
-    ops = graph.ops
+    ops, succ = graph.ops, graph.succ_idx()
+    batched = [bool(op.batch) for op in ops]
+    update = [op.phase == "update" for op in ops]
+    for i in reversed(graph.topo_idx()):
+        for j in succ[i]:
+            batched[i] = batched[i] or batched[j]
+            update[i] = update[i] or update[j]
     return frozenset(op.name for i, op in enumerate(ops)
-                     if op.persistent_bytes and not op.batch and succ[i]
-                     and all(not ops[j].batch and ops[j].phase == "update" for j in succ[i]))
+                     if op.persistent_bytes and not op.batch and not batched[i] and update[i])
 
 
 def _free(name: str, nbytes: int, kinds, type_: str) -> Op:
