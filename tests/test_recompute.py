@@ -98,3 +98,26 @@ def test_pipelines_and_data_parallel_of_the_recomputed_step_are_valid(schedule):
     assert max(sp.plan.peak_memory.values()) < max(base.plan.peak_memory.values())
     dp = data_parallel_plan(r.graph, cluster, micro_batches=2)
     assert check_plan(dp.graph, cluster, dp.plan).ok
+
+
+def test_a_shape_op_of_the_backward_does_not_trigger_the_copies():
+    """A backward op that reads only the forward pass (a shape the gradient needs) runs
+    during the forward pass: the trigger waits for the gradient from above instead."""
+    from pesto.graph import Edge, Tensor
+
+    g = deep_step(4)
+    ops, es, ts = list(g.ops), list(g.edges), list(g.tensors)
+    for l in range(4):
+        shape = f"gradients/layer_{l}/c_grad/Shape"
+        ops.append(Op(shape, {"GPU": 0.1}, output_bytes=8, batch=True, phase="input-grad",
+                      anchor=f"layer_{l}/c", scope=f"gradients/layer_{l}/c_grad"))
+        ts.append(Tensor(f"{shape}:0", shape, 8))
+        es += [Edge(f"layer_{l}/c", shape, (f"layer_{l}/c:0",)), Edge(shape, f"gradients/layer_{l}/c_grad",
+                                                                     (f"{shape}:0",))]
+    g = OpGraph(ops, es, ts, name="deep4shape")
+    r = recompute(g)
+    s = simulate(r.graph, gpus(1, memory=10**12), {n: "/GPU:0" for n in r.graph.names})
+    for l in range(3):
+        assert f"gradients/layer_{l + 1}/c_grad/Shape" not in r.graph.predecessors(f"layer_{l}/a@rc")
+        assert s.start[f"layer_{l}/a@rc"] >= s.finish[f"gradients/layer_{l + 1}/c_grad"]
+    assert _one_gpu(r.graph)[1] < _one_gpu(g)[1]

@@ -40,9 +40,12 @@ The transform (per block ``k``)
 * **when**: every copy without an in-block producer waits (a control edge)
   for the block's **trigger**: the topologically first backward op of the
   next block (for the last block, of any forward op after it: the head's
-  gradient), skipping any that depends on the block's own backward ops. So
-  the copies run after the next block's backward has started, not right
-  after the forward pass.
+  gradient) that waits for the gradient from above -- a descendant of a
+  backward op anchored after that region (for the last block, of the
+  topologically last forward op, the loss), so not a shape computation
+  that runs in the forward pass -- and not for the block's own backward
+  ops. So the copies run after the next block's backward has started, not
+  during the forward pass.
 
 Costs: the step runs the needed forward ops twice (their compute again);
 the peak holds every block's inputs plus about two blocks' activations
@@ -192,6 +195,8 @@ class _Recompute:
         self.owner = {i: where[idx[op.anchor]] for i, op in enumerate(graph.ops)
                       if back[i] and op.anchor in idx and idx[op.anchor] in where}
         self.back = back
+        fwd = [i for i in self.topo if graph.ops[i].batch and graph.ops[i].phase == "forward"]
+        self.last_forward = fwd[-1] if fwd else self.topo[-1]
         self.moved: dict[tuple[int, int], bool] = {}   # (producer, backward consumer) -> read the copy
         self.ops, self.tensors, self.extra = [], [], {}
         self.origin: dict[str, Origin] = {}
@@ -231,28 +236,39 @@ class _Recompute:
                 self.extra.setdefault((g.names[trigger], name), [])
 
     def trigger(self, k: int, readers: set[int]) -> int | None:
-        """The topologically first backward op of block ``k + 1`` (the last block:
-        of a forward op after it) that does not wait for block ``k``'s readers."""
-        g = self.g
+        """Block ``k``'s trigger (module doc): the topologically first backward op
+        anchored in the next block (the last block: in a forward op after it)
+        that waits for the gradient from above (a descendant of a backward op
+        anchored after that region; with none, of the last forward op: the
+        loss) and not for block ``k``'s readers."""
+        g, idx = self.g, self.g.index
         if k + 1 < len(self.blocks):
             region = self.blocks[k + 1]
         else:
             last = max(self.pos[i] for i in self.blocks[k])
             region = {i for i in range(g.num_ops) if self.pos[i] > last and not self.back[i]}
-        idx = g.index
-        after = set(readers)
-        todo = list(readers)
-        succ = g.succ_idx()
-        while todo:
-            for j in succ[todo.pop()]:
-                if j not in after:
-                    after.add(j)
-                    todo.append(j)
+        if not region:
+            return None
+        end = max(self.pos[i] for i in region)
+        anchor = [idx.get(op.anchor) for op in g.ops]
+        seeds = [i for i in range(g.num_ops) if self.back[i] and anchor[i] is not None and self.pos[anchor[i]] > end]
+        late = self.descendants(seeds or [self.last_forward])
+        waits = self.descendants(readers) | set(readers)
         for i in self.topo:
-            a = g.ops[i].anchor
-            if self.back[i] and a in idx and idx[a] in region and i not in after:
+            if self.back[i] and anchor[i] in region and i in late and i not in waits:
                 return i
         return None
+
+    def descendants(self, starts) -> set[int]:
+        """Every op reachable from ``starts`` (themselves left out unless reached)."""
+        succ, seen = self.g.succ_idx(), set()
+        todo = list(starts)
+        while todo:
+            for j in succ[todo.pop()]:
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        return seen
 
     def edges(self) -> dict[tuple[str, str], list[str]]:
         """Every edge: the originals (a block's backward reads moved to the copies) and the copies'."""

@@ -1,0 +1,135 @@
+"""Memory savers on a memory-bound workload: per-GPU peak and simulated step.
+
+Run: ``python -m benchmarks.bench_savers [--workload gpt_1.3b] [--m 2]
+[--rows dp,zero1,...] [--out DIR]`` (no TensorFlow; reads
+``benchmarks/graphs``). Writes ``savers.md`` (and ``savers.json``, the rows,
+which a later run with ``--rows`` updates).
+
+On ``v100x8_nvlink`` (8 V100 16 GB, NVLink), each row realises one
+:class:`~solver.parallel.strategy.Strategy` of the step at one micro-batch
+count ``M`` (:func:`solver.parallel.realise.realise`, the search's realiser;
+pipelines with one stage split simulated, ``candidates=1``) and reports:
+
+* ``peak``: the largest simulated per-GPU peak memory
+  (:mod:`pesto.memory`: persistent bytes, outputs live until their last
+  consumer, received tensors), and whether it fits 16 GiB;
+* ``persistent``: the largest per-GPU persistent bytes (weights, Adam's
+  slots: 1/R of them per replica with ZeRO);
+* ``step``: the simulated step (ms) of that plan, memory aside;
+* ``ops`` of the graph placed and the ``seconds`` to build and simulate it.
+
+The rows: data parallelism (R = 8, each replica ``M`` slices), with ZeRO-1,
+ZeRO-2, and ZeRO-2 with recomputation; 1F1B over up to 8 stages (the stage
+count and cut its cutter picks) and GPipe, with and without recomputation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pesto.cluster import preset
+from pesto.graph import OpGraph
+from pesto.memory import fmt_bytes
+
+from solver.parallel.realise import realise
+from solver.parallel.strategy import Strategy
+
+HERE = Path(__file__).resolve().parent
+CLUSTER = "v100x8_nvlink"
+
+
+def strategies(m: int, gpus: int = 8) -> dict[str, Strategy]:
+    """The rows (module doc), by key."""
+    dp = Strategy(replicas=gpus, micro_batches=m)
+    pipe = {s: Strategy(stages=gpus, micro_batches=m, schedule=s) for s in ("1f1b", "gpipe")}
+    return {"dp": dp, "zero1": Strategy(replicas=gpus, micro_batches=m, shard_optimizer=1),
+            "zero2": Strategy(replicas=gpus, micro_batches=m, shard_optimizer=2),
+            "zero2-rc": Strategy(replicas=gpus, micro_batches=m, shard_optimizer=2, recompute=True),
+            "1f1b": pipe["1f1b"], "1f1b-rc": Strategy(stages=gpus, micro_batches=m, schedule="1f1b", recompute=True),
+            "gpipe": pipe["gpipe"], "gpipe-rc": Strategy(stages=gpus, micro_batches=m, schedule="gpipe",
+                                                         recompute=True)}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One strategy's figures (module doc)."""
+
+    key: str
+    workload: str
+    strategy: str
+    ops: int
+    peak: int
+    capacity: int
+    persistent: int
+    step_ms: float
+    seconds: float
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.capacity
+
+
+def measure(graph: OpGraph, key: str, strategy: Strategy, workload: str) -> Row:
+    """Realise ``strategy`` of ``graph`` on the cluster and read its figures."""
+    cluster = preset(CLUSTER)
+    t = time.perf_counter()
+    r = realise(graph, cluster, strategy, candidates=1)
+    seconds = time.perf_counter() - t
+    gpus = [d.name for d in cluster.gpus]
+    held = {d: 0 for d in gpus}
+    for op in r.graph.ops:
+        d = r.plan.placement[op.name]
+        if d in held:
+            held[d] += op.persistent_bytes
+    peak = max(r.plan.peak_memory.get(d, 0) for d in gpus)
+    return Row(key, workload, r.strategy.name, r.graph.num_ops, int(peak), int(cluster.gpus[0].memory),
+               int(max(held.values())), r.plan.makespan / 1000, round(seconds, 1))
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| workload | strategy | ops | per-GPU peak | fits 16 GiB | per-GPU persistent | step (ms) | seconds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.workload} | {r.strategy} | {r.ops} | {fmt_bytes(r.peak)} | {'yes' if r.fits else 'no'} "
+                     f"| {fmt_bytes(r.persistent)} | {r.step_ms:.1f} | {r.seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="gpt_1.3b", help="a graph of benchmarks/graphs (default gpt_1.3b)")
+    ap.add_argument("--m", type=int, default=2, help="micro-batches per replica / pipeline (default 2)")
+    ap.add_argument("--rows", default="", help="comma-separated row keys (default all): " + ",".join(strategies(2)))
+    ap.add_argument("--out", default=str(HERE / "results"))
+    args = ap.parse_args(argv)
+    graph = OpGraph.from_json(HERE / "graphs" / f"{args.workload}.json.gz")
+    rows = strategies(args.m)
+    keys = [k for k in args.rows.split(",") if k] or list(rows)
+    out = Path(args.out)
+    cache = out / "savers.json"
+    done = {(r["workload"], r["key"]): Row(**r) for r in json.loads(cache.read_text())} if cache.exists() else {}
+    for k in keys:
+        row = measure(graph, k, rows[k], args.workload)
+        print(f"{row.strategy}: {fmt_bytes(row.peak)} peak, {row.step_ms:.1f} ms ({row.seconds:.0f} s)", flush=True)
+        done[(row.workload, row.key)] = row
+        cache.write_text(json.dumps([asdict(r) for r in done.values()], indent=1))
+    (out / "savers.md").write_text(REPORT.format(table=table(list(done.values()))))
+    return 0
+
+
+REPORT = """# Memory savers: ZeRO-1/2 and activation recomputation
+
+`python -m benchmarks.bench_savers` (module doc of `benchmarks/bench_savers.py`):
+each row is one strategy realised by `solver.parallel.realise.realise` on
+`v100x8_nvlink` (8 V100 16 GiB, NVLink) and simulated; the peak is the
+largest per-GPU peak of the simulated step (`pesto.memory`).
+
+{table}
+"""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
