@@ -34,6 +34,13 @@ step):
   every divisor ``R`` of the GPUs with ``1 < R < GPUs`` the hybrid plan of
   ``R`` replicas each pipelined over ``GPUs / R`` GPUs
   (:func:`solver.parallel.hybrid.hybrid_plan`);
+* memory savers (:func:`solver.parallel.kinds.savers`): for a screened
+  candidate whose plan does not fit memory, the same strategy with ZeRO-1,
+  ZeRO-2, ZeRO-2 and recomputation (data parallelism) or recomputation
+  (pipelines, hybrids), until one fits; for a count whose memory floor does
+  not fit (:func:`memory_short`: it counts a colocation unit's optimizer
+  state whole), every kind's savers, the count refused (fixed ``M``) only
+  when none fits; the winner's savers in ``plan.log.savers``;
 * exact stages, for the counts :func:`_exact_counts` picks: the slice
   model's plan (:func:`solver.parallel.slice_model.solve_slices`, :data:`SLICE_SHARE`
   of that count's grant) and the pipeline (:func:`solver.pipeline.run_pipeline`)
@@ -626,7 +633,8 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> Solve
         A fixed ``M`` whose split would exceed :data:`SPLIT_MAX_OPS`, or for
         which no plan could be made (the reasons named).
     MicroBatchMemoryError
-        A fixed ``M`` whose split step fits no device (:func:`memory_short`).
+        A fixed ``M`` whose split step fits no device (:func:`memory_short`) and none of
+        whose candidates' savers fits.
     KeyboardInterrupt
         Interrupted before any plan existed.
     """
