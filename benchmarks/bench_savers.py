@@ -104,10 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--m", type=int, default=2, help="micro-batches per replica / pipeline (default 2)")
     ap.add_argument("--rows", default="", help="comma-separated row keys (default all): " + ",".join(strategies(2)))
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--report-only", action="store_true", help="rewrite savers.md from savers.json, run nothing")
     args = ap.parse_args(argv)
     graph = OpGraph.from_json(HERE / "graphs" / f"{args.workload}.json.gz")
     rows = strategies(args.m)
-    keys = [k for k in args.rows.split(",") if k] or list(rows)
+    keys = [] if args.report_only else [k for k in args.rows.split(",") if k] or list(rows)
     out = Path(args.out)
     cache = out / "savers.json"
     done = {(r["workload"], r["key"]): Row(**r) for r in json.loads(cache.read_text())} if cache.exists() else {}
@@ -116,8 +117,43 @@ def main(argv=None) -> int:
         print(f"{row.strategy}: {fmt_bytes(row.peak)} peak, {row.step_ms:.1f} ms ({row.seconds:.0f} s)", flush=True)
         done[(row.workload, row.key)] = row
         cache.write_text(json.dumps([asdict(r) for r in done.values()], indent=1))
-    (out / "savers.md").write_text(REPORT.format(table=table(list(done.values()))))
+    order = {k: i for i, k in enumerate(rows)}
+    every = sorted(done.values(), key=lambda r: (r.workload, order.get(r.key, len(order))))
+    (out / "savers.md").write_text(REPORT.format(table=table(every), reading=reading(every)))
     return 0
+
+
+def reading(rows: list[Row]) -> str:
+    """What the table shows, computed from its rows (so it stays true on a re-run)."""
+    out = []
+    for w in dict.fromkeys(r.workload for r in rows):
+        by = {r.key: r for r in rows if r.workload == w}
+        if "dp" in by and "zero1" in by:
+            dp, z1 = by["dp"], by["zero1"]
+            out.append(f"- {w}: ZeRO-1 holds {fmt_bytes(dp.persistent - z1.persistent)} less persistent per GPU than "
+                       f"data parallelism (the optimizer state's 7/8) and peaks {fmt_bytes(dp.peak - z1.peak)} lower "
+                       f"({fmt_bytes(dp.peak)} -> {fmt_bytes(z1.peak)}), at the same step "
+                       f"({dp.step_ms:.0f} -> {z1.step_ms:.0f} ms: reduce-scatter + all-gather move the "
+                       f"all-reduce's bytes, and each replica updates its shard only).")
+        if "zero1" in by and "zero2" in by:
+            z1, z2 = by["zero1"], by["zero2"]
+            if z1.peak == z2.peak:
+                out.append(f"- {w}: ZeRO-2 has the same peak as ZeRO-1: the gradient bytes ZeRO-2 frees after the "
+                           f"reduce-scatter are not live at the peak (and with M > 1 the slices' gradients are "
+                           f"summed whole before the reduce-scatter, `pesto.step.split`'s accumulation).")
+            else:
+                out.append(f"- {w}: ZeRO-2 peaks {fmt_bytes(z1.peak - z2.peak)} lower than ZeRO-1 (the gradient "
+                           f"outside the shard freed after the reduce-scatter).")
+        for base, rc in (("zero2", "zero2-rc"), ("1f1b", "1f1b-rc"), ("gpipe", "gpipe-rc")):
+            if base in by and rc in by:
+                a, b = by[base], by[rc]
+                out.append(f"- {w}: recomputation takes {a.strategy} from {fmt_bytes(a.peak)} to {fmt_bytes(b.peak)} "
+                           f"({'fits' if b.fits else 'does not fit'} 16 GiB) for "
+                           f"{100 * (b.step_ms / a.step_ms - 1):+.0f} % step ({a.step_ms:.0f} -> {b.step_ms:.0f} ms)"
+                           f"{'; the cutter chose another stage count' if a.strategy.split()[1] != b.strategy.split()[1] else ''}.")
+        fit = [r.strategy for r in by.values() if r.fits]
+        out.append(f"- {w}: fits 16 GiB: {', '.join(fit) if fit else 'none'}.")
+    return "\n".join(out)
 
 
 REPORT = """# Memory savers: ZeRO-1/2 and activation recomputation
@@ -128,6 +164,10 @@ each row is one strategy realised by `solver.parallel.realise.realise` on
 largest per-GPU peak of the simulated step (`pesto.memory`).
 
 {table}
+
+Reading:
+
+{reading}
 """
 
 

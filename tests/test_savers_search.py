@@ -102,3 +102,19 @@ def test_hybrid_with_recompute_and_refusals():
         realise(g, cluster, Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b", shard_optimizer=1))
     with pytest.raises(ValueError, match="slice model does not take recompute"):
         realise(g, cluster, Strategy(micro_batches=2, schedule="slice", recompute=True))
+
+
+def test_bench_savers_reading_follows_the_rows():
+    from benchmarks.bench_savers import Row, reading, strategies, table
+
+    gib = 2**30
+    rows = [Row("dp", "w", "data-parallel R=8 M=2", 10, 40 * gib, 16 * gib, 16 * gib, 1000.0, 1.0),
+            Row("zero1", "w", "data-parallel R=8 M=2 ZeRO-1", 10, 30 * gib, 16 * gib, 6 * gib, 990.0, 1.0),
+            Row("zero2", "w", "data-parallel R=8 M=2 ZeRO-2", 10, 29 * gib, 16 * gib, 6 * gib, 990.0, 1.0),
+            Row("zero2-rc", "w", "data-parallel R=8 M=2 ZeRO-2 recompute", 12, 12 * gib, 16 * gib, 6 * gib,
+                1250.0, 1.0)]
+    text = reading(rows)
+    assert "10.00 GiB less persistent" in text and "ZeRO-2 peaks 1.00 GiB lower" in text
+    assert "from 29.00 GiB to 12.00 GiB (fits 16 GiB) for +26 % step" in text
+    assert text.endswith("fits 16 GiB: data-parallel R=8 M=2 ZeRO-2 recompute.")
+    assert table(rows).count("| w |") == 4 and set(strategies(2)) >= {r.key for r in rows}
