@@ -80,6 +80,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Iterable, Sequence
 
+from ..dag import closure
 from ..errors import BatchMarkError, InvalidGraphError
 from ..graph import Edge, OpGraph, Tensor
 from .marks import BACKWARD
@@ -252,23 +253,12 @@ class _Recompute:
         end = max(self.pos[i] for i in region)
         anchor = [idx.get(op.anchor) for op in g.ops]
         seeds = [i for i in range(g.num_ops) if self.back[i] and anchor[i] is not None and self.pos[anchor[i]] > end]
-        late = self.descendants(seeds or [self.last_forward])
-        waits = self.descendants(readers) | set(readers)
+        late = closure(self.g.succ_idx(), seeds or [self.last_forward])
+        waits = closure(self.g.succ_idx(), readers)
         for i in self.topo:
             if self.back[i] and anchor[i] in region and i in late and i not in waits:
                 return i
         return None
-
-    def descendants(self, starts) -> set[int]:
-        """Every op reachable from ``starts`` (themselves left out unless reached)."""
-        succ, seen = self.g.succ_idx(), set()
-        todo = list(starts)
-        while todo:
-            for j in succ[todo.pop()]:
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
-        return seen
 
     def edges(self) -> dict[tuple[str, str], list[str]]:
         """Every edge: the originals (a block's backward reads moved to the copies) and the copies'."""
