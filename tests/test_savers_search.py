@@ -43,6 +43,7 @@ def test_solve_step_chooses_a_saver_that_fits_and_says_so(heavy):
     assert SolveLog.from_dict(r.plan.log.to_dict()).savers == "ZeRO-2"
     steps = r.plan.log.steps
     assert "data-parallel M=1 ZeRO-2" in steps and "data-parallel M=2 ZeRO-1" in steps
+    assert "1f1b M=2 recompute" in steps and "1f1b M=2" not in steps   # M=2 short: its savers only
     # the graph the log says is the graph the plan places
     rebuilt = step_graph(g, r.micro_batches, r.graph_kind, r.replicas, r.plan.log.savers)
     assert rebuilt.names == r.graph.names
