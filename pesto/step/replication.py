@@ -282,7 +282,7 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
     n = check_count(replicas, "replicas")
     if shard_optimizer not in SHARD_LEVELS or isinstance(shard_optimizer, bool):
         raise MicroBatchError(f"shard_optimizer must be one of {SHARD_LEVELS} (0: none, 1: ZeRO-1 optimizer "
-                              f"state, 2: ZeRO-2 optimizer state and gradients), got {shard_optimizer!r}",
+                              f"state, 2: ZeRO-2 optimizer state and gradient sharded), got {shard_optimizer!r}",
                               culprit=shard_optimizer)
     check_marks(graph, RESERVED)
     buckets = gradient_buckets(graph, bucket_bytes)
