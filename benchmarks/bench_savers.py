@@ -158,16 +158,32 @@ def reading(rows: list[Row]) -> str:
 
 REPORT = """# Memory savers: ZeRO-1/2 and activation recomputation
 
-`python -m benchmarks.bench_savers` (module doc of `benchmarks/bench_savers.py`):
-each row is one strategy realised by `solver.parallel.realise.realise` on
-`v100x8_nvlink` (8 V100 16 GiB, NVLink) and simulated; the peak is the
-largest per-GPU peak of the simulated step (`pesto.memory`).
+`python -m benchmarks.bench_savers --workload W --m 2` (module doc of
+`benchmarks/bench_savers.py`): each row is one strategy realised by
+`solver.parallel.realise.realise` on `v100x8_nvlink` (8 V100 16 GiB, NVLink)
+and simulated; the peak is the largest per-GPU peak of the simulated step
+(`pesto.memory`), the step is the simulated one (memory aside). `M = 2`
+everywhere: data parallelism's 8 replicas each run their eighth of the batch
+in 2 slices (GPT b16: one sample a slice), the pipelines the whole batch in 2
+slices. `seconds`: building and simulating the plan (2 cores shared).
 
 {table}
 
 Reading:
 
 {reading}
+
+Limits of these figures:
+
+- With `M > 1` the slices' weight gradients are summed whole before the
+  reduce-scatter (`pesto.step.split`'s accumulation); DeepSpeed's ZeRO-2
+  reduce-scatters each micro-batch's gradient into the shard instead.
+- Data parallelism keeps the faster of its two device orders; memory decides
+  only between an order that fits and one that does not, so a peak over 16 GiB
+  is that order's, not the least any order could reach.
+- Pipelines are realised with one stage split (`candidates=1`), cut for time:
+  recomputation adds work per block, so the cutter may choose another stage
+  count (GPT-1.3B: 7 stages with recomputation, 8 without).
 """
 
 
