@@ -7,6 +7,7 @@ import pesto
 from mb_strategies import deep_step
 from pesto.cluster import gpus
 from pesto.errors import MicroBatchMemoryError
+from pesto.cli import describe_step
 from pesto.plan import check_plan
 from pesto.solvelog import SolveLog
 from solver.parallel.kinds import savers
@@ -41,6 +42,7 @@ def test_solve_step_chooses_a_saver_that_fits_and_says_so(heavy):
     assert r.plan.log.savers == "ZeRO-2"
     assert r.plan.log.to_dict()["savers"] == "ZeRO-2"
     assert SolveLog.from_dict(r.plan.log.to_dict()).savers == "ZeRO-2"
+    assert "memory savers: ZeRO-2" in describe_step(r.plan, r.graph)   # what `pesto place` prints
     steps = r.plan.log.steps
     assert "data-parallel M=1 ZeRO-2" in steps and "data-parallel M=2 ZeRO-1" in steps
     assert "1f1b M=2 recompute" in steps and "1f1b M=2" not in steps   # M=2 short: its savers only
