@@ -92,6 +92,7 @@ def test_realised_with_savers(strategy):
     assert r.strategy.recompute == strategy.recompute and r.strategy.shard_optimizer == strategy.shard_optimizer
     assert any(n.split("@mb")[0].endswith("@rc") or "@rc@" in n for n in r.graph.names)
     assert check_plan(r, cluster).ok
+    assert step_graph(g, r.micro_batches, r.graph_kind, r.replicas, r.strategy.savers).names == r.graph.names
     if strategy.replicas == 1:   # data parallelism picks its device order by step time, memory permitting
         plain = realise(g, cluster, Strategy(**{**strategy.__dict__, "recompute": False}))
         assert max(r.plan.peak_memory.values()) < max(plain.plan.peak_memory.values())
