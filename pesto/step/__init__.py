@@ -3,7 +3,9 @@
 * :func:`split` (:mod:`pesto.step.slicing`): the step in ``M`` micro-batches;
 * :func:`replicate` (:mod:`pesto.step.replication`): ``N`` data-parallel
   replicas and their ring all-reduce;
-* both return a :class:`Transformed` (the graph, the step it came from and
+* :func:`recompute` (:mod:`pesto.step.recompute`): activation
+  recomputation per layer block;
+* each returns a :class:`Transformed` (the graph, the step it came from and
   each op's :class:`Origin`); :func:`compose` chains two;
 * :mod:`pesto.step.marks`: the per-op marks a front end sets (batch, phase,
   anchor, role), read without any framework's names.
@@ -18,7 +20,8 @@ Examples
 from .transform import Origin, Transformed, check_count, compose
 from .slicing import split
 from .replication import replicate
+from .recompute import recompute
 from .marks import anchors, backward_ops, forward_ops
 
-__all__ = ["Origin", "Transformed", "compose", "check_count", "split", "replicate", "forward_ops",
+__all__ = ["Origin", "Transformed", "compose", "check_count", "split", "replicate", "recompute", "forward_ops",
            "backward_ops", "anchors"]

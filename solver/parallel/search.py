@@ -40,6 +40,14 @@ step):
   each), unless that count's best GPipe/1F1B step less its whole fill and
   drain is no better than the best plan so far (they gain at most that);
   what is not built is named in ``plan.log.skipped``;
+* memory savers (:func:`solver.parallel.kinds.savers`): for a screened
+  candidate whose plan does not fit memory, the same strategy with ZeRO-1,
+  ZeRO-2, ZeRO-2 and recomputation (data parallelism) or recomputation
+  (pipelines, hybrids), until one fits; for a count whose memory floor does
+  not fit (:func:`memory_short`: it counts a colocation unit's optimizer
+  state whole, or the search's floor of weights and one slice's activations,
+  which savers lower), every kind's savers, the count refused (fixed ``M``)
+  only when none fits; the winner's savers in ``plan.log.savers``;
 * exact stages, for the counts :func:`_exact_counts` picks: the slice
   model's plan (:func:`solver.parallel.slice_model.solve_slices`, :data:`SLICE_SHARE`
   of that count's grant) and the pipeline (:func:`solver.pipeline.run_pipeline`)
@@ -87,8 +95,8 @@ from ..pipeline import PIPELINES, run_pipeline
 from .pipelines import gpu_names
 from .slice_model import solve_slices
 from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
-from .kinds import KINDS, Kind
-from .realise import realise
+from .kinds import KINDS, Kind, savers
+from .realise import realise, with_savers
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
@@ -175,24 +183,46 @@ def with_marks(graph: OpGraph) -> OpGraph:
     return slice_constants(graph)
 
 
-def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
+def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
+               savers: str = "") -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
-    ``graph_kind``, ``replicas``), rebuilt from the step ``graph``.
+    ``graph_kind``, ``replicas``, ``savers``), rebuilt from the step ``graph``
+    (a pipeline's: the split step; data parallelism's and a hybrid's: the
+    replicated step, split).
 
     Raises
     ------
     ValueError
-        An unknown ``graph_kind``.
+        An unknown ``graph_kind`` or saver.
     """
-    if graph_kind == "step":
+    if graph_kind == "step" and not savers:
         return graph
-    marked = with_marks(graph)
+    zero = _savers(savers)
+    marked = with_savers(with_marks(graph), zero)
+    if graph_kind == "step":
+        return marked
     if graph_kind == "micro-batched":
         return split_step(marked, micro_batches).graph
     if graph_kind == "replicated":
-        rep = replicate(marked, replicas).graph
+        rep = replicate(marked, replicas, shard_optimizer=zero.shard_optimizer).graph
         return rep if micro_batches == 1 else split_step(rep, micro_batches).graph
     raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
+
+
+def _savers(words: str) -> Strategy:
+    """The savers named by :attr:`Strategy.savers` (``"ZeRO-2 recompute"``) as a
+    strategy's fields (on two replicas: any count shards).
+
+    >>> _savers("ZeRO-1 recompute").shard_optimizer, _savers("").recompute
+    (1, False)
+    """
+    known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
+    fields: dict = {}
+    for w in words.split():
+        if w not in known:
+            raise ValueError(f"unknown memory saver {w!r} in {words!r}; known: {', '.join(known)}")
+        fields.update(known[w])
+    return Strategy(replicas=2 if fields.get("shard_optimizer") else 1, **fields)
 
 
 def replicated_ops(graph: OpGraph, replicas: int, m: int = 1, buckets: int | None = None) -> int:
@@ -427,6 +457,8 @@ class _Search:
             return
         self.pool.offer_solved(name, dp)
         self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
+        if dp.plan.status == "infeasible":
+            self.save(KINDS["data-parallel"], dp.strategy)
 
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and baselines."""
@@ -435,7 +467,8 @@ class _Search:
             self.pool.short.setdefault(m, MicroBatchMemoryError(f"M={m}: {self.pool.skipped[f'M={m}']}", m,
                                                                 self.floor(1, m)[0], self.capacity,
                                                                 culprit="persistent bytes and activations"))
-            if not self.auto:
+            self.say(f"micro-batches {m}: the memory savers only")
+            if not self.screen_savers(m) and not self.auto:
                 raise self.pool.short[m]
             return None
         if m > 1 and not self.fits(f"M={m}", self.marked.num_ops * m, 1.0):
@@ -445,9 +478,9 @@ class _Search:
         if short is not None:
             self.pool.short[m] = short
             self.pool.skipped[f"M={m}"] = str(short)
-            if not self.auto:
+            self.say(f"micro-batches {m}: {short}; the memory savers only")
+            if not self.screen_savers(m) and not self.auto:
                 raise short
-            self.say(f"micro-batches {m}: skipped ({short})")
             return None
         s = _Screened(split, [], float("inf"))
         for kind in KINDS.values():
@@ -502,13 +535,46 @@ class _Search:
             f"{floor / 1000:.3f} ms, is no better than the best plan's {best.plan.makespan / 1000:.3f} ms")
         self.say(f"{kind.name} M={m}: skipped (no gain over the best plan possible)")
         return True
+    def screen_savers(self, m: int) -> bool:
+        """``m`` slices fit no device as the step is (:func:`memory_short`): each
+        kind's candidates of ``m`` with their savers only (the bound counts a
+        colocation unit's persistent bytes whole, which a sharded optimizer
+        splits); whether one fits memory."""
+        fits = False
+        for kind in KINDS.values():
+            for strategy in kind.candidates(self.marked, self.cluster, m):
+                for s in savers(strategy):
+                    r = self.realised(kind, s)
+                    if r is not None and r.plan.status != "infeasible":
+                        fits = True
+                        break
+        return fits
 
     def candidate(self, kind: Kind, strategy: Strategy) -> Solved | None:
-        """Realise a screening candidate unless it is too large (:func:`replicated_ops`
+        """Realise a screening candidate (:meth:`realised`); when its plan does not
+        fit memory, its savers (:func:`solver.parallel.kinds.savers`) in turn until
+        one fits, each a candidate of its own. The candidate's own result (None
+        when skipped or failed)."""
+        r = self.realised(kind, strategy)
+        if r is not None and r.plan.status == "infeasible":
+            self.save(kind, strategy)
+        return r
+
+    def save(self, kind: Kind, strategy: Strategy) -> None:
+        """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits."""
+        for s in savers(strategy):
+            r = self.realised(kind, s)
+            if r is not None and r.plan.status != "infeasible":
+                return
+
+    def realised(self, kind: Kind, strategy: Strategy) -> Solved | None:
+        """Realise a candidate unless it is too large (:func:`replicated_ops`
         above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
-        (:meth:`fits`); timed (:class:`_Pace`) and offered. None when skipped or
-        failed (named in ``plan.log.skipped``)."""
+        (:meth:`fits`); timed (:class:`_Pace`) and offered as its kind's label
+        (and its savers, :attr:`Strategy.savers`). None when skipped or failed
+        (named in ``plan.log.skipped``)."""
         name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
+        name += f" {strategy.savers}" if strategy.savers else ""
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
         if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
@@ -647,6 +713,7 @@ class _Search:
         if dl.interrupted and status not in ("infeasible", "optimal"):
             status = "interrupted"
         log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
+                      savers=r.strategy.savers,
                       steps=dict(self.pool.steps), skipped={**log.skipped, **self.pool.skipped}, bound=bound,
                       bound_source=source, stopped=dl.reason or log.stopped, deterministic=dl.deterministic)
         return replace(r, plan=replace(r.plan, log=log, lower_bound=bound, status=status))
@@ -667,7 +734,8 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> Solve
         A fixed ``M`` whose split would exceed :data:`SPLIT_MAX_OPS`, or for
         which no plan could be made (the reasons named).
     MicroBatchMemoryError
-        A fixed ``M`` whose split step fits no device (:func:`memory_short`).
+        A fixed ``M`` whose split step fits no device (:func:`memory_short`) and none of
+        whose candidates' savers fits.
     KeyboardInterrupt
         Interrupted before any plan existed.
     """
@@ -742,8 +810,10 @@ def winner_bound(marked: OpGraph, cluster: Cluster, r: Solved, batch: int | None
     the larger of that and :func:`~solver.parallel.bound.pipeline_bound`
     (fill and drain, valid for every contiguous-stage pipeline on the
     cluster's GPUs: source ``"pipeline"``)."""
-    base = replicate(marked, r.replicas).graph if r.graph_kind == "replicated" else marked
-    split = split_step(base, r.micro_batches)
+    saved = with_savers(marked, r.strategy)
+    base = (replicate(saved, r.replicas, shard_optimizer=r.strategy.shard_optimizer).graph
+            if r.graph_kind == "replicated" else saved)
+    split = split_step(base, r.micro_batches, weight_grads=r.strategy.weight_grads)
     same = (split.graph.num_ops == r.graph.num_ops if r.micro_batches == 1
             else split.graph.names == r.graph.names)
     if not same:
