@@ -97,6 +97,7 @@ from .slice_model import solve_slices
 from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
 from .kinds import KINDS, Kind, savers
 from .realise import realise, with_savers
+from .cut import in_flight
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
@@ -330,6 +331,7 @@ class _Search:
         self.acts = step_activations(self.marked)
         self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
+        self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.window: Deadline = deadline  # what the running stage may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
@@ -406,8 +408,8 @@ class _Search:
         self.say(f"screening: M in {sorted(counts)}, {len(KINDS)} kinds ({grant.left():.1f} s)")
         screened = {}
         # memory-bound (not even one slice fits a GPU with the whole step): more slices first, they fit sooner
-        tight = self.floor(1, 1)[0] > self.capacity > 0
-        for m in sorted(counts, reverse=tight):
+        self.tight = self.floor(1, 1)[0] > self.capacity > 0
+        for m in sorted(counts, reverse=self.tight):
             s = self.screen(m)
             if s is not None:
                 screened[m] = s
@@ -483,10 +485,28 @@ class _Search:
                 raise short
             return None
         s = _Screened(split, [], float("inf"))
-        for kind in KINDS.values():
-            if not kind.fill_only:
-                self.screen_kind(kind, s, m)
+        pairs = [(kind, st) for kind in KINDS.values() if not kind.fill_only
+                 for st in kind.candidates(self.marked, self.cluster, m)]
+        if self.tight:   # memory-bound: the leanest first (1F1B before GPipe), they fit sooner
+            pairs.sort(key=lambda ks: self.predicted_memory(ks[1]))
+        for kind, strategy in pairs:
+            self.screen_one(kind, strategy, s)
         return s
+
+    def predicted_memory(self, strategy: Strategy) -> float:
+        """A rough per-GPU peak of ``strategy`` (an ordering key, not a bound):
+        a replica's weights and optimizer state and the activations of the
+        slices its first stage holds at once (:func:`solver.parallel.cut.in_flight`
+        of its schedule; one slice without a pipeline schedule), over its GPUs."""
+        k = max(1, self.gpus // strategy.replicas)
+        held = 1
+        if strategy.schedule in SCHEDULES:
+            try:
+                held = in_flight(strategy.schedule, 0, min(strategy.stages, k), strategy.micro_batches)
+            except ValueError:   # a schedule of several chunks: as many as a pipeline's stages
+                held = min(strategy.stages, k)
+        per_slice = self.acts.per_slice(strategy.micro_batches) if self.acts is not None else 0
+        return (self.persistent + held * per_slice) / k
 
     def screen_kind(self, kind: Kind, s: _Screened, m: int) -> None:
         """Every candidate of ``kind`` for ``m`` slices; its pipelines kept in ``s``."""
@@ -494,11 +514,16 @@ class _Search:
         if kind.fill_only and strategies and self.no_gain(kind, s, m):
             return
         for strategy in strategies:
-            r = self.candidate(kind, strategy)
-            if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
-                s.starts.append(r.plan)   # a pipeline: a start of the exact stages, a slice model hint
-                s.pipes.append(r.detail)
-                s.step = min(s.step, r.plan.makespan)
+            self.screen_one(kind, strategy, s)
+
+    def screen_one(self, kind: Kind, strategy: Strategy, s: _Screened) -> None:
+        """One candidate; a pipeline's plan kept in ``s`` (a start of the exact
+        stages, a slice model hint)."""
+        r = self.candidate(kind, strategy)
+        if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
+            s.starts.append(r.plan)
+            s.pipes.append(r.detail)
+            s.step = min(s.step, r.plan.makespan)
 
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
         """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
