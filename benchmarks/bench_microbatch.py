@@ -44,7 +44,7 @@ from pesto.cluster import GiB, hosts, v100x2_nvlink, v100x4_pcie
 from pesto.step import Transformed, replicate, split
 from pesto.step.replication import gradient_buckets
 from tf_patch.marks import mark_step
-from solver.baselines import place_single
+from solver.practitioners import place_single
 from solver.parallel.bound import sample_bound
 from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 

@@ -32,9 +32,9 @@ def test_one_group_stage_gives_a_start_no_worse_than_one_host_alone():
     g = layered_dag(400, width=6, seed=3)
     cluster = hosts(2, 2, "10gbe")
     plan = pesto.solve(g, cluster=cluster, time_limit=12, workers=1)
-    stage = next(s for s in plan.log.stages if s.name == "one group")
+    stage = next(s for s in plan.log.passes if s.name == "one group")
     assert stage.makespan is not None and plan.makespan <= stage.makespan + 1e-6
     pesto.check_plan(g, cluster, plan).raise_if_invalid()
     # on one host there is no group stage
     one = pesto.solve(g, cluster=cluster.subset(gpu_groups(cluster)[0]), time_limit=3, workers=1)
-    assert all(s.name != "one group" for s in one.log.stages)
+    assert all(s.name != "one group" for s in one.log.passes)

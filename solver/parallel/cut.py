@@ -4,7 +4,7 @@ A step's blocks (:class:`solver.parallel.pipelines.Blocking`, forward
 blocks in order, each backward op with the block it differentiates) are cut
 into ``k`` contiguous stages minimising the largest stage's work plus the
 activations crossing its two cuts (:func:`split_stages`, the one partition
-DP of :func:`solver.baselines.pipeline_cuts`); :func:`largest_stage` is that
+DP of :func:`solver.practitioners.pipeline_cuts`); :func:`largest_stage` is that
 objective. GPipe, 1F1B, the hybrids and the slice model's hints all cut here.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..baselines import pipeline_cuts
+from ..practitioners import pipeline_cuts
 
 __all__ = ["split_stages", "largest_stage"]
 
