@@ -37,11 +37,11 @@ _FACADE = ("solve", "solve_step", "step_graph", "evaluate", "api")
 def __getattr__(name: str):
     """``pesto.solve``, ``pesto.solve_step``, ``pesto.step_graph``,
     ``pesto.evaluate`` and ``pesto.api``, imported from :mod:`pesto.api` on
-    first use and kept as attributes; ``pesto.PassLog``, the old name of
+    first use and kept as attributes; ``pesto.Stage``, the old name of
     :class:`PassLog`, with a :class:`DeprecationWarning` (for one release)."""
-    if name == "PassLog":
+    if name == "Stage":
         import warnings
-        warnings.warn("pesto.PassLog is deprecated: a solve's steps are passes now, logged as pesto.PassLog",
+        warnings.warn("pesto.Stage is deprecated: a solve's steps are passes now, logged as pesto.PassLog",
                       DeprecationWarning, stacklevel=2)
         return PassLog
     if name not in _FACADE:
