@@ -355,7 +355,7 @@ def run_placer(args, graph, cluster, placer: str):
                 r = solve_step(graph, cluster=cluster, time_limit=args.time_limit,
                                target_vertices=args.target_vertices, backend=placer, seed=args.seed,
                                deterministic=getattr(args, "deterministic", False),
-                               progress=lambda line: _say(args, line), micro_batches=micro,
+                               recipe=getattr(args, "recipe", None), progress=lambda line: _say(args, line), micro_batches=micro,
                                batch_size=getattr(args, "batch_size", None))
             except ValueError as exc:  # an option pesto.solve rejects (e.g. --target-vertices 0)
                 raise CliError(str(exc)) from None
@@ -792,6 +792,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--time-limit", type=_at_least(0.001, float, most=MAX_TIME_LIMIT), default=60.0,
                     help="seconds for solving (default 60); loading or profiling the model comes on top")
     sp.add_argument("--target-vertices", type=_at_least(1), default=200, help="coarse graph size for cpsat/mip (default 200)")
+    sp.add_argument("--recipe", choices=["full", "paper"], default=None,
+                    help="the passes cpsat/mip run on graphs above --target-vertices: full (default for cpsat: heuristics, reschedule, coarsen, exact, expand, lns, local search) or paper (coarsen, heuristics as hints, exact, expand; default for mip)")
     sp.add_argument("--seed", type=_at_least(0, most=SEED_MAX), default=0,
                     help=f"random seed of the solver and the heuristics, 0 to {SEED_MAX} (default 0)")
     sp.add_argument("--costs", default=None, choices=["v100", "measured"],

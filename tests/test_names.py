@@ -140,3 +140,15 @@ def test_pesto_microbatch_shadows_no_module():
     transforms are :mod:`pesto.step`; ``pesto.solve(micro_batches=)`` is the entry)."""
     assert importlib.util.find_spec("pesto.microbatch") is None
     assert not hasattr(pesto, "microbatch")
+
+
+def test_cli_recipe_flag_chooses_the_passes(tmp_path, capsys):
+    from benchmarks.generators import layered_dag
+    from pesto.cli import EXIT_OK, main
+    path = tmp_path / "g.json"
+    layered_dag(60, width=6, seed=3).to_json(str(path))
+    out = tmp_path / "plan.json"
+    rc = main(["place", str(path), "--recipe", "paper", "--target-vertices", "20", "--time-limit", "3",
+               "-o", str(out)])
+    assert rc == EXIT_OK and "paper recipe: coarsen" in capsys.readouterr().out
+    assert Plan.from_json(str(out)).log.recipe == "paper"

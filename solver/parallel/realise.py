@@ -24,14 +24,14 @@ __all__ = ["realise", "strategy_of", "solved_of"]
 
 
 def strategy_of(sp: StepPlan) -> Strategy:
-    """The :class:`~solver.parallel.strategy.Strategy` a baseline's plan realises."""
+    """The :class:`~solver.parallel.strategy.Strategy` a parallelism placer's plan realises."""
     if sp.schedule == "data-parallel":
         return Strategy(replicas=sp.replicas, micro_batches=sp.micro_batches)
     return Strategy(replicas=sp.replicas, stages=sp.stages, micro_batches=sp.micro_batches, schedule=sp.schedule)
 
 
 def solved_of(sp: StepPlan) -> Solved:
-    """A baseline's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`."""
+    """A parallelism placer's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`."""
     return Solved(sp.plan, sp.graph, strategy_of(sp), detail=sp)
 
 
