@@ -171,5 +171,6 @@ class SolveLog:
             if old in d:
                 d.setdefault(new, d.pop(old))
         passes = (dict(s) for s in d.get("passes", ()))
-        d["passes"] = tuple(PassLog(**{**s, "name": OLD_PASSES.get(s["name"], s["name"])}) for s in passes)
+        d["passes"] = tuple(PassLog(**{**s, **({"name": OLD_PASSES.get(s["name"], s["name"])} if "name" in s else {})})
+                            for s in passes)
         return cls(**d)
