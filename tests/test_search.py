@@ -1,5 +1,5 @@
 """Fine-level quality: partition-aware coarsening and projection, priority list
-scheduling, the local search (reschedule, refine) and the improve pipeline."""
+scheduling, the local search (reschedule, refine) and the improve recipe."""
 import random
 
 import numpy as np
@@ -244,7 +244,7 @@ def test_move_groups_close_colocation():
             assert len({where[idx[m]] for m in members}) == 1
 
 
-# -- the pipeline -----------------------------------------------------------------------
+# -- the recipe -----------------------------------------------------------------------
 def test_improve_never_worse_than_its_starts():
     g, cl = _graph(8, 400), _cluster()
     starts = [get_placer(h)(g, cl) for h in ("expert", "m-etf")]

@@ -44,7 +44,7 @@ A fixed ``M`` is honoured: only plans of ``M`` slices compete (a count whose
 first plan cannot be made is refused with the reason, never replaced by a
 plan of another ``M``). ``replicas x M`` must divide ``batch_size`` when one
 is given. The result's bound is valid for the graph it places: the
-pipeline's, or :func:`~solver.parallel.bound.sample_bound` of that graph when
+recipe's, or :func:`~solver.parallel.bound.sample_bound` of that graph when
 higher or when a parallelism kind's plan won (:func:`winner_bound`).
 
 Batch marks: the step's ops carry them (:attr:`pesto.graph.Op.batch`,
