@@ -24,7 +24,7 @@ def budget(seconds=100.0, passes=FULL, wants=None, unit=1.0, **kw):
     return Budget(Deadline(seconds, clock=clock), passes, wants or {}, unit=unit, **kw), clock
 
 
-def test_a_predicted_overrun_skips_the_stage_and_says_why():
+def test_a_predicted_overrun_skips_the_pass_and_says_why():
     b, clock = budget(10.0, ["lns", "status"], unit=2.0)
     assert not isinstance(b.grant("lns"), Skip)  # (1.5 + 3.5) runs of 2 s = 10 s: fits exactly
     clock.t += 1.0
@@ -33,7 +33,7 @@ def test_a_predicted_overrun_skips_the_stage_and_says_why():
     assert skip.note == "skipped: time limit (needs ~10.0 s, 9.0 s left)"
 
 
-def test_a_step_inside_a_mandatory_stage_is_skipped_when_its_need_does_not_fit():
+def test_a_step_inside_a_mandatory_pass_is_skipped_when_its_need_does_not_fit():
     b, _ = budget(10.0, ["heuristics", "reschedule", "status"], unit=1.0)
     # a heuristic predicted at 6 s; re-ordering one plan (1 run) and the status pass (3.5) must still fit
     assert isinstance(b.grant("heuristics", need=6.0), Skip)
@@ -41,7 +41,7 @@ def test_a_step_inside_a_mandatory_stage_is_skipped_when_its_need_does_not_fit()
     assert b.grant("heuristics").seconds == pytest.approx(5.5)  # no step: the pass itself is never skipped
 
 
-def test_the_reserve_comes_from_the_stages_still_ahead():
+def test_the_reserve_comes_from_the_passes_still_ahead():
     wants = {"status": 2.0, "local search": 30.0}
     b, _ = budget(100.0, FULL, wants, unit=1.0)
     # an optional pass leaves every pass ahead its least, and the status pass its bound time
@@ -57,7 +57,7 @@ def test_the_reserve_comes_from_the_stages_still_ahead():
     assert short.reserve("lns") == pytest.approx(STATUS_RUNS + 2.0)
 
 
-def test_a_grant_is_what_the_stage_wants_capped_by_the_reserve():
+def test_a_grant_is_what_the_pass_wants_capped_by_the_reserve():
     b, clock = budget(20.0, ["lns", "local search", "status"], {"lns": 8.0, "status": 1.0}, unit=1.0)
     assert b.grant("lns").seconds == pytest.approx(8.0)
     clock.t += 10.0  # 10 s left, 1.5 + 3.5 + 1 reserved
@@ -72,7 +72,7 @@ def test_one_group_wants_a_share_of_what_is_left():
     assert b.grant("one group").seconds == pytest.approx(COSTS["one group"].share * 5.0)
 
 
-def test_the_exact_stage_is_skipped_with_coarsen_when_coarsen_did_not_fit():
+def test_the_exact_pass_is_skipped_with_coarsen_when_coarsen_did_not_fit():
     b, _ = budget(5.0, ["coarsen", "exact", "expand", "status"], unit=1.0)
     skip = b.grant("coarsen")  # 4 runs + 1 s + 3.5 runs > 5 s
     assert isinstance(skip, Skip) and skip.reason.startswith("time limit (needs ~8.5 s")
@@ -81,7 +81,7 @@ def test_the_exact_stage_is_skipped_with_coarsen_when_coarsen_did_not_fit():
     assert b.stopped == "time limit" and b.skipped["coarsen"] == skip.reason
 
 
-def test_a_stage_with_no_least_cost_is_not_skipped_by_a_prediction():
+def test_a_pass_with_no_least_cost_is_not_skipped_by_a_prediction():
     costs = {**COSTS, "coarsen": Cost()}  # nothing to coarsen
     b, _ = budget(1.0, ["coarsen", "exact", "status"], costs=costs, unit=10.0)
     assert not isinstance(b.grant("coarsen"), Skip)
@@ -110,7 +110,7 @@ def test_deterministic_mode_never_skips_on_wall_time_but_on_charged_work():
     assert b.grant("status").expired()  # a mandatory pass still runs, on an expired deadline
 
 
-def test_an_interrupt_skips_the_optional_stages_and_steps_and_is_the_stop_reason():
+def test_an_interrupt_skips_the_optional_passes_and_steps_and_is_the_stop_reason():
     b, _ = budget(100.0, FULL, unit=1.0)
     b.deadline.interrupt("SIGINT")
     for st in ("one group", "coarsen", "exact", "lns", "local search"):
@@ -122,14 +122,14 @@ def test_an_interrupt_skips_the_optional_stages_and_steps_and_is_the_stop_reason
     assert b.stopped == "SIGINT"
 
 
-def test_a_passed_deadline_skips_the_optional_stages_only():
+def test_a_passed_deadline_skips_the_optional_passes_only():
     b, clock = budget(10.0, FULL, unit=None)
     clock.t += 11.0
     assert b.grant("lns") == Skip("time limit")
     assert b.grant("expand").expired() and not isinstance(b.grant("reschedule"), Skip)
 
 
-def test_finish_skips_the_optional_stages_only_and_keeps_its_first_reason():
+def test_finish_skips_the_optional_passes_only_and_keeps_its_first_reason():
     b = Budget(Deadline(60.0), RECIPES["full"], unit=0.01)
     b.finish("stopped early: proved")
     b.finish("another reason")

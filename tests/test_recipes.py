@@ -27,7 +27,7 @@ def _notes(plan: Plan) -> dict[str, str]:
 
 
 # -- recipes -------------------------------------------------------------------------
-def test_every_stage_of_the_lists_is_known_and_each_list_ends_with_status():
+def test_every_pass_of_the_recipes_is_known_and_each_recipe_ends_with_status():
     for passes in RECIPES.values():
         assert set(passes) <= set(PASSES) and passes[-1] == "status"
     with pytest.raises(ValueError, match="ends with the 'status' pass"):
@@ -36,7 +36,7 @@ def test_every_stage_of_the_lists_is_known_and_each_list_ends_with_status():
         new_run(layered_dag(20, seed=0), CLUSTER, ("heuristics", "magic", "status"), SolveOptions())
 
 
-def test_the_full_pipeline_runs_its_stages_in_order():
+def test_the_full_recipe_runs_its_passes_in_order():
     g = layered_dag(300, width=8, seed=1)
     plan = solve(g, CLUSTER, SolveOptions(time_limit=6, workers=1, target_vertices=40, deterministic=True))
     # one GPU group: the "one group" pass has nothing to do and leaves no record
@@ -55,7 +55,7 @@ def test_a_small_graph_runs_the_paper_list_and_the_exact_solver_wins():
 
 
 # -- skip reasons -------------------------------------------------------------------------
-def test_predicted_overruns_skip_the_search_stages_and_say_why():
+def test_predicted_overruns_skip_the_search_passes_and_say_why():
     # a cost unit of 1000 s per m-TOPO run: after the first heuristic nothing optional fits in 60 s
     g = layered_dag(300, width=8, seed=1)
     run = new_run(g, CLUSTER, RECIPES["full"], SolveOptions(time_limit=60, workers=1, target_vertices=40),
@@ -132,7 +132,7 @@ def test_options_are_checked_once_with_named_errors():
         SolveOptions().replace(workers=-3)  # a changed copy is checked again
 
 
-def test_the_stage_list_and_the_stage_times_follow_the_options():
+def test_the_recipe_and_the_pass_times_follow_the_options():
     big, small = layered_dag(300, seed=0), layered_dag(10, seed=0)
     o = SolveOptions(time_limit=10, target_vertices=40)
     assert o.recipe_for(big) == "full" and o.recipe_for(small) == "paper"
@@ -162,7 +162,7 @@ def _fork() -> OpGraph:
     return OpGraph.from_edges({"a": 20, "b": 30, "c": 40}, [("a", "b", 1000), ("a", "c", 1000)])
 
 
-def test_a_heuristic_plan_at_the_lower_bound_skips_the_search_stages_and_says_why():
+def test_a_heuristic_plan_at_the_lower_bound_skips_the_search_passes_and_says_why():
     g = _chain(50)
     plan = solve(g, CLUSTER, SolveOptions(time_limit=60, workers=1, target_vertices=10))
     assert plan.log.recipe == "full" and plan.log.stopped_early and plan.status == "optimal"
@@ -174,14 +174,14 @@ def test_a_heuristic_plan_at_the_lower_bound_skips_the_search_stages_and_says_wh
     check_plan(g, CLUSTER, plan).raise_if_invalid()
 
 
-def test_the_paper_list_skips_the_exact_solver_when_a_baseline_reaches_the_bound():
+def test_the_paper_recipe_skips_the_exact_solver_when_a_heuristic_reaches_the_bound():
     plan = solve(_chain(3), CLUSTER, SolveOptions(time_limit=60, workers=1))
     assert plan.log.recipe == "paper" and plan.log.stopped_early
     assert _notes(plan)["exact"].startswith("skipped: stopped early: incumbent within 1e-06")
     assert plan.status == "optimal"
 
 
-def test_a_graph_whose_heuristic_plans_miss_the_bound_runs_the_exact_stage():
+def test_a_graph_whose_heuristic_plans_miss_the_bound_runs_the_exact_pass():
     plan = solve(_fork(), CLUSTER, SolveOptions(time_limit=5, workers=1))
     assert not plan.log.stopped_early and plan.log.stopped == ""
     assert _notes(plan)["exact"] == "cpsat optimal on 3 vertices" and plan.log.winner == "cpsat"
@@ -198,7 +198,7 @@ def test_an_exact_proof_on_the_graph_itself_skips_the_searches_after_it():
     assert plan.status == "optimal" and plan.makespan < start.makespan
 
 
-def test_progress_lines_name_each_stage_its_incumbent_and_bound_in_ms():
+def test_progress_lines_name_each_pass_its_incumbent_and_bound_in_ms():
     lines = []
     plan = solve(_fork(), CLUSTER, SolveOptions(time_limit=5, workers=1, progress=lines.append))
     for st in _names(plan):
