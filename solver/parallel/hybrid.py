@@ -95,13 +95,16 @@ def replica_groups(cluster: Cluster, replicas: int) -> list[list[str]]:
 
 
 def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batches: int = 1,
-                schedule: str = "1f1b", loss: str | None = None, candidates: int = CANDIDATES) -> StepPlan:
+                schedule: str = "1f1b", loss: str | None = None, candidates: int = CANDIDATES,
+                op_stages: Sequence[int] | None = None) -> StepPlan:
     """``replicas`` replicas of ``graph``, each a pipeline over its group of
     GPUs in ``micro_batches`` slices (module doc); the plan places
     ``step_graph(graph, micro_batches, "replicated", replicas)``.
 
     ``schedule``: ``"gpipe"`` or ``"1f1b"``; ``candidates``: the stage splits
-    :func:`~solver.parallel.pipelines.pipeline_plan` simulates on one group.
+    :func:`~solver.parallel.pipelines.pipeline_plan` simulates on one group;
+    ``op_stages``: the stage split given instead (``pipeline_plan``'s, its
+    stage count the group size ``GPUs / replicas``).
 
     Raises
     ------
@@ -117,7 +120,7 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     k = len(groups[0])
     rest = [d.name for d in cluster.devices if d.kind != "GPU"] if cluster.gpus else []
     pipe = pipeline_plan(graph, cluster.subset(groups[0] + rest), schedule=schedule, micro_batches=m,
-                         loss=loss, stages=k, candidates=candidates)
+                         loss=loss, stages=k, candidates=candidates, op_stages=op_stages)
     stage = _op_stages(graph, pipe.plan.placement, groups[0])
     rep = replicate(graph, len(groups))
     split = split_step(rep.graph, m) if m > 1 else _unsplit(rep.graph)

@@ -313,20 +313,27 @@ def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str
 
 
 def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", micro_batches: int = 4,
-                  loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES) -> StepPlan:
+                  loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES,
+                  op_stages: Sequence[int] | None = None) -> StepPlan:
     """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
 
     ``stages``: that many stages only (at most the GPUs and the blocks);
     default every number from 1 to the number of GPUs. ``candidates``: the
     stage splits simulated, those of smallest estimate ``(M + k - 1)`` times
     the largest stage cost per slice (:func:`split_stages`' objective).
+    ``op_stages``: the stage split given instead of searched, per op of
+    ``graph`` its stage (batched ops, ``0 .. k-1``; ``-1`` for unbatched ops,
+    staged by :func:`step_stages`' rule), e.g. a hand rule's
+    (:func:`solver.parallel.user_baselines.uniform_stages`); the plan's
+    ``blocking`` is ``"given"``.
 
     Raises
     ------
     MicroBatchError, BatchMarkError
         As :func:`pesto.step.split`.
     ValueError
-        An unknown ``schedule``.
+        An unknown ``schedule``; ``op_stages`` not one entry per op, or
+        more stages than GPUs.
     """
     t0 = time.perf_counter()
     if schedule not in SCHEDULES:
@@ -334,6 +341,10 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     split = split_step(graph, micro_batches)
     ph = phases(graph, loss=loss)
     gpus = gpu_names(cluster)
+    if op_stages is not None:
+        k = _given_stages(graph, op_stages, len(gpus))
+        plan = _pipeline(split, cluster, gpus, tuple(op_stages), k, ph, schedule, t0)
+        return StepPlan(plan, split.graph, split.micro_batches, k, schedule, "given")
     beta = _mean_route(cluster, gpus)
     m = split.micro_batches
     splits: dict[tuple, tuple] = {}   # per-op stages -> (estimate, stages, block order)
@@ -352,6 +363,16 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
         if best is None or rank(plan) < rank(best.plan):
             best = StepPlan(plan, split.graph, m, k, schedule, name)
     return best
+
+
+def _given_stages(graph: OpGraph, op_stages: Sequence[int], gpus: int) -> int:
+    """The stage count of a given split (:func:`pipeline_plan`'s ``op_stages``), checked."""
+    if len(op_stages) != graph.num_ops:
+        raise ValueError(f"op_stages has {len(op_stages)} entries for the {graph.num_ops} ops of {graph.name!r}")
+    k = max(op_stages, default=-1) + 1
+    if not 1 <= k <= gpus:
+        raise ValueError(f"op_stages uses {k} stages; {graph.name!r} has {gpus} GPUs to run 1 to {gpus} stages on")
+    return k
 
 
 def gpu_names(cluster: Cluster) -> list[str]:
