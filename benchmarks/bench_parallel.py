@@ -397,7 +397,7 @@ def main(argv=None) -> int:
     for item in filter(None, a.skip.split(";")):
         key, _, why = item.partition("=")
         rows[key] = not_run(cases[key], why or "skipped")
-    todo = [k for k in (a.only.split(",") if a.only else cases) if k]
+    todo = [k for k in (a.only.split(",") if a.only is not None else cases) if k]
     unknown = [k for k in todo if k not in cases]
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {list(cases)}")
