@@ -282,7 +282,6 @@ def megatron_plan(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = 
     """
     n = len(gpu_names(cluster))
     found, tried = [], []
-    recompute = supports(pipeline_plan, "recompute") and supports(hybrid_plan, "recompute")
     for pp in (p for p in range(1, n + 1) if n % p == 0):
         dp = n // pp
         try:
@@ -291,35 +290,32 @@ def megatron_plan(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = 
             tried.append(Tried(f"PP={pp} DP={dp}", None, None, str(exc)))
             continue
         for m in micro_counts(batch_size, dp, max_micro, micro_batches):
-            if pp == 1:
-                _record(found, tried, f"data-parallel DP={dp} M={m}",
-                        lambda: data_parallel_plan(graph, cluster, micro_batches=m))
-                continue
-            for s in schedules or megatron_schedules():
-                _megatron_pipeline(graph, cluster, found, tried, (s, pp, dp, m), cuts, loss, recompute)
+            for s in (schedules or megatron_schedules()) if pp > 1 else ("data-parallel",):
+                _megatron_config(graph, cluster, found, tried, (s, pp, dp, m), cuts, loss)
     return _best("megatron", found, tried, graph)
 
 
-def _megatron_pipeline(graph, cluster, found, tried, conf, cuts, loss, recompute: bool) -> None:
-    """One pipelined configuration ``(schedule, PP, DP, M)``; re-run with
-    recomputation when it does not fit and the realisers take it."""
+def _megatron_config(graph, cluster, found, tried, conf, cuts, loss) -> None:
+    """One configuration ``(schedule, PP, DP, M)``; re-run with activation
+    recomputation when it does not fit and its realiser takes ``recompute=``."""
     s, pp, dp, m = conf
-
-    def build(**extra):
-        if dp == 1:
-            return pipeline_plan(graph, cluster, schedule=s, micro_batches=m, stages=pp, op_stages=cuts, loss=loss,
-                                 **extra)
-        return hybrid_plan(graph, cluster, replicas=dp, micro_batches=m, schedule=s, op_stages=cuts, loss=loss,
-                           **extra)
-    name = f"{s} PP={pp} M={m} DP={dp}"
-    sp = _record(found, tried, name, build)
+    if pp == 1:
+        fn, name = data_parallel_plan, f"data-parallel DP={dp} M={m}"
+        opts = {"micro_batches": m}
+    elif dp == 1:
+        fn, name = pipeline_plan, f"{s} PP={pp} M={m} DP=1"
+        opts = {"schedule": s, "micro_batches": m, "stages": pp, "op_stages": cuts, "loss": loss}
+    else:
+        fn, name = hybrid_plan, f"{s} PP={pp} M={m} DP={dp}"
+        opts = {"replicas": dp, "micro_batches": m, "schedule": s, "op_stages": cuts, "loss": loss}
+    sp = _record(found, tried, name, lambda: fn(graph, cluster, **opts))
     if sp is None or sp.plan.status != "infeasible":
         return
-    if recompute:
-        _record(found, tried, name + " recompute", lambda: build(recompute=True))
+    if supports(fn, "recompute"):
+        _record(found, tried, name + " recompute", lambda: fn(graph, cluster, recompute=True, **opts))
     else:
-        tried[-1] = Tried(name, sp.plan.makespan, False, "does not fit memory; recomputation not available "
-                          "(the realisers take no recompute=)")
+        tried[-1] = Tried(name, sp.plan.makespan, False, f"does not fit memory; recomputation not available "
+                          f"({fn.__name__} takes no recompute=)")
 
 
 def zero_plan(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None, max_micro: int = MAX_MICRO,
