@@ -114,3 +114,10 @@ def test_cli_places_with_a_user_baseline_and_writes_the_graph_it_places(tmp_path
     placed = OpGraph.from_json(str(tmp_path / "plan.graph.json.gz"))
     rc = main(["check", str(tmp_path / "plan.graph.json.gz"), str(plan_path)])
     assert rc == EXIT_OK and placed.num_ops > 0, capsys.readouterr()
+
+
+def test_counts_cap_is_the_searchs():
+    from solver.parallel.search import AUTO_MAX, micro_batch_counts
+
+    assert ub.MAX_MICRO == AUTO_MAX
+    assert ub.micro_counts(24) == micro_batch_counts("auto", 24) and ub.micro_counts(None) == micro_batch_counts("auto")
