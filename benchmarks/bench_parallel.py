@@ -203,8 +203,9 @@ def _uniform_facts(row: Row, graph, case: Case) -> None:
     row.t_w_ms = t / 1e3
 
 
-def run_case(case: Case, time_limit: float, baselines=BASELINES, say=print) -> Row:
-    """Every column of one case (module doc)."""
+def run_case(case: Case, time_limit: float, baselines=BASELINES, say=print, save=None) -> Row:
+    """Every column of one case (module doc); ``save(row)`` after each column
+    (a run stopped part way keeps what it has, its note saying so)."""
     graph = _graph(case)
     c = cluster_of(case, graph)
     row = Row(case.key, case.workload, case.cluster, len(c.gpus), case.batch, str(case.micro or "auto"))
@@ -214,8 +215,12 @@ def run_case(case: Case, time_limit: float, baselines=BASELINES, say=print) -> R
     say(f"{case.key}: {graph.num_ops} ops on {case.cluster}", flush=True)
     row.single_ms = place_single(graph, c).makespan / 1e3
     _pesto(row, graph, c, case, time_limit, say)   # first: its wall time is the solve's alone
-    for name in baselines:
+    note, save = row.note, save or (lambda r: None)
+    for k, name in enumerate(baselines):
+        row.note = f"{note}; incomplete: stopped before {', '.join(baselines[k:])} ended".lstrip("; ")
+        save(row)
         _baseline(row, name, graph, c, case, say)
+    row.note = note
     best = best_baseline(row)
     row.speedup = best[1] / row.pesto_ms if best and row.pesto_ms else 0.0
     return row
@@ -402,8 +407,9 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {list(cases)}")
     for key in todo:
-        rows[key] = run_case(cases[key], a.time_limit)
-        md = write(list(rows.values()), out, settings, a.time_limit)
+        rows[key] = run_case(cases[key], a.time_limit,
+                             save=lambda r: write([*(x for k, x in rows.items() if k != r.key), r], out, settings,
+                                                  a.time_limit))
     md = write(list(rows.values()), out, settings, a.time_limit)
     print(f"bench_parallel: {len(todo)} case(s) run, {len(rows)} rows in {md}")
     return 0

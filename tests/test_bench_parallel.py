@@ -46,3 +46,13 @@ def test_targets_judge_the_issue_figures():
     assert failed["a plan that fits memory"].met is False
     assert failed["a plan that fits memory"].figure.startswith("InfeasibleError")
     assert "gap <= 10%" not in failed
+
+
+def test_a_case_is_saved_after_each_column():
+    notes = []
+    row = bp.run_case(bp.QUICK["uniform-m4-1x"], 1.0, say=lambda *a, **k: None,
+                      save=lambda r: notes.append((r.note, r.pesto_ms > 0)))
+    assert [n.split("incomplete: ")[1] for n, _ in notes] == [
+        "stopped before megatron, zero-dp, best-pipeline ended", "stopped before zero-dp, best-pipeline ended",
+        "stopped before best-pipeline ended"]
+    assert all(ran for _, ran in notes) and "incomplete" not in row.note
