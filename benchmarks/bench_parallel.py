@@ -135,6 +135,8 @@ class Row:
     accum_ms: float = 0.0
     t_w_ms: float = 0.0
     note: str = ""
+    #: every configuration each baseline tried: "megatron: CONFIG STEP ms [OOM], ...; best-pipeline: ..."
+    tried: str = ""
 
 
 def _graph(case: Case):
@@ -166,6 +168,9 @@ def _baseline(row: Row, name: str, graph, c, case: Case, say) -> None:
         setattr(row, f"{field}_config", f"skipped: {exc}"[:300])
         say(f"  {name}: skipped ({exc})")
         return
+    row.tried = "; ".join(filter(None, [row.tried, f"{name}: " + ", ".join(
+        f"{t.config} {t.step / 1e3:.1f} ms{'' if t.fits else ' OOM'}" if t.step is not None else f"{t.config} -"
+        for t in r.tried)]))
     setattr(row, f"{field}_ms", r.plan.makespan / 1e3)
     setattr(row, f"{field}_fits", "yes" if r.fits else "no")
     setattr(row, f"{field}_config", r.config)
@@ -333,6 +338,8 @@ def markdown(rows: list[Row], settings: str, time_limit: float) -> list[str]:
     for r in (r for r in rows if r.gpus):
         lines.append(f"- **{r.key}**: megatron {r.megatron_config or '-'}; zero-dp {r.zero_dp_config or '-'}; "
                      f"best-pipeline {r.best_pipeline_config or '-'}; pesto {r.pesto_config or '-'}")
+    lines += ["", "Every configuration the baselines tried (OOM: does not fit memory):", ""]
+    lines += [f"- **{r.key}**: {r.tried}" for r in rows if r.tried]
     ts = targets(rows, time_limit)
     judged = [t for t in ts if t.met is not None]
     lines += ["", "## Targets (computed from the rows above)", "", f"{sum(bool(t.met) for t in judged)} of "

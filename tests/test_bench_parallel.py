@@ -14,6 +14,7 @@ def test_quick_mode_writes_the_table_and_resumes_by_case(tmp_path):
     assert r.gpus == 2 and r.micro == "4" and r.pesto_ms > 0 and r.megatron_ms > 0 and r.best_pipeline_ms > 0
     assert r.bound_ms <= r.pesto_ms + 1e-6 and r.zb_h1_ms > r.ideal_ms > 0 and r.t_w_ms == 0.5
     assert r.zero_dp_ms > 0 or r.zero_dp_config.startswith("skipped: zero-dp")
+    assert r.tried.startswith("megatron: ") and "; best-pipeline: gpipe M=4" in r.tried
     # a second run of the other case keeps the first row; --skip records a case not run
     assert bp.main(["--quick", "--out", str(tmp_path), "--only", "uniform-m4-2x"]) == 0
     assert [r.key for r in bp.read(tmp_path)] == ["uniform-m4-1x", "uniform-m4-2x"]
