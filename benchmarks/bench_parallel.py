@@ -165,7 +165,7 @@ def _baseline(row: Row, name: str, graph, c, case: Case, say) -> None:
     try:
         r = PLANS[name](graph, c, batch_size=case.batch, micro_batches=case.micro or None)
     except PestoError as exc:
-        setattr(row, f"{field}_config", f"skipped: {exc}"[:300])
+        setattr(row, f"{field}_config", f"skipped: {' '.join(str(exc).split())}"[:300])
         say(f"  {name}: skipped ({exc})")
         return
     row.tried = "; ".join(filter(None, [row.tried, f"{name}: " + ", ".join(
@@ -185,7 +185,7 @@ def _pesto(row: Row, graph, c, case: Case, time_limit: float, say) -> None:
                            workers=1, seed=0)
     except PestoError as exc:
         row.wall_s = time.perf_counter() - t0
-        row.pesto_config = f"{type(exc).__name__} after {row.wall_s:.0f} s: {exc}"[:300]
+        row.pesto_config = f"{type(exc).__name__} after {row.wall_s:.0f} s: {' '.join(str(exc).split())}"[:300]
         say(f"  pesto: {row.pesto_config}")
         return
     row.wall_s = time.perf_counter() - t0
