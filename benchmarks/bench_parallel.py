@@ -408,6 +408,8 @@ def main(argv=None) -> int:
         return 0
     for item in filter(None, a.skip.split(";")):
         key, _, why = item.partition("=")
+        if key not in cases:
+            ap.error(f"--skip: unknown case {key!r}; known: {list(cases)}")
         rows[key] = not_run(cases[key], why or "skipped")
     todo = [k for k in (a.only.split(",") if a.only is not None else cases) if k]
     unknown = [k for k in todo if k not in cases]
