@@ -40,8 +40,9 @@ from pesto.graph import Edge, Op, OpGraph, Tensor
 from .batchmarks import batch_marks
 from .marks import GRADIENT_ROOT, mark_phases
 
-__all__ = ["extract", "step_ops", "colocation_groups", "aggregation_colocated", "class_attr", "SUM_AGGREGATION_TYPES", "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN",
-           "unsized_tensors", "shape_tensor_bytes", "MAX_SHAPE_ELEMENTS"]
+__all__ = ["extract", "step_ops", "colocation_groups", "aggregation_colocated", "class_attr", "SUM_AGGREGATION_TYPES",
+           "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN", "unsized_tensors", "shape_tensor_bytes",
+           "MAX_SHAPE_ELEMENTS"]
 
 # Ops with no GPU kernel in stock TensorFlow (strings, I/O, Python calls, host
 # queues). Used when the installed TF has no GPU kernels to ask.
@@ -103,9 +104,10 @@ def aggregation_colocated(op) -> bool:
     ``gradients``, ``gradients_<n>``, ``gradient_tape``), it has a ``_class``
     with ``loc:@`` entries, and those entries are exactly the colocation groups
     of its first input's producer (``Operation.colocation_groups()``: its own
-    ``loc:@`` entries, else ``loc:@<its name>``). A ``colocate_with`` a user
-    writes around a sum, an op of another type, or an op outside a gradient
-    scope stays binding.
+    ``loc:@`` entries, else ``loc:@<its name>``). A user's ``colocate_with``
+    stays binding: on an op of another type, outside a gradient scope, or
+    around a sum unless it names exactly the sum's first summand's producer
+    (then it is what ``tf.gradients`` writes, and cannot be told apart).
     """
     if op.type not in SUM_AGGREGATION_TYPES or not op.inputs or not GRADIENT_ROOT.match(op.name.split("/", 1)[0]):
         return False
