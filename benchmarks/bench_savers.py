@@ -185,13 +185,13 @@ Limits of these figures:
   is that order's, not the least any order could reach.
 - Pipelines are realised with one stage split (`candidates=1`), cut for time:
   recomputation adds work per block, so the cutter may choose another stage
-  count (GPT-1.3B: 7 stages with recomputation, 8 without).
-- GPT-2.7B fits in no row, 1F1B at `M = 8` included: with recomputation its
-  stage 0 peaks at 18.6 GiB because its layer-2 backward waits for a gradient
-  sum (`gradients/layer_2/AddN_1`) that the pipeline's stage rule puts on
-  GPU 3, so stage 0 recomputes layer 2 for all 8 slices before any of them is
-  consumed (1 GiB each): a staging matter of `phases`' anchor rule, not of the
-  recomputation.
+  count (in these rows it keeps 8).
+- GPT-2.7B fits in no row, 1F1B at `M = 8` included: with recomputation every
+  stage peaks at 17.5-19.0 GiB (stage 0 the most). Each layer's gradient sums
+  run on its own stage since TensorFlow's colocation of a gradient sum with its
+  first summand is no longer a group (`tf_patch.extract.aggregation_colocated`;
+  before, those sums of all layers formed one group and stage 0 peaked at
+  18.6 GiB waiting for layer 2's sum on GPU 3).
 """
 
 

@@ -48,6 +48,16 @@ def test_every_op_has_a_batch_mark_and_layers_are_copies(workload):
     assert len(set(per.values())) == 1 and len({round(w, 6) for w in work.values()}) == 1
 
 
+def test_no_gradient_sum_is_colocated(workload):
+    """The colocation tf.gradients gives a sum (with its first summand: the
+    previous layer's sum along the residual stream) is not a group
+    (tf_patch.extract.aggregation_colocated); the variables' groups stay."""
+    key, g = workload
+    assert not [op.name for op in g.ops if op.type == "AddN" and op.colocation_group]
+    updates = [op for op in g.ops if op.type == "ResourceApplyAdam"]
+    assert updates and all(op.colocation_group for op in updates)
+
+
 def test_no_one_gpu_plan_fits(workload):
     """Persistent bytes plus the activations held when the loss ends exceed
     one V100 (any plan); GPT-2.7B's persistent bytes alone already do, and

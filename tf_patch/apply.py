@@ -2,8 +2,13 @@
 
 1. Check the plan against the graph's colocation groups *before* TF sees it:
    a group split over devices raises :class:`pesto.InvalidPlanError` naming
-   the group and its devices.
-2. Set each op's device (plan ``/CPU:1`` -> ``/job:localhost/.../device:CPU:1``).
+   the group and its devices. A gradient sum's colocation with its first
+   summand (:func:`tf_patch.extract.aggregation_colocated`) is no group: the
+   plan may put the sum elsewhere.
+2. Set each op's device (plan ``/CPU:1`` -> ``/job:localhost/.../device:CPU:1``),
+   and clear the ``_class`` of each placed gradient sum the plan is free to
+   move (the same rule), so TensorFlow's placer does not join it back to its
+   first summand (``Applied.unbound`` lists them).
 3. Add the plan's per-device order as control dependencies between
    consecutive ops of a device, skipping pairs already ordered by a path in
    the graph (ops without inputs, e.g. variable handles, are not chained:
@@ -43,7 +48,7 @@ from dataclasses import dataclass, field
 from pesto.dag import reachability, toposort
 from pesto.errors import CycleError, InvalidPlanError
 
-from .extract import colocation_groups
+from .extract import aggregation_colocated, class_attr, colocation_groups
 from .devices import map_devices, session_config, tf_device
 from .fusion import fusions as find_fusions
 
@@ -65,6 +70,7 @@ class Applied:
     note: str = ""                                     # how plan devices were mapped, how the order held
     n_devices: int = 0                                 # devices a session needs
     moved: list = field(default_factory=list)          # (op, plan device, device run on): keep_fusions
+    unbound: list = field(default_factory=list)        # gradient sums whose _class was cleared
 
     @property
     def fusion_guarded(self) -> int:
@@ -417,6 +423,8 @@ def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applie
     out = Applied(skipped=decided.skipped, left_out=decided.left_out, fusions=decided.fusions,
                   order_edges=decided.order_edges, plan=plan, n_devices=needed, moved=moved)
     out.note = note + ("; " + order_note(out) if order else "")
+    # decided before any change: clearing one sum's _class changes the rule's answer for the next
+    out.unbound = sorted(n for n in plan.placement if aggregation_colocated(graph.get_operation_by_name(n)))
     if moved:
         out.note += (f"; {len(moved)} bias op(s) moved onto the device of the convolution they fuse with "
                      "unplaced (so the step computes its values bit for bit)")
@@ -424,6 +432,8 @@ def apply_plan(graph, plan, *, order: bool = True, n_devices: int = 0) -> Applie
         d = tf_device(dev)
         graph.get_operation_by_name(name)._set_device(d)
         out.devices[name] = d
+    for name in out.unbound:
+        graph.get_operation_by_name(name)._clear_attr("_class")
     # ops outside the plan that TF colocates with a placed op (initialisers,
     # Adam's beta powers' initial values...) follow it, so nothing is split
     _follow_colocation(graph, out.devices)
@@ -456,19 +466,20 @@ def order_note(applied: Applied) -> str:
 
 
 def _follow_colocation(graph, devices):
+    """Put each op outside ``devices`` (op -> device) that TF colocates with
+    a placed op on that op's device. Runs after :func:`apply_plan` cleared
+    the ``_class`` of the placed gradient sums it unbinds, so the rule is
+    :func:`check_colocation`'s: an unplaced sum keeps its ``_class``, which TF
+    binds, so it follows its first summand's group like any other op."""
     import tensorflow as tf
 
     for op in graph.get_operations():
         if op.name in devices:
             continue
         target = None
-        try:
-            for loc in op.get_attr("_class"):
-                loc = loc.decode() if isinstance(loc, bytes) else loc
-                if loc.startswith("loc:@") and loc[5:] in devices:
-                    target = devices[loc[5:]]
-        except ValueError:
-            pass
+        for loc in class_attr(op):
+            if loc.startswith(b"loc:@") and loc[5:].decode() in devices:
+                target = devices[loc[5:].decode()]
         if target is None:
             for t in op.inputs:
                 if t.op.name in devices and (t.dtype.base_dtype == tf.resource or t.dtype._is_ref_dtype):

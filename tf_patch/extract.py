@@ -10,7 +10,9 @@ Only ops that actually run in a step are kept: the ancestors of the fetches
 * colocation groups join (a) the ``_class = ["loc:@x"]`` attributes TF writes
   for ``colocate_with`` and (b) resource / reference edges: an op reading or
   updating a variable through its handle must sit with it (TF's placer
-  refuses otherwise). A group is named after its variable;
+  refuses otherwise). A group is named after its variable. The colocation
+  ``tf.gradients`` gives a gradient sum (:func:`aggregation_colocated`) is
+  TensorFlow's placement default, not a constraint, and is left out;
 * device kinds: ``kind`` for every op, except ops without a GPU kernel, which
   get ``"CPU"`` only (TF's kernel registry when it knows GPU kernels, else a
   list of well-known host-only ops);
@@ -36,10 +38,11 @@ from pesto.errors import InvalidGraphError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 
 from .batchmarks import batch_marks
-from .marks import mark_phases
+from .marks import GRADIENT_ROOT, mark_phases
 
-__all__ = ["extract", "step_ops", "colocation_groups", "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN",
-           "unsized_tensors", "shape_tensor_bytes", "MAX_SHAPE_ELEMENTS"]
+__all__ = ["extract", "step_ops", "colocation_groups", "aggregation_colocated", "class_attr", "SUM_AGGREGATION_TYPES",
+           "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN", "unsized_tensors", "shape_tensor_bytes",
+           "MAX_SHAPE_ELEMENTS"]
 
 # Ops with no GPU kernel in stock TensorFlow (strings, I/O, Python calls, host
 # queues). Used when the installed TF has no GPU kernels to ask.
@@ -54,6 +57,8 @@ HOST_ONLY = frozenset({
     "HashTableV2", "LookupTableFindV2", "InitializeTableV2",
 })
 _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable", "VarHandleOpV2"})
+#: Op types ``tf.gradients`` sums gradient contributions with (``add_n``; ``accumulate_n``).
+SUM_AGGREGATION_TYPES = frozenset({"AddN", "AccumulateNV2"})
 
 
 def step_ops(graph, fetches) -> list:
@@ -83,11 +88,48 @@ def tensor_bytes(tensor, batch: int | None = None) -> int:
     return 0 if n is None else int(n * dt.size)
 
 
+def aggregation_colocated(op) -> bool:
+    """Whether ``op``'s ``_class`` is only the colocation ``tf.gradients``
+    gives a gradient sum, which :func:`colocation_groups` does not bind.
+
+    ``tf.gradients`` sums the contributions to one gradient with
+    ``_MultiDeviceAddN``, which builds each ``add_n`` under
+    ``_colocate_with_for_gradient(tensors[0].op, ignore_existing=True)``: the
+    sum's ``_class`` is the colocation of its first summand's producer. For a
+    residual stream that producer is the previous layer's sum, so the sums of
+    every layer chain into one group: TensorFlow's placement default (put the
+    sum where its first input is), not a constraint the model needs. The rule:
+    ``op`` is of a type in :data:`SUM_AGGREGATION_TYPES`, the first component
+    of its name is a gradient scope (:data:`tf_patch.marks.GRADIENT_ROOT`:
+    ``gradients``, ``gradients_<n>``, ``gradient_tape``), it has a ``_class``
+    with ``loc:@`` entries, and those entries are exactly the colocation groups
+    of its first input's producer (``Operation.colocation_groups()``: its own
+    ``loc:@`` entries, else ``loc:@<its name>``). A user's ``colocate_with``
+    stays binding: on an op of another type, outside a gradient scope, or
+    around a sum unless it names exactly the sum's first summand's producer
+    (then it is what ``tf.gradients`` writes, and cannot be told apart).
+    """
+    if op.type not in SUM_AGGREGATION_TYPES or not op.inputs or not GRADIENT_ROOT.match(op.name.split("/", 1)[0]):
+        return False
+    locs = {x for x in class_attr(op) if x.startswith(b"loc:@")}
+    return bool(locs) and locs == set(op.inputs[0].op.colocation_groups())
+
+
+def class_attr(op) -> list[bytes]:
+    """``op``'s ``_class`` attribute (``[]`` when it has none), as bytes."""
+    try:
+        return [x if isinstance(x, bytes) else x.encode() for x in op.get_attr("_class")]
+    except ValueError:
+        return []
+
+
 def colocation_groups(ops) -> dict[str, str]:
     """Op name -> group name, for ops of ``ops`` that must share a device
     (groups of 2+ of them). A ``loc:@X`` joins its op to X's group even when X
     is not among ``ops`` (TensorFlow still puts the op with X, so two ops
-    colocated with one outside variable share a device)."""
+    colocated with one outside variable share a device); the ``_class`` of a
+    gradient sum that only repeats its first summand's colocation
+    (:func:`aggregation_colocated`) joins nothing."""
     import tensorflow as tf
 
     parent: dict[str, str] = {}
@@ -106,13 +148,10 @@ def colocation_groups(ops) -> dict[str, str]:
     names = {op.name for op in ops}
     for op in ops:
         find(op.name)
-        try:
-            for loc in op.get_attr("_class"):
-                loc = loc.decode() if isinstance(loc, bytes) else loc
-                if loc.startswith("loc:@"):  # TF enforces it even when X itself does not run
-                    union(op.name, loc[5:])
-        except ValueError:
-            pass
+        if not aggregation_colocated(op):
+            for loc in class_attr(op):
+                if loc.startswith(b"loc:@"):  # TF enforces it even when X itself does not run
+                    union(op.name, loc[5:].decode())
         for t in op.inputs:
             if t.op.name in names and (t.dtype.base_dtype == tf.resource or t.dtype._is_ref_dtype):
                 union(op.name, t.op.name)
