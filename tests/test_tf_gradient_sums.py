@@ -18,7 +18,7 @@ from pesto import Plan  # noqa: E402
 from pesto.errors import InvalidPlanError  # noqa: E402
 from tf_patch.apply import apply_plan, check_colocation  # noqa: E402
 from tf_patch.extract import aggregation_colocated, class_attr, colocation_groups, extract  # noqa: E402
-from tf_patch.pipeline import run_placed  # noqa: E402
+from tf_patch.workflow import run_placed  # noqa: E402
 from tf_patch.zoo import build_model  # noqa: E402
 
 pytestmark = pytest.mark.tf
