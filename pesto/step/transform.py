@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 from ..errors import MicroBatchError
 from ..graph import OpGraph
 
-__all__ = ["Origin", "Transformed", "compose", "check_count", "ROLES"]
+__all__ = ["Origin", "Transformed", "identity", "compose", "check_count", "ROLES"]
 
 #: The roles of an op of a transformed graph (:attr:`Origin.role`).
 ROLES = ("copy", "step", "accumulate", "reduce-scatter", "all-gather", "gather")
@@ -131,6 +131,21 @@ class Transformed:
             raise MicroBatchError(f"{self.replicas} replicas need as many devices, got {list(devices)}",
                                   culprit=len(devices))
         return {name: devices[o.replica or 0] for name, o in self.origin.items()}
+
+
+def identity(graph: OpGraph) -> Transformed:
+    """``graph`` as its own transform: every op its own origin, a batched op
+    the one slice's copy (slice 0), any other op run once per step. The step
+    in one micro-batch (:func:`pesto.step.split` with ``M = 1``) and the
+    plain step a plan places are this.
+
+    >>> from pesto.graph import Op, OpGraph
+    >>> t = identity(OpGraph([Op("a", {"GPU": 4.0}, batch=True), Op("b", {"GPU": 1.0}, batch=False)]))
+    >>> t.graph is t.source, t.origin["a"], t.origin["b"].role
+    (True, Origin(op='a', replica=None, slice=0, role='copy', tensor=None, members=()), 'step')
+    """
+    origin = {op.name: Origin(op.name, slice=0) if op.batch else Origin(op.name, role="step") for op in graph.ops}
+    return Transformed(graph, graph, MappingProxyType(origin))
 
 
 def compose(outer: Transformed, inner: Transformed) -> Transformed:

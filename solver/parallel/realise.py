@@ -31,8 +31,8 @@ def strategy_of(sp: StepPlan) -> Strategy:
 
 
 def solved_of(sp: StepPlan) -> Solved:
-    """A baseline's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`."""
-    return Solved(sp.plan, sp.graph, strategy_of(sp), detail=sp)
+    """A baseline's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved` (its transform kept)."""
+    return Solved(sp.plan, sp.graph, strategy_of(sp), sp.transformed, detail=sp)
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
@@ -62,7 +62,7 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
                          deadline=deadline)
         if r.plan is None:
             raise ValueError(f"slice model M={m}: no grid solution ({r.status})")
-        return Solved(r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"), detail=r)
+        return Solved(r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"), r.transformed, detail=r)
     if s.replicas > 1 and s.stages == 1 and s.schedule == "none":
         if s.replicas != len(gpu_names(cluster)):
             raise ValueError(f"{s.name}: data parallelism runs one replica per GPU ({len(gpu_names(cluster))})")

@@ -67,7 +67,7 @@ from pesto.memory import fmt_bytes
 from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.solvelog import SolveLog, Stage
-from pesto.step import replicate, split as split_step
+from pesto.step import Transformed, identity, replicate, split as split_step
 from pesto.step.replication import gradient_buckets
 
 from ..budget import Budget, Cost, Skip
@@ -175,8 +175,7 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     if graph_kind == "micro-batched":
         return split_step(marked, micro_batches).graph
     if graph_kind == "replicated":
-        rep = replicate(marked, replicas).graph
-        return rep if micro_batches == 1 else split_step(rep, micro_batches).graph
+        return split_step(replicate(marked, replicas).graph, micro_batches).graph
     raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
 
 
@@ -204,8 +203,9 @@ class _Pool:
     skipped: dict = field(default_factory=dict)
     short: dict = field(default_factory=dict)   # M -> MicroBatchMemoryError
 
-    def offer(self, name: str, plan: Plan, graph: OpGraph, strategy: Strategy) -> None:
-        self.offer_solved(name, Solved(plan, graph, strategy))
+    def offer(self, name: str, plan: Plan, transformed: Transformed, strategy: Strategy) -> None:
+        """Offer ``plan`` of ``transformed.graph`` as ``name`` (the transform kept)."""
+        self.offer_solved(name, Solved(plan, transformed.graph, strategy, transformed))
 
     def offer_solved(self, name: str, r: Solved) -> None:
         """Offer a realised candidate as ``name``."""
@@ -257,15 +257,19 @@ class _Pace:
 
 @dataclass
 class _Screened:
-    """One count after screening: the graph its exact stages place (the step
-    for ``M = 1``, else the split), the plans they start from, the best
-    screened step (``inf`` when no baseline applied) and the GPipe/1F1B
-    results (the slice model's hints)."""
+    """One count after screening: the transform whose graph its exact stages
+    place (the step itself for ``M = 1``, else the split), the plans they
+    start from, the best screened step (``inf`` when no baseline applied) and
+    the GPipe/1F1B results (the slice model's hints)."""
 
-    graph: OpGraph
+    split: Transformed
     starts: list
     step: float
     pipes: list = field(default_factory=list)
+
+    @property
+    def graph(self) -> OpGraph:
+        return self.split.graph
 
 
 class _Search:
@@ -387,8 +391,8 @@ class _Search:
         self.stop_if_interrupted()
         if m > 1 and not self.fits(f"M={m}", self.marked.num_ops * m, 1.0):
             return None
-        split = self.graph if m == 1 else split_step(self.marked, m).graph
-        short = memory_short(self.marked, self.cluster, m, split=split)
+        split = identity(self.marked) if m == 1 else split_step(self.marked, m)
+        short = memory_short(self.marked, self.cluster, m, split=split.graph)
         if short is not None:
             self.pool.short[m] = short
             self.pool.skipped[f"M={m}"] = str(short)
@@ -492,7 +496,7 @@ class _Search:
             raise Stopped(self.deadline.reason) from None
         if start is not None and rank(start) < rank(plan):
             plan = start
-        self.pool.offer(f"M={m}", plan, s.graph, Strategy(micro_batches=m, schedule="free" if m > 1 else "none"))
+        self.pool.offer(f"M={m}", plan, s.split, Strategy(micro_batches=m, schedule="free" if m > 1 else "none"))
         mine = {n: v for n, v in self.pool.steps.items() if n not in before}
         if mine:
             self.say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
@@ -520,7 +524,7 @@ class _Search:
             self.pool.skipped[name] = f"no grid solution ({r.status}) within {share:.1f} s"
             self.say(f"slice model M={m}: {self.pool.skipped[name]}")
             return []
-        self.pool.offer(name, r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"))
+        self.pool.offer(name, r.plan, r.transformed, Strategy(micro_batches=m, schedule="slice"))
         self.say(f"slice model M={m}: {r.blocks} blocks, grid {r.status} {r.objective / 1000:.3f} ms "
                  f"(grid bound {r.grid_bound / 1000:.3f}), step {r.plan.makespan / 1000:.3f} ms")
         return [r.plan]
