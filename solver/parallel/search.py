@@ -544,7 +544,7 @@ class _Search:
         if dl.interrupted or (need is not None and not dl.deterministic and need > dl.left()):
             self.pool.skipped["per-sample bound"] = dl.reason or f"about {need:.1f} s, {dl.left():.1f} s left"
         else:
-            sb = winner_bound(self.marked, self.cluster, r, self.options.batch_size)
+            sb = winner_bound(self.cluster, r, self.options.batch_size)
             if sb is not None and (bound is None or sb.step > bound):
                 bound, source = sb.step, f"per-sample bound ({sb.source})"
         status = r.plan.status
@@ -636,14 +636,9 @@ def memory_short(graph: OpGraph, cluster: Cluster, m: int, *, split: OpGraph | N
                                  f"the largest device has {fmt_bytes(largest)}", m, need, largest, culprit=what)
 
 
-def winner_bound(marked: OpGraph, cluster: Cluster, r: Solved, batch: int | None = None) -> SampleBound | None:
+def winner_bound(cluster: Cluster, r: Solved, batch: int | None = None) -> SampleBound | None:
     """:func:`~solver.parallel.bound.sample_bound` of the graph ``r.plan``
-    places, rebuilt from the marked step (replicated, then split, as
-    :func:`step_graph`; ``M = 1`` as the split into one slice: the same ops
-    under the copy names, so the same bound); None when the rebuilt graph is
-    not that one (then the pipeline's bound stands)."""
-    base = replicate(marked, r.replicas).graph if r.graph_kind == "replicated" else marked
-    split = split_step(base, r.micro_batches)
-    same = (split.graph.num_ops == r.graph.num_ops if r.micro_batches == 1
-            else split.graph.names == r.graph.names)
-    return sample_bound(split, cluster, batch=batch) if same else None
+    places, from the transform ``r`` kept (``r.transformed``: the step split,
+    replicated, or both; the copies term per replica); None when it kept none
+    (then the pipeline's bound stands)."""
+    return None if r.transformed is None else sample_bound(r.transformed, cluster, batch=batch)
