@@ -3,7 +3,7 @@
 A plan of a micro-batched or replicated step places a *different graph* than
 the step given (:func:`pesto.step.split`,
 :func:`pesto.step.replicate`), so :func:`solve_step` returns it with that
-graph and its :class:`~solver.parallel.strategy.Strategy`
+graph, the transform that made it and its :class:`~solver.parallel.strategy.Strategy`
 (:class:`~solver.parallel.strategy.Solved`); the plan's log says which graph
 it is (``micro_batches``, ``graph_kind``, ``replicas``) and every step
 compared (``steps``); :func:`step_graph` rebuilds the graph from those fields.
