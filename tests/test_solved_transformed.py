@@ -33,7 +33,7 @@ def _maps_back(r: Solved, step: OpGraph) -> None:
     assert all(o.op in step for o in t.origin.values()), r.strategy.name
     assert (t.replicas, t.micro_batches) == (r.replicas, r.micro_batches), r.strategy.name
     for name, o in t.origin.items():
-        assert r.origin_of(name) is o
+        assert r.origin_of(name) == o
         if o.role == "copy":   # a copy runs a batched op of the step, in a slice of its replica
             assert step.op(o.op).batch and (o.slice is None or 0 <= o.slice < r.micro_batches), name
             assert (o.replica is None) == (r.replicas == 1), name

@@ -144,8 +144,27 @@ def identity(graph: OpGraph) -> Transformed:
     >>> t.graph is t.source, t.origin["a"], t.origin["b"].role
     (True, Origin(op='a', replica=None, slice=0, role='copy', tensor=None, members=()), 'step')
     """
-    origin = {op.name: Origin(op.name, slice=0) if op.batch else Origin(op.name, role="step") for op in graph.ops}
-    return Transformed(graph, graph, MappingProxyType(origin))
+    return Transformed(graph, graph, _Itself(graph))
+
+
+class _Itself(Mapping):
+    """The identity's origin map, each :class:`Origin` made when read (a
+    plain solve keeps its step's identity at no cost)."""
+
+    def __init__(self, graph: OpGraph):
+        self._graph = graph
+
+    def __getitem__(self, name: str) -> Origin:
+        if name not in self._graph:
+            raise KeyError(name)
+        op = self._graph.op(name)
+        return Origin(name, slice=0) if op.batch else Origin(name, role="step")
+
+    def __iter__(self):
+        return iter(self._graph.names)
+
+    def __len__(self) -> int:
+        return self._graph.num_ops
 
 
 def compose(outer: Transformed, inner: Transformed) -> Transformed:
