@@ -41,6 +41,8 @@ from .make_graphs import by_key
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results"
 WORKLOADS = ("keras_resnet50", "transformer_6")
+#: Where :mod:`benchmarks.bench_wgrad_costs`' section of slice_costs.md starts (kept on a rewrite).
+WGRAD_MARK = "<!-- bench_wgrad_costs -->"
 #: Preset batch of the zoo workloads without a ``batch`` override (tf_patch/zoo presets).
 PRESET_BATCH = {"transformer_6": 64, "nmt_4x1024": 128, "nmt_2x1024": 128, "rnnlm_4x2048": 128}
 
@@ -106,6 +108,15 @@ def compare(key: str, step, small, m: int) -> Comparison:
         "; ".join(f"{n} ({step.op(n).type}) {rule[n]:.1f} vs {tf[n]:.1f} µs" for n in worst))
 
 
+def write_rows(path: Path, kind, rows, digits: int) -> None:
+    """``rows`` (dataclasses of type ``kind``) as a CSV, floats rounded to ``digits``."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[x.name for x in fields(kind)])
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(v, digits) if isinstance(v, float) else v) for k, v in r.__dict__.items()})
+
+
 def _batch(key: str) -> int:
     manifest = json.loads((HERE / "graphs" / "manifest.json").read_text())
     return int(manifest.get(key, {}).get("overrides", {}).get("batch") or PRESET_BATCH[key])
@@ -142,12 +153,11 @@ def main(argv=None) -> int:
             print(rows[-1], flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "slice_costs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[x.name for x in fields(Comparison)])
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.__dict__.items()})
-    (out / "slice_costs.md").write_text("\n".join(markdown(rows, time.perf_counter() - t0)) + "\n")
+    write_rows(out / "slice_costs.csv", Comparison, rows, 4)
+    md = out / "slice_costs.md"
+    tail = md.read_text().partition(WGRAD_MARK) if md.exists() else ("", "", "")
+    kept = "\n" + tail[1] + tail[2] if tail[1] else ""    # bench_wgrad_costs' section stays
+    md.write_text("\n".join(markdown(rows, time.perf_counter() - t0)) + "\n" + kept)
     return 0
 
 

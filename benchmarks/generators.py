@@ -2,6 +2,8 @@
 
 ``layered_dag`` mimics a training step: layers of ops with edges mostly to the
 next layer, some skip edges, optional CPU-only ops and colocation groups.
+``training_step`` is a marked layered training step (TensorFlow's names, phase
+marks), the uniform-stage workload of the pipeline schedules.
 ``lstm_grid`` and ``transformer_like`` give the shapes the coarsening paper
 cares about at any size (e.g. 40,000 ops).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import random
 
 from pesto.graph import Edge, Op, OpGraph, Tensor
+from tf_patch.marks import mark_phases
 
 
 def _mk(ops, edge_list, name):
@@ -180,3 +183,53 @@ def transformer_like(blocks: int, *, heads: int = 8, ops_per_head: int = 6, seed
     edges.append((mid, loss, 1 << 10))
     stack("bwd", loss)
     return _mk(ops, edges, f"transformer{blocks}")
+
+
+def training_step(layers: int = 4, *, act: int = 1_000_000, weight: int = 4000, t: float = 10.0,
+                  back: float = 2.0) -> OpGraph:
+    """A training step as TensorFlow names it: input ``x``; per layer a variable
+    ``layer_l/w`` (read by ``layer_l/read``, updated by ``train/apply_l``, one
+    colocation group), a forward op ``layer_l/f`` (``act`` bytes out) and, under
+    ``gradients/layer_l/f_grad/``, ``dx`` (reads the layer's weight and the
+    gradient from above) and ``dw`` (reads the layer's input: a weight gradient,
+    ``weight`` bytes); forward ops take ``t`` µs, backward ones (``dx``,
+    ``dw``) ``back * t`` (``back=1``: uniform stages, ``T_F = T_B = T_W``).
+    Phase, anchor and role marks by the TensorFlow front end's rule
+    (:func:`tf_patch.marks.mark_phases`).
+
+    >>> g = training_step(2, back=1.0)
+    >>> sorted({op.phase for op in g.ops if op.batch}), g.op("gradients/layer_0/f_grad/dw").compute["GPU"]
+    (['forward', 'input-grad', 'weight-grad'], 10.0)
+    """
+    ops = [Op("x", {"GPU": 0.5}, output_bytes=act, batch=True, type="Placeholder")]
+    ts, es = [Tensor("x:0", "x", act)], []
+
+    def add(name, time, out, batch, **kw):
+        ops.append(Op(name, {"GPU": time}, output_bytes=out, batch=batch, scope=name.rpartition("/")[0], **kw))
+        if out:
+            ts.append(Tensor(f"{name}:0", name, out))
+
+    def edge(u, v):
+        es.append(Edge(u, v, (f"{u}:0",)))
+
+    prev = "x"
+    for l in range(layers):
+        add(f"layer_{l}/w", 0.0, weight, False, persistent_bytes=weight, colocation_group=f"w{l}")
+        add(f"layer_{l}/read", 0.0, weight, False, colocation_group=f"w{l}")
+        add(f"layer_{l}/f", t, act, True)
+        edge(f"layer_{l}/w", f"layer_{l}/read")
+        edge(prev, f"layer_{l}/f")
+        edge(f"layer_{l}/read", f"layer_{l}/f")
+        prev = f"layer_{l}/f"
+    grad = prev
+    for l in reversed(range(layers)):
+        below = f"layer_{l - 1}/f" if l else "x"
+        dx, dw = f"gradients/layer_{l}/f_grad/dx", f"gradients/layer_{l}/f_grad/dw"
+        add(dx, back * t, act, True)
+        add(dw, back * t, weight, True)
+        add(f"train/apply_{l}", 1.0, 0, False, colocation_group=f"w{l}", type="ResourceApplyGradientDescent")
+        for u, v in [(grad, dx), (f"layer_{l}/read", dx), (grad, dw), (below, dw), (dw, f"train/apply_{l}")]:
+            edge(u, v)
+        es.append(Edge(f"layer_{l}/w", f"train/apply_{l}", (f"layer_{l}/w:0",)))
+        grad = dx
+    return mark_phases(OpGraph(ops, es, ts, name=f"layered{layers}"))

@@ -36,6 +36,7 @@ from .finalize import finalize
 from .graph import OpGraph
 from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan, check_plan
+from .step.marks import slice_constants
 
 __all__ = ["solve", "solve_step", "step_graph", "marked", "Solved", "Strategy", "evaluate", "load_placement",
            "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
@@ -262,9 +263,9 @@ def marked(graph: OpGraph) -> OpGraph:
         Unmarked ops and no rule to infer their marks (no data input found).
     """
     if is_marked(graph):
-        return graph
+        return slice_constants(graph)
     try:
-        return mark_step(graph)
+        return slice_constants(mark_step(graph))
     except BatchMarkError as exc:
         raise BatchMarkError(f"graph {graph.name!r} has ops without batch marks (Op.batch) and no rule infers "
                              f"them ({exc}); mark the ops (JSON 'batch': true/false)") from None

@@ -134,7 +134,7 @@ class Op:
             raise InvalidGraphError(f"op {self.name!r}: compute must map device kind -> µs, "
                                     f"got {self.compute!r}") from None
         # numpy scalars are fine as inputs but must not leak into JSON
-        compute = {k: float(t) if _is_real(t) else t for k, t in compute.items()}
+        compute = {k: t if type(t) is float else float(t) if _is_real(t) else t for k, t in compute.items()}
         object.__setattr__(self, "compute", MappingProxyType(compute))
         if isinstance(self.kinds, str):
             kinds = frozenset([self.kinds])
@@ -143,7 +143,7 @@ class Op:
         object.__setattr__(self, "kinds", _KINDS.setdefault(kinds, kinds))  # one set per distinct value
         for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
             v = getattr(self, key)
-            if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+            if type(v) is not int and isinstance(v, numbers.Integral) and not isinstance(v, bool):
                 object.__setattr__(self, key, int(v))
 
     def __hash__(self):
@@ -187,7 +187,7 @@ class Tensor:
     bytes: int
 
     def __post_init__(self):
-        if isinstance(self.bytes, numbers.Integral) and not isinstance(self.bytes, bool):
+        if type(self.bytes) is not int and isinstance(self.bytes, numbers.Integral) and not isinstance(self.bytes, bool):
             object.__setattr__(self, "bytes", int(self.bytes))
 
 
@@ -202,7 +202,7 @@ class Edge:
     def __post_init__(self):
         if isinstance(self.tensors, str):  # Edge("a", "b", "a:0") means one tensor
             object.__setattr__(self, "tensors", (self.tensors,))
-        else:
+        elif type(self.tensors) is not tuple:
             object.__setattr__(self, "tensors", tuple(self.tensors))
 
     @property
@@ -308,7 +308,8 @@ class OpGraph:
             if tensor.src != e.src:
                 raise InvalidGraphError(
                     f"edge {e.src!r} -> {e.dst!r} carries tensor {t!r} produced by {tensor.src!r}")
-        self._edges[(e.src, e.dst)] = Edge(e.src, e.dst, tuple(e.tensors))
+        # an Edge's tensors are a tuple already (its __post_init__); a subclass is copied
+        self._edges[(e.src, e.dst)] = e if type(e) is Edge else Edge(e.src, e.dst, tuple(e.tensors))
 
     def _toposort(self) -> list[int]:
         return toposort(self._succ, self._pred, names=self.names)
@@ -671,7 +672,8 @@ def _time_for(op: Op, kind: str) -> float:
 
 
 def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+    t = type(x)   # the common types first: the ABC check is slow and runs per op of a split step
+    return t is float or t is int or (isinstance(x, numbers.Real) and t is not bool)
 
 
 def _as_bytes(v, what) -> int:

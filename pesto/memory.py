@@ -54,6 +54,7 @@ Examples
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 from .cluster import Cluster
@@ -62,7 +63,8 @@ from .graph import OpGraph
 from .problem import GraphArrays, Problem
 
 __all__ = ["memory_profile", "timed_peak", "static_peak", "MemoryTracker", "static_repair", "peak_repair",
-           "check_feasible", "live_across", "static_bytes", "overrun_message", "fmt_bytes", "MEMORY_NOTE"]
+           "check_feasible", "live_across", "step_activations", "Activations", "static_bytes", "overrun_message",
+           "fmt_bytes", "MEMORY_NOTE"]
 
 MEMORY_NOTE = ("memory does not fit: ops in memory_forced were put on the device with the most free "
                "memory; memory_over gives the simulated peak per over-full device")
@@ -287,6 +289,67 @@ def live_across(graph: OpGraph, name: str) -> int:
     before = _closure(graph.pred_idx(), i)
     after = _closure(graph.succ_idx(), i) - {i}
     return sum(b for _, src, b, cons in graph.tensor_table() if src in before and any(c in after for c in cons))
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What every plan of a training step holds when its forward pass ends
+    (:func:`step_activations`): ``op``, the forward op the backward pass first
+    reads (the loss); of the bytes live across it (:func:`live_across`),
+    ``batched`` come from batched ops (a slice holds ``batched / M`` of them),
+    ``shared`` from once-per-step ops (weight reads: every slice shares them)."""
+
+    op: str
+    batched: int
+    shared: int
+
+    def per_slice(self, micro_batches: int) -> int:
+        """Bytes live across one slice's loss: ``batched / M`` (rounded up) plus ``shared``."""
+        return -(-self.batched // max(1, micro_batches)) + self.shared
+
+
+def step_activations(graph: OpGraph) -> Activations | None:
+    """:class:`Activations` of a marked step: the loss is the latest (in
+    topological order) batched forward op read by the first backward op (by
+    :attr:`~pesto.graph.Op.phase`) that reads a batched forward op; None when
+    no backward op reads one (no phase marks). In any plan of the step split
+    into ``M`` slices, when a slice's loss ends the devices together hold the
+    persistent bytes and at least :meth:`Activations.per_slice` bytes
+    (a floor; :mod:`solver.parallel.search` skips strategies it rules out).
+
+    >>> from pesto.graph import Op, Edge, Tensor
+    >>> ops = [Op("w", {"GPU": 0.0}, output_bytes=8, batch=False, phase="forward"),
+    ...        Op("f", {"GPU": 1.0}, output_bytes=100, batch=True, phase="forward"),
+    ...        Op("loss", {"GPU": 1.0}, output_bytes=4, batch=True, phase="forward"),
+    ...        Op("df", {"GPU": 1.0}, output_bytes=100, batch=True, phase="input-grad")]
+    >>> es = [Edge("w", "f", "w:0"), Edge("f", "loss", "f:0"), Edge("loss", "df", "loss:0"),
+    ...       Edge("f", "df", "f:0"), Edge("w", "df", "w:0")]
+    >>> a = step_activations(OpGraph(ops, es, [Tensor(f"{n}:0", n, o.output_bytes) for n, o in
+    ...                                         zip("w f loss".split(), ops)]))
+    >>> a, a.per_slice(4)
+    (Activations(op='loss', batched=104, shared=8), 34)
+    """
+    ops, topo, pred = graph.ops, graph.topo_idx(), graph.pred_idx()
+    pos = {i: k for k, i in enumerate(topo)}
+    backward = ("input-grad", "weight-grad")
+    for i in topo:
+        if ops[i].phase in backward:
+            fwd = [p for p in pred[i] if ops[p].batch and ops[p].phase == "forward"]
+            if fwd:
+                loss = max(fwd, key=pos.get)
+                break
+    else:
+        return None
+    before = _closure(pred, loss)
+    after = _closure(graph.succ_idx(), loss) - {loss}
+    batched = shared = 0
+    for _, src, b, cons in graph.tensor_table():
+        if src in before and any(c in after for c in cons):
+            if ops[src].batch:
+                batched += b
+            else:
+                shared += b
+    return Activations(graph.names[loss], batched, shared)
 
 
 def fmt_bytes(n) -> str:

@@ -36,6 +36,8 @@ from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.simulate import simulate
 
+from .parallel.cut import split_stages
+
 __all__ = ["place_single", "place_expert", "place_metis", "expert_assignment", "expert_blocks",
            "pipeline_cuts"]
 
@@ -506,7 +508,8 @@ def pipeline_cuts(work: Sequence[float], cut: Sequence[float], k: int) -> list[i
     """Split blocks ``0..m-1`` into ``k`` contiguous non-empty stages
     minimising the largest stage cost, a stage's cost being its ``work``
     plus the ``cut`` cost on both its boundaries (``cut[j]``: between blocks
-    ``j`` and ``j + 1``); the classic pipeline-partition DP, O(k m^2).
+    ``j`` and ``j + 1``); the classic pipeline-partition DP, O(k m^2)
+    (:func:`solver.parallel.cut.split_stages`).
     ``work`` may be a list per stage (``work[s][b]``, for devices of
     different speeds). Returns the first block of each stage.
 
@@ -517,29 +520,7 @@ def pipeline_cuts(work: Sequence[float], cut: Sequence[float], k: int) -> list[i
     >>> pipeline_cuts([1, 1, 1, 1], [5, 0, 5], 2)
     [0, 2]
     """
-    import numpy as np
-
-    per = [list(work)] * k if not work or not isinstance(work[0], (list, tuple)) else [list(x) for x in work]
-    m = len(per[0])
-    if k <= 1 or m <= 1:
-        return [0]
-    k = min(k, m)
-    c = np.concatenate([[0.0], np.asarray(cut, dtype=float), [0.0]])  # c[j]: cost before block j
-    f = np.full((k + 1, m + 1), np.inf)
-    arg = np.zeros((k + 1, m + 1), dtype=np.int64)
-    f[0, 0] = 0.0
-    for s in range(1, k + 1):
-        pre = np.concatenate([[0.0], np.cumsum(per[s - 1])])
-        for j in range(s, m + 1):
-            i = np.arange(s - 1, j)
-            cost = np.maximum(f[s - 1, i], pre[j] - pre[i] + c[i] + c[j])
-            b = int(np.argmin(cost))
-            f[s, j], arg[s, j] = cost[b], i[b]
-    starts, j = [], m
-    for s in range(k, 0, -1):
-        j = int(arg[s, j])
-        starts.append(j)
-    return starts[::-1]
+    return list(split_stages(work, [0.0, *cut], k))   # the one partition DP
 
 
 def _stage_splits(prob: Problem, blocks: list[int], gpus: list[int]) -> dict:

@@ -33,7 +33,8 @@ from .cpsat import place_cpsat
 from .heuristics import place_celeritas, place_heft, place_m_etf, place_m_sct, place_m_topo
 from .parallel.hybrid import place_hybrid
 from .mip import place_mip
-from .parallel.pipelines import place_1f1b, place_data_parallel, place_gpipe
+from .parallel.pipelines import place_1f1b, place_data_parallel, place_gpipe, schedule_placer
+from .parallel.schedules import SCHEDULES
 from .parallel.slice_model import place_slice_cpsat
 
 __all__ = ["Placer", "PLACERS", "COMMON_OPTIONS", "HEURISTICS", "baselines", "run_order", "get_placer",
@@ -97,6 +98,7 @@ PLACERS: dict[str, Placer] = {p.name: p for p in (
     Placer("data-parallel", place_data_parallel),
     Placer("gpipe", place_gpipe),
     Placer("1f1b", place_1f1b),
+    *(Placer(name, schedule_placer(name)) for name, s in SCHEDULES.items() if not s.plain),
     Placer("hybrid", place_hybrid),
     Placer("slice-cpsat", place_slice_cpsat),
 )}

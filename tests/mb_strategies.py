@@ -9,8 +9,8 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from pesto.graph import OpGraph
+from benchmarks.generators import training_step
 from strategies import dags
-from tf_patch.marks import mark_phases
 
 __all__ = ["marked_dags", "mark", "layered_step"]
 
@@ -33,46 +33,5 @@ def marked_dags(draw, max_ops: int = 10, **kw) -> OpGraph:
 
 
 def layered_step(layers: int = 4, *, act: int = 1_000_000, weight: int = 4000, t: float = 10.0) -> OpGraph:
-    """A training step as TensorFlow names it: input ``x``; per layer a variable
-    ``layer_l/w`` (read by ``layer_l/read``, updated by ``train/apply_l``, one
-    colocation group), a forward op ``layer_l/f`` (``act`` bytes out) and, under
-    ``gradients/layer_l/f_grad/``, ``dx`` (reads the layer's weight and the
-    gradient from above) and ``dw`` (reads the layer's input: a weight gradient,
-    ``weight`` bytes); all batched ops take ``t`` µs, backward ones ``2 t``.
-    Phase, anchor and role marks by the TensorFlow front end's rule
-    (:func:`tf_patch.marks.mark_phases`).
-    """
-    from pesto.graph import Edge, Op, Tensor
-
-    ops = [Op("x", {"GPU": 0.5}, output_bytes=act, batch=True, type="Placeholder")]
-    ts, es = [Tensor("x:0", "x", act)], []
-
-    def add(name, time, out, batch, **kw):
-        ops.append(Op(name, {"GPU": time}, output_bytes=out, batch=batch, scope=name.rpartition("/")[0], **kw))
-        if out:
-            ts.append(Tensor(f"{name}:0", name, out))
-
-    def edge(u, v):
-        es.append(Edge(u, v, (f"{u}:0",)))
-
-    prev = "x"
-    for l in range(layers):
-        add(f"layer_{l}/w", 0.0, weight, False, persistent_bytes=weight, colocation_group=f"w{l}")
-        add(f"layer_{l}/read", 0.0, weight, False, colocation_group=f"w{l}")
-        add(f"layer_{l}/f", t, act, True)
-        edge(f"layer_{l}/w", f"layer_{l}/read")
-        edge(prev, f"layer_{l}/f")
-        edge(f"layer_{l}/read", f"layer_{l}/f")
-        prev = f"layer_{l}/f"
-    grad = prev
-    for l in reversed(range(layers)):
-        below = f"layer_{l - 1}/f" if l else "x"
-        dx, dw = f"gradients/layer_{l}/f_grad/dx", f"gradients/layer_{l}/f_grad/dw"
-        add(dx, 2 * t, act, True)
-        add(dw, 2 * t, weight, True)
-        add(f"train/apply_{l}", 1.0, 0, False, colocation_group=f"w{l}", type="ResourceApplyGradientDescent")
-        for u, v in [(grad, dx), (f"layer_{l}/read", dx), (grad, dw), (below, dw), (dw, f"train/apply_{l}")]:
-            edge(u, v)
-        es.append(Edge(f"layer_{l}/w", f"train/apply_{l}", (f"layer_{l}/w:0",)))
-        grad = dx
-    return mark_phases(OpGraph(ops, es, ts, name=f"layered{layers}"))
+    """:func:`benchmarks.generators.training_step` with backward ops taking ``2 t``."""
+    return training_step(layers, act=act, weight=weight, t=t, back=2.0)

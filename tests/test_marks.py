@@ -133,7 +133,7 @@ def test_the_solver_reads_marks_and_the_facade_sets_them():
     (:func:`pesto.api.marked`) marks a TensorFlow-named graph by tf_patch.marks."""
     from pesto.api import marked
     from solver.parallel.search import with_marks
-    from solver.parallel.pipelines import phases
+    from solver.parallel.cut import phases
 
     raw = OpGraph.from_json(GRAPHS / "rnnlm_2x2048.json.gz")
     with pytest.raises(BatchMarkError, match=r"op\(s\) without batch marks") as exc:

@@ -15,7 +15,8 @@ from pesto.step.slicing import parse_name
 from pesto.plan import check_plan
 from pesto.simulate import simulate
 from tf_patch.marks import mark_step
-from solver.parallel.pipelines import (data_parallel_plan, phases, pipeline_plan, place_1f1b,
+from solver.parallel.cut import phases
+from solver.parallel.pipelines import (data_parallel_plan, pipeline_plan, place_1f1b,
                                        place_data_parallel, place_gpipe, split_stages, task_order)
 from solver.registry import PLACERS, get_placer
 

@@ -58,7 +58,7 @@ The phase rule
   differentiates (``gradients/<op>_grad/...``, ``gradient_tape/<op>/...``):
   the longest scope prefix naming a batched forward op, else a layer scope
   of depth >= 2 holding forward ops, whose middle one is taken
-  (the pipeline placers' rule for the ops left: :func:`solver.parallel.pipelines.phases`);
+  (the pipeline placers' rule for the ops left: :func:`solver.parallel.cut.phases`);
 * **role** ``"grad-sum"``: every op of a type in :data:`SUM_TYPES` (an
   elementwise sum: the per-time-step weight gradients of an RNN are summed by
   an ``AddN``; a forward add is marked too -- the type does not tell them

@@ -25,6 +25,13 @@ How the graph is built (the naming rule)
   chain (slice ``k`` is added as soon as it is done); a sparse gradient
   (``IndexedSlices``, an embedding's) is the concatenation of the slices'
   rows, which the optimizer sums per row as it does for one batch;
+* ``whole/<variable>/``: with :class:`LossStep`'s ``whole`` (Keras ``Dense``
+  layers), the kernel's gradient is not summed over the slices but computed
+  once, ``MatMul(concat(x_i)^T, concat(dy_i))`` over every slice's layer
+  input ``x_i`` and output-gradient ``dy_i`` (the gradient of the layer's
+  ``x W``, which each slice's backward pass computes anyway): Pesto's
+  ``weight_grads="whole"`` (:func:`pesto.step.split`). The bias and every
+  other variable stay on the ``accumulate/`` chains;
 * ``microbatch/loss``: the step's loss, the sum of the scaled slice losses;
 * the optimizer update: once, as in the un-split step.
 
@@ -62,7 +69,7 @@ import re
 from pesto.errors import MicroBatchError
 
 __all__ = ["check_micro_batches", "slice_of", "batch_size", "split_inputs", "accumulate", "split_graph_step",
-           "LossStep", "split_step", "SLICE", "GRADIENT_SCOPE"]
+           "LossStep", "split_step", "whole_gradient", "SLICE", "GRADIENT_SCOPE"]
 
 #: Name component of slice ``i``'s ops: ``mb<i>``.
 SLICE = re.compile(r"(?:^|/)mb(\d+)(?:/|$)")
@@ -184,6 +191,68 @@ def accumulate(parts: list, name: str):
         return total
 
 
+def whole_gradient(inputs: list, output_grads: list, name: str):
+    """One ``MatMul`` over every slice: ``concat(inputs)^T concat(output_grads)``
+    under ``whole/<name>/`` (a ``Dense`` kernel's gradient, not summed)."""
+    import tensorflow as tf
+
+    with tf.name_scope(f"whole/{name}/"):
+        x = tf.concat(inputs, 0, name="inputs")
+        dy = tf.concat(output_grads, 0, name="output_grads")
+        return tf.linalg.matmul(x, dy, transpose_a=True, name="MatMul")
+
+
+class _DenseRecorder:
+    """While entered (:meth:`on` a tape), each of ``layers`` (Keras ``Dense``)
+    computes ``x W`` itself and records ``(x, x W)`` (both 2-D) for its whole
+    weight gradient. The tape watches ``x W`` and not the kernel through it
+    (``stop_gradient``), so the slice's backward pass builds no kernel
+    gradient of its own."""
+
+    def __init__(self, layers):
+        self.layers = list(layers)
+        for layer in self.layers:
+            if not all(hasattr(layer, a) for a in ("kernel", "units", "use_bias", "activation")):
+                raise TypeError(f"LossStep(whole=...) takes Keras Dense layers; {layer!r} is not one")
+        self.seen: dict[int, tuple] = {}
+        self.tape = None
+
+    def on(self, tape) -> "_DenseRecorder":
+        self.tape = tape
+        return self
+
+    def __enter__(self):
+        self.seen = {}
+        for layer in self.layers:
+            layer.call = self._call(layer)
+        return self
+
+    def __exit__(self, *exc):
+        for layer in self.layers:
+            del layer.call
+        missing = [layer.name for layer in self.layers if id(layer) not in self.seen]
+        if missing and exc[0] is None:
+            raise ValueError(f"LossStep(whole=...): layers not called by the loss: {missing}")
+
+    def _call(self, layer):
+        import tensorflow as tf
+
+        def call(inputs, *args, **kwargs):
+            if id(layer) in self.seen:
+                raise ValueError(f"LossStep(whole=...): layer {layer.name!r} is called twice in one slice "
+                                 "(a shared layer's inputs cannot be concatenated once)")
+            x = tf.reshape(inputs, [-1, inputs.shape[-1]])
+            y = tf.linalg.matmul(x, tf.stop_gradient(layer.kernel))
+            self.tape.watch(y)
+            self.seen[id(layer)] = (x, y)
+            z = tf.reshape(y, tf.concat([tf.shape(inputs)[:-1], [layer.units]], 0))
+            if layer.use_bias:
+                z = tf.nn.bias_add(z, layer.bias)
+            return z if layer.activation is None else layer.activation(z)
+
+        return call
+
+
 def split_graph_step(per_slice, inputs, micro_batches: int, variables):
     """The split step's loss and summed gradients (graph building).
 
@@ -237,6 +306,9 @@ class LossStep:
     micro_batches : int
     batched : indices of the arguments that are batches (split along axis 0);
         default: all of them. The others are given whole to every slice.
+    whole : Keras ``Dense`` layers whose kernel gradient runs once over all
+        slices (``whole/<variable>/``, module doc) instead of being summed;
+        each must be called once by ``loss_fn``. Ignored when ``M = 1``.
 
     Examples
     --------
@@ -245,11 +317,12 @@ class LossStep:
     >>> tf_patch.function_step(step, x, y)                                  # doctest: +SKIP
     """
 
-    def __init__(self, loss_fn, variables, optimizer, *, micro_batches: int = 1, batched=None):
+    def __init__(self, loss_fn, variables, optimizer, *, micro_batches: int = 1, batched=None, whole=()):
         self.loss_fn, self.optimizer = loss_fn, optimizer
         self._variables = variables
         self.micro_batches = check_micro_batches(None, micro_batches)
         self.batched = None if batched is None else tuple(batched)
+        self.whole = tuple(whole)
         self._fn = None
         self.__name__ = getattr(loss_fn, "__name__", "step")
 
@@ -262,7 +335,7 @@ class LossStep:
         if micro_batches == self.micro_batches:
             return self
         return LossStep(self.loss_fn, self._variables, self.optimizer, micro_batches=micro_batches,
-                        batched=self.batched)
+                        batched=self.batched, whole=self.whole)
 
     def split_args(self, args) -> list[int]:
         """Indices of the batch arguments among ``args``."""
@@ -310,6 +383,8 @@ class LossStep:
         import tensorflow as tf
 
         m, idx = self.micro_batches, self.split_args(args)
+        rec = _DenseRecorder(self.whole)
+        seen: list[dict] = []     # per slice: layer id -> (x, dy)
 
         def per_slice(i, parts):
             full = list(args)
@@ -317,10 +392,23 @@ class LossStep:
                 full[k] = part
             with tf.name_scope(f"mb{i}"):
                 with tf.GradientTape() as tape:
-                    loss = tf.multiply(self.loss_fn(*full), 1.0 / m, name="scaled_loss")
-                return loss, tape.gradient(loss, self.variables())
+                    with rec.on(tape):
+                        loss = tf.multiply(self.loss_fn(*full), 1.0 / m, name="scaled_loss")
+                vs = self.variables()
+                kernels = {id(layer.kernel) for layer in rec.layers}
+                rest = [v for v in vs if id(v) not in kernels]
+                ys = [rec.seen[id(layer)][1] for layer in rec.layers]
+                grads = tape.gradient(loss, rest + ys)
+                seen.append({id(layer): (rec.seen[id(layer)][0], g)
+                             for layer, g in zip(rec.layers, grads[len(rest):])})
+                of = dict(zip((id(v) for v in rest), grads))
+                return loss, [of.get(id(v)) for v in vs]
 
-        return split_graph_step(per_slice, [args[k] for k in idx], m, self.variables)
+        loss, pairs = split_graph_step(per_slice, [args[k] for k in idx], m, self.variables)
+        kernel = {id(layer.kernel): layer for layer in rec.layers}
+        return loss, [(whole_gradient([s[id(kernel[id(v)])][0] for s in seen],
+                                      [s[id(kernel[id(v)])][1] for s in seen], _label(v, j)), v)
+                      if id(v) in kernel else (g, v) for j, (g, v) in enumerate(pairs)]
 
 
 def split_step(fn, micro_batches, args):

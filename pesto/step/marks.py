@@ -21,12 +21,12 @@ Examples
 """
 from __future__ import annotations
 
-from dataclasses import replace  # noqa: F401  (the doctest's)
+from dataclasses import replace
 
 from ..errors import InvalidGraphError
 from ..graph import OpGraph
 
-__all__ = ["forward_ops", "backward_ops", "anchors", "BACKWARD"]
+__all__ = ["forward_ops", "backward_ops", "anchors", "slice_constants", "BACKWARD"]
 
 #: The phases of the backward pass and of the update after it.
 BACKWARD = frozenset({"input-grad", "weight-grad", "update"})
@@ -75,3 +75,43 @@ def anchors(graph: OpGraph) -> dict[str, str]:
     """Backward op -> the forward op it differentiates, for the ops whose
     anchor mark names an op of the graph."""
     return {op.name: op.anchor for op in graph.ops if op.anchor is not None and op.anchor in graph}
+
+
+def slice_constants(graph: OpGraph) -> OpGraph:
+    """``graph`` with every *per-slice constant* marked batched: an op marked
+    once per step (``batch=False``) that reads no tensor (a constant), holds no
+    persistent bytes, runs under a control edge from a batched op and feeds
+    batched ops only. A gradient builds such constants under a control
+    dependency on the incoming gradient (TensorFlow's ``SquaredDifference``
+    gradient, in every layer norm, makes its ``2.0`` so); left once per step,
+    the constant waits for every slice and every slice waits for it, a barrier
+    that turns any pipeline into GPipe at the barrier (all slices' activations
+    held). Copying a constant per slice keeps its value, so the mark is safe
+    whatever the front end meant; its phase ``"update"`` (an unbatched op of the
+    backward pass) becomes ``"input-grad"``. Returns ``graph`` itself when no
+    op changes.
+
+    >>> from pesto.graph import Op, Edge, Tensor
+    >>> ops = [Op("g", {"GPU": 1.0}, output_bytes=8, batch=True, phase="input-grad"),
+    ...        Op("two", {"GPU": 0.0}, output_bytes=4, batch=False, phase="update"),
+    ...        Op("mul", {"GPU": 1.0}, output_bytes=8, batch=True, phase="input-grad")]
+    >>> g = OpGraph(ops, [Edge("g", "two"), Edge("g", "mul", "g:0"), Edge("two", "mul", "two:0")],
+    ...             [Tensor("g:0", "g", 8), Tensor("two:0", "two", 4)])
+    >>> h = slice_constants(g)
+    >>> h.op("two").batch, h.op("two").phase, slice_constants(h) is h
+    (True, 'input-grad', True)
+    """
+    ops, pred, succ = graph.ops, graph.pred_idx(), graph.succ_idx()
+    reads = set()
+    for e in graph.edges:
+        if e.tensors:
+            reads.add(graph.index[e.dst])
+    change = [i for i, op in enumerate(ops)
+              if op.batch is False and i not in reads and not op.persistent_bytes and succ[i]
+              and any(ops[j].batch for j in pred[i]) and all(ops[j].batch for j in succ[i])]
+    if not change:
+        return graph
+    new = list(ops)
+    for i in change:
+        new[i] = replace(ops[i], batch=True, phase="input-grad" if ops[i].phase == "update" else ops[i].phase)
+    return OpGraph(new, graph.edges, graph.tensors, name=graph.name)

@@ -43,7 +43,8 @@ How the graph is built
   whatever the number of slices there); a control edge batched -> unbatched
   runs from every copy;
 * a tensor ``t`` a batched op hands to an unbatched one (a *partial*: the slice's
-  gradient) is summed through a chain of ``M - 1`` accumulate ops
+  gradient) is summed over the slices by its producer's rule (below, "Weight
+  gradients"); by default through a chain of ``M - 1`` accumulate ops
   ``t@acc1 .. t@acc{M-1}`` (``t@acck`` = slices ``0..k``, so slice ``k`` can be
   added as soon as it is done, into one buffer), and the unbatched consumers read
   the last one. Slice ``i + 1`` depends on slice ``i`` through nothing else, so
@@ -51,7 +52,8 @@ How the graph is built
 * an unbatched op *between* batched ops (reading a partial, or under a control
   edge from a batched op, and feeding batched ops) is where every slice waits
   for all the others: mark it batched if it belongs to one slice (a constant a
-  gradient builds under a control dependency does);
+  gradient builds under a control dependency does: the solver's entries mark
+  those, :func:`pesto.step.marks.slice_constants`);
 * the graph knows no batch size: the caller picks an ``M`` that divides it
   (bytes are rounded up, so an ``M`` that does not divide is costed as if the
   last slice were as large as the others).
@@ -81,6 +83,44 @@ Cost rule of a copy (documented constants, tested)
   ``BANDWIDTH["GPU"]`` = 900 GB/s (V100 HBM2: the roofline grappler's V100 model
   gives the zoo graphs' adds, e.g. ``AddV2`` of 1 MiB = 3.5 µs) and a
   server's DDR4 for ``"CPU"``; it may run on the kinds its producer allows.
+
+Weight gradients (``weight_grads``, one rule per weight-gradient op)
+-------------------------------------------------------------------
+The weight-gradient ops (:func:`weight_grad_ops`: the batched ops an
+unbatched op reads, the producers of the partials) sum the slices by one of
+:data:`WEIGHT_GRADS`, given for all or per op (a mapping op -> rule):
+
+* ``"separate"`` (the default; what TensorFlow's split step runs,
+  :mod:`tf_patch.microstep`): copies by the cost rule above, and the
+  ``t@acck`` accumulate ops: ``M - 1`` extra passes over every weight gradient;
+* ``"accumulate"`` (in place, as Megatron-LM's GEMM with ``beta = 1``): copies
+  by the cost rule above (op time / ``M`` with the floor), **plus nothing**:
+  the sum is fused into the copy. The partial-sum buffer is one tensor each
+  copy updates, so copy ``k`` reads copy ``k - 1``'s partial (an edge
+  ``op@mb{k-1} -> op@mb{k}``: the copies run one after another, and a copy on
+  another device than the previous one receives the buffer); the consumers
+  read the last copy's. Memory: the running sum's bytes; the liveness model
+  sees the input and output of a copy at once (one buffer more than in place,
+  while the copy runs);
+* ``"whole"`` (the deferred weight gradient of zero-bubble schedules): the op
+  runs once, ``op@all``, with the un-split op's time and bytes, reading every
+  slice's copy of its inputs (an edge from each ``x@mb{i}``: the
+  concatenated batch), and the consumers read it; no accumulation at all.
+  Memory: every slice's inputs stay live until it runs. Ops that only feed
+  it run whole with it (:func:`whole_ops`: the bias gradient's ``Sum`` before
+  its ``Reshape``, an RNN's per-time-step weight gradients before their sum,
+  whose sum then runs once instead of ``M`` times). A whole op is unbatched
+  (it runs once per step); its origin has role ``"whole"``, the copies it
+  stands for as members. An op a batched op reads cannot run whole: the string
+  ``"whole"`` leaves it on ``"accumulate"``, a mapping naming it is refused.
+
+Work per rule: ``whole`` <= ``accumulate`` <= ``separate`` (equal above the
+floor for the first two); ``whole`` costs memory, ``accumulate`` serialises
+the copies of one op. :func:`weight_grad_costs` gives each weight-gradient
+op's work and held bytes under each rule (:class:`WeightGradCost`), and
+:func:`choose_weight_grads` a per-op mapping from them (whole where it does
+less work within a byte limit, else in place). ``benchmarks/results/slice_costs.md`` measures the
+rule against grappler's V100 model ("Weight gradients" section).
 
 Colocation groups (rule)
 ------------------------
@@ -114,7 +154,7 @@ Examples
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -123,7 +163,8 @@ from ..graph import Edge, Op, OpGraph, Tensor
 from .transform import Origin, Transformed, check_count, identity
 
 __all__ = ["split", "check_marks", "partial_tensors", "fixed_ops", "slice_op", "accumulate_op", "copy_name",
-           "parse_name", "FLOOR_US", "BANDWIDTH", "RESERVED"]
+           "whole_name", "parse_name", "weight_grad_ops", "whole_ops", "FLOOR_US", "BANDWIDTH", "RESERVED",
+           "WEIGHT_GRADS", "WeightGradCost", "weight_grad_costs", "choose_weight_grads"]
 
 #: Shortest time of a slice's kernel (µs): a V100 kernel's duration floor with
 #: launches pipelined. An op already faster keeps its own time.
@@ -133,7 +174,10 @@ FLOOR_US = 2.0
 BANDWIDTH = MappingProxyType({"GPU": 900e3, "CPU": 50e3})
 
 #: Names :func:`split` makes: an original op or tensor may not look like them.
-RESERVED = re.compile(r"@(mb|acc)\d")
+RESERVED = re.compile(r"@(mb|acc)\d|@all$")
+#: How the slices' weight gradients are summed (module doc, "Weight gradients"):
+#: ``"separate"`` accumulate ops, ``"accumulate"`` in place, ``"whole"`` one op over all slices.
+WEIGHT_GRADS = ("separate", "accumulate", "whole")
 
 
 def check_marks(graph: OpGraph, reserved: re.Pattern = RESERVED) -> None:
@@ -178,14 +222,21 @@ def copy_name(name: str, i: int) -> str:
     return f"{name}@mb{i}"
 
 
+def whole_name(name: str) -> str:
+    """The name of op ``name`` run once over every slice (rule ``"whole"``): ``name@all``."""
+    return f"{name}@all"
+
+
 def parse_name(name: str) -> Origin:
     """Inverse of the naming rule, without the graph.
 
     >>> parse_name("layer/MatMul@mb3")
     Origin(op='layer/MatMul', replica=None, slice=3, role='copy', tensor=None, members=())
-    >>> parse_name("grad:0@acc2").role, parse_name("w").role
-    ('accumulate', 'step')
+    >>> parse_name("grad:0@acc2").role, parse_name("w").role, parse_name("dw@all").role
+    ('accumulate', 'step', 'whole')
     """
+    if name.endswith("@all"):
+        return Origin(name[:-4], role="whole")
     m = re.fullmatch(r"(.*)@(mb|acc)(\d+)", name)
     if m is None:
         return Origin(name, role="step")
@@ -299,13 +350,22 @@ def accumulate_op(name: str, nbytes: int, kinds, *, scope: str = "", floor_us: f
 
 
 def split(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
-          bandwidth: Mapping[str, float] = BANDWIDTH) -> Transformed:
+          bandwidth: Mapping[str, float] = BANDWIDTH, weight_grads="separate") -> Transformed:
     """The step ``graph`` run as ``micro_batches`` slices, with the map back to its ops (module doc).
+
+    ``weight_grads``: how the slices' weight gradients are summed, one of
+    :data:`WEIGHT_GRADS` for every weight-gradient op (the producers of the
+    tensors batched ops hand to unbatched ones: :func:`weight_grad_ops`), or a
+    mapping weight-gradient op -> rule (ops it leaves out: ``"separate"``);
+    module doc, "Weight gradients". ``"whole"`` given as a string applies
+    where it can (:func:`whole_ops`) and ``"accumulate"`` elsewhere.
 
     Raises
     ------
     MicroBatchError
-        ``micro_batches`` not an integer >= 1; a device kind without bandwidth.
+        ``micro_batches`` not an integer >= 1; a device kind without bandwidth;
+        an unknown rule, a mapping naming an op that is not a weight-gradient
+        op, or ``"whole"`` mapped to an op that cannot run whole.
     BatchMarkError
         Unmarked ops, no batched op, batched ops with persistent bytes.
 
@@ -320,13 +380,171 @@ def split(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
     """
     m = check_count(micro_batches)
     check_marks(graph)
+    b = _Split(graph, m, floor_us, bandwidth)
+    b.choose(weight_grads)   # checked whatever M
     if m == 1:
         return identity(graph)
-    b = _Split(graph, m, floor_us, bandwidth)
     b.add_ops()
     b.add_edges()
     out = OpGraph(b.ops, b.edge_list(), b.tensors, name=f"{graph.name}@mb{m}")
     return Transformed(out, graph, MappingProxyType(b.origin), micro_batches=m, partials=b.partials)
+
+
+def weight_grad_ops(graph: OpGraph) -> tuple[str, ...]:
+    """The weight-gradient ops of a marked step: batched ops that hand a
+    tensor to an unbatched op (the optimizer reads the slices' sum), or that
+    only an unbatched op follows (a control edge: a replicated step's bucket
+    member, whose gradient is a view of the bucket's buffer), in graph order.
+
+    >>> g = OpGraph.from_edges({"x": 1, "dw": 1, "apply": 1}, [("x", "dw", 8), ("dw", "apply", 8)])
+    >>> g = OpGraph([replace(op, batch=op.name != "apply") for op in g.ops], g.edges, g.tensors)
+    >>> weight_grad_ops(g)
+    ('dw',)
+    """
+    batched = [bool(op.batch) for op in graph.ops]
+    srcs = {src for _, src, _, cons in graph.tensor_table() if batched[src] and any(not batched[j] for j in cons)}
+    srcs |= {i for i, nxt in enumerate(graph.succ_idx()) if batched[i] and nxt and not any(batched[j] for j in nxt)}
+    return tuple(graph.names[i] for i in sorted(srcs))
+
+
+def whole_ops(graph: OpGraph, ops) -> tuple[frozenset, tuple]:
+    """The ops that run whole (once, over every slice) when weight-gradient
+    ops ``ops`` do, and those of ``ops`` that cannot.
+
+    A weight-gradient op can run whole when no batched op reads it. Going
+    backwards from those that do, a batched predecessor runs whole too when
+    all its batched successors do and its outputs are no larger than theirs
+    (a reduction or a weight-shaped tensor: the bias gradient's ``Sum``
+    before its ``Reshape``, an RNN's per-time-step weight gradients before
+    their sum), so that every whole op reads only slices of per-sample
+    tensors or other whole ops' outputs.
+
+    Returns
+    -------
+    (frozenset of op names, tuple of the refused ``ops``)
+
+    >>> from pesto.graph import Op, OpGraph, Edge, Tensor
+    >>> ops = [Op("dy", {"GPU": 9.0}, output_bytes=800, batch=True), Op("sum", {"GPU": 4.0}, output_bytes=8, batch=True),
+    ...        Op("db", {"GPU": 0.0}, output_bytes=8, batch=True), Op("apply", {"GPU": 1.0}, batch=False)]
+    >>> ts = [Tensor("dy:0", "dy", 800), Tensor("sum:0", "sum", 8), Tensor("db:0", "db", 8)]
+    >>> g = OpGraph(ops, [Edge("dy", "sum", "dy:0"), Edge("sum", "db", "sum:0"), Edge("db", "apply", "db:0")], ts)
+    >>> sorted(whole_ops(g, ["db"])[0])
+    ['db', 'sum']
+    """
+    succ, nodes = graph.succ_idx(), graph.ops
+    limit: dict[int, int] = {}
+    refused = []
+    for name in ops:
+        i = graph.index[name]
+        if any(nodes[j].batch for j in succ[i]):
+            refused.append(name)
+        else:
+            limit[i] = nodes[i].output_bytes
+    for q in reversed(graph.topo_idx()):
+        if q in limit or not nodes[q].batch:
+            continue
+        mine = [j for j in succ[q] if nodes[j].batch]
+        if mine and all(j in limit for j in mine) and nodes[q].output_bytes <= min(limit[j] for j in mine):
+            limit[q] = min(limit[j] for j in mine)
+    return frozenset(graph.names[i] for i in limit), tuple(refused)
+
+
+@dataclass(frozen=True)
+class WeightGradCost:
+    """What each rule costs one weight-gradient op (:func:`weight_grad_costs`).
+
+    Attributes
+    ----------
+    op : str
+        The weight-gradient op.
+    ops : tuple of str
+        The ops its rule applies to: ``op`` and the ops that run whole with it
+        (:func:`whole_ops`); just ``op`` when it cannot run whole.
+    separate_us, accumulate_us, whole_us : float
+        Work of ``ops`` under each rule (µs on ``kind``): ``M`` copies plus the
+        ``M - 1`` accumulate ops; ``M`` copies; the un-split ops once (None
+        when ``op`` cannot run whole).
+    sum_bytes : int
+        The running sum ``"separate"`` and ``"accumulate"`` hold from the
+        first slice to the last (the op's outputs an unbatched op reads).
+    whole_bytes : int or None
+        What ``"whole"`` holds beyond one slice: ``(M - 1) / M`` of the
+        inputs ``ops`` read from other batched ops, kept until it runs.
+    """
+
+    op: str
+    ops: tuple
+    separate_us: float
+    accumulate_us: float
+    whole_us: float | None
+    sum_bytes: int
+    whole_bytes: int | None
+
+
+def weight_grad_costs(graph: OpGraph, micro_batches: int, *, kind: str = "GPU", floor_us: float = FLOOR_US,
+                      bandwidth: Mapping[str, float] = BANDWIDTH) -> tuple[WeightGradCost, ...]:
+    """Each weight-gradient op's time and memory under each rule, at ``M`` slices (module doc).
+
+    >>> from pesto.graph import Op, OpGraph, Edge, Tensor
+    >>> ops = [Op("x", {"GPU": 1.0}, output_bytes=800, batch=True), Op("dw", {"GPU": 40.0}, output_bytes=8, batch=True),
+    ...        Op("apply", {"GPU": 1.0}, batch=False)]
+    >>> g = OpGraph(ops, [Edge("x", "dw", "x:0"), Edge("dw", "apply", "dw:0")], [Tensor("x:0", "x", 800),
+    ...             Tensor("dw:0", "dw", 8)])
+    >>> c = weight_grad_costs(g, 4)[0]
+    >>> c.separate_us, c.accumulate_us, c.whole_us, c.sum_bytes, c.whole_bytes
+    (46.0, 40.0, 40.0, 8, 600)
+    """
+    m = check_count(micro_batches)
+    partials = partial_tensors(graph)
+    fixed = fixed_ops(graph, partials)
+    to_step = {name: b for name, src, b, cons in graph.tensor_table()
+               if graph.ops[src].batch and any(not graph.ops[j].batch for j in cons)}
+    made: dict[str, list] = {}
+    for t in graph.tensors:
+        made.setdefault(t.src, []).append(t.name)
+    producers = weight_grad_ops(graph)
+    every, refused = whole_ops(graph, producers)
+    out = []
+    for p in producers:
+        cone = _cone(graph, p, every)
+        ops = (p,) if p in refused else tuple(n for n in graph.names if n in cone)
+
+        def copies(n):
+            t = graph.op(n).time_on(kind)
+            return m * (t if n in fixed else max(t / m, min(t, floor_us)))
+        sums = [to_step[t] for t in made.get(p, ()) if t in to_step]
+        acc = sum(copies(n) for n in ops)
+        adds = (m - 1) * sum(max(floor_us, 3.0 * b / bandwidth[kind]) for b in sums)
+        held = sum(graph.tensor(t).bytes for n in ops for u in graph.predecessors(n)
+                   if u not in cone and graph.op(u).batch for t in graph.edge(u, n).tensors)
+        no = p in refused
+        out.append(WeightGradCost(p, ops, acc + adds, acc, None if no else sum(graph.op(n).time_on(kind) for n in ops),
+                                  sum(sums), None if no else held - _ceil_div(held, m)))
+    return tuple(out)
+
+
+def _cone(graph: OpGraph, op: str, whole: frozenset) -> set:
+    """``op`` and its ancestors through ops of ``whole`` (what runs whole with it)."""
+    cone, todo = {op}, [op]
+    while todo:
+        for u in graph.predecessors(todo.pop()):
+            if u in whole and u not in cone:
+                cone.add(u)
+                todo.append(u)
+    return cone
+
+
+def choose_weight_grads(costs, whole_bytes: float = float("inf")) -> dict[str, str]:
+    """A rule per weight-gradient op: ``"whole"`` where it does less work than
+    in place and holds at most ``whole_bytes``, else ``"accumulate"`` (never
+    ``"separate"``: it only adds work). A mapping for :func:`split`.
+
+    >>> c = [WeightGradCost("a", ("a",), 50.0, 40.0, 30.0, 8, 600), WeightGradCost("b", ("b",), 50.0, 40.0, 40.0, 8, 9)]
+    >>> choose_weight_grads(c), choose_weight_grads(c, whole_bytes=100)
+    ({'a': 'whole', 'b': 'accumulate'}, {'a': 'accumulate', 'b': 'accumulate'})
+    """
+    return {c.op: "whole" if c.whole_us is not None and c.whole_us < c.accumulate_us and c.whole_bytes <= whole_bytes
+            else "accumulate" for c in costs}
 
 
 class _Split:
@@ -339,6 +557,8 @@ class _Split:
         self.to_step = {name for name, src, _, cons in graph.tensor_table()
                         if batched[src] and any(not batched[j] for j in cons)}
         self.fixed = fixed_ops(graph, self.partials)
+        self.rule: dict[str, str] = {}      # weight-gradient op -> rule
+        self.whole: frozenset = frozenset()  # ops run once over every slice
         self.ops: list[Op] = []
         self.tensors: list[Tensor] = []
         self.edges: dict[tuple[str, str], list[str]] = {}
@@ -346,6 +566,34 @@ class _Split:
         self.final: dict[str, tuple[str, str]] = {}  # partial -> (op, tensor) the step reads
         shared = {op.colocation_group for op in graph.ops if not op.batch}
         self.shared_groups = shared - {None}
+
+    def choose(self, weight_grads) -> None:
+        """Each weight-gradient op's rule (:func:`split`'s ``weight_grads``), and the whole ops."""
+        producers = weight_grad_ops(self.g)
+        if isinstance(weight_grads, str):
+            rule = {p: weight_grads for p in producers}
+        elif isinstance(weight_grads, Mapping):
+            extra = sorted(set(weight_grads) - set(producers))
+            if extra:
+                raise MicroBatchError(f"weight_grads names ops that are not weight-gradient ops of "
+                                      f"{self.g.name!r} (batched ops read by unbatched ones): {extra[:5]}",
+                                      culprit=extra[0])
+            rule = {p: weight_grads.get(p, "separate") for p in producers}
+        else:
+            raise MicroBatchError(f"weight_grads must be one of {list(WEIGHT_GRADS)} or a mapping op -> rule, "
+                                  f"got {weight_grads!r}", culprit=weight_grads)
+        given = set(rule.values()) | ({weight_grads} if isinstance(weight_grads, str) else set())
+        bad = sorted((r for r in given if r not in WEIGHT_GRADS), key=repr)
+        if bad:
+            raise MicroBatchError(f"unknown weight_grads rule {bad[0]!r}; known: {list(WEIGHT_GRADS)}",
+                                  culprit=bad[0])
+        if self.m > 1:
+            self.whole, refused = whole_ops(self.g, [p for p, r in rule.items() if r == "whole"])
+            if refused and not isinstance(weight_grads, str):
+                raise MicroBatchError(f"weight-gradient op {refused[0]!r} cannot run whole: a batched op "
+                                      f"reads it", culprit=refused[0])
+            rule.update({p: "accumulate" for p in refused})
+        self.rule = rule
 
     def group(self, op: Op, i: int) -> str | None:
         g = op.colocation_group
@@ -363,6 +611,9 @@ class _Split:
                 self.tensors.extend(mine)
                 self.origin[op.name] = Origin(op.name, role="step")
                 continue
+            if op.name in self.whole:
+                self.add_whole(op, mine)
+                continue
             kept = sum(t.bytes for t in mine if t.name in self.partials)
             for i in range(m):
                 name = copy_name(op.name, i)
@@ -373,14 +624,35 @@ class _Split:
                 self.tensors.extend(Tensor(copy_name(t.name, i), name, self.size(t)) for t in mine)
             for t in mine:
                 if t.name in self.to_step:
-                    self.accumulate(op, t)
+                    self.sum_slices(op, t)
+
+    def add_whole(self, op: Op, mine) -> None:
+        """``op@all``: the un-split op once (its time, bytes, group), reading every slice's inputs."""
+        name = whole_name(op.name)
+        anchor = None if op.anchor is None else (whole_name(op.anchor) if op.anchor in self.whole else op.anchor)
+        self.ops.append(replace(op, name=name, batch=False, anchor=anchor))
+        self.origin[name] = Origin(op.name, role="whole",
+                                   members=tuple(copy_name(op.name, i) for i in range(self.m)))
+        self.tensors.extend(replace(t, src=name) for t in mine)
+        self.final.update({t.name: (name, t.name) for t in mine})
 
     def anchor(self, name: str, i: int) -> str:
         """Slice ``i``'s name of anchor ``name``: its copy if batched (a mark naming no op stays)."""
+        if name in self.whole:
+            return whole_name(name)
         return copy_name(name, i) if name in self.g and self.g.op(name).batch else name
 
     def size(self, t: Tensor) -> int:
         return t.bytes if t.name in self.partials else _ceil_div(t.bytes, self.m)
+
+    def sum_slices(self, op: Op, t: Tensor) -> None:
+        """Slice ``k``'s ``t`` summed into slices ``0..k-1``'s: by ``op``'s rule."""
+        if self.rule.get(op.name, "separate") == "accumulate":
+            for k in range(1, self.m):
+                self.link(copy_name(op.name, k - 1), copy_name(op.name, k), [copy_name(t.name, k - 1)])
+            self.final[t.name] = (copy_name(op.name, self.m - 1), copy_name(t.name, self.m - 1))
+        else:
+            self.accumulate(op, t)
 
     def accumulate(self, op: Op, t: Tensor) -> None:
         """The chain ``t@acc1 .. t@acc{M-1}`` summing slice ``k`` into slices ``0..k-1``."""
@@ -399,21 +671,23 @@ class _Split:
     def link(self, src: str, dst: str, tensors) -> None:
         self.edges.setdefault((src, dst), []).extend(tensors)
 
+    def names(self, op: str, i: int) -> str:
+        """The op of slice ``i`` that runs ``op``: its copy, its whole op, or itself (unbatched)."""
+        if op in self.whole:
+            return whole_name(op)
+        return copy_name(op, i) if self.g.op(op).batch else op
+
     def add_edges(self) -> None:
-        g, m = self.g, self.m
+        g, m, whole = self.g, self.m, self.whole
         for e in g.edges:
-            bu, bv = g.op(e.src).batch, g.op(e.dst).batch
-            if not bu and not bv:
-                self.link(e.src, e.dst, e.tensors)
+            bu, bv = g.op(e.src).batch and e.src not in whole, g.op(e.dst).batch and e.dst not in whole
+            if bv or (bu and (e.dst in whole or not e.tensors)):
+                # per slice: a copy reads its slice; a whole op (or a control edge) every slice
+                for i in range(m):
+                    self.link(self.names(e.src, i), self.names(e.dst, i),
+                              [copy_name(t, i) if bu else t for t in e.tensors])
             elif not bu:
-                for i in range(m):
-                    self.link(e.src, copy_name(e.dst, i), e.tensors)
-            elif bv:
-                for i in range(m):
-                    self.link(copy_name(e.src, i), copy_name(e.dst, i), [copy_name(t, i) for t in e.tensors])
-            elif not e.tensors:
-                for i in range(m):
-                    self.link(copy_name(e.src, i), e.dst, [])
+                self.link(self.names(e.src, 0), self.names(e.dst, 0), e.tensors)
             else:
                 for t in e.tensors:
                     src, tensor = self.final[t]

@@ -34,7 +34,7 @@ from ..graph import OpGraph
 __all__ = ["Origin", "Transformed", "identity", "compose", "check_count", "ROLES"]
 
 #: The roles of an op of a transformed graph (:attr:`Origin.role`).
-ROLES = ("copy", "step", "accumulate", "reduce-scatter", "all-gather", "gather")
+ROLES = ("copy", "step", "accumulate", "whole", "reduce-scatter", "all-gather", "gather")
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,17 @@ class Origin:
     role : str
         ``"copy"`` (a batched op's slice or share), ``"step"`` (an op run
         once per step, or per replica), ``"accumulate"`` (a sum over
-        slices), ``"reduce-scatter"``, ``"all-gather"`` or ``"gather"`` (the
-        ring all-reduce of replicas).
+        slices), ``"whole"`` (a batched op run once over every slice: a
+        weight gradient under :func:`~pesto.step.split`'s rule ``"whole"``),
+        ``"reduce-scatter"``, ``"all-gather"`` or ``"gather"`` (the ring
+        all-reduce of replicas).
     tensor : str or None
         The original tensor an added op sums (for a fused bucket: its first
         member, whose producer is ``op``).
     members : tuple of str
         Every original tensor an all-reduce op's bucket sums, in bucket order;
-        empty for a copy.
+        for a ``"whole"`` op, the copies it stands for (``op@mb0 ..
+        op@mb{M-1}``, names of no op of the graph); empty for a copy.
     """
 
     op: str
@@ -104,12 +107,12 @@ class Transformed:
     def _copies(self) -> Mapping[str, tuple]:
         out: dict[str, list] = {}
         for name, o in self.origin.items():
-            if o.role in ("copy", "step"):
+            if o.role in ("copy", "step", "whole"):
                 out.setdefault(o.op, []).append(name)
         return MappingProxyType({k: tuple(v) for k, v in out.items()})
 
     def copies(self, op: str) -> tuple[str, ...]:
-        """The ops of ``graph`` that run original op ``op`` (its copies, or itself once).
+        """The ops of ``graph`` that run original op ``op`` (its copies, or itself once, or its whole op).
 
         >>> from pesto.graph import Op, OpGraph
         >>> from pesto.step import split

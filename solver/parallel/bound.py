@@ -63,9 +63,15 @@ from pesto.step import Transformed
 from pesto.problem import INF, Problem
 
 from ..bounds import lower_bound
+from .cut import block_orders, least_largest, phases
 
 __all__ = ["SampleBound", "sample_bound", "copies_bound", "colocation_bound", "memory_floor", "memory_need",
-           "op_memory"]
+           "op_memory", "PipelineBound", "pipeline_bound", "PIPELINE_ATOMS", "THRESHOLDS"]
+
+#: Most forward ops :func:`pipeline_bound` cuts between (its programme is quadratic in them).
+PIPELINE_ATOMS = 4096
+#: Quantiles of the copies' heads, and of their tails, that :func:`pipeline_bound` sets its subsets at.
+THRESHOLDS = 3
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,10 @@ class SampleBound:
         Whether ``memory`` is within the largest device's memory.
     source : str
         The term that gives ``step``.
+    pipeline : float
+        :func:`pipeline_bound`, when a caller bounds contiguous-stage
+        pipelines only (:func:`solver.parallel.search.winner_bound` of a
+        pipeline winner, source ``"pipeline"``); else 0.
     """
 
     step: float
@@ -96,6 +106,7 @@ class SampleBound:
     memory: int
     fits: bool
     source: str
+    pipeline: float = 0.0
 
 
 def sample_bound(split: Transformed, cluster: Cluster, *, batch: int | None = None) -> SampleBound:
@@ -103,10 +114,7 @@ def sample_bound(split: Transformed, cluster: Cluster, *, batch: int | None = No
 
     ``batch``: the step's batch size, for ``per_sample``.
     """
-    prob = Problem.of(split.graph, cluster)
-    fast = [prob.fastest(i) for i in range(prob.n)]
-    head = [t - f for t, f in zip(top_levels(prob.pred, fast, order=prob.topo), fast)]
-    tail = [b - f for b, f in zip(bottom_levels(prob.succ, fast, order=prob.topo), fast)]
+    prob, fast, head, tail = _levels(split, cluster)
     terms = {"generic": lower_bound(split.graph, cluster),
              "copies": copies_bound(split, prob, head, tail),
              "colocation": colocation_bound(prob, head, tail)}
@@ -115,6 +123,15 @@ def sample_bound(split: Transformed, cluster: Cluster, *, batch: int | None = No
     memory = memory_floor(prob)
     return SampleBound(step, None if not batch else step / batch, terms["generic"], terms["copies"],
                        terms["colocation"], memory, memory <= max(prob.cap), source)
+
+
+def _levels(split: Transformed, cluster: Cluster) -> tuple[Problem, list, list, list]:
+    """The problem of ``split.graph``, its ops' fastest times, heads and tails (module doc)."""
+    prob = Problem.of(split.graph, cluster)
+    fast = [prob.fastest(i) for i in range(prob.n)]
+    head = [t - f for t, f in zip(top_levels(prob.pred, fast, order=prob.topo), fast)]
+    tail = [b - f for b, f in zip(bottom_levels(prob.succ, fast, order=prob.topo), fast)]
+    return prob, fast, head, tail
 
 
 def copies_bound(split: Transformed, prob: Problem, head, tail) -> float:
@@ -218,18 +235,153 @@ def op_memory(prob: Problem) -> list[tuple[int, str]]:
     >>> max(op_memory(Problem.of(g, gpus(2))))   # both inputs and the sum
     (120, 'sum')
     """
-    graph, ops = prob.graph, prob.graph.ops
-    held = [sum(ops[i].persistent_bytes for i in mem) for mem in prob.members]
-    sent: dict[tuple[int, int], set] = {}
-    for e in graph.edges:
-        if e.tensors:
-            sent.setdefault((prob.index[e.src], prob.index[e.dst]), set()).update(e.tensors)
-    inputs = [0] * prob.n
-    for (src, dst), names in sent.items():
-        inputs[dst] += min(ops[src].output_bytes, sum(graph.tensor(t).bytes for t in names))
+    ops, n = prob.graph.ops, prob.n
+    persistent = np.fromiter((op.persistent_bytes for op in ops), dtype=np.int64, count=n)
+    unit = np.asarray(prob.unit, dtype=np.int64)
+    held = np.bincount(unit, weights=persistent, minlength=len(prob.members)).astype(np.int64)
+    # per (producer, consumer) pair the bytes of the tensors sent (the tensor table: one entry per consumer)
+    src, dst, nbytes = [], [], []
+    for _, s, b, cons in prob.graph.tensor_table():
+        src += [s] * len(cons)
+        dst += cons
+        nbytes += [b] * len(cons)
+    inputs = np.zeros(n, dtype=np.int64)
+    if src:
+        pair = np.asarray(src, dtype=np.int64) * n + np.asarray(dst, dtype=np.int64)
+        pairs, at = np.unique(pair, return_inverse=True)
+        sent = np.bincount(at, weights=np.asarray(nbytes, dtype=np.float64))
+        out_bytes = np.fromiter((op.output_bytes for op in ops), dtype=np.int64, count=n)
+        np.add.at(inputs, pairs % n, np.minimum(out_bytes[pairs // n], sent).astype(np.int64))
     out = []
-    for i, op in enumerate(ops):
+    for i, op in enumerate(ops):   # one pass: an op timed on every device it may use counts its inputs
         timed = all(prob.dur[i][d] > 0 for d in prob.allowed[i])
-        out.append((held[prob.unit[i]] + op.output_bytes + op.temporary_bytes + (inputs[i] if timed else 0),
+        out.append((int(held[prob.unit[i]]) + op.output_bytes + op.temporary_bytes + (int(inputs[i]) if timed else 0),
                     op.name))
     return out
+
+
+@dataclass(frozen=True)
+class PipelineBound:
+    """A lower bound of every contiguous-stage pipeline plan of a split step
+    (:func:`pipeline_bound`; µs).
+
+    Attributes
+    ----------
+    step : float
+        The bound: the least over the stage counts allowed and the candidate orders.
+    stages : int
+        The stage count that gives ``step``.
+    order : str
+        The candidate order that gives it (:func:`solver.parallel.cut.block_orders`).
+    """
+
+    step: float
+    stages: int
+    order: str
+
+
+def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None = None,
+                   loss: str | None = None) -> PipelineBound | None:
+    """A bound that charges a pipeline's fill and drain, valid for every plan
+    of ``split.graph`` whose stages are contiguous ranges of one candidate
+    order of the forward ops (:func:`solver.parallel.cut.block_orders`; a
+    backward op with the forward op it is anchored to), each stage's copies
+    on a device of its own: the plans of GPipe, 1F1B and every schedule of
+    :func:`solver.parallel.pipelines.pipeline_plan`, with ``stages`` stages
+    (default: any number up to the cluster's GPUs). None without forward
+    ops or with more than :data:`PIPELINE_ATOMS`.
+
+    For a stage holding forward ops ``i..j-1`` of an order and a set ``S``
+    of its copies, let ``c(S) = min head + sum p + min tail`` over ``S``
+    (heads, tails and times ``p`` as in the module doc). The bound is
+    ``min over orders, splits into k stages of max over stages of
+    max over sets S of c(S)``, the sets: all the stage's copies, those not
+    marked weight-grad, and those whose head (tail) is at least each of
+    :data:`THRESHOLDS` quantiles of the step's copies' heads (tails).
+
+    *Proof.* Take such a plan, its order and its stages. A stage's device
+    runs the copies of ``S`` one at a time; none starts before its head (the
+    ops before it each take at least their fastest time, transfers at least
+    0), so the first starts no earlier than the least head, the last ends no
+    earlier than that plus ``sum p``, and the step lasts at least that op's
+    tail more, at least the least tail: ``step >= c(S)`` for every stage and
+    every ``S``. The plan's stages are one of the splits of its order, so
+    its step is at least that split's largest ``c``, at least the least
+    over splits (:func:`solver.parallel.cut.least_largest`, exact), and at
+    least the least over the orders. With all copies, ``c`` is the fill
+    (one slice's path to the stage), ``M`` slices' work, and the drain;
+    weight gradients have no path to the step's end but the update, so the
+    second set keeps the drain of the input gradients; ops of tiny work and
+    an early head or a late tail (a shape op, a batch-norm parameter's
+    gradient) are left out by the quantile sets. ∎
+
+    On a uniform chain (``k`` layers of forward ``f`` and backward ``b`` per
+    slice, a stage each) the last stage gives ``(M + k - 1)(f + b)``, the
+    step of GPipe and 1F1B.
+
+    >>> from pesto.graph import Op, OpGraph, Edge, Tensor
+    >>> from pesto.cluster import gpus
+    >>> from pesto.step import split
+    >>> fw = [Op(f"f{i}", {"GPU": 40.0}, batch=True, phase="forward") for i in range(2)]
+    >>> bw = [Op(f"b{i}", {"GPU": 40.0}, batch=True, phase="input-grad", anchor=f"f{i}") for i in range(2)]
+    >>> names = ["f0", "f1", "b1", "b0"]
+    >>> g = OpGraph(fw + bw, [Edge(u, v, (f"{u}:0",)) for u, v in zip(names, names[1:])],
+    ...             [Tensor(f"{n}:0", n, 8) for n in names])
+    >>> pipeline_bound(split(g, 4), gpus(2))   # (4 + 2 - 1) * (10 + 10)
+    PipelineBound(step=100.0, stages=2, order='topological')
+    """
+    g = split.source
+    ph = phases(g, loss=loss)
+    if not ph.forward or len(ph.forward) > PIPELINE_ATOMS:
+        return None
+    prob, fast, head, tail = _levels(split, cluster)
+    atom = {**{f: f for f in ph.forward}, **dict(ph.anchor)}
+    copies = [(prob.index[name], atom[g.index[o.op]], g.ops[g.index[o.op]].phase == "weight-grad")
+              for name, o in split.origin.items() if o.role == "copy" and g.index[o.op] in atom]
+    k_of, a_of, wgrad = (np.array(x) for x in zip(*copies))
+    h, p, t = (np.asarray(x, float)[k_of] for x in (head, fast, tail))
+    sets = [np.ones(len(h), bool), ~wgrad]
+    for x in (h, t):   # copies whose head (tail) is at least a quantile: a later start (end) for less work
+        sets += [x >= q for q in np.unique(np.quantile(x, np.linspace(0, 1, THRESHOLDS + 2)[1:-1]))]
+    terms = [_atom_terms(a_of[m], h[m], p[m], t[m], g.num_ops) for m in sets]
+    most = stages or len(cluster.gpus) or len(cluster.devices)
+    best, seen = None, set()
+    for name, order, _ in block_orders(g, ph):
+        if tuple(order) in seen:
+            continue
+        seen.add(tuple(order))
+        cost = _set_costs(*terms[0][:, order])
+        for x in terms[1:]:
+            np.maximum(cost, _set_costs(*x[:, order]), out=cost)
+        values, _ = least_largest(lambda s: cost, min(most, len(order)), len(order))
+        for k, v in enumerate(values, start=1):
+            if (stages is None or k == stages) and (best is None or v < best.step):
+                best = PipelineBound(v, k, name)
+    return best
+
+
+def _atom_terms(atom, head, work, tail, n: int) -> np.ndarray:
+    """Per forward op (``n`` ops of the step): least head, work and least tail of its set's copies."""
+    out = np.zeros((3, n))
+    out[(0, 2), :] = np.inf
+    np.minimum.at(out[0], atom, head)
+    np.add.at(out[1], atom, work)
+    np.minimum.at(out[2], atom, tail)
+    return out
+
+
+def _set_costs(head: np.ndarray, work: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """``c[i, j]``: least head + work + least tail of forward ops ``i..j-1``
+    (``inf`` for ``i >= j``; 0 when they hold no copy of the set).
+
+    >>> _set_costs(np.array([0., 5]), np.array([2., 3]), np.array([9., 1])).tolist()   # [0, 2): 0 + 5 + 1
+    [[inf, 11.0, 6.0], [inf, inf, 9.0], [inf, inf, inf]]
+    """
+    n = len(head)
+    c = np.full((n + 1, n + 1), np.inf)
+    pre = np.concatenate([[0.0], np.cumsum(work)])
+    for i in range(n):   # row i: blocks i..j-1 for j > i
+        low_head = np.minimum.accumulate(head[i:])
+        row = low_head + (pre[i + 1:] - pre[i]) + np.minimum.accumulate(tail[i:])
+        c[i, i + 1:] = np.where(np.isfinite(low_head), row, 0.0)
+    return c

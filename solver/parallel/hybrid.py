@@ -64,8 +64,9 @@ from pesto.graph import OpGraph
 from pesto.step import Transformed, check_count, compose, replicate, split as split_step
 from pesto.plan import Plan
 
-from .pipelines import (CANDIDATES, Phases, StepPlan, gpu_names, phases, pipeline_plan, staged_plan,
-                                 task_order)
+from .cut import Phases, phases
+from .pipelines import CANDIDATES, StepPlan, gpu_names, pipeline_plan, staged_plan, task_order
+from .schedules import SCHEDULES, get as get_schedule
 
 __all__ = ["hybrid_plan", "place_hybrid", "replica_groups"]
 
@@ -94,13 +95,17 @@ def replica_groups(cluster: Cluster, replicas: int) -> list[list[str]]:
 
 
 def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batches: int = 1,
-                schedule: str = "1f1b", loss: str | None = None, candidates: int = CANDIDATES) -> StepPlan:
+                schedule: str = "1f1b", loss: str | None = None, candidates: int = CANDIDATES,
+                weight_grads="separate") -> StepPlan:
     """``replicas`` replicas of ``graph``, each a pipeline over its group of
     GPUs in ``micro_batches`` slices (module doc); the plan places
     ``step_graph(graph, micro_batches, "replicated", replicas)``.
 
-    ``schedule``: ``"gpipe"`` or ``"1f1b"``; ``candidates``: the stage splits
-    :func:`~solver.parallel.pipelines.pipeline_plan` simulates on one group.
+    ``schedule``: one of one model chunk (``"gpipe"``, ``"1f1b"``, ``"zb-h1"``,
+    ``"zb-h2"``: weight gradients as their own tasks); ``candidates``: the stage splits
+    :func:`~solver.parallel.pipelines.pipeline_plan` simulates on one group;
+    ``weight_grads``: the split's rule for the slices' weight gradients
+    (:func:`pesto.step.split`).
 
     Raises
     ------
@@ -108,18 +113,21 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
         As :func:`replica_groups`, :func:`pesto.step.replicate` and
         :func:`pesto.step.split`.
     ValueError
-        An unknown ``schedule``.
+        An unknown ``schedule``, or one of several chunks per device.
     """
     t0 = time.perf_counter()
+    if get_schedule(schedule).chunks > 1:
+        raise ValueError(f"hybrid: schedule {schedule!r} runs {SCHEDULES[schedule].chunks} model chunks per device; "
+                         f"the hybrid runs schedules of one chunk")
     m = check_count(micro_batches)
     groups = replica_groups(cluster, replicas)
     k = len(groups[0])
     rest = [d.name for d in cluster.devices if d.kind != "GPU"] if cluster.gpus else []
     pipe = pipeline_plan(graph, cluster.subset(groups[0] + rest), schedule=schedule, micro_batches=m,
-                         loss=loss, stages=k, candidates=candidates)
+                         loss=loss, stages=k, candidates=candidates, weight_grads=weight_grads)
     stage = _op_stages(pipe, groups[0])
     rep = replicate(graph, len(groups))
-    split = split_step(rep.graph, m)
+    split = split_step(rep.graph, m, weight_grads=weight_grads)
     rstage = _replica_stages(rep, stage, k)
     back = phases(graph, loss=loss).backward
     ph = Phases((), frozenset(i for i, n in enumerate(rep.graph.names)
@@ -128,6 +136,7 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     pos = {i: p for p, i in enumerate(graph.topo_idx())}   # the replicas in step: ring ops ready early
     plan = staged_plan(split, cluster, rstage, [d for g in groups for d in g], ph,
                        lambda i, phase, s: rank[rstage[i] % k][(phase, s)], placer="hybrid", t0=t0,
+                       weight_tasks=SCHEDULES[schedule].split_backward,
                        position=[pos[graph.index[rep.origin[n].op]] for n in rep.graph.names],
                        stats={"replicas": len(groups), "stages": k, "micro_batches": m})
     return StepPlan(plan, rep if m == 1 else compose(split, rep), m, k, schedule, pipe.blocking, len(groups))

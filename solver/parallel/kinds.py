@@ -8,12 +8,16 @@ slices worth building, ``realise(step, cluster, strategy, candidates=...)``
 apply), ``label(strategy)`` the candidate's name in ``plan.log.steps``, and
 ``sims`` the simulations of its graph one realisation costs (what the search
 predicts its time from; ``cheap``: with one stage split only, what the search
-falls back to when ``sims`` do not fit). :mod:`solver.parallel.search` screens every kind
-of :data:`KINDS`, in order, for every count; to add a kind, write its module
-and add its entry.
+falls back to when ``sims`` do not fit; ``fill_only``: its plans beat the
+count's GPipe/1F1B plans by at most their fill and drain, so the search
+screens it last, on the best counts, and skips it when that cannot beat the
+best plan so far; ``tries``: the stage splits it simulates when screening).
+:mod:`solver.parallel.search`
+screens every kind of :data:`KINDS`, in order, for every count; to add a kind,
+write its module and add its entry.
 
 >>> list(KINDS)
-['hybrid', 'pipeline', 'data-parallel']
+['hybrid', 'pipeline', 'data-parallel', 'zero-bubble']
 """
 from __future__ import annotations
 
@@ -41,12 +45,23 @@ class Kind:
     label: Callable[[Strategy], str]
     sims: float = 2.0
     cheap: float | None = None   # the simulations with one stage split only (``candidates=1``), if it has several
+    fill_only: bool = False   # gains at most the fill of the count's GPipe/1F1B plans (screened after them)
+    tries: int | None = None   # stage splits simulated when screening (None: the search's default)
 
 
 def _pipelines(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
-    """GPipe and 1F1B of ``m > 1`` slices over up to every GPU."""
+    """GPipe and 1F1B (the plain schedules) of ``m > 1`` slices over up to every GPU."""
     n = len(gpu_names(cluster))
-    return [Strategy(stages=n, micro_batches=m, schedule=s) for s in SCHEDULES] if m > 1 else []
+    return [Strategy(stages=n, micro_batches=m, schedule=s) for s, x in SCHEDULES.items() if x.plain] if m > 1 else []
+
+
+def _chunked_or_split(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
+    """Interleaved 1F1B, ZB-H1, ZB-H2 and ZB-V (the schedules with model
+    chunks or split backward) of ``m > 1`` slices over up to every GPU:
+    screened after data parallelism, on the time left."""
+    n = len(gpu_names(cluster))
+    return [Strategy(stages=n, micro_batches=m, schedule=s) for s, x in SCHEDULES.items()
+            if not x.plain] if m > 1 and n > 1 else []
 
 
 def _data_parallel(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
@@ -67,4 +82,6 @@ KINDS: dict[str, Kind] = {
     "pipeline": Kind("pipeline", _pipelines, realise, lambda s: f"{s.schedule} M={s.micro_batches}", 5.0, 2.0),
     "data-parallel": Kind("data-parallel", _data_parallel, realise, lambda s: f"data-parallel M={s.micro_batches}",
                           2.0),
+    "zero-bubble": Kind("zero-bubble", _chunked_or_split, realise, lambda s: f"{s.schedule} M={s.micro_batches}",
+                        2.0, fill_only=True, tries=1),
 }

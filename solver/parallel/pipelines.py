@@ -13,7 +13,8 @@ or the replication composed with it, ``graph`` its graph);
 * ``gpipe`` / ``1f1b`` (:func:`place_gpipe`, :func:`place_1f1b`): the step split
   into ``micro_batches`` slices (:func:`pesto.step.split`), cut into
   ``k`` contiguous stages, every slice's copy of an op on its stage's GPU, for
-  every ``k`` up to the number of GPUs and every candidate block order below;
+  every ``k`` up to the number of GPUs and every candidate block order of
+  :mod:`solver.parallel.cut` (the split of least step estimate that fits memory);
   the plan with the smallest simulated step wins (one that fits memory first).
   Per device the slices run in the schedule's order: GPipe all forward
   slices, then all backward slices (in slice order, the order their gradients
@@ -29,29 +30,8 @@ or the replication composed with it, ``graph`` its graph);
 
 Stages (documented rule)
 ------------------------
-**Forward and backward.** Among batched ops, the backward pass is
-:func:`pesto.step.marks.backward_ops` (the ops marked with a backward
-:attr:`~pesto.graph.Op.phase`, or the ops after ``loss=``). Every backward op
-is *anchored* to a forward op: its :attr:`~pesto.graph.Op.anchor` mark (the
-forward op it differentiates, set by the front end: for TensorFlow, the op its
-gradient scope mirrors, :mod:`tf_patch.marks`) when that is a batched forward
-op; else the latest anchor of the backward ops it
-feeds (a sum of gradient contributions, TensorFlow's top-level
-``AddN_k`` of the gradient scope, belongs with the gradients of the tensor it sums for:
-anchored by what it reads, an RNN's sum for layer 0 at time 0 went with layer 1
-and made the blocks of one layer feed each other both ways); else the latest
-forward op it reads; else the earliest anchor of the backward ops it reads;
-else the last forward op.
-**Blocks.** Forward ops are put in a pipeline order, then cut into ``CHUNKS``
-blocks of equal work (a block's work is its forward ops' and their anchored
-backward ops'), the unit a stage holds whole. The candidate orders: the
-topological order, and layer by layer for every scope depth ``d`` (ops
-grouped by their scope cut at depth ``d`` -- ``rnn/layer_0``, ``layer_3``,
-``resnet50_1/conv2_block1_...`` -- groups in the order of their ops' mean
-topological position, ops in topological order within a group). **Cuts.** A dynamic programme cuts the blocks into ``k`` contiguous stages
-minimising the largest stage cost: its work per slice plus the transfer time
-(the cluster's mean GPU route) of the slice's activations and gradients
-crossing its two cuts. **Once-per-step ops** go with the first stage reading
+Forward / backward ops, blocks and cuts: :mod:`solver.parallel.cut`.
+**Once-per-step ops** go with the first stage reading
 them (variable reads), else the last stage feeding them, else their
 neighbours'; an accumulate op with the op whose gradient it sums; a
 colocation group goes where most of its members' compute would (a slice's
@@ -92,14 +72,14 @@ from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
 
 from ..common import order_by_key, rank
-from .cut import largest_stage as _largest_stage, split_stages
-from .schedules import SCHEDULES, actions
+from .cut import (Blocking, Phases, _block_costs, block_memory, blockings, in_flight,
+                  largest_stage as _largest_stage, phases, split_stages, step_estimate)
+from .schedules import SCHEDULES, Action, Schedule, actions, get as get_schedule
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
-           "StepPlan", "Blocking", "Phases", "phases", "blockings", "split_stages", "task_order",
-           "CHUNKS", "CANDIDATES", "staged_plan", "step_stages", "gpu_names"]
+           "StepPlan", "split_stages", "task_order", "CANDIDATES", "staged_plan", "step_stages", "gpu_names",
+           "schedule_placer"]
 
-CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
 CANDIDATES = 8   # stage splits simulated per call (those of the smallest estimate)
 
 
@@ -142,221 +122,98 @@ class StepPlan:
         return self.transformed.graph
 
 
-@dataclass(frozen=True)
-class Phases:
-    """Forward and backward batched ops of a step (:func:`phases`).
-
-    Attributes
-    ----------
-    forward : tuple of int
-        Batched forward ops (indices of the step), in topological order.
-    backward : frozenset of int
-        Batched backward ops.
-    anchor : mapping int -> int
-        Backward op -> the forward op it is staged with (the module doc's rule).
-    """
-
-    forward: tuple
-    backward: frozenset
-    anchor: Mapping[int, int]
-
-
-@dataclass(frozen=True)
-class Blocking:
-    """Batched ops grouped into blocks a stage holds whole, in pipeline order.
-
-    Attributes
-    ----------
-    name : str
-    block : tuple of int
-        Per op of the step, its block (-1 for unbatched ops).
-    count : int
-    """
-
-    name: str
-    block: tuple
-    count: int
-
-
-def phases(graph: OpGraph, *, loss: str | None = None) -> Phases:
-    """Forward / backward batched ops and every backward op's anchor (module doc).
-
-    >>> from dataclasses import replace
-    >>> g = OpGraph.from_edges({"a": 1, "b": 1, "db": 1, "da": 1}, [("a", "b"), ("b", "db"), ("db", "da")])
-    >>> marks = {"a": ("forward", None), "b": ("forward", None), "db": ("input-grad", "b"), "da": ("input-grad", "a")}
-    >>> g = OpGraph([replace(op, batch=True, phase=marks[op.name][0], anchor=marks[op.name][1]) for op in g.ops],
-    ...             g.edges, g.tensors)
-    >>> p = phases(g)
-    >>> p.forward, sorted(p.backward), dict(p.anchor)   # each gradient staged with the op it differentiates
-    ((0, 1), [2, 3], {2: 1, 3: 0})
-    """
-    back = backward_ops(graph, loss=loss)
-    idx, ops = graph.index, graph.ops
-    topo = graph.topo_idx()
-    forward = tuple(i for i in topo if ops[i].batch and graph.names[i] not in back)
-    backward = frozenset(i for i in topo if ops[i].batch and graph.names[i] in back)
-    pos = {i: k for k, i in enumerate(topo)}
-    fwd = set(forward)
-    anchor: dict[int, int] = {}
-    pred, succ = graph.pred_idx(), graph.succ_idx()
-    for i in topo:   # the front end's anchor mark, when it is a batched forward op
-        a = idx.get(ops[i].anchor) if i in backward and ops[i].anchor is not None else None
-        if a is not None and a in fwd:
-            anchor[i] = a
-    for i in reversed(topo):   # a gradient sum: with the gradients it feeds (its tensor's producer's)
-        feeds = [anchor[j] for j in succ[i] if j in anchor]
-        if i in backward and i not in anchor and feeds:
-            anchor[i] = max(feeds, key=pos.get)
-    for i in topo:
-        if i in backward and i not in anchor:
-            reads = [p for p in pred[i] if p in fwd]
-            later = [anchor[p] for p in pred[i] if p in anchor]
-            anchor[i] = (max(reads, key=pos.get) if reads else min(later, key=pos.get) if later
-                         else forward[-1] if forward else i)
-    return Phases(forward, backward, anchor)
-
-
-def blockings(graph: OpGraph, ph: Phases, *, chunks: int = CHUNKS) -> list[Blocking]:
-    """The candidate block orders of the module doc: forward ops in topological
-    order, or layer by layer (scope cut at each depth), cut into ``chunks``
-    pieces of equal work (forward ops and their anchored backward ops).
-
-    >>> from dataclasses import replace
-    >>> g = OpGraph.from_edges({"a/x": 1, "b/x": 1, "a/y": 1, "b/y": 1},
-    ...                        [("a/x", "b/x"), ("b/x", "a/y"), ("a/y", "b/y")])
-    >>> g = OpGraph([replace(op, batch=True, scope=op.name[0]) for op in g.ops], g.edges, g.tensors)
-    >>> [(b.name, b.block) for b in blockings(g, phases(g, loss="b/y"), chunks=2)]
-    [('topological', (0, 0, 1, 1)), ('scope:1', (0, 1, 0, 1))]
-    """
-    fwd = list(ph.forward)
-    if not fwd:
-        return []
-    ops = graph.ops
-    pos = {i: k for k, i in enumerate(graph.topo_idx())}
-    work = np.zeros(graph.num_ops)
-    for i in fwd:
-        work[i] += min(ops[i].compute.values())
-    for b, a in ph.anchor.items():
-        work[a] += min(ops[b].compute.values())
-    candidates = [("topological", fwd)]
-    for depth in range(1, 9):
-        keys = {i: "/".join(_scope_parts(graph, i)[:depth]) for i in fwd}
-        first: dict[str, list[int]] = {}
-        for i in fwd:
-            first.setdefault(keys[i], []).append(pos[i])
-        if len(first) < 2:
-            continue
-        rank = _grouprank(graph, keys, {k: float(np.mean(v)) for k, v in first.items()})
-        order = sorted(fwd, key=lambda i: (rank[keys[i]], pos[i]))
-        candidates.append((f"scope:{depth}", order))
-    out, seen = [], set()
-    for name, order, *_ in candidates:
-        if tuple(order) in seen:
-            continue
-        seen.add(tuple(order))
-        cum = np.cumsum(work[order])
-        n = min(chunks, len(order))
-        chunk = np.minimum((cum - 1e-9) * n // max(cum[-1], 1e-9), n - 1).astype(int)
-        out.append(_blocking(graph, ph, name, {i: int(c) for i, c in zip(order, chunk)}))
-    return out
-
-
-def _grouprank(graph: OpGraph, keys: Mapping[int, str], mean: Mapping[str, float]) -> dict[str, int]:
-    """Scope groups in a topological order of the edges between them (forward
-    ops' edges), the group of least mean position first among those ready;
-    by mean position alone when those edges form a cycle. An order by mean
-    position alone can put a group before one it reads (an RNN's decoder
-    layer before the last encoder layer), and blocks cut from it then feed
-    each other both ways.
-
-    >>> g = OpGraph.from_edges({"e/a": 1, "e/b": 1, "d/a": 1}, [("e/a", "e/b"), ("e/b", "d/a")])
-    >>> _grouprank(g, {0: "e", 1: "e", 2: "d"}, {"e": 5.0, "d": 1.0})   # d reads e: after it
-    {'e': 0, 'd': 1}
-    """
-    succ: dict[str, set] = {k: set() for k in mean}
-    for i, k in keys.items():
-        for j in graph.succ_idx()[i]:
-            if j in keys and keys[j] != k:
-                succ[k].add(keys[j])
-    names = sorted(mean)
-    at = {k: i for i, k in enumerate(names)}
-    after = [sorted(at[v] for v in succ[k]) for k in names]
-    before: list[list[int]] = [[] for _ in names]
-    for i, vs in enumerate(after):
-        for j in vs:
-            before[j].append(i)
-    try:
-        order = [names[i] for i in priority_order(after, before, [mean[k] for k in names])]
-    except CycleError:   # a cycle between groups: mean position
-        order = sorted(mean, key=lambda k: (mean[k], k))
-    return {k: r for r, k in enumerate(order)}
-
-
-def _scope_parts(graph: OpGraph, i: int) -> list[str]:
-    op = graph.ops[i]
-    return op.scope.split("/") if op.scope else op.name.split("/")[:-1] or [op.name]
-
-
-def _blocking(graph: OpGraph, ph: Phases, name: str, fwd_block: Mapping[int, int]) -> Blocking:
-    used = sorted(set(fwd_block.values()))
-    dense = {b: k for k, b in enumerate(used)}
-    block = [-1] * graph.num_ops
-    for i, b in fwd_block.items():
-        block[i] = dense[b]
-    for i, a in ph.anchor.items():
-        block[i] = block[a] if block[a] >= 0 else len(used) - 1   # no forward op at all: the last block
-    return Blocking(name, tuple(block), len(used))
-
-
 def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int]]:
-    """The (phase, slice) tasks of ``stage`` in the order it runs them
-    (:func:`solver.parallel.schedules.actions`).
+    """The (kind, slice) tasks of ``stage`` in the order it runs them, for a
+    schedule of one model chunk (:func:`solver.parallel.schedules.actions`;
+    ``"W"`` tasks when it splits the backward).
 
     >>> task_order("gpipe", 0, 2, 2)
     [('F', 0), ('F', 1), ('B', 0), ('B', 1)]
     >>> task_order("1f1b", 0, 3, 4)
     [('F', 0), ('F', 1), ('F', 2), ('B', 0), ('F', 3), ('B', 1), ('B', 2), ('B', 3)]
+    >>> task_order("zb-v", 0, 2, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: schedule 'zb-v' runs 2 model chunks per device: its tasks are schedules.actions(...)
+
+    Raises
+    ------
+    ValueError
+        An unknown schedule, or one of several chunks.
     """
+    if get_schedule(schedule).chunks > 1:
+        raise ValueError(f"schedule {schedule!r} runs {SCHEDULES[schedule].chunks} model chunks per device: "
+                         f"its tasks are schedules.actions(...)")
     return [(a.kind, a.slice) for a in actions(schedule, stage, stages, m)]
 
 
 def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", micro_batches: int = 4,
-                  loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES) -> StepPlan:
+                  loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES,
+                  weight_grads="separate") -> StepPlan:
     """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
 
+    ``weight_grads``: the split's rule for the slices' weight gradients
+    (:func:`pesto.step.split`).
     ``stages``: that many stages only (at most the GPUs and the blocks);
-    default every number from 1 to the number of GPUs. ``candidates``: the
-    stage splits simulated, those of smallest estimate ``(M + k - 1)`` times
-    the largest stage cost per slice (:func:`split_stages`' objective).
+    default every number from 1 to the number of GPUs. Per block order and
+    ``k`` the split is :func:`split_stages`' least step estimate for ``M``
+    slices under the GPUs' least memory (per stage its blocks' weights and
+    optimizer state plus the activations of the slices the schedule holds
+    at once there, :func:`solver.parallel.cut.block_memory`,
+    :func:`solver.parallel.cut.in_flight`). A schedule of ``v`` model chunks
+    per device (:attr:`~solver.parallel.schedules.Schedule.chunks`) cuts the
+    blocks into ``k v`` contiguous virtual stages (least largest stage, no
+    memory rule), virtual stage ``s`` on the device
+    :meth:`~solver.parallel.schedules.Schedule.device` says, estimated
+    ``(M v + k - 1)`` times the largest virtual stage's cost per slice.
+    ``candidates``: the stage splits simulated, those of least estimate
+    (:func:`solver.parallel.cut.step_estimate`).
 
     Raises
     ------
     MicroBatchError, BatchMarkError
         As :func:`pesto.step.split`.
     ValueError
-        An unknown ``schedule``.
+        An unknown ``schedule``, or no stage count it accepts (interleaved
+        1F1B: ``M`` a multiple of the stages) or that the blocks can fill.
     """
     t0 = time.perf_counter()
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown pipeline schedule {schedule!r}; known: {list(SCHEDULES)}")
-    split = split_step(graph, micro_batches)
+    sch = get_schedule(schedule)
+    split = split_step(graph, micro_batches, weight_grads=weight_grads)
     ph = phases(graph, loss=loss)
     gpus = gpu_names(cluster)
     beta = _mean_route(cluster, gpus)
-    m = split.micro_batches
-    splits: dict[tuple, tuple] = {}   # per-op stages -> (estimate, stages, block order)
+    m, v = split.micro_batches, sch.chunks
+    capacity = min(cluster.device(d).memory for d in gpus)
+    splits: dict[tuple, tuple] = {}   # (per-op virtual stages, devices) -> (estimate, block order)
+    refused = []
     for bl in blockings(graph, ph) or [Blocking("one", tuple(0 if op.batch else -1 for op in graph.ops), 1)]:
         work, comm = _block_costs(graph, bl, m, beta)
-        for k in ([stages] if stages else range(1, len(gpus) + 1)):
-            starts = split_stages(work, comm, min(k, len(gpus)))
+        static, act = block_memory(graph, ph, bl, m, step_stages(graph, bl.block)) if v == 1 else (0, 0)
+        for k in ([min(stages, len(gpus))] if stages else range(1, len(gpus) + 1)):
+            if v == 1:
+                k = min(k, bl.count)
+                memory = [static + in_flight(schedule, s, k, m) * act for s in range(k)]
+                starts = split_stages(work, comm, k, slices=m, memory=memory, capacity=capacity)
+            else:
+                starts = split_stages(work, comm, k * v)
+            why = sch.refuses(k, m) or ("" if v == 1 or len(starts) == k * v else
+                                        f"{k * v} virtual stages need {k * v} blocks, the step has {bl.count}")
+            if why:
+                refused.append(why)
+                continue
             stage_of = np.searchsorted(np.asarray(starts), np.arange(bl.count), side="right") - 1
             stage = tuple(int(stage_of[b]) if b >= 0 else -1 for b in bl.block)
-            est = (m + len(starts) - 1) * _largest_stage(work, comm, starts)
-            if stage not in splits or est < splits[stage][0]:
-                splits[stage] = (est, len(starts), bl.name)
+            k = len(starts) // v
+            est = (step_estimate(work, comm, starts, m) if v == 1
+                   else (m * v + k - 1) * _largest_stage(work, comm, starts))
+            if (stage, k) not in splits or est < splits[stage, k][0]:
+                splits[stage, k] = (est, bl.name)
+    if not splits:
+        raise ValueError(f"{schedule} M={m}: no stage split: " + "; ".join(dict.fromkeys(refused)))
     best = None
-    for stage, (_, k, name) in sorted(splits.items(), key=lambda kv: kv[1][:2])[:max(1, candidates)]:
-        plan = _pipeline(split, cluster, gpus, stage, k, ph, schedule, t0)
+    for (stage, k), (_, name) in sorted(splits.items(), key=lambda kv: (kv[1][0], kv[0][1]))[:max(1, candidates)]:
+        plan = _pipeline(split, cluster, gpus, stage, k, ph, sch, t0)
         if best is None or rank(plan) < rank(best.plan):
             best = StepPlan(plan, split, m, k, schedule, name)
     return best
@@ -375,34 +232,25 @@ def _mean_route(cluster: Cluster, devs: Sequence[str]) -> tuple[float, float]:
     return (float(np.mean([r.beta0 for r in routes])), float(np.mean([r.beta1 for r in routes])))
 
 
-def _block_costs(graph: OpGraph, bl: Blocking, m: int, beta) -> tuple[np.ndarray, np.ndarray]:
-    """Per block its work per slice; per cut position the transfer time of a slice across it."""
-    work = np.zeros(bl.count)
-    for i, op in enumerate(graph.ops):
-        if bl.block[i] >= 0:
-            work[bl.block[i]] += min(op.compute.values()) / m
-    nbytes = np.zeros(bl.count + 1)
-    for name, src, b, cons in graph.tensor_table():
-        bu = bl.block[src]
-        for bv in {bl.block[j] for j in cons} - {bu, -1}:
-            if bu >= 0:
-                nbytes[min(bu, bv) + 1: max(bu, bv) + 1] += b / m
-    comm = np.where(nbytes > 0, beta[0] + beta[1] * nbytes, 0.0)
-    return work, comm
-
-
 def _pipeline(split: Transformed, cluster: Cluster, gpus, stage, stages: int, ph: Phases,
-              schedule: str, t0: float) -> Plan:
-    """Place and order one stage split of ``split`` and simulate it."""
-    task = {s: {t: k for k, t in enumerate(task_order(schedule, s, stages, split.micro_batches))}
-            for s in range(stages)}
-    return staged_plan(split, cluster, stage, gpus, ph, lambda i, phase, s: task[stage[i]][(phase, s)],
-                       placer=schedule, t0=t0, stats={"stages": stages, "micro_batches": split.micro_batches})
+              sch: Schedule, t0: float) -> Plan:
+    """Place and order one split of ``split`` into virtual stages ``stage``
+    (per op; ``stages`` devices) by schedule ``sch`` and simulate it."""
+    m = split.micro_batches
+    task = [{a: j for j, a in enumerate(sch.actions(d, stages, m))} for d in range(stages)]
+    where = [(sch.device(s, stages), sch.chunk(s, stages)) for s in range(stages * sch.chunks)]
+
+    def key(i: int, phase: str, s: int) -> int:
+        d, c = where[stage[i]]
+        return task[d][Action(phase, s, c)]
+
+    return staged_plan(split, cluster, stage, [gpus[d] for d, _ in where], ph, key, placer=sch.name, t0=t0,
+                       weight_tasks=sch.split_backward, stats={"stages": stages, "micro_batches": m})
 
 
 def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], device: Sequence[str],
                 ph: Phases, task_key: Callable[[int, str, int], float], *, placer: str, t0: float,
-                position: Sequence[int] | None = None, **fields) -> Plan:
+                position: Sequence[int] | None = None, weight_tasks: bool = False, **fields) -> Plan:
     """The simulated plan of ``split`` given each batched op's device and each
     slice task's rank: the one rule of the pipeline placers.
 
@@ -411,10 +259,13 @@ def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], devi
     rule; accumulate ops go with the op whose gradient they sum); then
     :func:`_fix_groups`.
     ``task_key(i, phase, s)``: the rank of slice ``s``'s task holding op ``i``
-    (``phase`` ``"F"`` or ``"B"``) on its device; copies run by it, then in
-    topological order (``position``: per op of ``split.source`` its rank in that
-    order instead, e.g. the same for every replica's copy of an op); once-per-step
-    and accumulate ops as soon as they are ready.
+    (``phase`` ``"F"`` or ``"B"``; with ``weight_tasks``, ``"W"`` for the ops
+    marked ``"weight-grad"`` and for the accumulate ops summing their slices,
+    slice ``s``'s accumulate op with its ``W`` task) on its device; copies run
+    by it, then in topological order (``position``: per op of
+    ``split.source`` its rank in that order instead, e.g. the same for every
+    replica's copy of an op); once-per-step and the other accumulate ops as
+    soon as they are ready.
     ``fields`` go to :func:`pesto.finalize.finalize`.
     """
     g = split.source
@@ -429,11 +280,13 @@ def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], devi
     key = []
     for name in split.graph.names:
         o = split.origin[name]
-        if o.role != "copy":
+        i = g.index[o.op]
+        weight = weight_tasks and i in ph.backward and g.ops[i].phase == "weight-grad"
+        if o.role != "copy" and not (weight and o.role == "accumulate"):
             key.append(-1.0)
             continue
-        i = g.index[o.op]
-        key.append(float(task_key(i, "B" if i in ph.backward else "F", o.slice)) * n0 + pos[i])
+        phase = "W" if weight else "B" if i in ph.backward else "F"
+        key.append(float(task_key(i, phase, o.slice)) * n0 + pos[i])
     order = order_by_key(split.graph, key)
     return finalize(split.graph, cluster, placement, order=order, placer=placer, t0=t0, **fields)
 
@@ -498,9 +351,12 @@ def _fix_groups(graph: OpGraph, cluster: Cluster, dev: Mapping[str, str]) -> dic
     return out
 
 
-def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1) -> StepPlan:
+def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1,
+                       weight_grads="separate") -> StepPlan:
     """One replica per GPU (:func:`pesto.step.replicate`), each split into
     ``micro_batches`` slices; the better of two device orders (module doc).
+    ``weight_grads``: the split's rule for the slices' weight gradients
+    (:func:`pesto.step.split`).
 
     Raises
     ------
@@ -510,7 +366,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     t0 = time.perf_counter()
     gpus = gpu_names(cluster)
     rep = replicate(graph, len(gpus))
-    both = rep if micro_batches == 1 else compose(split_step(rep.graph, micro_batches), rep)
+    both = rep if micro_batches == 1 else compose(split_step(rep.graph, micro_batches, weight_grads=weight_grads), rep)
     g = both.graph
     replica_of = {n: o.replica for n, o in both.origin.items()}
     if micro_batches == 1:
@@ -544,6 +400,24 @@ def place_1f1b(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss
     forward / one backward slice in the steady state.
     """
     return pipeline_plan(graph, cluster, schedule="1f1b", micro_batches=micro_batches, loss=loss).plan
+
+
+def schedule_placer(schedule: str) -> Callable[..., Plan]:
+    """The placer of a schedule of :data:`~solver.parallel.schedules.SCHEDULES`:
+    ``place(graph, cluster, *, micro_batches=4, loss=None)`` -> the plan of
+    :func:`pipeline_plan` with that schedule (it places the split graph).
+
+    >>> schedule_placer("zb-v").__doc__.split(" (")[0], schedule_placer("zb-v").__name__
+    ('The zb-v schedule', 'place_zb_v')
+    """
+    sch = get_schedule(schedule)
+
+    def place(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss: str | None = None) -> Plan:
+        return pipeline_plan(graph, cluster, schedule=schedule, micro_batches=micro_batches, loss=loss).plan
+    place.__name__ = place.__qualname__ = f"place_{schedule.replace('-', '_')}"
+    place.__doc__ = (f"The {schedule} schedule ({sch.doc}) on the step split into micro_batches slices "
+                     f"(the plan places the split graph).")
+    return place
 
 
 def place_data_parallel(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1) -> Plan:

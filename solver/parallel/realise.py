@@ -11,6 +11,8 @@ realiser: it is a search stage (:mod:`solver.parallel.search`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
 
@@ -30,9 +32,10 @@ def strategy_of(sp: StepPlan) -> Strategy:
     return Strategy(replicas=sp.replicas, stages=sp.stages, micro_batches=sp.micro_batches, schedule=sp.schedule)
 
 
-def solved_of(sp: StepPlan) -> Solved:
-    """A baseline's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved` (its transform kept)."""
-    return Solved(sp.plan, sp.graph, strategy_of(sp), sp.transformed, detail=sp)
+def solved_of(sp: StepPlan, weight_grads: str = "separate") -> Solved:
+    """A baseline's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`
+    (its transform kept; ``weight_grads``: the split's rule it was made with)."""
+    return Solved(sp.plan, sp.graph, replace(strategy_of(sp), weight_grads=weight_grads), sp.transformed, detail=sp)
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
@@ -56,8 +59,10 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     PestoError
         As the realiser (no stage split, no grid, ...).
     """
-    s, m = strategy, strategy.micro_batches
+    s, m, wg = strategy, strategy.micro_batches, strategy.weight_grads
     if s.schedule == "slice":
+        if wg != "separate":
+            raise ValueError(f"slice model M={m}: weight_grads={wg!r} is not supported (only 'separate')")
         r = solve_slices(step, cluster, micro_batches=m, time_limit=time_limit, workers=workers, seed=seed,
                          deadline=deadline)
         if r.plan is None:
@@ -66,11 +71,12 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     if s.replicas > 1 and s.stages == 1 and s.schedule == "none":
         if s.replicas != len(gpu_names(cluster)):
             raise ValueError(f"{s.name}: data parallelism runs one replica per GPU ({len(gpu_names(cluster))})")
-        return solved_of(data_parallel_plan(step, cluster, micro_batches=m))
+        return solved_of(data_parallel_plan(step, cluster, micro_batches=m, weight_grads=wg), wg)
     if s.schedule in SCHEDULES and s.replicas == 1:
         return solved_of(pipeline_plan(step, cluster, schedule=s.schedule, micro_batches=m, candidates=candidates,
-                                       stages=None if s.stages >= len(gpu_names(cluster)) else s.stages))
+                                       stages=None if s.stages >= len(gpu_names(cluster)) else s.stages,
+                                       weight_grads=wg), wg)
     if s.schedule in SCHEDULES and s.replicas > 1:
         return solved_of(hybrid_plan(step, cluster, replicas=s.replicas, micro_batches=m, schedule=s.schedule,
-                                     candidates=candidates))
+                                     candidates=candidates, weight_grads=wg), wg)
     raise ValueError(f"no realiser for {s.name} (schedule {s.schedule!r}); the search realises 'free' itself")

@@ -33,7 +33,13 @@ step):
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
   every divisor ``R`` of the GPUs with ``1 < R < GPUs`` the hybrid plan of
   ``R`` replicas each pipelined over ``GPUs / R`` GPUs
-  (:func:`solver.parallel.hybrid.hybrid_plan`);
+  (:func:`solver.parallel.hybrid.hybrid_plan`); then, on
+  :data:`LATE_SHARE` of the screening time left, for the count whose
+  GPipe/1F1B plans were best, the interleaved 1F1B, ZB-H1, ZB-H2 and ZB-V plans
+  (:data:`solver.parallel.kinds.KINDS`' ``zero-bubble``, one stage split
+  each), unless that count's best GPipe/1F1B step less its whole fill and
+  drain is no better than the best plan so far (they gain at most that);
+  what is not built is named in ``plan.log.skipped``;
 * exact stages, for the counts :func:`_exact_counts` picks: the slice
   model's plan (:func:`solver.parallel.slice_model.solve_slices`, :data:`SLICE_SHARE`
   of that count's grant) and the pipeline (:func:`solver.pipeline.run_pipeline`)
@@ -45,7 +51,10 @@ first plan cannot be made is refused with the reason, never replaced by a
 plan of another ``M``). ``replicas x M`` must divide ``batch_size`` when one
 is given. The result's bound is valid for the graph it places: the
 pipeline's, or :func:`~solver.parallel.bound.sample_bound` of that graph when
-higher or when a baseline won (:func:`winner_bound`).
+higher or when a baseline won (:func:`winner_bound`); when a GPipe/1F1B
+pipeline won, :func:`~solver.parallel.bound.pipeline_bound` when higher
+(source ``"pipeline"``: valid for every contiguous-stage pipeline on the
+cluster's GPUs, the gap of the winner within its kind).
 
 Batch marks: the step's ops carry them (:attr:`pesto.graph.Op.batch`,
 ``phase``, ``anchor``, ``role``), set by a front end (the facade,
@@ -63,11 +72,12 @@ from pesto.deadline import Deadline, Stopped
 from pesto.finalize import finalize
 from pesto.errors import BatchMarkError, MicroBatchError, MicroBatchMemoryError, PestoError
 from pesto.graph import OpGraph
-from pesto.memory import fmt_bytes
+from pesto.memory import fmt_bytes, step_activations
 from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.solvelog import SolveLog, Stage
 from pesto.step import Transformed, identity, replicate, split as split_step
+from pesto.step.marks import slice_constants
 from pesto.step.replication import gradient_buckets
 
 from ..budget import Budget, Cost, Skip
@@ -76,7 +86,7 @@ from ..options import SolveOptions
 from ..pipeline import PIPELINES, run_pipeline
 from .pipelines import gpu_names
 from .slice_model import solve_slices
-from .bound import SampleBound, memory_need, sample_bound
+from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
 from .kinds import KINDS, Kind
 from .realise import realise
 from .schedules import SCHEDULES
@@ -91,11 +101,14 @@ AUTO_MAX = 16
 MIN_SECONDS = 0.5
 #: Share of the time left ``"auto"`` and a fixed ``M`` spend screening.
 SCREEN_SHARE = 0.35
-#: Stage splits each of GPipe and 1F1B simulates per count when screening.
+#: Stage splits each pipeline schedule simulates per count when screening.
 SCREEN_CANDIDATES = 4
 #: Share of the exact phase's time every count gets first (equal parts); the
 #: rest continues the count whose plan was best (racing, as successive halving).
 PROBE_SHARE = 0.5
+#: Share of the screening time left that the schedules screened last (interleaved, zero
+#: bubble: :attr:`solver.parallel.kinds.Kind.fill_only`) may take.
+LATE_SHARE = 0.5
 #: Counts besides ``M = 1`` that ``"auto"`` runs the exact stages on (the best screened).
 EXACT_COUNTS = 2
 #: Largest replicated graph (ops of the replicas' slices plus their ring
@@ -105,9 +118,10 @@ DP_MAX_OPS = 150_000
 SPLIT_MAX_OPS = 2_000_000
 #: Share of one count's grant the slice model gets.
 SLICE_SHARE = 0.4
-#: Simulations of its graph the first data-parallel plan costs (predicting its time), and the
-#: per-sample bound's (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
-SIMS = {"data-parallel": 2.0, "bound": 3.0}
+#: Simulations of its graph the first data-parallel plan costs (predicting its time), the
+#: per-sample bound's, and the exact pipeline's mandatory stages' (its first heuristic and the
+#: final check: what the slice model leaves it) (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
+SIMS = {"data-parallel": 2.0, "bound": 3.0, "pipeline": 2.0}
 #: The search's stages under its :class:`~solver.budget.Budget`: screening and the exact
 #: stages are optional (the search has a plan without them), the bound is mandatory.
 STAGES = ("screening", "exact", "bound")
@@ -145,7 +159,8 @@ def check_batch(batch_size: int | None, replicas: int, m: int) -> str:
 
 def with_marks(graph: OpGraph) -> OpGraph:
     """``graph``, whose every op has a batch mark (a front end sets them:
-    :func:`pesto.api.marked` for a TensorFlow graph without them).
+    :func:`pesto.api.marked` for a TensorFlow graph without them), with its
+    per-slice constants marked batched (:func:`pesto.step.marks.slice_constants`).
 
     Raises
     ------
@@ -157,7 +172,7 @@ def with_marks(graph: OpGraph) -> OpGraph:
         raise BatchMarkError(f"graph {graph.name!r} has {len(unknown)} op(s) without batch marks (Op.batch): "
                              f"mark them (JSON 'batch': true/false; pesto.solve marks a TensorFlow graph)",
                              unknown)
-    return graph
+    return slice_constants(graph)
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
@@ -286,6 +301,9 @@ class _Search:
         self.pace.warm_up(self.marked, cluster)
         self.gpus = len(gpu_names(cluster))
         self.buckets = len(gradient_buckets(self.marked)) if self.gpus > 1 else 0
+        self.acts = step_activations(self.marked)
+        self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
+        self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.window: Deadline = deadline  # what the running stage may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
@@ -310,6 +328,31 @@ class _Search:
         self.pool.skipped[name] = f"not built: about {need:.1f} s for {ops} ops, {self.window.left():.1f} s left"
         self.say(f"{name}: skipped (time limit)")
         return False
+
+    def floor(self, replicas: int, m: int) -> tuple[int, int]:
+        """``(bytes, k)``: the least a GPU holds in every plan of ``replicas``
+        replicas of ``m`` slices, each replica on ``k = GPUs / replicas`` GPUs:
+        a replica's weights and optimizer state and one slice's activations at
+        its loss (:func:`pesto.memory.step_activations`, held by every plan)
+        spread evenly over its GPUs (0 when the step has no phase marks)."""
+        k = max(1, self.gpus // replicas)
+        if self.acts is None:
+            return 0, k
+        return -(-(self.persistent + self.acts.per_slice(m)) // k), k
+
+    def short_of_memory(self, name: str, replicas: int, m: int, strategy: Strategy | None = None) -> bool:
+        """Whether :meth:`floor` rules the candidate out (more than the largest
+        GPU): skipped and named. A strategy with a memory saver is not judged by it."""
+        need, k = self.floor(replicas, m)
+        if not self.capacity or need <= self.capacity or (strategy is not None and (
+                strategy.recompute or strategy.shard_optimizer)):
+            return False
+        self.pool.skipped[name] = (
+            f"needs at least {fmt_bytes(need)} per GPU, the largest holds {fmt_bytes(self.capacity)}: "
+            f"weights and optimizer state ({fmt_bytes(self.persistent)}) and one slice's activations at the loss "
+            f"({fmt_bytes(self.acts.per_slice(m))}) over {k} GPU{'s' if k > 1 else ''}")
+        self.say(f"{name}: skipped (memory)")
+        return True
 
     def too_large(self, name: str, replicas: int, m: int) -> bool:
         """A replicated candidate above :data:`DP_MAX_OPS` or one the batch
@@ -336,10 +379,13 @@ class _Search:
         self.window = grant
         self.say(f"screening: M in {sorted(counts)}, {len(KINDS)} kinds ({grant.left():.1f} s)")
         screened = {}
-        for m in sorted(counts):
+        # memory-bound (not even one slice fits a GPU with the whole step): more slices first, they fit sooner
+        tight = self.floor(1, 1)[0] > self.capacity > 0
+        for m in sorted(counts, reverse=tight):
             s = self.screen(m)
             if s is not None:
                 screened[m] = s
+        self.screen_late(screened)
         if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
             self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
         self.exact_all(screened)
@@ -371,7 +417,7 @@ class _Search:
     def first_plan(self) -> None:
         """``"auto"``: the data-parallel plan of the step, not split."""
         name = "data-parallel"
-        if self.gpus < 2 or self.too_large(name, self.gpus, 1):
+        if self.gpus < 2 or self.too_large(name, self.gpus, 1) or self.short_of_memory(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
             return
         if not self.fits(name, replicated_ops(self.marked, self.gpus, 1, self.buckets), SIMS[name]):
@@ -389,6 +435,13 @@ class _Search:
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and baselines."""
         self.stop_if_interrupted()
+        if self.short_of_memory(f"M={m}", 1, m):
+            self.pool.short.setdefault(m, MicroBatchMemoryError(f"M={m}: {self.pool.skipped[f'M={m}']}", m,
+                                                                self.floor(1, m)[0], self.capacity,
+                                                                culprit="persistent bytes and activations"))
+            if not self.auto:
+                raise self.pool.short[m]
+            return None
         if m > 1 and not self.fits(f"M={m}", self.marked.num_ops * m, 1.0):
             return None
         split = identity(self.marked) if m == 1 else split_step(self.marked, m)
@@ -402,13 +455,57 @@ class _Search:
             return None
         s = _Screened(split, [], float("inf"))
         for kind in KINDS.values():
-            for strategy in kind.candidates(self.marked, self.cluster, m):
-                r = self.candidate(kind, strategy)
-                if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
-                    s.starts.append(r.plan)   # a pipeline: a start of the exact stages, a slice model hint
-                    s.pipes.append(r.detail)
-                    s.step = min(s.step, r.plan.makespan)
+            if not kind.fill_only:
+                self.screen_kind(kind, s, m)
         return s
+
+    def screen_kind(self, kind: Kind, s: _Screened, m: int) -> None:
+        """Every candidate of ``kind`` for ``m`` slices; its pipelines kept in ``s``."""
+        strategies = kind.candidates(self.marked, self.cluster, m)
+        if kind.fill_only and strategies and self.no_gain(kind, s, m):
+            return
+        for strategy in strategies:
+            r = self.candidate(kind, strategy)
+            if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
+                s.starts.append(r.plan)   # a pipeline: a start of the exact stages, a slice model hint
+                s.pipes.append(r.detail)
+                s.step = min(s.step, r.plan.makespan)
+
+    def screen_late(self, screened: Mapping[int, _Screened]) -> None:
+        """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
+        schedules), after every count's other kinds, on :data:`LATE_SHARE` of
+        the screening time left (the exact stages keep the rest): for the count
+        whose pipelines did best; the other counts named in
+        ``plan.log.skipped`` (``"zero-bubble M=4"``)."""
+        ranked = sorted((m for m, s in screened.items() if s.pipes), key=lambda m: (screened[m].step, m))
+        outer, self.window = self.window, self.window.sub(LATE_SHARE * self.window.left())
+        try:
+            for k, m in enumerate(ranked):
+                for kind in (x for x in KINDS.values() if x.fill_only):
+                    if k == 0:
+                        self.screen_kind(kind, screened[m], m)
+                    elif kind.candidates(self.marked, self.cluster, m):
+                        self.pool.skipped[f"{kind.name} M={m}"] = (f"not built: screened for M={ranked[0]} only, "
+                                                                   f"the count whose GPipe/1F1B plans were best")
+        finally:
+            self.window = outer
+
+    def no_gain(self, kind: Kind, s: _Screened, m: int) -> bool:
+        """Whether a ``fill_only`` kind cannot beat the best plan so far: the
+        count's best GPipe/1F1B step over ``k`` stages, less its whole fill and
+        drain (``M / (M + k - 1)`` of it), is no better. Its candidates are then
+        skipped, named ``"zero-bubble M=8"`` in ``plan.log.skipped``."""
+        best = self.pool.best
+        if best is None or not s.pipes:
+            return False
+        floor = min(p.plan.makespan * m / (m + p.stages - 1) for p in s.pipes)
+        if floor < best.plan.makespan:
+            return False
+        self.pool.skipped[f"{kind.name} M={m}"] = (
+            f"not built: the best GPipe/1F1B step of M={m} less its fill and drain, "
+            f"{floor / 1000:.3f} ms, is no better than the best plan's {best.plan.makespan / 1000:.3f} ms")
+        self.say(f"{kind.name} M={m}: skipped (no gain over the best plan possible)")
+        return True
 
     def candidate(self, kind: Kind, strategy: Strategy) -> Solved | None:
         """Realise a screening candidate unless it is too large (:func:`replicated_ops`
@@ -417,9 +514,9 @@ class _Search:
         failed (named in ``plan.log.skipped``)."""
         name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
-        if replicas > 1 and self.too_large(name, replicas, m):
+        if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
-        sims, tries = kind.sims, SCREEN_CANDIDATES
+        sims, tries = kind.sims, kind.tries or SCREEN_CANDIDATES
         if not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
             if kind.cheap is None or not self.fits(name, ops, kind.cheap):
                 return None
@@ -504,12 +601,15 @@ class _Search:
 
     def slice_start(self, s: _Screened, m: int, grant: Deadline) -> list[Plan]:
         """The slice model's plan of ``m`` slices (:func:`solver.parallel.slice_model.solve_slices`)
-        on :data:`SLICE_SHARE` of ``grant`` (skipped below :data:`MIN_SECONDS` on the
-        wall clock), offered as ``slice M=m``; [] when skipped."""
+        on :data:`SLICE_SHARE` of ``grant``, at most what leaves the pipeline the predicted time of
+        its first plan (``SIMS["pipeline"]`` simulations of the split), skipped below
+        :data:`MIN_SECONDS` on the wall clock; offered as ``slice M=m``; [] when skipped."""
         name = f"slice M={m}"
-        share = SLICE_SHARE * grant.left()
+        keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the pipeline's own first plan
+        share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
         if share < MIN_SECONDS and not self.deadline.deterministic:
-            self.pool.skipped[name] = f"{share:.2f} s for the slice model, less than {MIN_SECONDS} s"
+            self.pool.skipped[name] = (f"{max(share, 0.0):.2f} s for the slice model, less than {MIN_SECONDS} s"
+                                       + (f" (about {keep:.1f} s kept for the pipeline's first plan)" if keep else ""))
             return []
         self.stop_if_interrupted()
         self.say(f"slice model M={m}: start ({share:.1f} s)")
@@ -640,5 +740,17 @@ def winner_bound(cluster: Cluster, r: Solved, batch: int | None = None) -> Sampl
     """:func:`~solver.parallel.bound.sample_bound` of the graph ``r.plan``
     places, from the transform ``r`` kept (``r.transformed``: the step split,
     replicated, or both; the copies term per replica); None when it kept none
-    (then the pipeline's bound stands)."""
-    return None if r.transformed is None else sample_bound(r.transformed, cluster, batch=batch)
+    (then the pipeline's bound stands). For a pipeline winner (one replica, a
+    schedule of :data:`~solver.parallel.schedules.SCHEDULES`) the larger of
+    that and :func:`~solver.parallel.bound.pipeline_bound` (fill and drain,
+    valid for every contiguous-stage pipeline on the cluster's GPUs: source
+    ``"pipeline"``)."""
+    if r.transformed is None:
+        return None
+    sb = sample_bound(r.transformed, cluster, batch=batch)
+    if r.strategy.schedule in SCHEDULES and r.replicas == 1:
+        pb = pipeline_bound(r.transformed, cluster)
+        if pb is not None and pb.step > sb.step:
+            sb = replace(sb, step=pb.step, per_sample=None if not batch else pb.step / batch, pipeline=pb.step,
+                         source="pipeline")
+    return sb

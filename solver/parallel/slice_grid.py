@@ -1,7 +1,7 @@
 """The block x slice grid of a micro-batched step: the tasks the joint slice model schedules.
 
 :func:`slice_grid` cuts the un-split step into ``B`` blocks
-(:func:`solver.parallel.pipelines.blockings`, :func:`grid_blocks` of them) and
+(:func:`solver.parallel.cut.blockings`, :func:`grid_blocks` of them) and
 reads, from the split step (:func:`pesto.step.split`), per block
 ``b`` and slice ``s``:
 
@@ -64,7 +64,8 @@ from pesto.step import Transformed
 from pesto.step.slicing import copy_name
 from pesto.problem import Problem
 
-from .pipelines import Blocking, Phases, blockings, phases, step_stages
+from .cut import Blocking, Phases, blockings, phases
+from .pipelines import step_stages
 
 __all__ = ["SliceGrid", "GridError", "slice_grid", "grid_blocks", "GRID_TASKS"]
 
@@ -142,7 +143,7 @@ def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
                tasks: int = GRID_TASKS, blocking: str | None = None) -> SliceGrid:
     """The grid of ``split`` on ``cluster``'s GPUs (module doc).
 
-    ``blocking``: the block order by name (:func:`solver.parallel.pipelines.blockings`,
+    ``blocking``: the block order by name (:func:`solver.parallel.cut.blockings`,
     e.g. the one of the best pipeline, so that its stages are points of the
     grid: an RNN's topological order interleaves its layers); default or
     unknown: the topological one.
@@ -157,7 +158,7 @@ def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
     if not ph.forward:
         raise GridError(f"graph {g.name!r} has no batched forward op: no pipeline grid")
     want = grid_blocks(m, len(ph.forward), tasks)
-    orders = blockings(g, ph, chunks=want)
+    orders = blockings(g, ph, chunks=want, layers=0)
     links = _batched_links(split)
     bl = _acyclic(next((b for b in orders if b.name == blocking), orders[0]), ph, links, g.name)
     if bl.count < min(want, orders[0].count) / 2 and bl.name != orders[0].name:

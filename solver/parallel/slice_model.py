@@ -68,7 +68,7 @@ class SliceSolution:
         The split step (:func:`pesto.step.split`); ``graph`` is its graph.
     micro_batches, blocks : int
     blocking : str
-        The block order (:func:`solver.parallel.pipelines.blockings`).
+        The block order (:func:`solver.parallel.cut.blockings`).
     block_device : tuple of str
         Per block its device (empty without a solution).
     status : str
@@ -131,7 +131,7 @@ def _hints(graph: OpGraph, cluster: Cluster, m: int, loss, hints) -> list[StepPl
     if hints is not None:
         return [h for h in hints if h.micro_batches == m and h.schedule in SCHEDULES]
     out = []
-    for schedule in SCHEDULES:
+    for schedule in (n for n, x in SCHEDULES.items() if x.plain):
         try:
             out.append(pipeline_plan(graph, cluster, schedule=schedule, micro_batches=m, loss=loss))
         except PestoError:

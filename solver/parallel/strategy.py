@@ -5,8 +5,10 @@ into ``stages`` pipeline stages and split into ``micro_batches`` slices,
 run by ``schedule``. Data parallelism is one stage, a pipeline one replica,
 a hybrid both; the plain step is ``Strategy()``.
 
-Schedules: ``"gpipe"`` and ``"1f1b"`` (fixed orders of the slices' forward
-and backward tasks per stage), ``"free"`` (Pesto's own placement and order of
+Schedules: those of :data:`solver.parallel.schedules.SCHEDULES` (``"gpipe"``,
+``"1f1b"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-h2"``, ``"zb-v"``: fixed
+orders of the slices' forward, backward and weight-gradient tasks per
+device), ``"free"`` (Pesto's own placement and order of
 the transformed step: the exact pipeline), ``"slice"`` (the slice model's
 block x slice grid), ``"none"`` (no pipeline: the plain step or data
 parallelism).
@@ -31,11 +33,14 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.step import Origin, Transformed, identity
 from pesto.step.replication import BUCKET_BYTES
+from pesto.step.slicing import WEIGHT_GRADS
+
+from .schedules import SCHEDULES
 
 __all__ = ["Strategy", "Solved", "SCHEDULE_NAMES"]
 
 #: The schedules a strategy may name (see the module doc).
-SCHEDULE_NAMES = ("none", "free", "slice", "gpipe", "1f1b")
+SCHEDULE_NAMES = ("none", "free", "slice", *SCHEDULES)
 
 
 @dataclass(frozen=True)
@@ -43,10 +48,17 @@ class Strategy:
     """One point of the plan space (module doc). For a pipeline schedule
     before it is realised, ``stages`` is the most stages the cutter may use
     (:func:`solver.parallel.realise.realise` picks the count; the result's
-    strategy has the count used). ``recompute``,
+    strategy has the count used). ``weight_grads``: how the slices' weight
+    gradients are summed (:func:`pesto.step.split`'s rule, one of
+    :data:`pesto.step.slicing.WEIGHT_GRADS`: ``"separate"`` accumulate ops,
+    what TensorFlow's split step runs; ``"accumulate"`` in place;
+    ``"whole"`` one op over all slices), passed by the realisers to the
+    split (the slice model takes ``"separate"`` only). ``recompute``,
     ``shard_optimizer`` and ``split_backward`` are reserved for the kinds to
-    come (activation recomputation, sharded optimizer state, split-backward
-    schedules) and must keep their defaults until a realiser supports them."""
+    come (activation recomputation, sharded optimizer state; a schedule
+    says itself whether it splits the backward:
+    :attr:`solver.parallel.schedules.Schedule.split_backward`) and must keep
+    their defaults until a realiser supports them."""
 
     replicas: int = 1
     stages: int = 1
@@ -56,6 +68,7 @@ class Strategy:
     recompute: bool = False
     shard_optimizer: int = 0
     split_backward: bool = False
+    weight_grads: str = "separate"
 
     def __post_init__(self):
         for name in ("replicas", "stages", "micro_batches"):
@@ -64,6 +77,8 @@ class Strategy:
                 raise ValueError(f"Strategy.{name} must be an integer >= 1, got {v!r}")
         if self.schedule not in SCHEDULE_NAMES:
             raise ValueError(f"Strategy.schedule {self.schedule!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}")
+        if self.weight_grads not in WEIGHT_GRADS:
+            raise ValueError(f"Strategy.weight_grads {self.weight_grads!r} is unknown; known: {', '.join(WEIGHT_GRADS)}")
         if self.recompute or self.shard_optimizer or self.split_backward:
             raise ValueError("recompute, shard_optimizer and split_backward are not supported yet")
 
@@ -80,7 +95,7 @@ class Strategy:
             if self.stages > 1:
                 return f"hybrid R={self.replicas} K={self.stages}{m}"
             return f"data-parallel R={self.replicas}{m}"
-        if self.schedule in ("gpipe", "1f1b"):
+        if self.schedule in SCHEDULES:
             return f"{self.schedule} K={self.stages}{m}"
         return ("step" if self.schedule == "none" else self.schedule) + m
 

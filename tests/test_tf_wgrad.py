@@ -1,0 +1,70 @@
+"""TF's split step with whole weight gradients (issue 30 item 2): a Keras
+model's Dense kernels get one MatMul over every slice's inputs and
+output-gradients (``whole/<variable>/``), and the step trains as the un-split
+one. A tiny model; no timing is asserted."""
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tf_patch  # noqa: E402,F401  (loads OR-Tools before TensorFlow)
+
+tf = pytest.importorskip("tensorflow")
+
+from tf_patch.microstep import LossStep  # noqa: E402
+
+pytestmark = pytest.mark.tf
+L = tf.keras.layers
+
+
+def _model():
+    return tf.keras.Sequential([tf.keras.Input((4,)), L.Dense(16, activation="relu"),
+                                L.Dense(8, activation="tanh"), L.Dense(1)])
+
+
+def _run(weights, m, whole, steps=4):
+    """Losses of ``steps`` SGD steps from ``weights``, the weights after, the traced graph."""
+    model = _model()
+    model.set_weights(weights)
+    rng = np.random.default_rng(1)
+    x, y = (tf.constant(rng.normal(size=s).astype(np.float32)) for s in ((32, 4), (32, 1)))
+    dense = [layer for layer in model.layers if isinstance(layer, L.Dense)] if whole else ()
+    step = LossStep(lambda a, b: tf.reduce_mean((model(a) - b) ** 2), lambda: model.trainable_variables,
+                    tf.keras.optimizers.SGD(0.1), micro_batches=m, whole=dense)
+    losses = [float(step(x, y)) for _ in range(steps)]
+    return losses, model.get_weights(), step.get_concrete_function(x, y).graph
+
+
+def _matmuls(graph, prefix=""):
+    return [o.name for o in graph.get_operations() if o.type == "MatMul" and o.name.startswith(prefix)]
+
+
+def test_whole_dense_weight_gradients_train_as_the_unsplit_step():
+    tf.keras.utils.set_random_seed(0)
+    w0 = _model().get_weights()
+    (l1, w1, _), (lw, ww, gw), (ls, _, gs) = _run(w0, 1, False), _run(w0, 4, True), _run(w0, 4, False)
+    np.testing.assert_allclose(lw, l1, rtol=1e-6)
+    assert l1[-1] < l1[0] - 1e-2                      # it trains
+    for a, b, start in zip(ww, w1, w0):
+        np.testing.assert_allclose(a - start, b - start, rtol=1e-5, atol=1e-7)
+    whole = _matmuls(gw, "whole/")
+    assert len(whole) == 3 and all(n.endswith("kernel/MatMul") for n in whole)
+    adds = [o.name for o in gw.get_operations() if o.name.startswith("accumulate/")]
+    assert adds and not [n for n in adds if "/kernel/" in n]     # biases still summed, kernels not
+    assert len(_matmuls(gw)) == len(_matmuls(gs)) - 3 * 4 + 3    # 4 slices' kernel gradients -> 1 each
+
+
+def test_whole_refuses_what_it_cannot_concatenate():
+    model = _model()
+    model.set_weights(_model().get_weights())
+    x, y = tf.zeros((8, 4)), tf.zeros((8, 1))
+    with pytest.raises(TypeError, match="Dense layers"):
+        LossStep(lambda a, b: tf.reduce_mean(model(a)), lambda: model.trainable_variables,
+                 tf.keras.optimizers.SGD(0.1), micro_batches=2, whole=[object()])(x, y)
+    shared = L.Dense(4)
+    twice = LossStep(lambda a, b: tf.reduce_mean(shared(shared(a))), lambda: shared.trainable_variables,
+                     tf.keras.optimizers.SGD(0.1), micro_batches=2, whole=[shared])
+    shared.build((None, 4))
+    with pytest.raises(ValueError, match="called twice"):
+        twice(x, y)
