@@ -271,9 +271,10 @@ def marked(graph: OpGraph) -> OpGraph:
                              f"them ({exc}); mark the ops (JSON 'batch': true/false)") from None
 
 
-def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
+def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
+               savers: str = "") -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
-    ``graph_kind``, ``replicas``), rebuilt from the step ``graph``
+    ``graph_kind``, ``replicas``, ``savers``), rebuilt from the step ``graph``
     (:func:`marked` first: :func:`solver.parallel.search.step_graph`).
 
     Raises
@@ -283,7 +284,8 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     BatchMarkError
         As :func:`marked`.
     """
-    return _step_graph(graph if graph_kind == "step" else marked(graph), micro_batches, graph_kind, replicas)
+    return _step_graph(graph if graph_kind == "step" and not savers else marked(graph), micro_batches, graph_kind,
+                       replicas, savers)
 
 
 def _check_hint(graph: OpGraph, hint) -> None:

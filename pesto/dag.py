@@ -11,6 +11,7 @@ graph, the coarsener, the placers and the checker share one implementation.
 * :func:`top_levels` / :func:`bottom_levels` -- longest paths into / out of
   every vertex, with vertex and optional edge weights;
 * :func:`reachability` -- descendants of every vertex as int bitsets;
+* :func:`closure` -- the vertices reachable from some, themselves included;
 * :class:`UnionFind` -- disjoint sets, optionally AND-ing a bit mask per set.
 
 Examples
@@ -34,7 +35,7 @@ from typing import Callable, Sequence
 from .errors import CycleError
 
 __all__ = ["toposort", "find_cycle", "priority_order", "top_levels", "bottom_levels",
-           "reachability", "UnionFind"]
+           "reachability", "closure", "UnionFind"]
 
 Adjacency = Sequence[Sequence[int]]
 
@@ -200,6 +201,23 @@ def _reverse(adj: Adjacency) -> list[list[int]]:
         for j in s:
             out[j].append(i)
     return out
+
+
+def closure(adj: Adjacency, starts) -> set[int]:
+    """The vertices reachable from ``starts`` along ``adj`` (successors: the
+    descendants; predecessors: the ancestors), ``starts`` included.
+
+    >>> sorted(closure([[1, 2], [3], [3], []], [1])), sorted(closure([[], [0], [0], [1, 2]], [3]))
+    ([1, 3], [0, 1, 2, 3])
+    """
+    seen = set(starts)
+    stack = list(seen)
+    while stack:
+        for j in adj[stack.pop()]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return seen
 
 
 def reachability(succ: Adjacency, order: Sequence[int] | None = None) -> list[int]:

@@ -53,7 +53,7 @@ MAX_BYTES = 1 << 50
 __all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION", "PHASES", "ROLES"]
 
 #: The values of :attr:`Op.phase` (besides ``None``, unknown).
-PHASES = ("forward", "input-grad", "weight-grad", "update")
+PHASES = ("forward", "input-grad", "weight-grad", "update", "recompute")
 #: The values of :attr:`Op.role`.
 ROLES = ("", "grad-sum")
 
@@ -101,7 +101,9 @@ class Op:
         (a backward op passing the gradient on), ``"weight-grad"`` (a backward
         op making a weight's gradient: one of its tensors is read by an op that
         runs once per step), ``"update"`` (the optimizer, after the backward
-        pass) or ``None`` (not known, the default). Set by a front end
+        pass), ``"recompute"`` (a forward op re-run in the backward pass, made
+        by :func:`pesto.step.recompute`: staged and scheduled as backward) or
+        ``None`` (not known, the default). Set by a front end
         (:func:`tf_patch.marks.mark_step`); :mod:`pesto.step.marks` reads it.
     anchor : str or None
         For a backward op, the forward op it differentiates (a pipeline stage

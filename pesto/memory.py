@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .cluster import Cluster
+from .dag import closure
 from .errors import InfeasibleError, InvalidPlanError
 from .graph import OpGraph
 from .problem import GraphArrays, Problem
@@ -259,16 +260,6 @@ def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
             f"together ({fmt_bytes(sum(p.cap))})", culprit="total")
 
 
-def _closure(adj, start: int) -> set:
-    seen, stack = {start}, [start]
-    while stack:
-        for j in adj[stack.pop()]:
-            if j not in seen:
-                seen.add(j)
-                stack.append(j)
-    return seen
-
-
 def live_across(graph: OpGraph, name: str) -> int:
     """Bytes of the tensors live when op ``name`` ends, in every plan: those
     produced by ``name`` or one of its ancestors and read by one of its
@@ -286,8 +277,8 @@ def live_across(graph: OpGraph, name: str) -> int:
     (104, 100)
     """
     i = graph.index[name]
-    before = _closure(graph.pred_idx(), i)
-    after = _closure(graph.succ_idx(), i) - {i}
+    before = closure(graph.pred_idx(), [i])
+    after = closure(graph.succ_idx(), [i]) - {i}
     return sum(b for _, src, b, cons in graph.tensor_table() if src in before and any(c in after for c in cons))
 
 
@@ -340,8 +331,8 @@ def step_activations(graph: OpGraph) -> Activations | None:
                 break
     else:
         return None
-    before = _closure(pred, loss)
-    after = _closure(graph.succ_idx(), loss) - {loss}
+    before = closure(pred, [loss])
+    after = closure(graph.succ_idx(), [loss]) - {loss}
     batched = shared = 0
     for _, src, b, cons in graph.tensor_table():
         if src in before and any(c in after for c in cons):

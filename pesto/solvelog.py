@@ -89,6 +89,11 @@ class SolveLog:
         GPU, split into ``micro_batches`` when above 1).
     replicas : int
         Data-parallel replicas (1 unless ``graph_kind == "replicated"``).
+    savers : str
+        The memory savers of the plan's strategy
+        (:attr:`solver.parallel.strategy.Strategy.savers`: ``"ZeRO-2"``,
+        ``"recompute"``, ``"ZeRO-2 recompute"``); empty for none (then
+        omitted from JSON).
     steps : mapping name -> µs
         With ``micro_batches`` "auto" or above 1: the step time of each plan
         compared across graphs (``"M=4"``: Pesto's best with 4 slices,
@@ -115,6 +120,7 @@ class SolveLog:
     micro_batches: int = 1
     graph_kind: str = "step"
     replicas: int = 1
+    savers: str = ""
     steps: Mapping[str, float] = field(default_factory=dict)
     one_device: float | None = None
 
@@ -143,7 +149,7 @@ class SolveLog:
         if self.graph_kind == "step" and self.micro_batches == 1 and not self.steps:
             return {}
         return {"micro_batches": self.micro_batches, "graph_kind": self.graph_kind, "replicas": self.replicas,
-                "steps": dict(self.steps)}
+                **({"savers": self.savers} if self.savers else {}), "steps": dict(self.steps)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SolveLog":

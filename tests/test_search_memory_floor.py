@@ -37,3 +37,15 @@ def test_a_fixed_count_that_cannot_fit_is_refused_by_name(big):
     cluster = pesto.cluster.gpus(2, memory=30_000_000)    # M=2: 80 MB over 2 GPUs > 30 MB
     with pytest.raises(MicroBatchMemoryError, match=r"M=2: needs at least .* per GPU"):
         pesto.solve_step(big, cluster=cluster, micro_batches=2, batch_size=16, time_limit=5, workers=1)
+
+
+def test_memory_bound_steps_screen_more_slices_and_leaner_plans_first(big):
+    # GPT-1.3B on 8 V100s: M=2 and GPipe took the screening time, the 1F1B plan of M=16 that fits never ran
+    lines = []
+    cluster = pesto.cluster.gpus(4, memory=30_000_000)
+    pesto.solve_step(big, cluster=cluster, micro_batches="auto", batch_size=16, time_limit=3, workers=1,
+                     deterministic=True, progress=lines.append)
+    built = [ln.split(":")[0] for ln in lines if ": step " in ln and ("gpipe" in ln or "1f1b" in ln)]
+    assert built and built[0].startswith("1f1b M=16"), built
+    counts = [int(b.split("M=")[1].split()[0]) for b in built]
+    assert counts == sorted(counts, reverse=True), built

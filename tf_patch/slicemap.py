@@ -53,6 +53,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from pesto import evaluate, solve
+from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
 from pesto.step import Origin
 from pesto.step.slicing import parse_name
@@ -101,7 +102,9 @@ class ResultView:
 
 def result_view(result) -> ResultView:
     """The one place tf_patch reads ``pesto.solve_step``'s result (so a change
-    of its type is adapted here only).
+    of its type is adapted here only). A plan with memory savers
+    (``plan.log.savers``) raises :class:`~pesto.errors.MicroBatchError`: its
+    TensorFlow step is not built yet.
 
     >>> class R: plan, graph, micro_batches, replicas, graph_kind = None, None, 2, 1, "micro-batched"
     >>> result_view(R()).graph_kind
@@ -110,6 +113,11 @@ def result_view(result) -> ResultView:
     if isinstance(result, ResultView):
         return result
     log = getattr(result.plan, "log", None)
+    savers = getattr(log, "savers", "")
+    if savers:   # the search chose them because nothing else fit memory
+        raise MicroBatchError(f"the plan uses memory savers ({savers}: recomputation or a sharded optimizer) "
+                              f"that tf_patch does not build in TensorFlow yet; no plan without them fits memory",
+                              culprit=savers)
     steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
     kept = getattr(result, "transformed", None)
     return ResultView(result.plan, result.graph, int(result.micro_batches), int(result.replicas),

@@ -3,7 +3,9 @@
 * :func:`split` (:mod:`pesto.step.slicing`): the step in ``M`` micro-batches;
 * :func:`replicate` (:mod:`pesto.step.replication`): ``N`` data-parallel
   replicas and their ring all-reduce;
-* both return a :class:`Transformed` (the graph, the step it came from and
+* :func:`recompute` (:mod:`pesto.step.recompute`): activation
+  recomputation per layer block;
+* each returns a :class:`Transformed` (the graph, the step it came from and
   each op's :class:`Origin`); :func:`compose` chains two; :func:`identity`
   is the step as itself (``split`` into one slice);
 * :mod:`pesto.step.marks`: the per-op marks a front end sets (batch, phase,
@@ -19,7 +21,8 @@ Examples
 from .transform import Origin, Transformed, check_count, compose, identity
 from .slicing import split
 from .replication import replicate
+from .recompute import recompute
 from .marks import anchors, backward_ops, forward_ops
 
-__all__ = ["Origin", "Transformed", "compose", "identity", "check_count", "split", "replicate", "forward_ops",
-           "backward_ops", "anchors"]
+__all__ = ["Origin", "Transformed", "compose", "identity", "check_count", "split", "replicate", "recompute",
+           "forward_ops", "backward_ops", "anchors"]

@@ -28,8 +28,9 @@ from ..graph import OpGraph
 
 __all__ = ["forward_ops", "backward_ops", "anchors", "slice_constants", "BACKWARD"]
 
-#: The phases of the backward pass and of the update after it.
-BACKWARD = frozenset({"input-grad", "weight-grad", "update"})
+#: The phases of the backward pass and of the update after it (``"recompute"``:
+#: a forward op re-run just before its block's backward, :func:`pesto.step.recompute`).
+BACKWARD = frozenset({"input-grad", "weight-grad", "update", "recompute"})
 
 
 def forward_ops(graph: OpGraph) -> frozenset:

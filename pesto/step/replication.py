@@ -55,6 +55,30 @@ which the simulator times with every all-reduce transfer on the cluster's links.
   a tensor's ring by its variable, as :mod:`solver.parallel.hybrid`, puts a bucket by
   its first member's variable; transfers carry the other members').
 
+**Sharded optimizer state** (``shard_optimizer=1|2``, ZeRO-1 / ZeRO-2 of
+DeepSpeed; Rajbhandari et al., SC'20). Each replica updates only its
+``1 / N`` shard of every bucket's parameters:
+
+* the **optimizer state** (:func:`optimizer_state`: once-per-step ops with
+  persistent bytes read only on the way to ops marked ``phase="update"``,
+  never by a batched op: Adam's slots) holds ``ceil(bytes / N)`` per replica; weights stay whole;
+* the **updates** (the once-per-step consumers of the gradients) take
+  ``1 / N`` of their compute and temporary bytes, and read the replica's
+  shard of the summed gradient: the last reduce-scatter step's output
+  (``ceil(B / N)`` bytes). The gradients are reduce-scattered, not
+  all-reduced: no all-gather of gradients, no ``@allreduce@`` gather;
+* the **updated parameters** are all-gathered by the same ring: steps
+  ``t@ag{s}@r{r}`` (``ceil(B / N)`` bytes each, the first from the left
+  neighbour's last update of the bucket, the tensor ``t@r{r}/param``, after
+  all its updates of the bucket) and ``t@allgather@r{r}`` (no bytes: the
+  parameters are written in place), after the replica's own updates.
+  Reduce-scatter + all-gather move ``2 (N - 1)`` chunks of
+  ``ceil(B / N)`` bytes per replica: the same bytes as the all-reduce;
+* **ZeRO-1** keeps the whole gradient buffer until the update (the last
+  reduce-scatter step holds ``B`` bytes, the buffer it summed into);
+  **ZeRO-2** frees the gradient outside the shard after the reduce-scatter
+  (that step holds ``ceil(B / N)``).
+
 The sum is what the update needs when each replica's loss is normalised by
 the whole batch (as for :func:`pesto.step.split`). ``N = 1`` is the step itself
 under the names ``op@r0``. ``split(replicate(g, N).graph, M)`` splits
@@ -110,7 +134,8 @@ from ..graph import Edge, Op, OpGraph, Tensor
 from .slicing import BANDWIDTH, FLOOR_US, accumulate_op, check_marks, fixed_ops, partial_tensors, slice_op
 from .transform import Origin, Transformed, check_count
 
-__all__ = ["replicate", "replica_name", "RESERVED", "BUCKET_BYTES", "gradient_buckets", "pack_buckets"]
+__all__ = ["replicate", "replica_name", "RESERVED", "BUCKET_BYTES", "gradient_buckets", "pack_buckets",
+           "optimizer_state", "SHARD_LEVELS"]
 
 #: Default gradient bucket size in bytes (PyTorch DDP's ``bucket_cap_mb=25``).
 BUCKET_BYTES = 25 * 2**20
@@ -121,7 +146,9 @@ BUCKET_BYTES = 25 * 2**20
 FIRST_BUCKET_BYTES = 2**20
 
 #: Names :func:`replicate` makes: an original op or tensor may not look like them.
-RESERVED = re.compile(r"@(r|rs|ag)\d|@allreduce@")
+RESERVED = re.compile(r"@(r|rs|ag)\d|@allreduce@|@allgather@")
+#: The values of ``shard_optimizer``: none, ZeRO-1, ZeRO-2.
+SHARD_LEVELS = (0, 1, 2)
 
 
 def replica_name(name: str, r: int) -> str:
@@ -234,40 +261,48 @@ def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) ->
 
 
 def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKET_BYTES,
-              floor_us: float = FLOOR_US, bandwidth: Mapping[str, float] = BANDWIDTH) -> Transformed:
+              floor_us: float = FLOOR_US, bandwidth: Mapping[str, float] = BANDWIDTH,
+              shard_optimizer: int = 0) -> Transformed:
     """The data-parallel step of ``graph`` on ``replicas`` replicas (module doc).
 
     ``bucket_bytes``: gradients are fused into buckets of at most that many
     bytes, one ring each (:func:`gradient_buckets`); ``0`` or ``None``: one
-    ring per gradient tensor.
+    ring per gradient tensor. ``shard_optimizer``: ``0`` (every replica
+    updates everything), ``1`` or ``2`` (ZeRO-1 / ZeRO-2: each replica
+    updates its shard; module doc, "Sharded optimizer state").
 
     Raises
     ------
     MicroBatchError
-        ``replicas`` not an integer >= 1; a bad ``bucket_bytes``; a device
-        kind without bandwidth.
+        ``replicas`` not an integer >= 1; a bad ``bucket_bytes`` or
+        ``shard_optimizer``; a device kind without bandwidth.
     BatchMarkError
         As :func:`pesto.step.split`.
     """
     n = check_count(replicas, "replicas")
+    if shard_optimizer not in SHARD_LEVELS or isinstance(shard_optimizer, bool):
+        raise MicroBatchError(f"shard_optimizer must be one of {SHARD_LEVELS} (0: none, 1: ZeRO-1 optimizer "
+                              f"state, 2: ZeRO-2 optimizer state and gradient sharded), got {shard_optimizer!r}",
+                              culprit=shard_optimizer)
     check_marks(graph, RESERVED)
     buckets = gradient_buckets(graph, bucket_bytes)
-    b = _Ring(graph, n, floor_us, bandwidth, buckets)
+    b = _Ring(graph, n, floor_us, bandwidth, buckets, shard_optimizer if n > 1 else 0)
     for r in range(n):
         b.add_replica(r)
     for members in sorted(buckets):
         b.all_reduce([graph.tensor(t) for t in members])
     b.add_edges()
+    zero = f"@zero{b.shard}" if b.shard else ""
     out = OpGraph(b.ops, [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in b.edges.items()],
-                  b.tensors, name=f"{graph.name}@r{n}")
+                  b.tensors, name=f"{graph.name}@r{n}{zero}")
     return Transformed(out, graph, MappingProxyType(b.origin), replicas=n, partials=b.partials)
 
 
 class _Ring:
     """The pieces of a replicated graph while it is built."""
 
-    def __init__(self, graph: OpGraph, n: int, floor_us: float, bandwidth, buckets):
-        self.g, self.n, self.floor, self.bw = graph, n, floor_us, bandwidth
+    def __init__(self, graph: OpGraph, n: int, floor_us: float, bandwidth, buckets, shard: int = 0):
+        self.g, self.n, self.floor, self.bw, self.shard = graph, n, floor_us, bandwidth, shard
         self.partials = partial_tensors(graph)
         self.fixed = fixed_ops(graph, self.partials)
         self.to_step = {t for members in buckets for t in members}
@@ -281,6 +316,20 @@ class _Ring:
         self.edges: dict[tuple[str, str], list[str]] = {}
         self.origin: dict[str, Origin] = {}
         self.final: dict[tuple[str, int], tuple[str, str]] = {}
+        #: sharded: the optimizer state, the updates (the shard's), bucket -> its updates, and
+        #: the last update of a bucket -> the (first member, chunk bytes) of the parameters it hands on
+        self.state = optimizer_state(graph) if shard else frozenset()
+        self.updates: dict[str, list[str]] = {}
+        self.params: dict[str, list[tuple[str, int]]] = {}
+        if shard:
+            pos = {i: k for k, i in enumerate(graph.topo_idx())}
+            cons = graph.consumers()
+            for m in buckets:
+                ups = sorted({u for t in m for u in cons[t] if not graph.op(u).batch}, key=lambda u: pos[graph.index[u]])
+                self.updates[m[0]] = ups
+                if ups:
+                    self.params.setdefault(ups[-1], []).append((m[0], -(-self.chunks_of[m[-1]][1] // n)))
+        self.sharded = frozenset(u for ups in self.updates.values() for u in ups)
 
     def add_replica(self, r: int) -> None:
         n = self.n
@@ -294,8 +343,9 @@ class _Ring:
                                 floor_us=self.floor, colocation_group=group)
                 self.origin[name] = Origin(op.name, replica=r)
             else:
-                copy = replace(op, name=name, colocation_group=group)
+                copy = replace(op, name=name, colocation_group=group, **self.shard_of(op))
                 self.origin[name] = Origin(op.name, replica=r, role="step")
+                self.tensors.extend(Tensor(_param(t, r), name, c) for t, c in self.params.get(op.name, ()))
             self.ops.append(copy if op.anchor not in self.g else replace(copy, anchor=replica_name(op.anchor, r)))
             for t in mine:
                 size = t.bytes if not op.batch or t.name in self.partials else -(-t.bytes // n)
@@ -305,6 +355,17 @@ class _Ring:
                 if t.name in self.chunks_of and n > 1:
                     first, total = self.chunks_of[t.name]
                     self.tensors.extend(Tensor(_chunk(first, r, j), name, -(-total // n)) for j in range(n))
+
+    def shard_of(self, op: Op) -> dict:
+        """The fields of a once-per-step op that sharding changes: an optimizer
+        state's persistent bytes and an update's compute and temporary bytes, ``1 / n``."""
+        n = self.n
+        if op.name in self.state:
+            return {"persistent_bytes": -(-op.persistent_bytes // n)}
+        if op.name in self.sharded:
+            return {"compute": {k: t / n for k, t in op.compute.items()},
+                    "temporary_bytes": -(-op.temporary_bytes // n)}
+        return {}
 
     def add_op(self, op: Op, r: int, role: str, members, inputs, outputs=None) -> None:
         """Add ``op`` fed by ``inputs`` = [(op, tensor or None for a control edge)];
@@ -319,38 +380,81 @@ class _Ring:
                 ts.append(tensor)
 
     def all_reduce(self, members: list[Tensor]) -> None:
-        """The ring reduce-scatter + all-gather of one bucket of partials (module doc)."""
-        n = self.n
-        if n == 1:
+        """The ring reduce-scatter + all-gather of one bucket of partials (module doc);
+        sharded: the reduce-scatter, then the updated parameters' all-gather."""
+        if self.n == 1:
             return
-        t, last = members[0], members[-1]
+        for r in range(self.n):
+            self.reduce_scatter(members, r)
+            if self.shard:
+                self.gather_params(members, r)
+            else:
+                self.gather_sums(members, r)
+
+    def reduce_scatter(self, members: list[Tensor], r: int) -> None:
+        """Replica ``r``'s ``n - 1`` reduce-scatter steps of a bucket; sharded, its last
+        step's output is the shard its updates read (ZeRO-1: in the whole bucket's buffer)."""
+        n, t, last = self.n, members[0], members[-1]
         total = sum(m.bytes for m in members)
         c = -(-total // n)
         kinds = self.g.op(t.src).kinds
         waits = list(dict.fromkeys(m.src for m in members if m.src != last.src))
-        for r in range(n):
-            left = (r - 1) % n
-            mine = [(replica_name(p, r), None) for p in waits]
-            for s in range(n - 1):
-                j = (r - 1 - s) % n
-                came = ([(replica_name(last.src, left), _chunk(t.name, left, j))]
-                        + [(replica_name(p, left), None) for p in waits] if s == 0 else
-                        [(f"{t.name}@rs{s - 1}@r{left}",) * 2])
-                op = accumulate_op(f"{t.name}@rs{s}@r{r}", c, kinds, floor_us=self.floor, bandwidth=self.bw,
-                                   what=t.name, scope=self.g.op(t.src).scope)
-                self.add_op(replace(op, type="RingReduce"), r, "reduce-scatter", members,
-                            came + [(replica_name(last.src, r), _chunk(t.name, r, j))] + mine)
-            for s in range(n - 1):
-                came = f"{t.name}@rs{n - 2}@r{left}" if s == 0 else f"{t.name}@ag{s - 1}@r{left}"
-                self.add_op(_free(f"{t.name}@ag{s}@r{r}", c, kinds, "RingGather"), r, "all-gather", members,
-                            [(came, came)])
-            parts = [f"{t.name}@rs{n - 2}@r{r}"] + [f"{t.name}@ag{s}@r{r}" for s in range(n - 1)]
-            name = f"{t.name}@allreduce@r{r}"
-            outs = [(f"{m.name}@allreduce@r{r}", m.bytes) for m in members]
-            self.add_op(_free(name, total, kinds, "AllReduceGather"), r, "gather", members,
-                        [(p, p) for p in parts], outs)
-            for m, (out, _) in zip(members, outs):
-                self.final[(m.name, r)] = (name, out)
+        left = (r - 1) % n
+        mine = [(replica_name(p, r), None) for p in waits]
+        for s in range(n - 1):
+            j = (r - 1 - s) % n
+            came = ([(replica_name(last.src, left), _chunk(t.name, left, j))]
+                    + [(replica_name(p, left), None) for p in waits] if s == 0 else
+                    [(f"{t.name}@rs{s - 1}@r{left}",) * 2])
+            op = accumulate_op(f"{t.name}@rs{s}@r{r}", c, kinds, floor_us=self.floor, bandwidth=self.bw,
+                               what=t.name, scope=self.g.op(t.src).scope)
+            if s == n - 2 and self.shard == 1:
+                op = replace(op, output_bytes=total)
+            self.add_op(replace(op, type="RingReduce"), r, "reduce-scatter", members,
+                        came + [(replica_name(last.src, r), _chunk(t.name, r, j))] + mine)
+        if self.shard:
+            shard = f"{t.name}@rs{n - 2}@r{r}"
+            for m in members:
+                self.final[(m.name, r)] = (shard, shard)
+
+    def gather_sums(self, members: list[Tensor], r: int) -> None:
+        """Replica ``r``'s all-gather of the summed chunks and the gather its consumers read."""
+        n, t = self.n, members[0]
+        total = sum(m.bytes for m in members)
+        c = -(-total // n)
+        kinds = self.g.op(t.src).kinds
+        left = (r - 1) % n
+        for s in range(n - 1):
+            came = f"{t.name}@rs{n - 2}@r{left}" if s == 0 else f"{t.name}@ag{s - 1}@r{left}"
+            self.add_op(_free(f"{t.name}@ag{s}@r{r}", c, kinds, "RingGather"), r, "all-gather", members,
+                        [(came, came)])
+        parts = [f"{t.name}@rs{n - 2}@r{r}"] + [f"{t.name}@ag{s}@r{r}" for s in range(n - 1)]
+        name = f"{t.name}@allreduce@r{r}"
+        outs = [(f"{m.name}@allreduce@r{r}", m.bytes) for m in members]
+        self.add_op(_free(name, total, kinds, "AllReduceGather"), r, "gather", members,
+                    [(p, p) for p in parts], outs)
+        for m, (out, _) in zip(members, outs):
+            self.final[(m.name, r)] = (name, out)
+
+    def gather_params(self, members: list[Tensor], r: int) -> None:
+        """Sharded: replica ``r``'s all-gather of the bucket's updated parameters,
+        from its left neighbour's updates (the last one's ``param`` tensor), and
+        ``t@allgather@r{r}``, no bytes: the parameters are written in place."""
+        n, t = self.n, members[0]
+        ups = self.updates.get(t.name, [])
+        if not ups:
+            return
+        c = -(-sum(m.bytes for m in members) // n)
+        kinds = self.g.op(t.src).kinds
+        left = (r - 1) % n
+        for s in range(n - 1):
+            came = ([(replica_name(ups[-1], left), _param(t.name, left))]
+                    + [(replica_name(u, left), None) for u in ups[:-1]] if s == 0 else
+                    [(f"{t.name}@ag{s - 1}@r{left}",) * 2])
+            self.add_op(_free(f"{t.name}@ag{s}@r{r}", c, kinds, "RingGather"), r, "all-gather", members, came)
+        parts = [f"{t.name}@ag{s}@r{r}" for s in range(n - 1)]
+        self.add_op(_free(f"{t.name}@allgather@r{r}", 0, kinds, "ParamGather"), r, "gather", members,
+                    [(p, p) for p in parts] + [(replica_name(u, r), None) for u in ups])
 
     def add_edges(self) -> None:
         g = self.g
@@ -369,6 +473,37 @@ class _Ring:
 
 def _chunk(tensor: str, r: int, j: int) -> str:
     return f"{replica_name(tensor, r)}/chunk{j}"
+
+
+def _param(tensor: str, r: int) -> str:
+    """Replica ``r``'s updated parameter shard of the bucket named after ``tensor`` (sharded)."""
+    return f"{replica_name(tensor, r)}/param"
+
+
+def optimizer_state(graph: OpGraph) -> frozenset:
+    """The optimizer's state: once-per-step ops holding persistent bytes from
+    which no batched op can be reached and an op marked ``phase="update"``
+    can (Adam's slots: read only on the way to the update; a weight is read
+    by the forward pass too).
+
+    >>> ops = [Op("w", {"GPU": 0.0}, persistent_bytes=8, batch=False),
+    ...        Op("m", {"GPU": 0.0}, persistent_bytes=8, batch=False),
+    ...        Op("read_m", {"GPU": 0.0}, batch=False, phase="forward"),
+    ...        Op("f", {"GPU": 1.0}, batch=True, phase="forward"),
+    ...        Op("u", {"GPU": 1.0}, batch=False, phase="update")]
+    >>> es = [Edge("w", "f", ()), Edge("w", "u", ()), Edge("m", "read_m", ()), Edge("read_m", "u", ())]
+    >>> sorted(optimizer_state(OpGraph(ops, es)))
+    ['m']
+    """
+    ops, succ = graph.ops, graph.succ_idx()
+    batched = [bool(op.batch) for op in ops]
+    update = [op.phase == "update" for op in ops]
+    for i in reversed(graph.topo_idx()):
+        for j in succ[i]:
+            batched[i] = batched[i] or batched[j]
+            update[i] = update[i] or update[j]
+    return frozenset(op.name for i, op in enumerate(ops)
+                     if op.persistent_bytes and not op.batch and not batched[i] and update[i])
 
 
 def _free(name: str, nbytes: int, kinds, type_: str) -> Op:

@@ -34,7 +34,7 @@ from ..graph import OpGraph
 __all__ = ["Origin", "Transformed", "identity", "compose", "check_count", "ROLES"]
 
 #: The roles of an op of a transformed graph (:attr:`Origin.role`).
-ROLES = ("copy", "step", "accumulate", "whole", "reduce-scatter", "all-gather", "gather")
+ROLES = ("copy", "step", "accumulate", "whole", "reduce-scatter", "all-gather", "gather", "recompute")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,9 @@ class Origin:
         slices), ``"whole"`` (a batched op run once over every slice: a
         weight gradient under :func:`~pesto.step.split`'s rule ``"whole"``),
         ``"reduce-scatter"``, ``"all-gather"`` or ``"gather"`` (the ring
-        all-reduce of replicas).
+        all-reduce of replicas; with a sharded optimizer the all-gather of
+        updated parameters), ``"recompute"`` (a forward op run again before
+        its block's backward, :func:`pesto.step.recompute`).
     tensor : str or None
         The original tensor an added op sums (for a fused bucket: its first
         member, whose producer is ``op``).

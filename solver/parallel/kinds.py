@@ -18,10 +18,18 @@ write its module and add its entry.
 
 >>> list(KINDS)
 ['hybrid', 'pipeline', 'data-parallel', 'zero-bubble']
+
+The memory savers (:func:`savers`) are screened for a candidate whose plan
+does not fit memory: the same strategy with ZeRO-1, ZeRO-2, then ZeRO-2 and
+recomputation (data parallelism), or with recomputation (pipelines,
+hybrids), until one fits.
+
+>>> [s.savers for s in savers(Strategy(replicas=4))]
+['ZeRO-1', 'ZeRO-2', 'ZeRO-2 recompute']
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from pesto.cluster import Cluster
@@ -32,7 +40,7 @@ from .realise import realise
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
-__all__ = ["Kind", "KINDS"]
+__all__ = ["Kind", "KINDS", "savers"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +93,19 @@ KINDS: dict[str, Kind] = {
     "zero-bubble": Kind("zero-bubble", _chunked_or_split, realise, lambda s: f"{s.schedule} M={s.micro_batches}",
                         2.0, fill_only=True, tries=1),
 }
+
+
+def savers(strategy: Strategy) -> list[Strategy]:
+    """The strategies that save memory over ``strategy`` (module doc), cheapest
+    first: sharding costs no step time in the ring model (reduce-scatter +
+    all-gather move the all-reduce's bytes), recomputation runs the forward
+    again; [] for the slice model, the exact pipeline, the plain step, or a
+    strategy that already has savers."""
+    if strategy.recompute or strategy.shard_optimizer:
+        return []
+    if strategy.replicas > 1 and strategy.stages == 1 and strategy.schedule == "none":
+        return [replace(strategy, shard_optimizer=1), replace(strategy, shard_optimizer=2),
+                replace(strategy, shard_optimizer=2, recompute=True)]
+    if strategy.schedule in SCHEDULES:
+        return [replace(strategy, recompute=True)]
+    return []

@@ -352,11 +352,11 @@ def _fix_groups(graph: OpGraph, cluster: Cluster, dev: Mapping[str, str]) -> dic
 
 
 def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1,
-                       weight_grads="separate") -> StepPlan:
-    """One replica per GPU (:func:`pesto.step.replicate`), each split into
-    ``micro_batches`` slices; the better of two device orders (module doc).
-    ``weight_grads``: the split's rule for the slices' weight gradients
-    (:func:`pesto.step.split`).
+                       weight_grads="separate", shard_optimizer: int = 0) -> StepPlan:
+    """One replica per GPU (:func:`pesto.step.replicate`, ``shard_optimizer``:
+    ZeRO-1/2 as it says), each split into ``micro_batches`` slices; the
+    better of two device orders (module doc). ``weight_grads``: the split's
+    rule for the slices' weight gradients (:func:`pesto.step.split`).
 
     Raises
     ------
@@ -365,7 +365,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     """
     t0 = time.perf_counter()
     gpus = gpu_names(cluster)
-    rep = replicate(graph, len(gpus))
+    rep = replicate(graph, len(gpus), shard_optimizer=shard_optimizer)
     both = rep if micro_batches == 1 else compose(split_step(rep.graph, micro_batches, weight_grads=weight_grads), rep)
     g = both.graph
     replica_of = {n: o.replica for n, o in both.origin.items()}

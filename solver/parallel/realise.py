@@ -8,6 +8,11 @@ GPipe or 1F1B from :data:`solver.parallel.schedules.SCHEDULES`, at most
 the slice model (``schedule="slice"``, :func:`solver.parallel.slice_model.solve_slices`)
 is one more realiser. The exact pipeline (``schedule="free"``) is not a
 realiser: it is a search stage (:mod:`solver.parallel.search`).
+
+The memory savers compose with the kinds: ``recompute`` realises the kind
+on :func:`pesto.step.recompute` of the step (:func:`with_savers`; every
+kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2
+(data parallelism only: a hybrid's rings follow its stages, not shards).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from dataclasses import replace
 
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
+from pesto.step import Transformed, compose, identity, recompute
 
 from .hybrid import hybrid_plan
 from .pipelines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
@@ -22,7 +28,7 @@ from .slice_model import solve_slices
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
-__all__ = ["realise", "strategy_of", "solved_of"]
+__all__ = ["realise", "strategy_of", "solved_of", "with_savers"]
 
 
 def strategy_of(sp: StepPlan) -> Strategy:
@@ -36,6 +42,12 @@ def solved_of(sp: StepPlan, weight_grads: str = "separate") -> Solved:
     """A baseline's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`
     (its transform kept; ``weight_grads``: the split's rule it was made with)."""
     return Solved(sp.plan, sp.graph, replace(strategy_of(sp), weight_grads=weight_grads), sp.transformed, detail=sp)
+
+
+def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
+    """The step a kind realises ``strategy`` on (its ``graph``): :func:`pesto.step.recompute`
+    of ``step`` when ``strategy.recompute``, else ``step`` itself (:func:`pesto.step.identity`)."""
+    return recompute(step) if strategy.recompute else identity(step)
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
@@ -63,20 +75,36 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     if s.schedule == "slice":
         if wg != "separate":
             raise ValueError(f"slice model M={m}: weight_grads={wg!r} is not supported (only 'separate')")
+        if s.recompute:
+            raise ValueError(f"{s.name}: the slice model does not take recompute")
         r = solve_slices(step, cluster, micro_batches=m, time_limit=time_limit, workers=workers, seed=seed,
                          deadline=deadline)
         if r.plan is None:
             raise ValueError(f"slice model M={m}: no grid solution ({r.status})")
         return Solved(r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"), r.transformed, detail=r)
+    if s.shard_optimizer and (s.stages > 1 or s.schedule != "none"):
+        raise ValueError(f"{s.name}: shard_optimizer (ZeRO) is realised for data parallelism only")
+    kept = with_savers(step, s)
+    saved = kept.graph
     if s.replicas > 1 and s.stages == 1 and s.schedule == "none":
         if s.replicas != len(gpu_names(cluster)):
             raise ValueError(f"{s.name}: data parallelism runs one replica per GPU ({len(gpu_names(cluster))})")
-        return solved_of(data_parallel_plan(step, cluster, micro_batches=m, weight_grads=wg), wg)
+        return _saving(solved_of(data_parallel_plan(saved, cluster, micro_batches=m, weight_grads=wg,
+                                                    shard_optimizer=s.shard_optimizer), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas == 1:
-        return solved_of(pipeline_plan(step, cluster, schedule=s.schedule, micro_batches=m, candidates=candidates,
-                                       stages=None if s.stages >= len(gpu_names(cluster)) else s.stages,
-                                       weight_grads=wg), wg)
+        return _saving(solved_of(pipeline_plan(saved, cluster, schedule=s.schedule, micro_batches=m,
+                                               candidates=candidates,
+                                               stages=None if s.stages >= len(gpu_names(cluster)) else s.stages,
+                                               weight_grads=wg), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas > 1:
-        return solved_of(hybrid_plan(step, cluster, replicas=s.replicas, micro_batches=m, schedule=s.schedule,
-                                     candidates=candidates, weight_grads=wg), wg)
+        return _saving(solved_of(hybrid_plan(saved, cluster, replicas=s.replicas, micro_batches=m,
+                                             schedule=s.schedule, candidates=candidates, weight_grads=wg), wg), s, kept)
     raise ValueError(f"no realiser for {s.name} (schedule {s.schedule!r}); the search realises 'free' itself")
+
+
+def _saving(solved: Solved, strategy: Strategy, kept: Transformed) -> Solved:
+    """``solved`` with the savers of ``strategy`` in its strategy, its transform
+    composed with ``kept`` (:func:`with_savers`: the recomputation) down to the step."""
+    t = solved.transformed if kept.graph is kept.source else compose(solved.transformed, kept)
+    return replace(solved, strategy=replace(solved.strategy, recompute=strategy.recompute,
+                                            shard_optimizer=strategy.shard_optimizer), transformed=t)

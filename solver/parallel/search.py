@@ -40,6 +40,14 @@ step):
   each), unless that count's best GPipe/1F1B step less its whole fill and
   drain is no better than the best plan so far (they gain at most that);
   what is not built is named in ``plan.log.skipped``;
+* memory savers (:func:`solver.parallel.kinds.savers`): for a screened
+  candidate whose plan does not fit memory, the same strategy with ZeRO-1,
+  ZeRO-2, ZeRO-2 and recomputation (data parallelism) or recomputation
+  (pipelines, hybrids), until one fits; for a count whose memory floor does
+  not fit (:func:`memory_short`: it counts a colocation unit's optimizer
+  state whole, or the search's floor of weights and one slice's activations,
+  which savers lower), every kind's savers, the count refused (fixed ``M``)
+  only when none fits; the winner's savers in ``plan.log.savers``;
 * exact stages, for the counts :func:`_exact_counts` picks: the slice
   model's plan (:func:`solver.parallel.slice_model.solve_slices`, :data:`SLICE_SHARE`
   of that count's grant) and the pipeline (:func:`solver.pipeline.run_pipeline`)
@@ -87,8 +95,9 @@ from ..pipeline import PIPELINES, run_pipeline
 from .pipelines import gpu_names
 from .slice_model import solve_slices
 from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
-from .kinds import KINDS, Kind
-from .realise import realise
+from .kinds import KINDS, Kind, savers
+from .realise import realise, with_savers
+from .cut import in_flight
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
@@ -175,23 +184,46 @@ def with_marks(graph: OpGraph) -> OpGraph:
     return slice_constants(graph)
 
 
-def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1) -> OpGraph:
+def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
+               savers: str = "") -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
-    ``graph_kind``, ``replicas``), rebuilt from the step ``graph``.
+    ``graph_kind``, ``replicas``, ``savers``), rebuilt from the step ``graph``
+    (a pipeline's: the split step; data parallelism's and a hybrid's: the
+    replicated step, split).
 
     Raises
     ------
     ValueError
-        An unknown ``graph_kind``.
+        An unknown ``graph_kind`` or saver.
     """
-    if graph_kind == "step":
+    if graph_kind == "step" and not savers:
         return graph
-    marked = with_marks(graph)
+    zero = _savers(savers)
+    marked = with_savers(with_marks(graph), zero).graph
+    if graph_kind == "step":
+        return marked
     if graph_kind == "micro-batched":
         return split_step(marked, micro_batches).graph
     if graph_kind == "replicated":
-        return split_step(replicate(marked, replicas).graph, micro_batches).graph
+        rep = replicate(marked, replicas, shard_optimizer=zero.shard_optimizer).graph
+        return split_step(rep, micro_batches).graph
     raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
+
+
+def _savers(words: str) -> Strategy:
+    """The savers named by :attr:`Strategy.savers` (``"ZeRO-2 recompute"``) as a
+    strategy's fields (on two replicas: any count shards).
+
+    >>> _savers("ZeRO-1 recompute").shard_optimizer, _savers("").recompute
+    (1, False)
+    """
+    known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
+    fields: dict = {}
+    for w in words.split():
+        if w not in known:
+            raise ValueError(f"unknown memory saver {w!r} in {words!r}; known: {', '.join(known)}")
+        fields.update(known[w])
+    return Strategy(replicas=2 if fields.get("shard_optimizer") else 1, **fields)
 
 
 def replicated_ops(graph: OpGraph, replicas: int, m: int = 1, buckets: int | None = None) -> int:
@@ -304,6 +336,7 @@ class _Search:
         self.acts = step_activations(self.marked)
         self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
+        self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.window: Deadline = deadline  # what the running stage may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
@@ -380,8 +413,8 @@ class _Search:
         self.say(f"screening: M in {sorted(counts)}, {len(KINDS)} kinds ({grant.left():.1f} s)")
         screened = {}
         # memory-bound (not even one slice fits a GPU with the whole step): more slices first, they fit sooner
-        tight = self.floor(1, 1)[0] > self.capacity > 0
-        for m in sorted(counts, reverse=tight):
+        self.tight = self.floor(1, 1)[0] > self.capacity > 0
+        for m in sorted(counts, reverse=self.tight):
             s = self.screen(m)
             if s is not None:
                 screened[m] = s
@@ -431,6 +464,8 @@ class _Search:
             return
         self.pool.offer_solved(name, dp)
         self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
+        if dp.plan.status == "infeasible":
+            self.save(KINDS["data-parallel"], dp.strategy)
 
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and baselines."""
@@ -439,7 +474,8 @@ class _Search:
             self.pool.short.setdefault(m, MicroBatchMemoryError(f"M={m}: {self.pool.skipped[f'M={m}']}", m,
                                                                 self.floor(1, m)[0], self.capacity,
                                                                 culprit="persistent bytes and activations"))
-            if not self.auto:
+            self.say(f"micro-batches {m}: the memory savers only")
+            if not self.screen_savers(m) and not self.auto:
                 raise self.pool.short[m]
             return None
         if m > 1 and not self.fits(f"M={m}", self.marked.num_ops * m, 1.0):
@@ -449,15 +485,33 @@ class _Search:
         if short is not None:
             self.pool.short[m] = short
             self.pool.skipped[f"M={m}"] = str(short)
-            if not self.auto:
+            self.say(f"micro-batches {m}: {short}; the memory savers only")
+            if not self.screen_savers(m) and not self.auto:
                 raise short
-            self.say(f"micro-batches {m}: skipped ({short})")
             return None
         s = _Screened(split, [], float("inf"))
-        for kind in KINDS.values():
-            if not kind.fill_only:
-                self.screen_kind(kind, s, m)
+        pairs = [(kind, st) for kind in KINDS.values() if not kind.fill_only
+                 for st in kind.candidates(self.marked, self.cluster, m)]
+        if self.tight:   # memory-bound: the leanest first (1F1B before GPipe), they fit sooner
+            pairs.sort(key=lambda ks: self.predicted_memory(ks[1]))
+        for kind, strategy in pairs:
+            self.screen_one(kind, strategy, s)
         return s
+
+    def predicted_memory(self, strategy: Strategy) -> float:
+        """A rough per-GPU peak of ``strategy`` (an ordering key, not a bound):
+        a replica's weights and optimizer state and the activations of the
+        slices its first stage holds at once (:func:`solver.parallel.cut.in_flight`
+        of its schedule; one slice without a pipeline schedule), over its GPUs."""
+        k = max(1, self.gpus // strategy.replicas)
+        held = 1
+        if strategy.schedule in SCHEDULES:
+            try:
+                held = in_flight(strategy.schedule, 0, min(strategy.stages, k), strategy.micro_batches)
+            except ValueError:   # a schedule of several chunks: as many as a pipeline's stages
+                held = min(strategy.stages, k)
+        per_slice = self.acts.per_slice(strategy.micro_batches) if self.acts is not None else 0
+        return (self.persistent + held * per_slice) / k
 
     def screen_kind(self, kind: Kind, s: _Screened, m: int) -> None:
         """Every candidate of ``kind`` for ``m`` slices; its pipelines kept in ``s``."""
@@ -465,11 +519,16 @@ class _Search:
         if kind.fill_only and strategies and self.no_gain(kind, s, m):
             return
         for strategy in strategies:
-            r = self.candidate(kind, strategy)
-            if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
-                s.starts.append(r.plan)   # a pipeline: a start of the exact stages, a slice model hint
-                s.pipes.append(r.detail)
-                s.step = min(s.step, r.plan.makespan)
+            self.screen_one(kind, strategy, s)
+
+    def screen_one(self, kind: Kind, strategy: Strategy, s: _Screened) -> None:
+        """One candidate; a pipeline's plan kept in ``s`` (a start of the exact
+        stages, a slice model hint)."""
+        r = self.candidate(kind, strategy)
+        if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
+            s.starts.append(r.plan)
+            s.pipes.append(r.detail)
+            s.step = min(s.step, r.plan.makespan)
 
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
         """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
@@ -506,13 +565,46 @@ class _Search:
             f"{floor / 1000:.3f} ms, is no better than the best plan's {best.plan.makespan / 1000:.3f} ms")
         self.say(f"{kind.name} M={m}: skipped (no gain over the best plan possible)")
         return True
+    def screen_savers(self, m: int) -> bool:
+        """``m`` slices fit no device as the step is (:func:`memory_short`): each
+        kind's candidates of ``m`` with their savers only (the bound counts a
+        colocation unit's persistent bytes whole, which a sharded optimizer
+        splits); whether one fits memory."""
+        fits = False
+        for kind in KINDS.values():
+            for strategy in kind.candidates(self.marked, self.cluster, m):
+                for s in savers(strategy):
+                    r = self.realised(kind, s)
+                    if r is not None and r.plan.status != "infeasible":
+                        fits = True
+                        break
+        return fits
 
     def candidate(self, kind: Kind, strategy: Strategy) -> Solved | None:
-        """Realise a screening candidate unless it is too large (:func:`replicated_ops`
+        """Realise a screening candidate (:meth:`realised`); when its plan does not
+        fit memory, its savers (:func:`solver.parallel.kinds.savers`) in turn until
+        one fits, each a candidate of its own. The candidate's own result (None
+        when skipped or failed)."""
+        r = self.realised(kind, strategy)
+        if r is not None and r.plan.status == "infeasible":
+            self.save(kind, strategy)
+        return r
+
+    def save(self, kind: Kind, strategy: Strategy) -> None:
+        """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits."""
+        for s in savers(strategy):
+            r = self.realised(kind, s)
+            if r is not None and r.plan.status != "infeasible":
+                return
+
+    def realised(self, kind: Kind, strategy: Strategy) -> Solved | None:
+        """Realise a candidate unless it is too large (:func:`replicated_ops`
         above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
-        (:meth:`fits`); timed (:class:`_Pace`) and offered. None when skipped or
-        failed (named in ``plan.log.skipped``)."""
+        (:meth:`fits`); timed (:class:`_Pace`) and offered as its kind's label
+        (and its savers, :attr:`Strategy.savers`). None when skipped or failed
+        (named in ``plan.log.skipped``)."""
         name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
+        name += f" {strategy.savers}" if strategy.savers else ""
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
         if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
@@ -651,6 +743,7 @@ class _Search:
         if dl.interrupted and status not in ("infeasible", "optimal"):
             status = "interrupted"
         log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
+                      savers=r.strategy.savers,
                       steps=dict(self.pool.steps), skipped={**log.skipped, **self.pool.skipped}, bound=bound,
                       bound_source=source, stopped=dl.reason or log.stopped, deterministic=dl.deterministic)
         return replace(r, plan=replace(r.plan, log=log, lower_bound=bound, status=status))
@@ -671,7 +764,8 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> Solve
         A fixed ``M`` whose split would exceed :data:`SPLIT_MAX_OPS`, or for
         which no plan could be made (the reasons named).
     MicroBatchMemoryError
-        A fixed ``M`` whose split step fits no device (:func:`memory_short`).
+        A fixed ``M`` whose split step fits no device (:func:`memory_short`) and none of
+        whose candidates' savers fits.
     KeyboardInterrupt
         Interrupted before any plan existed.
     """

@@ -5,6 +5,13 @@ into ``stages`` pipeline stages and split into ``micro_batches`` slices,
 run by ``schedule``. Data parallelism is one stage, a pipeline one replica,
 a hybrid both; the plain step is ``Strategy()``.
 
+Memory savers, two more fields: ``recompute`` (every layer block's
+activations recomputed before its backward, :func:`pesto.step.recompute`;
+any kind but the slice model) and ``shard_optimizer`` (``1`` or ``2``:
+ZeRO-1 / ZeRO-2, each replica updating its shard of the optimizer state,
+:func:`pesto.step.replicate`; data parallelism only). Both show in the
+name (``"data-parallel R=8 M=2 ZeRO-2"``, ``"1f1b K=4 M=8 recompute"``).
+
 Schedules: those of :data:`solver.parallel.schedules.SCHEDULES` (``"gpipe"``,
 ``"1f1b"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-h2"``, ``"zb-v"``: fixed
 orders of the slices' forward, backward and weight-gradient tasks per
@@ -23,6 +30,12 @@ Examples
 Traceback (most recent call last):
 ...
 ValueError: Strategy.micro_batches must be an integer >= 1, got 0
+>>> Strategy(replicas=8, shard_optimizer=2, recompute=True).name
+'data-parallel R=8 ZeRO-2 recompute'
+>>> Strategy(stages=2, micro_batches=4, schedule="1f1b", shard_optimizer=1)
+Traceback (most recent call last):
+...
+ValueError: Strategy.shard_optimizer=1 shards the optimizer state over replicas: it needs replicas > 1, got 1
 """
 from __future__ import annotations
 
@@ -32,7 +45,7 @@ from typing import Any, Mapping
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.step import Origin, Transformed, identity
-from pesto.step.replication import BUCKET_BYTES
+from pesto.step.replication import BUCKET_BYTES, SHARD_LEVELS
 from pesto.step.slicing import WEIGHT_GRADS
 
 from .schedules import SCHEDULES
@@ -53,12 +66,11 @@ class Strategy:
     :data:`pesto.step.slicing.WEIGHT_GRADS`: ``"separate"`` accumulate ops,
     what TensorFlow's split step runs; ``"accumulate"`` in place;
     ``"whole"`` one op over all slices), passed by the realisers to the
-    split (the slice model takes ``"separate"`` only). ``recompute``,
-    ``shard_optimizer`` and ``split_backward`` are reserved for the kinds to
-    come (activation recomputation, sharded optimizer state; a schedule
-    says itself whether it splits the backward:
+    split (the slice model takes ``"separate"`` only). ``recompute`` and
+    ``shard_optimizer``: the memory savers (module doc). ``split_backward``
+    is reserved (a schedule says itself whether it splits the backward:
     :attr:`solver.parallel.schedules.Schedule.split_backward`) and must keep
-    their defaults until a realiser supports them."""
+    its default."""
 
     replicas: int = 1
     stages: int = 1
@@ -79,8 +91,16 @@ class Strategy:
             raise ValueError(f"Strategy.schedule {self.schedule!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}")
         if self.weight_grads not in WEIGHT_GRADS:
             raise ValueError(f"Strategy.weight_grads {self.weight_grads!r} is unknown; known: {', '.join(WEIGHT_GRADS)}")
-        if self.recompute or self.shard_optimizer or self.split_backward:
-            raise ValueError("recompute, shard_optimizer and split_backward are not supported yet")
+        if not isinstance(self.recompute, bool):
+            raise ValueError(f"Strategy.recompute must be True or False, got {self.recompute!r}")
+        if isinstance(self.shard_optimizer, bool) or self.shard_optimizer not in SHARD_LEVELS:
+            raise ValueError(f"Strategy.shard_optimizer must be one of {SHARD_LEVELS} (none, ZeRO-1, ZeRO-2), "
+                             f"got {self.shard_optimizer!r}")
+        if self.shard_optimizer and self.replicas < 2:
+            raise ValueError(f"Strategy.shard_optimizer={self.shard_optimizer} shards the optimizer state over "
+                             f"replicas: it needs replicas > 1, got {self.replicas}")
+        if self.split_backward:
+            raise ValueError("split_backward is not supported yet")
 
     @property
     def kind(self) -> str:
@@ -88,8 +108,18 @@ class Strategy:
         return "replicated" if self.replicas > 1 else "micro-batched" if self.micro_batches > 1 else "step"
 
     @property
+    def savers(self) -> str:
+        """The memory savers in words: ``""``, ``"ZeRO-2"``, ``"recompute"``, ``"ZeRO-1 recompute"``."""
+        return " ".join(w for w in (f"ZeRO-{self.shard_optimizer}" if self.shard_optimizer else "",
+                                    "recompute" if self.recompute else "") if w)
+
+    @property
     def name(self) -> str:
-        """A short name: ``"data-parallel R=4"``, ``"1f1b K=2 M=8"``, ``"hybrid R=2 K=2 M=4"``."""
+        """A short name: ``"data-parallel R=4"``, ``"1f1b K=2 M=8"``, ``"hybrid R=2 K=2 M=4"``,
+        the savers after it (``"data-parallel R=4 ZeRO-1"``)."""
+        return self._base_name() + (f" {self.savers}" if self.savers else "")
+
+    def _base_name(self) -> str:
         m = f" M={self.micro_batches}" if self.micro_batches > 1 else ""
         if self.replicas > 1:
             if self.stages > 1:
