@@ -89,3 +89,11 @@ def test_a_transform_of_another_graph_is_refused(step):
     with pytest.raises(ValueError, match="kept no transform"):
         Solved(None, s.graph, Strategy(micro_batches=2, schedule="free")).origin_of("x")
     assert Solved(None, step).transformed.origin == identity(step).origin
+
+
+@pytest.mark.parametrize("strategy", [Strategy(stages=4, micro_batches=2, schedule="1f1b", recompute=True),
+                                      Strategy(replicas=4, micro_batches=2, recompute=True)], ids=lambda s: s.name)
+def test_a_recomputed_plan_maps_back_to_the_step_not_the_recomputed_one(step, cluster, strategy):
+    r = realise(step, cluster, strategy)
+    _maps_back(r, step)
+    assert any(o.role == "recompute" for o in r.transformed.origin.values())
