@@ -1,18 +1,18 @@
-"""Ablation: what each stage of ``pesto.solve`` adds, at the same time budget.
+"""Ablation: what each pass of ``pesto.solve`` adds, at the same time budget.
 
 For each zoo workload and cluster the heuristics run once (the same starts for
 every configuration); then each configuration gets the **same budget** of
-seconds after them and runs its stage list of :mod:`solver.pipeline`:
+seconds after them and runs its recipe of :mod:`solver.recipes`:
 
 ================  =============================================================
-heuristics        the baselines, re-ordered (``reschedule``); no further search
+heuristics        the heuristics, re-ordered (``reschedule``); no further search
 + local search    ... then local search for the whole budget
 + coarse CP-SAT   ... coarsen, CP-SAT on the coarse graph, expand, local search
-+ LNS             ... and CP-SAT windows on the fine graph (the default pipeline)
++ LNS             ... and CP-SAT windows on the fine graph (the default recipe)
 ================  =============================================================
 
-A stage switched off gives its share of the budget to the stages that remain,
-so a gain shown is the stage's own, not more time. The winning configuration
+A pass switched off gives its share of the budget to the passes that remain,
+so a gain shown is the pass's own, not more time. The winning configuration
 per workload is what the results table (docs/results.md) names. Step times are simulated with
 the graphs' grappler V100 costs.
 
@@ -34,56 +34,56 @@ from pathlib import Path
 from pesto.api import load_graph
 from pesto.cluster import preset
 from pesto.plan import check_plan
-from solver.options import SolveOptions, stage_shares
-from solver.pipeline import PIPELINES, STAGES, run_pipeline
-from solver.registry import baselines, run_placers
+from solver.options import SolveOptions, pass_shares
+from solver.recipes import RECIPES, PASSES, run_recipe
+from solver.registry import heuristic_placers, run_placers
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 GRAPHS = ["rnnlm_2x2048", "nmt_2x1024", "transformer_6", "nasnet_b16", "keras_mobilenetv2"]
 CLUSTERS = ["v100x2_nvlink", "v100x4_pcie"]
-FIELDS = ["workload", "cluster", "ops", "config", "step_ms", "vs_heuristics", "wall_s", "winner", "stages"]
+FIELDS = ["workload", "cluster", "ops", "config", "step_ms", "vs_heuristics", "wall_s", "winner", "passes"]
 
 
 def configs() -> dict[str, tuple[str, ...]]:
-    """Configuration name -> stage list (each ends like the default pipeline)."""
-    full = PIPELINES["full"][1:]  # the default stage list after its baselines
+    """Configuration name -> recipe (each ends like the default recipe)."""
+    full = RECIPES["full"][1:]  # the default recipe after its heuristics
     out = {"heuristics": ("reschedule", "status"),
            "+ local search": ("reschedule", "local search", "status"),
            "+ coarse CP-SAT": tuple(s for s in full if s != "lns")}
-    if "lns" in STAGES:
+    if "lns" in PASSES:
         out["+ LNS"] = full
     return out
 
 
-def run_config(graph, cluster, stages, starts, budget: float, workers: int) -> tuple:
-    """The stage list from ``starts`` with ``budget`` seconds shared by its stages."""
-    shares = stage_shares(stages)
+def run_config(graph, cluster, passes, starts, budget: float, workers: int) -> tuple:
+    """The recipe from ``starts`` with ``budget`` seconds shared by its passes."""
+    shares = pass_shares(passes)
     options = SolveOptions(exact_time=shares["exact"] * budget, lns_time=shares["lns"] * budget,
                            search_time=shares["local search"] * budget, workers=workers, seed=0,
                            time_limit=budget, bound_time=0.0)
     t = time.perf_counter()
-    plan = run_pipeline(graph, cluster, stages, options, name="ablation", starts=starts)
+    plan = run_recipe(graph, cluster, passes, options, name="ablation", starts=starts)
     return plan, time.perf_counter() - t
 
 
 def run_workload(name: str, cl_name: str, args) -> list[dict]:
     graph, cluster = load_graph(str(HERE / "graphs" / f"{name}.json.gz")), preset(cl_name)
     t = time.perf_counter()
-    plans, _ = run_placers(graph, cluster, list(baselines()), time_limit=args.budget, seed=0,
+    plans, _ = run_placers(graph, cluster, list(heuristic_placers()), time_limit=args.budget, seed=0,
                            extra={"m-sct": {"lp_time_limit": max(1.0, 0.15 * args.budget)}})
     base_s = time.perf_counter() - t
     rows, ref = [], None
-    for config, stages in configs().items():
-        plan, wall = run_config(graph, cluster, stages, list(plans.values()), args.budget, args.workers)
+    for config, passes in configs().items():
+        plan, wall = run_config(graph, cluster, passes, list(plans.values()), args.budget, args.workers)
         check_plan(graph, cluster, plan, check_memory=plan.status != "infeasible").raise_if_invalid()
         step = plan.makespan / 1e3
         ref = ref or step
         notes = "; ".join(f"{s.name} {s.seconds:.1f}s" + (f" -> {s.makespan / 1e3:.2f}" if s.makespan else "")
-                          for s in plan.log.stages)
+                          for s in plan.log.passes)
         rows.append({"workload": name, "cluster": cl_name, "ops": graph.num_ops, "config": config,
                      "step_ms": round(step, 3), "vs_heuristics": round(step / ref - 1, 4),
-                     "wall_s": round(wall + base_s, 1), "winner": plan.log.winner, "stages": notes})
+                     "wall_s": round(wall + base_s, 1), "winner": plan.log.winner, "passes": notes})
         print(f"  {name:14s} {cl_name:14s} {config:16s} {step:9.2f} ms  {wall + base_s:6.1f} s  "
               f"winner {plan.log.winner}", flush=True)
     return rows
@@ -97,13 +97,13 @@ def write(rows: list[dict], args, started: str) -> None:
         w.writeheader()
         w.writerows(rows)
     names = list(configs())
-    lines = ["# Ablation: what each stage adds at the same budget", "",
+    lines = ["# Ablation: what each pass adds at the same budget", "",
              f"Generated by `python -m benchmarks.bench_ablation` (started {started}).  ",
              f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}); step times **simulated** with grappler "
              f"V100 costs. Every configuration starts from the same heuristic plans and then gets "
-             f"{args.budget:g} s for its stages (CP-SAT with {args.workers} workers); a stage switched off "
-             "leaves its share to the others (`solver.options.stage_shares`).", "",
-             "Step time in ms; in brackets the change against *heuristics* (the best baseline, re-ordered). "
+             f"{args.budget:g} s for its passes (CP-SAT with {args.workers} workers); a pass switched off "
+             "leaves its share to the others (`solver.options.pass_shares`).", "",
+             "Step time in ms; in brackets the change against *heuristics* (the best heuristic, re-ordered). "
              "*best* is the configuration with the shortest step (the earliest on a tie).", "",
              "| workload | cluster | ops | " + " | ".join(names) + " | best |",
              "|---|---|---:|" + "---:|" * len(names) + "---|"]
@@ -114,9 +114,9 @@ def write(rows: list[dict], args, started: str) -> None:
         cells = [f"{vs[c]['step_ms']:.2f} ({vs[c]['vs_heuristics']:+.1%})" if c in vs else "-" for c in names]
         best = min((c for c in names if c in vs), key=lambda c: vs[c]["step_ms"])
         lines.append(f"| {wl} | {cl} | {next(iter(vs.values()))['ops']} | " + " | ".join(cells) + f" | {best} |")
-    lines += ["", "## Stages of each run", "", "| workload | cluster | config | winner | stages |",
+    lines += ["", "## Passes of each run", "", "| workload | cluster | config | winner | passes |",
               "|---|---|---|---|---|"]
-    lines += [f"| {r['workload']} | {r['cluster']} | {r['config']} | {r['winner']} | {r['stages']} |" for r in rows]
+    lines += [f"| {r['workload']} | {r['cluster']} | {r['config']} | {r['winner']} | {r['passes']} |" for r in rows]
     (out / "ablation.md").write_text("\n".join(lines) + "\n")
 
 

@@ -3,7 +3,7 @@
 For each zoo workload (``benchmarks/graphs/*.json.gz``) and the 35,992-op
 ``transformer_like(295)`` on ``v100x2_nvlink`` and ``v100x4_pcie``: the simple
 bound (:func:`solver.bounds.lower_bound`, critical path / work), the
-critical-path phase bound (:func:`solver.bounds.chain_bound`), the
+chain bound (:func:`solver.bounds.chain_bound`), the
 energetic bound, the forced-colocation bound and
 :func:`solver.bound_model.comm_bound` (all of them, CP-SAT relaxation included;
 1 worker, ``--time-limit`` seconds, capped by the best recorded plan), with

@@ -11,7 +11,7 @@ whether the target was reached, the parallelism kept (work / critical path,
 coarse over fine) and the smallest size keeping 90% of it. The target for
 "height" is <= 2 s per graph.
 
-``--cpsat-time`` (default 10 s): the pipeline's exact stage (CP-SAT, 1
+``--cpsat-time`` (default 10 s): the recipe's exact pass (CP-SAT, 1
 worker, hinted with the best rescheduled heuristic's projection) on the
 coarse graph of "height" and "parallel", with the expanded plan's step time.
 
@@ -38,9 +38,9 @@ import coarsen
 from coarsen import verify
 from pesto import OpGraph, simulate, v100x2_nvlink
 from benchmarks.generators import layered_dag, lstm_grid, transformer_like
-from solver import accepted_options, get_placer, pipeline
+from solver import accepted_options, get_placer, recipes
 from solver.options import SolveOptions
-from solver.stages import to_graph
+from solver.passes import to_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (label, method, options)
@@ -48,7 +48,7 @@ VARIANTS = [("height", "height", {}), ("height/gain", "height", {"order": "gain"
             ("baechi", "baechi", {}), ("celeritas", "celeritas", {}), ("parallel", "parallel", {})]
 FIELDS = ["graph", "ops", "edges", "method", "target", "vertices", "coarse_edges", "seconds", "rounds",
           "ccr_before", "ccr_after", "par_before", "par_after", "kept", "kept_90_at", "reached", "notes"]
-# the exact-stage comparison: the coarseners it is run with
+# the exact-pass comparison: the coarseners it is run with
 CPSAT_METHODS = ("height", "parallel")
 
 
@@ -100,11 +100,11 @@ def _kept_90_at(g, target, method, report):
 
 
 def exact_quality(time_limit: float = 10.0, quick: bool = False) -> list[dict]:
-    """The pipeline's exact stage with each coarsener (2x V100 NVLink, CP-SAT
+    """The recipe's exact pass with each coarsener (2x V100 NVLink, CP-SAT
     ``time_limit`` s, 1 worker, hinted with the projection of the best
-    rescheduled heuristic, as :mod:`solver.pipeline` does): the incumbent's
+    rescheduled heuristic, as :mod:`solver.recipes` does): the incumbent's
     step time, CP-SAT's on the coarse graph, and its plan expanded to every op
-    and re-ordered (the ``expand`` stage)."""
+    and re-ordered (the ``expand`` pass)."""
     cl = v100x2_nvlink()
     cases = [("lstm_grid_8x30", lambda: lstm_grid(8, 30))] + ([] if quick else zoo_graphs())
     rows = []
@@ -113,9 +113,9 @@ def exact_quality(time_limit: float = 10.0, quick: bool = False) -> list[dict]:
         for m in CPSAT_METHODS:
             options = SolveOptions(time_limit=None, exact_time=time_limit, heuristic_time=5.0, workers=1,
                                    coarsen_options={"method": m})
-            run_ = pipeline.new_run(g, cl, ("baselines", "reschedule", "coarsen", "exact", "status"), options,
+            run_ = recipes.new_run(g, cl, ("heuristics", "reschedule", "coarsen", "exact", "status"), options,
                                     name="bench")
-            pipeline.run_stages(run_, ("baselines", "reschedule", "coarsen", "exact"))
+            recipes.run_passes(run_, ("heuristics", "reschedule", "coarsen", "exact"))
             fine = to_graph(run_, "cpsat", run_.solved, "feasible")
             rep, incumbent = run_.coarse.report, run_.plans.incumbent
             rows.append({"graph": gname, "ops": g.num_ops, "method": m, "vertices": rep.vertices,
@@ -237,13 +237,13 @@ def markdown(rows, target, repeat, traces=None, qrows=(), erows=()) -> str:
     if notes:
         lines += ["", "Notes:"] + notes
     if erows:
-        lines += ["", "### Exact stage: CP-SAT on each coarse graph", "",
-                  "2x V100 NVLink; the pipeline's stages baselines, reschedule, coarsen (keeping the incumbent "
+        lines += ["", "### Exact pass: CP-SAT on each coarse graph", "",
+                  "2x V100 NVLink; the recipe's passes heuristics, reschedule, coarsen (keeping the incumbent "
                   "representable), exact (CP-SAT 1 worker, hinted with the incumbent's projection), then the "
                   "expanded plan re-ordered. Step times in ms: incumbent = best rescheduled heuristic; hint = "
                   "its projection expanded and simulated; CP-SAT = on the coarse graph; expanded = CP-SAT's "
                   "plan on every op, re-ordered. The hint is simulated in its projected order, the expanded plan is "
-                  "re-ordered, so expanded < hint can be the re-ordering alone: the exact stage found something "
+                  "re-ordered, so expanded < hint can be the re-ordering alone: the exact pass found something "
                   "new only where expanded < incumbent (itself re-ordered).", "",
                   "| graph | ops | method | vertices | kept | incumbent | incumbent ms | hint ms | CP-SAT status "
                   "| CP-SAT coarse ms | expanded ms |",
@@ -286,7 +286,7 @@ def main(argv=None):
     ap.add_argument("--placer", default="m-etf", help="placer for the plan-quality table ('' to skip)")
     ap.add_argument("--time-limit", type=float, default=20.0, help="for --placer cpsat/mip")
     ap.add_argument("--cpsat-time", type=float, default=10.0,
-                    help="CP-SAT seconds per coarse graph in the exact-stage table (0 skips it)")
+                    help="CP-SAT seconds per coarse graph in the exact-pass table (0 skips it)")
     a = ap.parse_args(argv)
     out = a.out
     if out is None:

@@ -1,7 +1,7 @@
 """Expert per workload: which rule it used, and how it compares.
 
 For every cached workload (``benchmarks/graphs``) and cluster, the Expert
-placer (``solver.baselines.place_expert``) as ``pesto.solve`` runs it (its
+placer (``solver.practitioners.place_expert``) as ``pesto.solve`` runs it (its
 rule chosen from the graph: ``layers``, ``scopes``, the paper's split...),
 the paper's layer split (``rule="paper"``), one GPU, and, when
 ``--placement FILE`` gives a placement of one workload (``{op: device}``
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pesto
 from pesto.cluster import preset
-from solver.baselines import place_expert
+from solver.practitioners import place_expert
 from solver.registry import get_placer
 
 from .make_graphs import WORKLOADS, load

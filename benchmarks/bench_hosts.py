@@ -6,7 +6,7 @@ Writes ``benchmarks/results/hosts.csv`` and ``hosts.md``.
 Zoo graphs with grappler's V100 costs (``benchmarks/graphs``) are placed on
 :func:`pesto.cluster.hosts` clusters (NVLink inside a host, one NIC per host
 shared by its GPUs in each direction) on 25 GbE and InfiniBand HDR, by every
-baseline placer and by Pesto (``pesto.solve``, the default pipeline; the
+baseline placer and by Pesto (``pesto.solve``, the default recipe; the
 paper's MIP is formulated for 2 GPUs and is left out). Each placement runs in
 a forked child with a timeout; its step time is an independent
 ``pesto.simulate`` replay with link contention. Per run: hosts used, ops on

@@ -44,7 +44,7 @@ from pesto.cluster import GiB, hosts, v100x2_nvlink, v100x4_pcie
 from pesto.step import Transformed, replicate, split
 from pesto.step.replication import gradient_buckets
 from tf_patch.marks import mark_step
-from solver.baselines import place_single
+from solver.practitioners import place_single
 from solver.parallel.bound import sample_bound
 from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 
@@ -98,7 +98,7 @@ class Row:
     status: str
     wall_s: float
     note: str = ""
-    #: ``pesto auto`` only: ops of the largest split step its pipeline searched (the largest "M=k").
+    #: ``pesto auto`` only: ops of the largest split step its recipe searched (the largest "M=k").
     largest_ops: int = 0
 
 
@@ -222,7 +222,7 @@ def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
 
 
 def _counts(steps) -> list[int]:
-    """The slice counts of the pipeline's own candidates (``"M=k"``) in a log's steps."""
+    """The slice counts of the recipe's own candidates (``"M=k"``) in a log's steps."""
     return sorted(int(k[2:]) for k in steps if k.startswith("M=") and k[2:].isdigit())
 
 

@@ -7,9 +7,9 @@ For each TF model graph in ``benchmarks/graphs/`` (grappler V100 costs) on
 * the full-graph heuristics (Expert, METIS, m-ETF, HEFT, Celeritas, Single),
   as they come (TF FIFO or their own order) and ``reschedule``-d;
 * ``pesto.solve`` as it is now (coarsen, heuristics on the coarse graph, CP-SAT);
-* ``solver.pipeline.improve``: best rescheduled heuristic -> partition-aware
+* ``solver.recipes.improve``: best rescheduled heuristic -> partition-aware
   coarsening (its placement as partition) -> CP-SAT hinted with the projected
-  plan -> expand -> reschedule -> refine, with the time of every stage.
+  plan -> expand -> reschedule -> refine, with the time of every pass.
 
 Ratios compare with Expert (TF FIFO, the paper's baseline) and with the best
 baseline of ``benchmarks/results/placement.csv`` (which includes m-SCT and
@@ -35,7 +35,7 @@ from pesto.cluster import v100x2_nvlink
 from pesto.plan import check_plan
 from solver import accepted_options, get_placer
 from solver.options import SHARES
-from solver.pipeline import improve, solve_fine
+from solver.recipes import improve, solve_fine
 from solver.search import reschedule
 
 HERE = Path(__file__).resolve().parent
@@ -119,8 +119,8 @@ def run_graph(name: str, args, base: dict) -> list[dict]:
     p = improve(g, cl, starts, cpsat_time=args.cpsat_time, refine_time=args.refine_time,
                 workers=args.workers, seed=0)
     stages = "; ".join(f"{st.name} {st.seconds:.1f}s" + (f" -> {st.makespan / 1e3:.2f}" if st.makespan else "")
-                       + (f" ({st.note})" if st.note else "") for st in p.log.stages) + f"; winner={p.log.winner}"
-    add("improve (full pipeline)", p, time.perf_counter() - t, stages)
+                       + (f" ({st.note})" if st.note else "") for st in p.log.passes) + f"; winner={p.log.winner}"
+    add("improve (full recipe)", p, time.perf_counter() - t, stages)
     ex = next((r["step_ms"] for r in rows if r["variant"] == "expert"), None)
     for r in rows:
         r["vs_expert"] = round(r["step_ms"] / ex - 1, 4) if ex else None
@@ -128,7 +128,7 @@ def run_graph(name: str, args, base: dict) -> list[dict]:
 
 
 def _shares() -> str:
-    """The full pipeline's split of a time limit, as the code has it (:data:`solver.options.SHARES`)."""
+    """The full recipe's split of a time limit, as the code has it (:data:`solver.options.SHARES`)."""
     return ", ".join(f"{s:.0%} {name}" for s, name in zip(SHARES, ("CP-SAT", "LNS", "refine")))
 
 
@@ -152,7 +152,7 @@ def write(rows, args, started):
                 else "") + ".", "",
              "Variants: a heuristic as it comes (TF FIFO for Expert/METIS/Single, their list order for the "
              "others); `+reschedule` = same placement, best order of FIFO / upward-rank list schedule / "
-             "given order (`solver.search.reschedule`); `improve` = `solver.pipeline.improve` (best rescheduled "
+             "given order (`solver.search.reschedule`); `improve` = `solver.recipes.improve` (best rescheduled "
              "heuristic -> coarsen with its placement as partition -> CP-SAT hinted with the projected plan "
              "-> expand -> reschedule -> refine). *vs Expert* compares with Expert under TF FIFO; "
              "*vs best baseline* with the best memory-feasible baseline of placement.csv.", "",
@@ -167,23 +167,23 @@ def write(rows, args, started):
             return f"{vs[v]['step_ms']:.2f}" if v in vs else "-"
         rs = [r for k, r in vs.items() if k.endswith("+reschedule")]
         bh = min(rs, key=lambda r: r["step_ms"]) if rs else None
-        imp = vs.get("improve (full pipeline)")
+        imp = vs.get("improve (full recipe)")
         lines.append(f"| {wl} | {next(iter(vs.values()))['ops']} | {ms('expert')} | {ms('expert+reschedule')} | "
                      + (f"{bh['step_ms']:.2f} ({bh['variant'].split('+')[0]})" if bh else "-")
-                     + f" | {ms('pesto.solve (current)')} | {ms('improve (full pipeline)')} | "
+                     + f" | {ms('pesto.solve (current)')} | {ms('improve (full recipe)')} | "
                      + (f"{imp['vs_expert']:+.1%} | {imp['vs_best_baseline']:+.1%} ({imp['best_baseline']})"
                         if imp and imp["vs_best_baseline"] is not None else
                         (f"{imp['vs_expert']:+.1%} | -" if imp else "- | -"))
                      + f" | {imp['wall_s'] if imp else '-'} |")
-    lines += ["", "## Stages of `improve`", "", "| workload | stages |", "|---|---|"]
+    lines += ["", "## Passes of `improve`", "", "| workload | passes |", "|---|---|"]
     for wl, vs in by.items():
-        imp = vs.get("improve (full pipeline)")
+        imp = vs.get("improve (full recipe)")
         if imp:
             lines.append(f"| {wl} | {imp['detail']} |")
     fine = [r for r in rows if r["variant"].startswith("solve_fine")]
     if fine:
-        lines += ["", "## `solver.pipeline.solve_fine` (full-graph heuristics + improve, what `pesto.solve` would run)",
-                  "", "| workload | variant | step (ms) | vs Expert | vs best baseline | wall (s) | stages |",
+        lines += ["", "## `solver.recipes.solve_fine` (full-graph heuristics + improve, what `pesto.solve` would run)",
+                  "", "| workload | variant | step (ms) | vs Expert | vs best baseline | wall (s) | passes |",
                   "|---|---|---:|---:|---|---:|---|"]
         for r in fine:
             vb = (f"{r['vs_best_baseline']:+.1%} ({r['best_baseline']})" if r["vs_best_baseline"] is not None
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-solve", action="store_true", help="skip the current pesto.solve")
     ap.add_argument("--solve-fine", type=float, default=0,
-                    help="also run solver.pipeline.solve_fine with this time_limit (what pesto.solve would call)")
+                    help="also run solver.recipes.solve_fine with this time_limit (what pesto.solve would call)")
     ap.add_argument("--only-fine", action="store_true", help="with --solve-fine: skip pesto.solve and improve")
     ap.add_argument("--tag", default="", help="write quality_<tag>.csv/.md")
     ap.add_argument("--out", default=str(HERE / "results"))

@@ -1,6 +1,6 @@
 """Regression check of the one-step placement: ``pesto.solve(graph, micro_batches=1)``.
 
-Issue 31 found the default pipeline slower on held-out GNMT-like RNN profiles
+Issue 31 found the default recipe slower on held-out GNMT-like RNN profiles
 than on commit 67e786b, and nothing had said so: refine's final re-ordering,
 once its clock had run out, tried TF's FIFO order alone, not the placed-rank
 order every move was scored with, so the search's gain was lost
@@ -14,8 +14,8 @@ Cases (:data:`CASES`): GNMT-like seq2seq (``nmt_2x1024``, ``nmt_4x1024``) and
 RNNLM (``rnnlm_4x2048``) profiles from ``benchmarks/graphs`` on 4 V100 over
 PCIe and 2 over NVLink, and a generated LSTM grid
 (:func:`benchmarks.generators.lstm_grid`). Each row has the step, the best
-re-ordered heuristic (the reschedule stage's incumbent, which the solve must
-beat or equal), the bound and gap, the winner and each search stage's step.
+re-ordered heuristic (the reschedule pass's incumbent, which the solve must
+beat or equal), the bound and gap, the winner and each search pass's step.
 
 Run ``python -m benchmarks.bench_regression [--time-limit 20] [--cases nmt_2x1024@v100x4_pcie ...]
 [--report-only] [--record]``; writes ``benchmarks/results/regression.{csv,md}`` (after every
@@ -65,7 +65,7 @@ class Row:
     bound_ms: float
     gap: float
     winner: str
-    stages: str
+    passes: str
     wall_s: float
     ortools: str
 
@@ -87,9 +87,9 @@ def run_case(workload: str, cluster: str, time_limit: float) -> Row:
     plan = pesto.solve(graph, cluster=preset(cluster), time_limit=time_limit, deterministic=True, seed=0,
                        workers=1)
     wall = time.perf_counter() - t
-    steps = {s.name: s.makespan for s in plan.log.stages}
-    heur = steps.get("reschedule") or steps.get("baselines")
-    search = ", ".join(f"{s.name} {s.makespan / 1e3:.3f}" for s in plan.log.stages
+    steps = {s.name: s.makespan for s in plan.log.passes}
+    heur = steps.get("reschedule") or steps.get("heuristics")
+    search = ", ".join(f"{s.name} {s.makespan / 1e3:.3f}" for s in plan.log.passes
                        if s.name in ("exact", "lns", "local search") and s.makespan is not None)
     return Row(workload, cluster, graph.num_ops, time_limit, plan.makespan / 1e3, heur / 1e3,
                plan.lower_bound / 1e3, 1.0 - plan.lower_bound / plan.makespan, plan.log.winner, search,
@@ -124,15 +124,15 @@ def write(rows: list[Row], refs: dict, out: Path) -> None:
              f"`pesto.solve(graph, cluster=C, time_limit={rows[0].time_limit:g}, deterministic=True, seed=0, "
              f"workers=1)`; OR-Tools {rows[0].ortools}, Python {platform.python_version()}, "
              f"{datetime.now(timezone.utc):%Y-%m-%d}. Deterministic: the figures do not depend on the "
-             "machine's load (wall seconds do). *heuristics*: the best re-ordered baseline, which the "
+             "machine's load (wall seconds do). *heuristics*: the best re-ordered heuristic, which the "
              "solve must beat or equal; *reference*: `regression_reference.csv`.", "",
              "| workload | cluster | ops | step ms | reference ms | heuristics ms | bound ms | gap | winner "
-             "| search stages (ms) | wall s | verdict |", "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|"]
+             "| search passes (ms) | wall s | verdict |", "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|"]
     for r in rows:
         ref = refs.get((r.workload, r.cluster))
         ref_ms = f"{float(ref['step_ms']):.3f}" if ref else "-"
         lines.append(f"| {r.workload} | {r.cluster} | {r.ops} | {r.step_ms:.3f} | {ref_ms} | {r.heuristics_ms:.3f} "
-                     f"| {r.bound_ms:.3f} | {100 * r.gap:.1f} % | {r.winner} | {r.stages} | {r.wall_s:.0f} "
+                     f"| {r.bound_ms:.3f} | {100 * r.gap:.1f} % | {r.winner} | {r.passes} | {r.wall_s:.0f} "
                      f"| {verdict(r, ref)} |")
     (out / "regression.md").write_text("\n".join(lines) + "\n")
 

@@ -1,4 +1,4 @@
-"""The slice model's ablation: what each stage adds on micro-batched steps (issue 24, item 3).
+"""The slice model's ablation: what each step adds on micro-batched steps (issue 24, item 3).
 
 Run: ``python -m benchmarks.bench_slice_model [--time-limit S] [--graphs a,b] [--micro 2,4]``.
 Writes ``benchmarks/results/slice_model.md``.
@@ -8,7 +8,7 @@ Per cached zoo graph (marked by :func:`tf_patch.marks.mark_step`, as
 and ``M``: GPipe and 1F1B (:func:`solver.parallel.pipelines.pipeline_plan`),
 the slice model alone (:func:`solver.parallel.slice_model.solve_slices`, ``time_limit``
 seconds, hinted with the better pipeline) and the slice model's plan polished
-by the fine pipeline (:func:`solver.pipeline.run_pipeline`, "full", another
+by the fine recipe (:func:`solver.recipes.run_recipe`, "full", another
 ``time_limit`` seconds, the slice plan as its start). Steps are the
 simulator's; the grid bound is a bound of the grid model only.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from pesto.graph import OpGraph
 from tf_patch.marks import mark_step
 from solver.options import SolveOptions
-from solver.pipeline import PIPELINES, run_pipeline
+from solver.recipes import RECIPES, run_recipe
 from solver.parallel.pipelines import pipeline_plan
 from solver.parallel.slice_model import solve_slices
 
@@ -44,7 +44,7 @@ def row(name: str, graph: OpGraph, cluster_name: str, m: int, limit: float) -> s
         return (f"| {name} | {cluster_name} | {m} | {_ms(pipes[0].plan)} | {_ms(pipes[1].plan)} | - | - | "
                 f"{r.status} | - | - | {r.blocks} | {r.wall:.1f} |")
     t = time.perf_counter()
-    polished = run_pipeline(r.graph, c, PIPELINES["full"], SolveOptions(time_limit=limit, workers=1, seed=0),
+    polished = run_recipe(r.graph, c, RECIPES["full"], SolveOptions(time_limit=limit, workers=1, seed=0),
                             name="full", starts=[r.plan])
     grid = f"{r.objective / 1000:.1f}"
     return (f"| {name} | {cluster_name} | {m} | {_ms(pipes[0].plan)} | {_ms(pipes[1].plan)} | {_ms(r.plan)} | "
@@ -80,10 +80,10 @@ def main(argv=None) -> None:
     ap.add_argument("--clusters", default=",".join(CLUSTERS))
     ap.add_argument("--micro", default="2,4")
     args = ap.parse_args(argv)
-    lines = ["# The slice model: what each stage adds (issue 24, item 3)", "",
+    lines = ["# The slice model: what each step adds (issue 24, item 3)", "",
              f"`python -m benchmarks.bench_slice_model --time-limit {args.time_limit:g}` (workers=1). Steps in ms "
              "(simulated, link contention; `*`: over memory). slice: the slice model's plan alone; +polish: the "
-             "fine pipeline (`run_pipeline`, full stage list, the same time limit again) started from it; grid: "
+             "fine recipe (`run_recipe`, the full recipe, the same time limit again) started from it; grid: "
              "the grid model's makespan and CP-SAT's bound of it (ignores contention and parallelism inside a "
              "task: no bound of the fine step); s: seconds of the slice model + polish.", "",
              "| workload | cluster | M | gpipe | 1f1b | slice | +polish | grid status | grid | grid bound | "

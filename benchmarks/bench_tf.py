@@ -9,15 +9,15 @@ kernels) on 2 logical CPU devices of this machine, each one core
 (:func:`tf_patch.session_config`):
 
 1. profile it (measured kernel times from FULL_TRACE step stats, plus the
-   calibrated per-op dispatch overhead; see :mod:`tf_patch.pipeline`);
+   calibrated per-op dispatch overhead; see :mod:`tf_patch.workflow`);
 2. fit the transfer cost between the two devices (:mod:`tf_patch.commfit`;
    between logical devices its documented fallback, a constant);
 3. make plans: everything on /CPU:0, Expert, m-ETF and ``pesto.solve``,
    and measure once how much slower a step keeping both cores busy runs
-   than the one-core profile says (:func:`tf_patch.pipeline.parallel_factor`,
+   than the one-core profile says (:func:`tf_patch.workflow.parallel_factor`,
    on m-ETF's plan, before the rounds);
 4. enforce each plan on a fresh tf.Graph (devices + control edges), train,
-   and time every placement in turns (:func:`tf_patch.pipeline.time_interleaved`),
+   and time every placement in turns (:func:`tf_patch.workflow.time_interleaved`),
    median step time; predict it with :func:`pesto.simulate` (the plan's
    per-device order) on the profile, scaled by that factor for plans on
    both devices;
@@ -74,7 +74,7 @@ def bench_model(model: str, steps: int, rounds: int, time_limit: float, preset: 
     from pesto.simulate import simulate
     from tf_patch.zoo import build_model
     from tf_patch.commfit import fit_transfers
-    from tf_patch.pipeline import (PlacedRun, anchored_errors, contended, parallel_factor, profile_model,
+    from tf_patch.workflow import (PlacedRun, anchored_errors, contended, parallel_factor, profile_model,
                                    time_interleaved)
 
     def build():
@@ -205,7 +205,7 @@ def _summary(rows, a, load0, load1) -> list[str]:
         f"inflated kernels), re-profiled before each of {a.rounds} rounds; transfers: ping-pong fit (or its "
         "fallback, `tf_patch.commfit`). Each plan is enforced (devices + control edges). In a round every "
         f"placement is built and trained, then timed in turns, 4 steps at a time, {a.steps} steps each "
-        "(median over the turns in which other processes used <= 0.25 cores, `tf_patch.pipeline.time_interleaved`); the tables show medians over rounds (error = median of per-round errors).",
+        "(median over the turns in which other processes used <= 0.25 cores, `tf_patch.workflow.time_interleaved`); the tables show medians over rounds (error = median of per-round errors).",
         "",
         "| model | placement | ops | devices | transfers | predicted ms | measured ms | error % "
         "| error % anchored on m-ETF | slowdown vs one-core profile | spread ms | cores used |",
@@ -233,7 +233,7 @@ def _summary(rows, a, load0, load1) -> list[str]:
                       "than predicted.",
                   "", "Plans on both devices are predicted on the profile scaled by the parallel factor, "
                       "measured once per model before the rounds on m-ETF's plan timed in turns with the "
-                      "one-device step (`tf_patch.pipeline.parallel_factor`): "
+                      "one-device step (`tf_patch.workflow.parallel_factor`): "
                       + ", ".join(f"{m} x {f:.2f}" for m, f in _factors(rows))
                       + "; in the rounds themselves m-ETF's plan ran "
                       + ", ".join(f"x {r['slowdown']:.2f}" for r in rows if r["placement"] == "m-etf")

@@ -33,7 +33,7 @@ __all__ = ["Target", "targets", "readings", "markdown", "SPEEDUP", "GAP", "WALL_
 SPEEDUP = {2: 1.8, 4: 3.2}
 #: Largest gap to the bound on 2 GPUs.
 GAP = 0.10
-#: A solve's wall time may pass its limit by this factor (the limit is checked between stages).
+#: A solve's wall time may pass its limit by this factor (the limit is checked between passes).
 WALL_SLACK = 1.05
 #: The workloads the speed-up targets name (others: figure only, met = None).
 TARGET_WORKLOADS = ("keras_resnet50", "transformer_6", "rnnlm_4x2048", "nmt_4x1024")

@@ -2,13 +2,13 @@
 
 Runs :mod:`benchmarks.placement` (the placement comparison) and then, when
 present, the area benchmarks ``bench_simulate``, ``bench_coarsen``,
-``bench_baselines``, ``bench_exact``, ``bench_tf``, ``bench_bound``, ... and
+``bench_heuristics``, ``bench_exact``, ``bench_tf``, ``bench_bound``, ... and
 ``bench_microbatch`` (issue 24's table, ``microbatch.md``) and ``bench_regression``
 (the one-step placement against its recorded reference, ``regression.md``) and ``bench_schedules``
 (the pipeline schedules on uniform stages, ``schedules.md``) (each a module with a
 ``main()``; :data:`AREA_BENCHMARKS`). ``--quick`` runs only a small placement run
 and ``bench_microbatch --quick`` into temporary directories: a CI check of the
-pipeline, not of the figures. A full placement
+code path, not of the figures. A full placement
 run also rewrites the results table in docs/results.md (:mod:`benchmarks.readme`).
 
 Run ``python -m benchmarks.run_all [--quick] [--out DIR]``.
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_baselines", "bench_exact", "bench_tf", "bench_bound",
+AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_heuristics", "bench_exact", "bench_tf", "bench_bound",
                    "bench_ablation", "bench_scale", "bench_expert", "bench_keras", "bench_hosts", "bench_microbatch",
                    "bench_regression", "bench_schedules")
 #: The area benchmarks ``--quick`` runs too, with their arguments (a temporary

@@ -23,7 +23,7 @@ from .cluster import (Device, Route, Cluster, gpus, v100x2_nvlink, v100x4_pcie,
 from .memory import memory_profile
 from .plan import Plan, Transfer, Report, check_plan
 from .simulate import Schedule, simulate
-from .solvelog import SolveLog, Stage
+from .solvelog import PassLog, SolveLog
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ imports them
     from .api import evaluate, solve, solve_step, step_graph
@@ -37,7 +37,13 @@ _FACADE = ("solve", "solve_step", "step_graph", "evaluate", "api")
 def __getattr__(name: str):
     """``pesto.solve``, ``pesto.solve_step``, ``pesto.step_graph``,
     ``pesto.evaluate`` and ``pesto.api``, imported from :mod:`pesto.api` on
-    first use and kept as attributes."""
+    first use and kept as attributes; ``pesto.Stage``, the old name of
+    :class:`PassLog`, with a :class:`DeprecationWarning` (for one release)."""
+    if name == "Stage":
+        import warnings
+        warnings.warn("pesto.Stage is deprecated: a solve's steps are passes now, logged as pesto.PassLog",
+                      DeprecationWarning, stacklevel=2)
+        return PassLog
     if name not in _FACADE:
         raise AttributeError(f"module 'pesto' has no attribute {name!r}")
     from .api import evaluate, solve, solve_step, step_graph  # the import binds pesto.api too
@@ -54,4 +60,4 @@ __all__ = ["PestoError", "InvalidGraphError", "CycleError", "InvalidClusterError
            "InvalidPlanError", "InfeasibleError", "Op", "Tensor", "Edge", "OpGraph", "Device",
            "Route", "Cluster", "gpus", "v100x2_nvlink", "v100x4_pcie", "heterogeneous",
            "two_hosts", "logical_cpus", "preset", "Plan", "Transfer", "Report", "check_plan",
-           "memory_profile", "Schedule", "simulate", "SolveLog", "Stage", "solve", "solve_step", "step_graph", "evaluate"]
+           "memory_profile", "Schedule", "simulate", "SolveLog", "PassLog", "solve", "solve_step", "step_graph", "evaluate"]

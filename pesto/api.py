@@ -1,8 +1,8 @@
-"""``pesto.solve``: the facade over the pipeline.
+"""``pesto.solve``: the facade over the solver.
 
-Load the graph, choose a cluster, check that a plan can fit, and run the
-stages of :mod:`solver.pipeline` (baselines, reschedule, coarsen, exact,
-expand, local search, status). See ARCHITECTURE.md for the data flow.
+Load the graph, choose a cluster, check that a plan can fit, and run a
+recipe of :mod:`solver.recipes`: its passes (heuristics, reschedule, coarsen,
+exact, expand, lns, local search, status). See ARCHITECTURE.md for the data flow.
 
 Examples
 --------
@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
 import networkx as nx
 
 from coarsen.base import first_op
-from solver import pipeline as _pipeline
+from solver import recipes as _recipes
 from solver.options import SolveOptions, check_int
 from solver.registry import HEURISTICS
 from solver.parallel.search import solve_step as _solve_step, step_graph as _step_graph
@@ -105,8 +106,9 @@ def resolve_cluster(graph: OpGraph, gpus, cluster) -> Cluster:
 def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: float = 60,
           target_vertices: int = 200, backend: str = "cpsat", hint: Any = "best-heuristic",
           workers: int | None = None, seed: int = 0, coarsen_method: str = "height",
-          pipeline: str | None = None, verbose: bool | int = False, deterministic: bool = False,
-          progress=None, micro_batches: int | str = 1, batch_size: int | None = None) -> Plan:
+          recipe: str | None = None, verbose: bool | int = False, deterministic: bool = False,
+          progress=None, micro_batches: int | str = 1, batch_size: int | None = None,
+          pipeline: str | None = None) -> Plan:
     """Place and schedule ``graph`` on ``gpus`` GPUs (or on ``cluster``).
 
     Parameters
@@ -116,16 +118,16 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         Number of GPUs for :func:`default_cluster` (ignored if ``cluster`` is given).
     cluster : Cluster, preset name or cluster JSON path, optional
     time_limit : float
-        Seconds for the whole solve, every stage included (loading the graph
+        Seconds for the whole solve, every pass included (loading the graph
         comes before it; the pre-checks count): heuristics, coarsening, CP-SAT,
         LNS, local search and the lower bound share one deadline
-        (:mod:`pesto.deadline`); the full pipeline gives CP-SAT 20 %, LNS 40 %
+        (:mod:`pesto.deadline`); the full recipe gives CP-SAT 20 %, LNS 40 %
         and local search 30 %. Ctrl-C or SIGTERM during the solve returns the
         best plan so far with status ``"interrupted"``.
     target_vertices : int
         Coarsen when the graph has more ops than this.
     backend : {"cpsat", "mip"} or any placer name
-        The exact stage's placer.
+        The exact pass's placer.
     hint : "best-heuristic", None, a placer name, a Plan, or a placement
         What the exact solver starts from (paper) or the starts (full): every
         heuristic, none, that placer only, or a plan (of the graph: it joins
@@ -138,17 +140,20 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     seed : int
     coarsen_method : str
         ``coarsen.coarsen`` method ("height", "baechi", "celeritas").
-    pipeline : {"full", "paper"}, optional
-        For graphs larger than ``target_vertices`` (smaller ones are solved
+    recipe : {"full", "paper"}, optional
+        The list of passes to run, for graphs larger than ``target_vertices`` (smaller ones are solved
         exactly, without coarsening). ``"paper"``: coarsen, heuristics on the
         coarse graph as hints, exact solve, expand (the Pesto paper).
         ``"full"`` (the default with CP-SAT): heuristics on the full graph,
         the best ones re-ordered; coarsening that keeps the best plan exactly
         representable, CP-SAT hinted with it, expand, re-order; then local
         search on the full graph. Default: "full" for CP-SAT, "paper" for
-        another backend. See :mod:`solver.pipeline`.
+        another backend. See :mod:`solver.recipes`.
+    pipeline : {"full", "paper"}, optional
+        Deprecated: the old name of ``recipe`` (a :class:`DeprecationWarning`);
+        removed in the next release.
     verbose : bool or int
-        True: print a progress line at each stage's start and end, e.g.
+        True: print a progress line at each pass's start and end, e.g.
         ``[pesto    1.15s] exact: done in 0.80 s: cpsat feasible on 40
         vertices | incumbent 1.076 ms, bound 0.599 ms, gap 44.4%``;
         2: CP-SAT's own log as well.
@@ -181,12 +186,12 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
     Plan
         For every op of ``graph`` (of the transformed graph with
         ``micro_batches`` other than 1), simulated in its fixed order and checked.
-        ``plan.log`` (:class:`~pesto.solvelog.SolveLog`) has every stage's time
+        ``plan.log`` (:class:`~pesto.solvelog.SolveLog`) has every pass's time
         and step, the candidates compared on the full graph, the ``winner``,
         the lower bound (valid for the full graph) and its source; with
         ``micro_batches`` other than 1, valid for the graph the plan places
         (the per-sample bound, :func:`solver.parallel.bound.sample_bound`,
-        when higher or when a baseline's plan won).
+        when higher or when a parallelism kind's plan won).
 
     Raises
     ------
@@ -206,22 +211,35 @@ def solve(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: f
         marks (:func:`marked`).
     TypeError, ValueError
         An option of the wrong type or out of range (each named; checked once,
-        by :class:`solver.options.SolveOptions`), an unknown pipeline, backend
-        or hint, or an unsupported combination (``pipeline="full"`` with a
-        backend other than CP-SAT; ``hint=None`` with the full pipeline on a
+        by :class:`solver.options.SolveOptions`), an unknown recipe, backend
+        or hint, or an unsupported combination (``recipe="full"`` with a
+        backend other than CP-SAT; ``hint=None`` with the full recipe on a
         graph above ``target_vertices``).
     """
     return solve_step(graph, gpus, cluster=cluster, time_limit=time_limit, target_vertices=target_vertices,
                       backend=backend, hint=hint, workers=workers, seed=seed, coarsen_method=coarsen_method,
-                      pipeline=pipeline, verbose=verbose, deterministic=deterministic, progress=progress,
-                      micro_batches=micro_batches, batch_size=batch_size).plan
+                      recipe=_renamed(recipe, pipeline), verbose=verbose, deterministic=deterministic,
+                      progress=progress, micro_batches=micro_batches, batch_size=batch_size).plan
+
+
+def _renamed(recipe: str | None, pipeline: str | None) -> str | None:
+    """``recipe``, or the deprecated ``pipeline`` keyword (its old name) with a
+    :class:`DeprecationWarning` pointing at the caller's line."""
+    if pipeline is None:
+        return recipe
+    warnings.warn("pesto.solve(pipeline=...) is deprecated: the list of passes a solve runs is now "
+                  f"recipe={pipeline!r}; pipeline= goes in the next release", DeprecationWarning, stacklevel=3)
+    if recipe is not None and recipe != pipeline:
+        raise TypeError(f"recipe={recipe!r} and pipeline={pipeline!r} (its deprecated name) disagree")
+    return pipeline
 
 
 def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_limit: float = 60,
                target_vertices: int = 200, backend: str = "cpsat", hint: Any = "best-heuristic",
                workers: int | None = None, seed: int = 0, coarsen_method: str = "height",
-               pipeline: str | None = None, verbose: bool = False, deterministic: bool = False,
-               progress=None, micro_batches: int | str = "auto", batch_size: int | None = None) -> Solved:
+               recipe: str | None = None, verbose: bool = False, deterministic: bool = False,
+               progress=None, micro_batches: int | str = "auto", batch_size: int | None = None,
+               pipeline: str | None = None) -> Solved:
     """:func:`solve` returning the plan with the graph it places
     and the strategy it realises (:class:`~solver.parallel.strategy.Solved`:
     ``plan``, ``graph``, ``strategy``, ``transformed``: the transform that made
@@ -230,6 +248,7 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
     (the plain step: ``Strategy()``, ``graph`` the input), so that
     ``pesto.check_plan(r, cluster)`` and ``pesto.simulate(r, cluster)`` take it. Default ``micro_batches="auto"``; the options and errors are :func:`solve`'s.
     """
+    recipe = _renamed(recipe, pipeline)
     graph = load_graph(graph)
     started = time.perf_counter()  # the limit counts from here: loading excluded, pre-checks included
     cluster = resolve_cluster(graph, gpus, cluster)
@@ -238,11 +257,11 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
     _check_hint(graph, hint)
     options = SolveOptions(time_limit=time_limit, target_vertices=target_vertices, backend=backend, hint=hint,
                            workers=workers, seed=seed, coarsen_options={"method": coarsen_method},
-                           pipeline=pipeline, verbose=verbose, deterministic=deterministic, progress=progress,
+                           recipe=recipe, verbose=verbose, deterministic=deterministic, progress=progress,
                            started=started, micro_batches=micro_batches, batch_size=batch_size)
     if options.micro_batches == 1:
         check_feasible(graph, cluster)
-        result = Solved(_pipeline.solve(graph, cluster, options), graph, Strategy())
+        result = Solved(_recipes.solve(graph, cluster, options), graph, Strategy())
     else:
         result = _solve_step(marked(graph), cluster, options)
     if result.plan.status == "infeasible":

@@ -6,7 +6,7 @@ Place a zoo model (profiled with grappler's V100 cost model) on 2 GPUs::
 
     pesto place rnnlm:2x2048 --gpus 2 --time-limit 30 -o plan.json
 
-Place a graph you exported (``OpGraph.to_json``) with a baseline, then replay it::
+Place a graph you exported (``OpGraph.to_json``) with a heuristic, then replay it::
 
     pesto place graph.json --cluster v100x4_pcie --placer m-etf -o plan.json
     pesto simulate graph.json plan.json --gantt step.png --trace step.json
@@ -101,9 +101,9 @@ def _say(args, msg: str) -> None:
 
 @contextlib.contextmanager
 def _progress(args, desc: str, seconds: float | None = None):
-    """A stage line on stderr and, on a terminal, a tqdm bar ticking towards
+    """A progress line on stderr and, on a terminal, a tqdm bar ticking towards
     ``seconds`` (a solver time limit) so long solves show they are alive.
-    Yields a dict: set ``"end"`` to say how the stage ended (default "done")."""
+    Yields a dict: set ``"end"`` to say how it ended (default "done")."""
     _say(args, f"{desc} ...")
     t0 = time.perf_counter()
     bar = stop = thread = None
@@ -341,7 +341,7 @@ def label(placer: str) -> str:
 def run_placer(args, graph, cluster, placer: str):
     """Place ``graph`` with ``placer``: the exact ones go through :func:`pesto.solve_step`
     (coarsen, solve, expand, simulate, check; ``--micro-batches``), the
-    micro-batch baselines through :mod:`solver.parallel.pipelines`, the others
+    parallelism placers (gpipe, 1f1b, data-parallel, hybrid) through :mod:`solver.parallel.pipelines`, the others
     through the registry (given ``--time-limit`` and ``--seed`` when they take
     them). Returns the plan and the graph it places (the step, or its split
     or replicated form)."""
@@ -355,7 +355,7 @@ def run_placer(args, graph, cluster, placer: str):
                 r = solve_step(graph, cluster=cluster, time_limit=args.time_limit,
                                target_vertices=args.target_vertices, backend=placer, seed=args.seed,
                                deterministic=getattr(args, "deterministic", False),
-                               progress=lambda line: _say(args, line), micro_batches=micro,
+                               recipe=getattr(args, "recipe", None), progress=lambda line: _say(args, line), micro_batches=micro,
                                batch_size=getattr(args, "batch_size", None))
             except ValueError as exc:  # an option pesto.solve rejects (e.g. --target-vertices 0)
                 raise CliError(str(exc)) from None
@@ -403,12 +403,12 @@ def _place_step(args, graph, cluster, placer: str, micro: int):
 
 def describe_plan(plan, cluster, seconds: float | None = None) -> str:
     """The summary line (with ``seconds``, the whole solve's wall time), the
-    pipeline's stages and each device's ops and peak memory."""
+    recipe's passes and each device's ops and peak memory."""
     lines = [plan.summary(seconds)]
-    if plan.log is not None:  # from pesto.solve: the stages and who won
+    if plan.log is not None:  # from pesto.solve: the passes and who won
         log = plan.log
-        stages = ", ".join(f"{s.name} {s.seconds:.1f} s" for s in log.stages)
-        lines.append(f"  {log.pipeline} pipeline: {stages}; plan from {log.winner}, "
+        passes = ", ".join(f"{s.name} {s.seconds:.1f} s" for s in log.passes)
+        lines.append(f"  {log.recipe} recipe: {passes}; plan from {log.winner}, "
                      f"bound from {log.bound_source}")
     peak = plan.peak_memory or {}
     shown = 0
@@ -520,7 +520,7 @@ def write_output(args, path: str, text: str, what: str) -> None:
 def plan_document(args, plan, cluster, graph) -> str:
     """The plan JSON plus the cluster and graph name (so `simulate` and `check`
     can replay it). With ``--deterministic`` the wall-clock fields (the plan's
-    ``wall_time``, the stages' ``seconds``, ``*_time`` in ``stats``) are 0, so
+    ``wall_time``, the passes' ``seconds``, ``*_time`` in ``stats``) are 0, so
     equal runs give equal bytes."""
     data = {**plan.to_dict(), "cluster": cluster.to_dict(), "graph": graph.name}
     if getattr(args, "deterministic", False):
@@ -553,7 +553,7 @@ def cmd_place(args) -> int:
     t0 = time.perf_counter()
     try:
         plan, placed = run_placer(args, graph, cluster, args.placer)
-        if plan.status == "infeasible":  # a baseline's over-memory plan: said as pesto.solve says it
+        if plan.status == "infeasible":  # a heuristic's over-memory plan: said as pesto.solve says it
             raise_overrun(placed, cluster, plan)
     except InfeasibleError as exc:
         if exc.plan is not None:
@@ -788,11 +788,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gpus", type=_at_least(1), default=None, help="number of identical V100s over NVLink (default 2)")
     sp.add_argument("--cluster", help="cluster preset (v100x2_nvlink, v100x4_pcie, heterogeneous, "
                                       "two_hosts) or a cluster .json file; overrides --gpus")
-    sp.add_argument("--placer", default="cpsat", help="cpsat (default, = pesto.solve), mip, or a baseline; "
+    sp.add_argument("--placer", default="cpsat", help="cpsat (default, = pesto.solve), mip, or a heuristic; "
                                                       "see `pesto placers`")
     sp.add_argument("--time-limit", type=_at_least(0.001, float, most=MAX_TIME_LIMIT), default=60.0,
                     help="seconds for solving (default 60); loading or profiling the model comes on top")
     sp.add_argument("--target-vertices", type=_at_least(1), default=200, help="coarse graph size for cpsat/mip (default 200)")
+    sp.add_argument("--recipe", choices=["full", "paper"], default=None,
+                    help="the passes cpsat/mip run on graphs above --target-vertices: full (default for cpsat: heuristics, reschedule, coarsen, exact, expand, lns, local search) or paper (coarsen, heuristics as hints, exact, expand; default for mip)")
     sp.add_argument("--seed", type=_at_least(0, most=SEED_MAX), default=0,
                     help=f"random seed of the solver and the heuristics, 0 to {SEED_MAX} (default 0)")
     sp.add_argument("--costs", default=None, choices=["v100", "measured"],

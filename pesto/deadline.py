@@ -1,12 +1,12 @@
 """One clock for a whole solve: the time left, and whether the user stopped it.
 
-Every stage of ``pesto.solve`` reads the same :class:`Deadline` instead of a
+Every pass of ``pesto.solve`` reads the same :class:`Deadline` instead of a
 private time limit, so ``time_limit`` bounds the solve end to end, and an
-interrupt (Ctrl-C, ``SIGTERM``) ends every stage at its next check rather than
+interrupt (Ctrl-C, ``SIGTERM``) ends every pass at its next check rather than
 only the one running.
 
 * :meth:`Deadline.left` / :meth:`Deadline.expired` / :meth:`Deadline.budget`
-  -- what a stage may still spend;
+  -- what a pass may still spend;
 * :meth:`Deadline.interrupt` -- stop: ``expired()`` turns true and the
   registered stoppers (e.g. a running CP-SAT search's ``stop_search``) are
   called;
@@ -17,10 +17,10 @@ only the one running.
   that cannot look at the clock itself (a C++ search);
 * :meth:`Deadline.check` -- raise :class:`Stopped` once expired: a long
   loop (a heuristic, a search) calls it every :data:`CHECK_EVERY` steps, so an
-  interrupt ends it within a fraction of a second and a stage that would
+  interrupt ends it within a fraction of a second and a pass that would
   overrun the limit gives up;
 * :meth:`Deadline.charge` -- with ``deterministic=True`` the clock is a
-  :class:`WorkClock` that moves only by the work stages report (CP-SAT's
+  :class:`WorkClock` that moves only by the work passes report (CP-SAT's
   deterministic time, a fixed cost per simulated move), so the same input
   gives the same plan on a busy or an idle machine; with the wall clock,
   charging does nothing.
@@ -63,9 +63,9 @@ STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 class Stopped(PestoError):
-    """A stage gave up before its result because the deadline passed or the
+    """A pass gave up before its result because the deadline passed or the
     solve was interrupted (``reason``: "time limit", "SIGINT", ...); the
-    pipeline keeps the plans it had.
+    recipe keeps the plans it had.
 
     >>> d = Deadline(0.0)
     >>> try:
@@ -121,12 +121,12 @@ class Deadline:
         self.t0 = clock() if start is None or isinstance(clock, WorkClock) else min(float(start), clock())
         self.seconds = math.inf if seconds is None else float(seconds)
         self._reason: str | None = None  # why it ended early: "SIGINT", "SIGTERM", ...
-        self._root = self  # a stage's deadline shares its solve's interrupts (sub)
+        self._root = self  # a pass's deadline shares its solve's interrupts (sub)
         self._stoppers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
     def sub(self, seconds: float) -> "Deadline":
-        """A stage's deadline: ``seconds`` or what is left, whichever ends
+        """A pass's deadline: ``seconds`` or what is left, whichever ends
         first, on the same clock; interrupting the solve interrupts it.
 
         >>> d = Deadline(10.0); s = d.sub(3.0)
@@ -191,7 +191,7 @@ class Deadline:
             raise Stopped(self.reason or "time limit")
 
     def budget(self, seconds: float) -> float:
-        """What a stage that wants ``seconds`` may spend: ``min(seconds, left())``."""
+        """What a pass that wants ``seconds`` may spend: ``min(seconds, left())``."""
         return max(0.0, min(float(seconds), self.left()))
 
     def interrupt(self, reason: str = "interrupted") -> None:

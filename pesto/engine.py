@@ -54,7 +54,7 @@ from .graph import OpGraph
 from .kernels import FlatArrays, compiled, csr, kernel, placed_ranks
 from .problem import Problem
 
-__all__ = ["Run", "replay", "Timeline", "POLICIES", "LINK_MODELS", "INSERTION_SCAN"]
+__all__ = ["ReplayResult", "replay", "Timeline", "POLICIES", "LINK_MODELS", "INSERTION_SCAN"]
 
 POLICIES = ("order", "fifo", "priority")
 LINK_MODELS = ("fcfs", "free")
@@ -62,7 +62,7 @@ INSERTION_SCAN = 256  # idle gaps examined per insertion before appending (keeps
 EPS = 1e-9
 
 
-class Run:
+class ReplayResult:
     """What :func:`replay` returns (times in µs).
 
     The engine fills numpy arrays; the list views below are built on first
@@ -241,7 +241,7 @@ def sends(prob: Problem, dev: Sequence[int], links: str | None = None) -> list:
 
 def replay(prob: Problem, dev: Sequence[int], *, policy: str = "fifo",
            order: Sequence[Sequence[int]] | None = None, priority: Sequence[float] | None = None,
-           links: str | None = None) -> Run:
+           links: str | None = None) -> ReplayResult:
     """Replay one step of ``prob`` under placement ``dev`` (device index per op).
 
     The event loop is compiled (numba; ``NUMBA_DISABLE_JIT=1`` runs it as
@@ -308,7 +308,7 @@ def replay(prob: Problem, dev: Sequence[int], *, policy: str = "fifo",
         stuck = [f"{prob.dev_names[k]}: {names[q_idx[q_ptr[k] + qhead[k]]]}" for k in range(nd)
                  if policy == "order" and q_ptr[k] + qhead[k] < q_ptr[k + 1]]
         raise InvalidPlanError([f"the order deadlocks (it contradicts the graph); waiting heads: {stuck[:4]}"])
-    return Run(ar, send, out[:-2])
+    return ReplayResult(ar, send, out[:-2])
 
 
 def warm_up() -> None:

@@ -3,7 +3,7 @@
 Every placer, heuristic or exact, ends with :func:`finalize`, so all plans are
 comparable: the makespan is the simulator's (fixed order, or TF's FIFO) and
 peak memory the liveness-based one of :func:`pesto.memory.memory_profile`.
-:func:`fit_memory` is the baselines' variant: it repairs a placement over
+:func:`fit_memory` is the heuristics' variant: it repairs a placement over
 memory by simulation (:func:`pesto.memory.peak_repair`) before giving up.
 
 It lives above :mod:`pesto.simulate` (it simulates), so it is not in
@@ -111,7 +111,7 @@ def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, pla
     asks for, then, once a round makes the overrun worse (timed peaks move
     with the schedule), one move at a time from the best placement so far,
     never retrying a unit whose move did not help. Returns the first plan
-    that fits, else the one least over capacity: a baseline returns an
+    that fits, else the one least over capacity: a heuristic returns an
     over-memory plan only when no repair fits. Its
     :class:`~pesto.outcome.MemoryInfo` names the ops ``forced`` by the
     placer (op indices, named) with a note, and the units moved
@@ -124,7 +124,7 @@ def fit_memory(graph: OpGraph, cluster: Cluster, place: list[int], *, order, pla
     order : op indices in the order to run them, or None (TF's FIFO)
     info : the placer's outcomes, for the plan
     forced : op indices the placer put on a device best effort
-    repair : False: simulate only (the single-device baseline)
+    repair : False: simulate only (the single-device heuristic)
 
     Examples
     --------

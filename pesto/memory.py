@@ -15,7 +15,7 @@ The three agree in one direction, which tests check on random graphs: for any
 placement, the tracker's final peak and the timed peak of any schedule are at
 most the static peak.
 
-Memory-infeasible behaviour (the same for every baseline placer)
+Memory-infeasible behaviour (the same for every heuristic placer)
 ----------------------------------------------------------------
 A placer never raises because memory is short and never hides it. When an op
 (or its colocation group) fits on no allowed device, it goes to the allowed

@@ -10,7 +10,7 @@ people and JSON (:meth:`Outcome.view`), with the key names it always had.
 
 ============================  ====================================================
 :class:`MemoryInfo`           the simulated peak over capacity, the repair
-:class:`HeuristicInfo`        a baseline's own estimate and figures
+:class:`HeuristicInfo`        a heuristic's own estimate and figures
 :class:`ExpertInfo`           which Expert rule and split won
 :class:`CpsatInfo`            CP-SAT's status, fallback, memory model, model size
 :class:`MipInfo`              the paper MIP's status and model size
@@ -114,7 +114,7 @@ class MemoryInfo(Outcome):
 
 @dataclass(frozen=True)
 class HeuristicInfo(Outcome):
-    """A baseline's own figures (each set only by the placer that has it).
+    """A heuristic's own figures (each set only by the placer that has it).
 
     estimated_makespan : the list scheduler's own estimate (µs)
     moved : ops Celeritas moved off their first device

@@ -20,7 +20,7 @@ JSON schema (``format = "pesto.plan"``, ``version = 1``)::
      "makespan": 9.0, "lower_bound": 7.5, "wall_time": 0.2,
      "peak_memory": {"/GPU:0": 1024} | null, "stats": {},
      "info": [{"kind": "cpsat", "model_status": "optimal", ...}],
-     "log": {"pipeline": "full", "stages": [...], "winner": "refine", ...} | null}
+     "log": {"recipe": "full", "passes": [...], "winner": "refine", ...} | null}
 
 ``log`` (a :class:`~pesto.solvelog.SolveLog`, from ``pesto.solve``) and ``info``
 (the typed outcomes, :mod:`pesto.outcome`; ``stats`` is their flat view) are
@@ -93,7 +93,7 @@ class Plan:
         (:meth:`pesto.outcome.Outcome.view`, merged over any notes given
         here); not an API: code reads ``info``.
     log : SolveLog, optional
-        What ``pesto.solve`` did, stage by stage (typed; see
+        What ``pesto.solve`` did, pass by pass (typed; see
         :mod:`pesto.solvelog`). None for a plan from a single placer.
     info : tuple of pesto.outcome.Outcome
         What the steps that made the plan found out, oldest first (typed:
@@ -185,7 +185,7 @@ class Plan:
 
     def summary(self, seconds: float | None = None) -> str:
         """One line: placer, status, step, bound and gap, the speed-up over
-        one device (``log.one_device``: the ``single`` baseline's step, when made), ops per
+        one device (``log.one_device``: the ``single`` heuristic's step, when made), ops per
         device and ``seconds`` (default ``wall_time``; the CLI passes the
         whole solve's time, which a micro-batch search's winner does not hold).
 

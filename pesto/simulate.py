@@ -371,7 +371,7 @@ def _schedule(prob: Problem, dev, run, mode: str, memory: bool) -> Schedule:
 
 
 def run_peak(prob: Problem, dev, run) -> dict[str, int]:
-    """Peak memory per device name of an engine :class:`~pesto.engine.Run`
+    """Peak memory per device name of an engine :class:`~pesto.engine.ReplayResult`
     under placement ``dev`` (what :func:`simulate` reports with ``memory=True``)."""
     return timed_peak(prob.graph, prob.cluster, dev, run.start, run.finish,
                       [(i, nbytes, dd, s, f, js) for i, t, nbytes, dd, s, f, js in run.xfers])

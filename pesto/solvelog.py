@@ -1,4 +1,9 @@
-"""The typed log of one ``pesto.solve`` run: what each stage did and who won.
+"""The typed log of one ``pesto.solve`` run: what each pass did and who won.
+
+A *recipe* is the list of passes a solve runs (:data:`solver.recipes.RECIPES`:
+``"full"``, ``"paper"``); a *pass* is one step of it (heuristics, coarsen,
+exact, lns, local search, status...). Plan files written before the rename
+(keys ``"pipeline"`` and ``"stages"``) still load.
 
 A :class:`SolveLog` travels with the returned :class:`~pesto.plan.Plan` as
 ``plan.log`` and is saved in the plan JSON. Read it instead of ``plan.stats``
@@ -6,10 +11,10 @@ A :class:`SolveLog` travels with the returned :class:`~pesto.plan.Plan` as
 
 Examples
 --------
->>> log = SolveLog(pipeline="paper", stages=(Stage("exact", 1.5, 90.0, "optimal"),),
+>>> log = SolveLog(recipe="paper", passes=(PassLog("exact", 1.5, 90.0, "optimal"),),
 ...                candidates={"cpsat": 90.0, "m-etf": 95.0}, winner="cpsat",
 ...                bound=90.0, bound_source="cpsat", vertices=3)
->>> log.stage("exact").makespan, log.stage("expand") is None
+>>> log.pass_named("exact").makespan, log.pass_named("expand") is None
 (90.0, True)
 >>> SolveLog.from_dict(log.to_dict()) == log
 True
@@ -20,13 +25,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["Stage", "SolveLog"]
+__all__ = ["PassLog", "SolveLog", "OLD_KEYS", "OLD_PASSES"]
+
+#: JSON keys of plan files written before the rename -> their names now.
+OLD_KEYS = {"pipeline": "recipe", "stages": "passes"}
+#: Pass names of those files -> their names now.
+OLD_PASSES = {"baselines": "heuristics"}
 
 
 @dataclass(frozen=True)
-class Stage:
-    """One pipeline stage: its name, seconds, the step time it reached (µs, the
-    best plan so far or the stage's own result; None if it makes no plan) and a
+class PassLog:
+    """One pass of a solve: its name, seconds, the step time it reached (µs, the
+    best plan so far or the pass's own result; None if it makes no plan) and a
     short note (e.g. ``"200 vertices"``, ``"optimal"``)."""
 
     name: str
@@ -41,17 +51,18 @@ def _frozen(m: Mapping | None) -> Mapping:
 
 @dataclass(frozen=True)
 class SolveLog:
-    """What one solve did, stage by stage.
+    """What one solve did, pass by pass.
 
     Attributes
     ----------
-    pipeline : str
-        The stage list that ran: ``"full"`` or ``"paper"``.
-    stages : tuple of Stage
+    recipe : str
+        The recipe (list of passes) that ran: ``"full"`` or ``"paper"``
+        (``"step search"`` for a micro-batched or replicated step).
+    passes : tuple of PassLog
         In the order they ran.
     candidates : mapping name -> µs
         The simulated step time of every plan of the full graph that was
-        compared at the end (baselines, the exact solver's expanded plan,
+        compared at the end (the heuristics, the exact solver's expanded plan,
         the local search's).
     winner : str
         The candidate returned.
@@ -70,11 +81,11 @@ class SolveLog:
     hint : str
         What the exact solver started from (a placer name), or why none.
     stopped : str
-        Why the run ended before its stages' budgets: ``"time limit"``,
+        Why the run ended before its passes' budgets: ``"time limit"``,
         ``"SIGINT"``, ``"SIGTERM"``, ``"stopped early: incumbent within 1e-06
         of the lower bound (<its source>)"``; empty if it did not.
     stopped_early : bool
-        The search stages left were skipped because the incumbent was proven
+        The search passes left were skipped because the incumbent was proven
         optimal (within :data:`solver.bounds.TOLERANCE` of a lower bound).
     deterministic : bool
         Budgets were counted in charged work, not wall seconds.
@@ -100,12 +111,12 @@ class SolveLog:
         ``"gpipe M=4"``, ``"1f1b M=4"``, ``"data-parallel"``).
     one_device : float or None
         The step (µs) of the whole step on one device (the ``single``
-        baseline, simulated on the solved graph), when it was made: what
+        heuristic, simulated on the solved graph), when it was made: what
         the speed-up in :meth:`pesto.plan.Plan.summary` is over.
     """
 
-    pipeline: str
-    stages: tuple = ()
+    recipe: str
+    passes: tuple = ()
     candidates: Mapping[str, float] = field(default_factory=dict)
     winner: str = ""
     bound: float | None = None
@@ -125,16 +136,16 @@ class SolveLog:
     one_device: float | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "passes", tuple(self.passes))
         for key in ("candidates", "coarse", "skipped", "steps"):
             object.__setattr__(self, key, _frozen(getattr(self, key)))
 
-    def stage(self, name: str) -> Stage | None:
-        """The last stage called ``name``, or None if it did not run."""
-        return next((s for s in reversed(self.stages) if s.name == name), None)
+    def pass_named(self, name: str) -> PassLog | None:
+        """The last pass called ``name``, or None if it did not run."""
+        return next((s for s in reversed(self.passes) if s.name == name), None)
 
     def to_dict(self) -> dict:
-        return {"pipeline": self.pipeline, "stages": [s.__dict__.copy() for s in self.stages],
+        return {"recipe": self.recipe, "passes": [s.__dict__.copy() for s in self.passes],
                 "candidates": dict(self.candidates), "winner": self.winner, "bound": self.bound,
                 "bound_source": self.bound_source, "vertices": self.vertices,
                 "coarse": dict(self.coarse), "hint": self.hint, "skipped": dict(self.skipped),
@@ -153,6 +164,19 @@ class SolveLog:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SolveLog":
+        """The log of :meth:`to_dict`; a file written before the rename
+        (``"pipeline"``, ``"stages"``, pass ``"baselines"``) reads the same.
+
+        >>> old = {"pipeline": "paper", "stages": [{"name": "baselines", "seconds": 0.1}]}
+        >>> log = SolveLog.from_dict(old)
+        >>> log.recipe, log.passes[0].name
+        ('paper', 'heuristics')
+        """
         d = dict(d)
-        d["stages"] = tuple(Stage(**s) for s in d.get("stages", ()))
+        for old, new in OLD_KEYS.items():
+            if old in d:
+                d.setdefault(new, d.pop(old))
+        passes = (dict(s) for s in d.get("passes", ()))
+        d["passes"] = tuple(PassLog(**{**s, **({"name": OLD_PASSES.get(s["name"], s["name"])} if "name" in s else {})})
+                            for s in passes)
         return cls(**d)

@@ -1,9 +1,9 @@
-"""Placers, the local search and the pipeline of ``pesto.solve``.
+"""Placers, the local search and the recipes of ``pesto.solve``.
 
 Every placer is ``place(graph, cluster, *, options) -> Plan``; ``PLACERS``
 (:mod:`solver.registry`) maps a name to its :class:`~solver.registry.Placer`
-record (the function, its speed, its baseline rank). :mod:`solver.search`
-holds the local search, :mod:`solver.pipeline` the stages of ``pesto.solve``.
+record (the function, its speed, its heuristic rank). :mod:`solver.search`
+holds the local search, :mod:`solver.recipes` the recipes (lists of passes) of ``pesto.solve``.
 
 >>> sorted(PLACERS)[:3]
 ['1f1b', 'celeritas', 'cpsat']

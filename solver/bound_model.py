@@ -74,7 +74,7 @@ from pesto.graph import OpGraph
 from pesto.plan import Plan
 from pesto.problem import INF, Problem
 
-from .bounds import Phases, energetic_bound, lower_bound, phases, stopped
+from .bounds import ChainHeads, chain_heads, energetic_bound, lower_bound, stopped
 from .cpsat_solve import search
 
 __all__ = ["Bound", "RelaxedModel", "comm_bound", "colocation_bound", "edge_delay", "reduced_edges", "SIMPLE_SOURCE", "CHAIN_SOURCE",
@@ -479,7 +479,7 @@ DETERMINISTIC_STEPS = 24  # bisection steps of the energetic and colocation boun
 
 def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, incumbent: Plan | None = None,
                upper: float | None = None, workers: int = 1, seed: int = 0, max_ops: int = MAX_OPS,
-               deterministic: bool = False, phased: Phases | None = None,
+               deterministic: bool = False, phased: ChainHeads | None = None,
                deadline: Deadline | None = None) -> Bound:
     """A makespan lower bound that counts communication (module docstring).
 
@@ -501,7 +501,7 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
     max_ops : the most ops the CP-SAT relaxation holds
     deterministic : the same value on any machine: the bisections take a
         fixed number of steps and CP-SAT runs on deterministic time
-    phased : :func:`~solver.bounds.phases` of the graph when the caller has
+    phased : :func:`~solver.bounds.chain_heads` of the graph when the caller has
         them (not computed again); they also tighten the energetic bound
     deadline : the solve's :class:`~pesto.deadline.Deadline`: when it is
         interrupted (Ctrl-C), every part stops and the best bound so far is returned
@@ -523,7 +523,7 @@ def comm_bound(graph: OpGraph, cluster: Cluster, *, time_limit: float = 10.0, in
         upper = _horizon(prob)
     best, source = simple, SIMPLE_SOURCE
     if upper > simple:
-        phased = phases(graph, cluster) if phased is None else phased
+        phased = chain_heads(graph, cluster) if phased is None else phased
         if phased.value > best:
             best, source = phased.value, CHAIN_SOURCE
     if upper > best:

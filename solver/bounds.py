@@ -46,7 +46,7 @@ from pesto.problem import INF, Problem
 from pesto.finalize import finalize
 
 
-__all__ = ["TOLERANCE", "reached", "lower_bound", "energetic_bound", "chain_bound", "phases", "Phases",
+__all__ = ["TOLERANCE", "reached", "lower_bound", "energetic_bound", "chain_bound", "chain_heads", "ChainHeads",
            "greedy_plan"]
 
 ENERGY_OPS = 3000         # energetic reasoning keeps the longest ops (dropping ops only relaxes)
@@ -89,14 +89,14 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
 
 def stopped(deadline: Deadline | None) -> bool:
     """The solve ``deadline`` belongs to was interrupted (Ctrl-C): a bound's
-    search ends with what it proved so far (the status stage runs past the
+    search ends with what it proved so far (the status pass runs past the
     limit by design, so only the interrupt stops it)."""
     return deadline is not None and deadline.interrupted
 
 
 def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = None,
                     time_limit: float = 5.0, max_steps: int | None = None,
-                    phased: Phases | None = None, deadline: Deadline | None = None) -> float:
+                    phased: ChainHeads | None = None, deadline: Deadline | None = None) -> float:
     """The smallest makespan not refuted by energetic reasoning, at least :func:`lower_bound` (µs).
 
     For a candidate makespan ``T``, op ``i`` (its fastest time ``p``) starts
@@ -110,7 +110,7 @@ def energetic_bound(graph: OpGraph, cluster: Cluster, *, upper: float | None = N
     or the simple bound. Windows are taken between quantiles of the ops'
     extreme start and end times; on large graphs only the ``ENERGY_OPS``
     longest ops count (fewer ops and windows only weaken the test). With
-    ``phased`` (:func:`phases` of the same graph and cluster), heads and
+    ``phased`` (:func:`chain_heads` of the same graph and cluster), heads and
     tails are the larger of the longest paths and what the phases prove.
     The bisection stops when ``deadline`` (the solve's) is interrupted.
 
@@ -179,11 +179,11 @@ def chain_bound(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW)
     >>> lower_bound(g, gpus(2)), chain_bound(g, gpus(2))   # a, e, i idle a device each
     (13.5, 15.0)
     """
-    return max(lower_bound(graph, cluster), phases(graph, cluster, window=window).value)
+    return max(lower_bound(graph, cluster), chain_heads(graph, cluster, window=window).value)
 
 
 @dataclass(frozen=True)
-class Phases:
+class ChainHeads:
     """What the phase programme of :func:`chain_bound` proves for every schedule.
 
     value : the makespan bound (µs); not below :func:`lower_bound` but for
@@ -203,21 +203,21 @@ class Phases:
     tail: np.ndarray
 
 
-def phases(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW) -> Phases:
+def chain_heads(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW) -> ChainHeads:
     """:func:`chain_bound` with the heads and tails it proves on the way
-    (:class:`Phases`); :func:`energetic_bound` tightens its windows with them.
+    (:class:`ChainHeads`); :func:`energetic_bound` tightens its windows with them.
 
     >>> from pesto.graph import OpGraph
     >>> from pesto.cluster import gpus
     >>> g = OpGraph.from_edges({"a": 2, "b": 2, "c": 2, "d": 1, "e": 3},
     ...                        [("a", "d"), ("b", "d"), ("c", "d"), ("d", "e")])
-    >>> ph = phases(g, gpus(2))
+    >>> ph = chain_heads(g, gpus(2))
     >>> i = {name: k for k, name in enumerate(g.names)}
     >>> ph.value, float(ph.head[i["e"]]), float(ph.tail[i["a"]])   # a, b, c take 4 on 2 devices
     (7.0, 4.0, 4.0)
     """
     if graph.num_ops == 0:
-        return Phases(0.0, np.zeros(0), np.zeros(0))
+        return ChainHeads(0.0, np.zeros(0), np.zeros(0))
     prob = Problem.of(graph, cluster)
     fast = np.array([prob.fastest(i) for i in range(prob.n)])
     path = _critical_path(prob, fast)
@@ -230,7 +230,7 @@ def phases(graph: OpGraph, cluster: Cluster, *, window: int = CHAIN_WINDOW) -> P
     tail = np.where(after < k, rest[np.maximum(k - 1 - after, 0)], 0.0)
     head[path] = np.maximum(head[path], ends[:k] - along)
     tail[path] = np.maximum(tail[path], rest[:k][::-1] - along)
-    return Phases(float(ends[k]), head, tail)
+    return ChainHeads(float(ends[k]), head, tail)
 
 
 def _critical_path(prob: Problem, fast) -> list[int]:

@@ -1,4 +1,4 @@
-"""List-scheduling baselines: Baechi's m-TOPO, m-ETF and m-SCT, Celeritas, HEFT.
+"""List-scheduling heuristics: Baechi's m-TOPO, m-ETF and m-SCT, Celeritas, HEFT.
 
 Every placer here is ``place_xxx(graph, cluster) -> Plan`` (m-SCT adds its LP limits): it
 computes a placement and a per-device order with its own time estimates
@@ -16,7 +16,7 @@ Baechi's accounting (:mod:`pesto.memory`). When memory fits nowhere an op goes
 to the allowed device with the most free memory; the plan is then repaired by
 simulation (:func:`pesto.finalize.fit_memory`) and, only if no repair fits,
 returned over capacity with status ``"infeasible"`` and the best-effort ops in
-its :class:`~pesto.outcome.MemoryInfo` (see :mod:`pesto.memory`, same for every baseline).
+its :class:`~pesto.outcome.MemoryInfo` (see :mod:`pesto.memory`, same for every heuristic).
 
 Each placer declares only the options it uses (all are deterministic): m-SCT
 takes ``time_limit`` / ``lp_time_limit`` for its LP; every one takes a

@@ -113,7 +113,7 @@ def solve_window(prob: Problem, dev: Sequence[int], start: Sequence[float], fini
     order : the incumbent's per-device order (default: by start time); the
         first op after the window on each device gives that device's tail
     xfers : the incumbent's transfers ``(producer, tensor, bytes, dst, start,
-        finish, consumers)`` (:class:`pesto.engine.Run`); with them, and a
+        finish, consumers)`` (:class:`pesto.engine.ReplayResult`); with them, and a
         cluster whose links contend, transfers hold their route's links
     time_limit : CP-SAT's deterministic time limit (about seconds; what
         makes ``workers=1`` with a fixed ``seed`` repeatable)

@@ -1,14 +1,14 @@
 """The options of one solve, validated once: :class:`SolveOptions`.
 
 ``pesto.solve`` builds one from its keyword arguments (its signature is the
-user's); :func:`solver.pipeline.solve`, :func:`solver.pipeline.improve`,
-:func:`solver.pipeline.solve_fine` and the benchmarks pass one down to the
-stages, which read it and never re-check it.
+user's); :func:`solver.recipes.solve`, :func:`solver.recipes.improve`,
+:func:`solver.recipes.solve_fine` and the benchmarks pass one down to the
+passes, which read it and never re-check it.
 
 Examples
 --------
 >>> o = SolveOptions(time_limit=20)
->>> o.stage_seconds("full")
+>>> o.pass_seconds("full")
 {'exact': 4.0, 'lns': 8.0, 'local search': 6.0, 'status': 1.0}
 >>> SolveOptions(time_limit=-1)
 Traceback (most recent call last):
@@ -29,9 +29,9 @@ from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
 from pesto.plan import Plan
 
-from .registry import PLACERS, baselines
+from .registry import PLACERS, heuristic_placers
 
-__all__ = ["SolveOptions", "SHARES", "PAPER_EXACT_SHARE", "PIPELINE_NAMES", "stage_shares", "check_int",
+__all__ = ["SolveOptions", "SHARES", "PAPER_EXACT_SHARE", "RECIPE_NAMES", "pass_shares", "check_int",
            "divisors_of"]
 
 
@@ -49,13 +49,13 @@ def divisors_of(n: int) -> list[int]:
 #: int64 milliseconds or microseconds, which infinity or 1e300 overflow.
 MAX_TIME_LIMIT = 1e9
 
-#: The full pipeline's split of ``time_limit``: exact solver, LNS, local search
-#: (the rest goes to the baselines, re-ordering and the bound); see benchmarks/results/lns.md.
+#: The full recipe's split of ``time_limit``: exact solver, LNS, local search
+#: (the rest goes to the heuristics, re-ordering and the bound); see benchmarks/results/lns.md.
 SHARES = (0.2, 0.4, 0.3)
-#: The paper pipeline's exact solve; the rest: heuristics and the bound.
+#: The paper recipe's exact solve; the rest: heuristics and the bound.
 PAPER_EXACT_SHARE = 0.9
-PIPELINE_NAMES = ("full", "paper")
-#: The search stages whose time is a share of ``time_limit``, and their SolveOptions fields.
+RECIPE_NAMES = ("full", "paper")
+#: The search passes whose time is a share of ``time_limit``, and their SolveOptions fields.
 TIMED = {"exact": "exact_time", "lns": "lns_time", "local search": "search_time"}
 
 
@@ -84,53 +84,53 @@ def _check_seconds(name: str, value, *, optional: bool = True, positive: bool = 
                          f"got {value!r}")
 
 
-def stage_shares(stages: Sequence[str]) -> dict[str, float]:
-    """Search stage -> its share of a budget for the search stages in
-    ``stages`` (:data:`SHARES`, renormalised over those present), so a stage
-    list without a stage gives its time to the others (the ablation).
+def pass_shares(passes: Sequence[str]) -> dict[str, float]:
+    """Search pass -> its share of a budget for the search passes in
+    ``passes`` (:data:`SHARES`, renormalised over those present), so a recipe
+    without a pass gives its time to the others (the ablation).
 
-    >>> stage_shares(["reschedule", "local search", "status"])
+    >>> pass_shares(["reschedule", "local search", "status"])
     {'exact': 0.0, 'lns': 0.0, 'local search': 1.0}
     """
     weights = dict(zip(TIMED, SHARES))
-    total = sum(w for k, w in weights.items() if k in stages)
-    return {k: (w / total if k in stages and total else 0.0) for k, w in weights.items()}
+    total = sum(w for k, w in weights.items() if k in passes)
+    return {k: (w / total if k in passes and total else 0.0) for k, w in weights.items()}
 
 
 @dataclass(frozen=True)
 class SolveOptions:
     """Every option of one solve (see :func:`pesto.api.solve` for the user's view).
 
-    time_limit : seconds for the whole run, every stage included (one
+    time_limit : seconds for the whole run, every pass included (one
         :class:`~pesto.deadline.Deadline`); None: no overall limit (then a
-        search stage without an explicit time below gets none)
+        search pass without an explicit time below gets none)
     target_vertices : coarsen graphs above this many ops
-    backend : the exact stage's placer ("cpsat", "mip", or any placer name)
-    hint : "best-heuristic", None, a placer name (the only baseline), or a
+    backend : the exact pass's placer ("cpsat", "mip", or any placer name)
+    hint : "best-heuristic", None, a placer name (the only heuristic), or a
         Plan (of the graph: a start; of the solved graph: the exact solver's hint)
     workers, seed : for CP-SAT and the searches
     coarsen_options : options of :func:`coarsen.coarsen` (e.g. ``{"method": "height"}``)
-    pipeline : "full", "paper" or None (full for CP-SAT, paper otherwise)
-    verbose : True (1): print a progress line at each stage's start and end
-        (the stage, the incumbent's step, the bound, the gap; ms); 2: CP-SAT's log too
+    recipe : "full", "paper" or None (full for CP-SAT, paper otherwise)
+    verbose : True (1): print a progress line at each pass's start and end
+        (the pass, the incumbent's step, the bound, the gap; ms); 2: CP-SAT's log too
     deterministic : budgets counted in charged work (CP-SAT's deterministic
         time, a fixed cost per simulated move) instead of wall seconds, so the
         same input, seed and limit give the same plan on any load
     progress : called with each progress line (the CLI prints them on stderr)
     started : ``time.perf_counter()`` when the user's call began (the
         deadline counts from it, so pre-checks are inside ``time_limit``)
-    heuristics : the baselines to run (default: every registered one,
-        :func:`solver.registry.baselines`)
+    heuristics : the heuristics to run (default: every registered one,
+        :func:`solver.registry.heuristic_placers`)
     exact_time, lns_time, search_time : seconds for the exact solver, LNS
         and local search; None: their share of ``time_limit``
-        (:meth:`stage_seconds`)
-    heuristic_time : the ``time_limit`` the baselines get (m-SCT's LP gets
+        (:meth:`pass_seconds`)
+    heuristic_time : the ``time_limit`` the heuristics get (m-SCT's LP gets
         15 %); None: ``time_limit`` (60 s without one)
     bound_time : seconds for the communication-aware lower bound in the
-        status stage; None: ``min(10, 0.1 * (exact + local search))``; 0:
+        status pass; None: ``min(10, 0.1 * (exact + local search))``; 0:
         the simple bound only
     partitions : the best start placements the coarsening keeps representable
-    max_starts : plans the reschedule stage re-orders
+    max_starts : plans the reschedule pass re-orders
     micro_batches : 1 (the step as given), an int ``M`` > 1 (the step in
         ``M`` slices: :mod:`solver.parallel.search`) or ``"auto"``
     batch_size : the step's batch size, if known: ``M`` must divide it, and
@@ -141,8 +141,8 @@ class SolveOptions:
     TypeError, ValueError
         An option of the wrong type or out of range (``micro_batches`` and
         ``batch_size``: :class:`~pesto.errors.MicroBatchError`), an unknown placer
-        (backend, hint or heuristic) or pipeline, or an unsupported
-        combination (``pipeline="full"`` with another backend than CP-SAT).
+        (backend, hint or heuristic) or recipe, or an unsupported
+        combination (``recipe="full"`` with another backend than CP-SAT).
     """
 
     time_limit: float | None = 60.0
@@ -152,7 +152,7 @@ class SolveOptions:
     workers: int | None = None
     seed: int = 0
     coarsen_options: Mapping = field(default_factory=lambda: {"method": "height"})
-    pipeline: str | None = None
+    recipe: str | None = None
     verbose: bool | int = False
     deterministic: bool = False
     progress: Callable[[str], None] | None = None
@@ -213,8 +213,8 @@ class SolveOptions:
             _check_seconds(name, getattr(self, name))
 
     def _check_names(self) -> None:
-        if self.pipeline not in (None, *PIPELINE_NAMES):
-            raise ValueError(f"pipeline must be 'full' or 'paper', got {self.pipeline!r}")
+        if self.recipe not in (None, *RECIPE_NAMES):
+            raise ValueError(f"recipe must be 'full' or 'paper', got {self.recipe!r}")
         if self.backend not in PLACERS:
             raise ValueError(f"unknown placer {self.backend!r} (backend); known: {sorted(PLACERS)}")
         if isinstance(self.hint, str) and self.hint != "best-heuristic" and self.hint not in PLACERS:
@@ -228,58 +228,58 @@ class SolveOptions:
         if self.coarsen_options.get("method", "height") not in coarsen.METHODS:
             raise ValueError(f"unknown coarsening method {self.coarsen_options['method']!r}; "
                              f"choose one of {coarsen.METHODS}")
-        if self.pipeline == "full" and self.backend != "cpsat":
-            raise ValueError(f"pipeline='full' runs CP-SAT only; backend={self.backend!r} needs pipeline='paper'")
+        if self.recipe == "full" and self.backend != "cpsat":
+            raise ValueError(f"recipe='full' runs CP-SAT only; backend={self.backend!r} needs recipe='paper'")
 
     def replace(self, **changes) -> "SolveOptions":
         """A copy with some options changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def pipeline_for(self, graph: OpGraph) -> str:
-        """The stage list to run on ``graph``: ``pipeline``, or full for
+    def recipe_for(self, graph: OpGraph) -> str:
+        """The recipe to run on ``graph``: ``recipe``, or full for
         CP-SAT and paper otherwise; paper for a graph of at most
         ``target_vertices`` ops (solved exactly, nothing to coarsen).
 
         Raises
         ------
         ValueError
-            ``hint=None`` with the full pipeline (it starts from the heuristics' plans).
+            ``hint=None`` with the full recipe (it starts from the heuristics' plans).
         """
-        name = self.pipeline or ("full" if self.backend == "cpsat" else "paper")
+        name = self.recipe or ("full" if self.backend == "cpsat" else "paper")
         if graph.num_ops <= self.target_vertices:
             return "paper"
         if name == "full" and self.hint is None:
-            raise ValueError("hint=None: pipeline='full' starts from the heuristics' plans; "
-                             "use pipeline='paper' to solve without a hint")
+            raise ValueError("hint=None: recipe='full' starts from the heuristics' plans; "
+                             "use recipe='paper' to solve without a hint")
         return name
 
-    def stage_seconds(self, pipeline: str) -> dict[str, float]:
-        """Seconds each search stage wants, and the status stage's bound time:
-        the explicit ``*_time`` options, else the ``pipeline``'s share of
+    def pass_seconds(self, recipe: str) -> dict[str, float]:
+        """Seconds each search pass wants, and the status pass's bound time:
+        the explicit ``*_time`` options, else the ``recipe``'s share of
         ``time_limit`` (:data:`SHARES` for "full", :data:`PAPER_EXACT_SHARE`
         to the exact solver for the others; 0 without a ``time_limit``)."""
-        shares = dict(zip(TIMED, SHARES if pipeline == "full" else (PAPER_EXACT_SHARE, 0.0, 0.0)))
+        shares = dict(zip(TIMED, SHARES if recipe == "full" else (PAPER_EXACT_SHARE, 0.0, 0.0)))
         out = {}
-        for stage, name in TIMED.items():
+        for pass_name, name in TIMED.items():
             given = getattr(self, name)
-            out[stage] = given if given is not None else shares[stage] * (self.time_limit or 0.0)
+            out[pass_name] = given if given is not None else shares[pass_name] * (self.time_limit or 0.0)
         bound = self.bound_time
         out["status"] = min(10.0, 0.1 * (out["exact"] + out["local search"])) if bound is None else bound
         return out
 
-    def baseline_names(self, as_starts: bool) -> list[str]:
-        """The baselines to run: every heuristic, or the one named by
+    def heuristic_names(self, as_starts: bool) -> list[str]:
+        """The heuristics to run: every heuristic, or the one named by
         ``hint``; none for ``hint=None`` or a Plan, unless they are the
-        starts of a pipeline that reschedules."""
+        starts of a recipe that reschedules."""
         if isinstance(self.hint, str) and self.hint != "best-heuristic":
             return [self.hint]
         if self.hint is None or (isinstance(self.hint, Plan) and not as_starts):
             return []
-        return list(self.heuristics if self.heuristics is not None else baselines())
+        return list(self.heuristics if self.heuristics is not None else heuristic_placers())
 
     @property
     def heuristic_seconds(self) -> float:
-        """The ``time_limit`` the baselines get."""
+        """The ``time_limit`` the heuristics get."""
         if self.heuristic_time is not None:
             return self.heuristic_time
         return self.time_limit if self.time_limit is not None else 60.0

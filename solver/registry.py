@@ -1,9 +1,9 @@
 """The placer registry: one :class:`Placer` record per placer, holding the function itself.
 
 Every placer is ``place(graph, cluster, *, options) -> Plan``. Its record
-says what the pipeline needs to know about it: how fast it is (the
-``baselines`` stage predicts a heuristic's time from m-TOPO's), where it
-stands in the tie-break order of the baselines, whether it runs before the
+says what the recipes need to know about it: how fast it is (the
+``heuristics`` pass predicts a heuristic's time from m-TOPO's), where it
+stands in the tie-break order of the heuristics, whether it runs before the
 others, and which optional module it needs.
 
 Options: a placer gets the options its signature declares; the common ones
@@ -16,7 +16,7 @@ module, and names it; any other exception is a bug and propagates.
 
 >>> sorted(PLACERS)[:3]
 ['1f1b', 'celeritas', 'cpsat']
->>> PLACERS["m-etf"].speed, baselines()[:3]
+>>> PLACERS["m-etf"].speed, heuristic_placers()[:3]
 (1.8, ('expert', 'metis', 'm-etf'))
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Mapping
 from pesto.errors import PestoError
 from pesto.plan import Plan
 
-from .baselines import place_expert, place_expert_paper, place_metis, place_single
+from .practitioners import place_expert, place_expert_paper, place_metis, place_single
 from .cpsat import place_cpsat
 from .heuristics import place_celeritas, place_heft, place_m_etf, place_m_sct, place_m_topo
 from .parallel.hybrid import place_hybrid
@@ -37,7 +37,7 @@ from .parallel.pipelines import place_1f1b, place_data_parallel, place_gpipe, sc
 from .parallel.schedules import SCHEDULES
 from .parallel.slice_model import place_slice_cpsat
 
-__all__ = ["Placer", "PLACERS", "COMMON_OPTIONS", "HEURISTICS", "baselines", "run_order", "get_placer",
+__all__ = ["Placer", "PLACERS", "COMMON_OPTIONS", "HEURISTICS", "heuristics", "run_order", "get_placer",
            "accepted_options", "run_placers"]
 
 #: Options a caller may pass to every placer: each placer gets those it declares.
@@ -53,11 +53,11 @@ class Placer:
     name : the registry name (``pesto place --placer NAME``)
     fn : the function ``fn(graph, cluster, **options) -> Plan``
     speed : its run time relative to m-TOPO's on the same graph (the
-        pipeline's cost unit; m-SCT's LP time limit comes on top); None for
+        budget's cost unit; m-SCT's LP time limit comes on top); None for
         the exact placers
-    rank : its place in the tie-break order of the baselines (an earlier
-        one wins a tie); None: not a baseline of the pipeline
-    first : it runs before the other baselines, in this order (m-TOPO's
+    rank : its place in the tie-break order of the heuristics (an earlier
+        one wins a tie); None: not run by the ``heuristics`` pass
+    first : it runs before the other heuristics, in this order (m-TOPO's
         plan is the one any stop returns, and its time the cost unit)
     needs : an optional module: the placer is skipped, and said, when it is
         missing
@@ -80,7 +80,7 @@ class Placer:
         return self.needs is not None and (name == self.needs or name.startswith(self.needs + "."))
 
 
-#: name -> record. Add a placer here (and give it a ``rank`` to make it a baseline).
+#: name -> record. Add a placer here (and give it a ``rank`` to make it a heuristic).
 PLACERS: dict[str, Placer] = {p.name: p for p in (
     Placer("single", place_single, speed=0.3, rank=7),
     Placer("expert", place_expert, speed=2.5, rank=0),
@@ -93,8 +93,8 @@ PLACERS: dict[str, Placer] = {p.name: p for p in (
     Placer("heft", place_heft, speed=2.4, rank=4),
     Placer("cpsat", place_cpsat),
     Placer("mip", place_mip),
-    # micro-batch baselines: their plans place the transformed step (the micro-batched
-    # or replicated graph), not the graph given, so they are no baselines of the pipeline
+    # parallelism placers: their plans place the transformed step (the micro-batched
+    # or replicated graph), not the graph given, so the heuristics pass does not run them
     Placer("data-parallel", place_data_parallel),
     Placer("gpipe", place_gpipe),
     Placer("1f1b", place_1f1b),
@@ -104,17 +104,17 @@ PLACERS: dict[str, Placer] = {p.name: p for p in (
 )}
 
 
-def baselines() -> tuple[str, ...]:
-    """The baselines every pipeline runs, in tie-break order (``rank``)."""
+def heuristic_placers() -> tuple[str, ...]:
+    """The heuristics every recipe runs (its ``heuristics`` pass), in tie-break order (``rank``)."""
     return tuple(p.name for p in sorted((p for p in PLACERS.values() if p.rank is not None), key=lambda p: p.rank))
 
 
-#: The baselines at import (``pesto.api.HEURISTICS``).
-HEURISTICS = baselines()
+#: The heuristics at import (``pesto.api.HEURISTICS``).
+HEURISTICS = heuristic_placers()
 
 
 def run_order(names: Iterable[str]) -> list[str]:
-    """``names`` in the order the baselines stage runs them: those with a
+    """``names`` in the order the heuristics pass runs them: those with a
     ``first`` position first, in it, then the others as given.
 
     >>> run_order(["expert", "m-etf", "single", "m-topo"])

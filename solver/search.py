@@ -16,8 +16,8 @@ order. Two cheap passes on the *full* graph win much of it back:
 
 Both return a Plan from :func:`pesto.finalize.finalize` (simulated, fixed
 order), never worse than the plan they start from, with a
-:class:`~pesto.outcome.RescheduleInfo` / :class:`~pesto.outcome.RefineInfo`. The pipeline that calls
-them lives in :mod:`solver.pipeline`.
+:class:`~pesto.outcome.RescheduleInfo` / :class:`~pesto.outcome.RefineInfo`. The recipes that call
+them live in :mod:`solver.recipes`.
 
 Examples
 --------
@@ -42,7 +42,7 @@ import numpy as np
 import coarsen
 from pesto.cluster import Cluster
 from pesto.dag import UnionFind
-from pesto.engine import Run, replay
+from pesto.engine import ReplayResult, replay
 from pesto.graph import OpGraph
 from pesto.kernels import placed_ranks
 from pesto.outcome import RefineInfo, RescheduleInfo
@@ -336,7 +336,7 @@ class _Search:
         """Bytes over capacity under TF's FIFO schedule of ``place``."""
         return self.over(run_peak(self.prob, place, replay(self.prob, place, policy="fifo")))
 
-    def score(self, place) -> Run:
+    def score(self, place) -> ReplayResult:
         """The schedule of ``place`` by placed rank (with ``with_fifo``, or TF's FIFO if shorter).
 
         The engine's compiled replay straight on the index arrays: no names,

@@ -1,6 +1,6 @@
-"""The status stage: the winner among the candidates, its lower bound, its status, the log.
+"""The status pass: the winner among the candidates, its lower bound, its status, the log.
 
-:func:`status` ends every stage list (:mod:`solver.pipeline`); :func:`final_status`
+:func:`status` ends every recipe (:mod:`solver.recipes`); :func:`final_status`
 is the one status rule.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pesto.plan import Plan, check_plan
 from pesto.solvelog import SolveLog
 
 from .bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, comm_bound
-from .bounds import TOLERANCE, lower_bound, reached, phases
+from .bounds import TOLERANCE, chain_heads, lower_bound, reached
 from .budget import CHAIN_RUNS, CHECK_RUNS, COMM_BOUND_RUNS, STATUS_RUNS
-from .stages import Run, choose
+from .passes import Run, choose
 
 __all__ = ["status", "final_status", "TOLERANCE"]
 
@@ -23,7 +23,7 @@ def final_status(plan: Plan, bound: float, *, proved_optimal: bool, exact_ran: b
     """The one status rule: ``infeasible`` if the plan breaks memory;
     ``optimal`` if an exact solver proved it on the graph itself or its step
     is within :data:`TOLERANCE` of ``bound``; else ``feasible`` when an exact
-    stage ran, ``heuristic`` when none did; ``interrupted`` instead of these
+    pass ran, ``heuristic`` when none did; ``interrupted`` instead of these
     two when the user stopped the solve.
 
     >>> final_status(Plan({}, {}, makespan=10.0), 10.0, proved_optimal=False, exact_ran=False)
@@ -49,7 +49,7 @@ def status(run: Run, deadline: Deadline) -> Plan:
     its limit by more than 10 % or 2 s). The bound is the exact solver's when
     it solved the graph itself and proved more, else the critical-path phase
     bound and :func:`~solver.bound_model.comm_bound` (communication-aware,
-    for the status stage's bound time, when that fits before the final check;
+    for the status pass's bound time, when that fits before the final check;
     critical path / work when it is 0). It always runs: it reads the budget
     for what fits, not ``deadline``. Returns the winning plan with
     ``placer="pesto"`` and its :class:`~pesto.solvelog.SolveLog`."""
@@ -60,7 +60,7 @@ def status(run: Run, deadline: Deadline) -> Plan:
             and not any(p is given for _, p in pool):
         pool.append((given.placer or "hint", given))  # never slower than the user's own plan
     if not pool:
-        raise ValueError(f"no candidate plan: the stages {list(run.stages)} made none")
+        raise ValueError(f"no candidate plan: the passes {list(run.passes)} made none")
     winner, best = choose(pool)
     on_graph = solved is not None and run.coarse is None
     bound, source = _held(run, best, *_bound(run, best))
@@ -73,7 +73,7 @@ def status(run: Run, deadline: Deadline) -> Plan:
     coarse = {}
     if run.coarse is not None and solved is not None:
         coarse = {"status": solved.status, "makespan": solved.makespan, "lower_bound": solved.lower_bound}
-    log = SolveLog(pipeline=run.name, stages=run.trace.stages, candidates={k: p.makespan for k, p in pool},
+    log = SolveLog(recipe=run.name, passes=run.trace.passes, candidates={k: p.makespan for k, p in pool},
                    winner=winner, bound=bound, bound_source=source, vertices=run.work.num_ops, coarse=coarse,
                    hint=run.trace.hint, skipped=run.trace.skipped,
                    stopped=budget.deadline.reason or budget.stopped, stopped_early=budget.stopped_early,
@@ -86,7 +86,7 @@ def status(run: Run, deadline: Deadline) -> Plan:
 
 def _bound(run: Run, best: Plan) -> tuple[float, str]:
     """The lower bound and its source: the simple bound, the exact solver's
-    (when it solved the graph itself), the phase bound, the communication-aware one."""
+    (when it solved the graph itself), the chain bound, the communication-aware one."""
     graph, budget = run.graph, run.budget
     bound, source = run.bound, run.bound_source  # critical path / work, or the exact solver's on the graph
     bound, source, phased = _cheap_bound(run, best, bound, source)
@@ -117,14 +117,14 @@ def _held(run: Run, best: Plan, bound: float, source: str) -> tuple[float, str]:
 
 
 def _cheap_bound(run: Run, best: Plan, bound: float, source: str):
-    """The critical-path phase bound when it fits before the final check (or
+    """The chain bound when it fits before the final check (or
     in deterministic mode), kept when above ``bound``; returns ``(bound,
     source, phases)`` (phases None when skipped) so :func:`comm_bound` need
     not repeat them."""
     budget = run.budget
     if budget.deadline.interrupted or reached(best.makespan, bound) or not budget.fits(CHAIN_RUNS + CHECK_RUNS):
         return bound, source, None
-    phased = phases(run.graph, run.cluster)
+    phased = chain_heads(run.graph, run.cluster)
     if phased.value > bound:
         bound, source = min(phased.value, best.makespan), CHAIN_SOURCE
     return bound, source, phased
@@ -149,13 +149,13 @@ def _check(run: Run, best: Plan) -> str:
 
 
 def _why_over(run: Run) -> str:
-    """The stage that overran its grant the most (e.g. CP-SAT on a big model
+    """The pass that overran its grant the most (e.g. CP-SAT on a big model
     past its stop), else the graph's size against the first heuristic's time."""
-    late = [(s.seconds - run.trace.granted[s.name], s) for s in run.trace.stages
+    late = [(s.seconds - run.trace.granted[s.name], s) for s in run.trace.passes
             if s.name in run.trace.granted and s.seconds > run.trace.granted[s.name] + 0.5]
     if late:
-        extra, stage = max(late, key=lambda x: x[0])
-        return (f"the {stage.name} stage ({stage.note}) took {stage.seconds:.1f} s of a "
-                f"{run.trace.granted[stage.name]:.1f} s grant")
+        extra, slow = max(late, key=lambda x: x[0])
+        return (f"the {slow.name} pass ({slow.note}) took {slow.seconds:.1f} s of a "
+                f"{run.trace.granted[slow.name]:.1f} s grant")
     return (f"{run.graph.num_ops} ops need more for one plan"
             f" (the first heuristic took {run.budget.unit or 0.0:.1f} s)")

@@ -1,9 +1,9 @@
-"""GPU groups of a multi-host cluster: what the pipeline's "one group" stage
+"""GPU groups of a multi-host cluster: what the recipe's "one group" pass
 solves alone.
 
 On hosts joined by a slow network the best step often keeps every op on one
 host, yet a search among all GPUs rarely walks all the way back there (see
-:func:`solver.pipeline.one_group`). A GPU group is one of
+:func:`solver.recipes.one_group`). A GPU group is one of
 :meth:`pesto.cluster.Cluster.identical_groups`; groups with the same size,
 memory and speed are taken as equivalent (the hosts of ``hosts()``), so only
 the first of each kind is listed.

@@ -56,7 +56,7 @@ def test_solve_reports_candidates_and_winner():
     assert "cpsat" in p.log.candidates
     assert p.makespan == pytest.approx(min(p.log.candidates.values()))
     assert p.log.bound == p.lower_bound and p.log.bound_source
-    assert [s.name for s in p.log.stages] == ["coarsen", "baselines", "exact", "expand", "status"]
+    assert [s.name for s in p.log.passes] == ["coarsen", "heuristics", "exact", "expand", "status"]
     assert p.lower_bound <= p.makespan + 1e-6
     assert p.lower_bound >= lower_bound(g, c) - 1e-9
     check_plan(g, c, p).raise_if_invalid()
@@ -65,10 +65,10 @@ def test_solve_reports_candidates_and_winner():
 def test_solve_coarsens_and_expands():
     g = layered_dag(400, width=10, seed=4)
     c = gpus(2)
-    p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1, pipeline="paper")
+    p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1, recipe="paper")
     assert set(p.placement) == set(g.names)
-    assert p.log.pipeline == "paper"
-    assert p.log.vertices < 400 and "vertices" in p.log.stage("coarsen").note
+    assert p.log.recipe == "paper"
+    assert p.log.vertices < 400 and "vertices" in p.log.pass_named("coarsen").note
     assert p.status != "optimal"  # optimality on the coarse graph is not claimed for the fine one
     assert "lower_bound" in p.log.coarse  # the coarse graph's, not claimed for the fine one:
     assert p.log.bound_source in ("critical path / work", "critical-path phases")
@@ -76,13 +76,13 @@ def test_solve_coarsens_and_expands():
     check_plan(g, c, p).raise_if_invalid()
 
 
-def test_full_pipeline_never_loses_to_its_starts_and_uses_a_full_graph_hint():
+def test_full_recipe_never_loses_to_its_starts_and_uses_a_full_graph_hint():
     g = layered_dag(400, width=10, seed=4)
     c = gpus(2)
-    paper = pesto.solve(g, cluster=c, time_limit=2, target_vertices=60, workers=1, pipeline="paper")
+    paper = pesto.solve(g, cluster=c, time_limit=2, target_vertices=60, workers=1, recipe="paper")
     p = pesto.solve(g, cluster=c, time_limit=3, target_vertices=60, workers=1, hint=paper)
-    assert p.log.pipeline == "full"
-    assert [s.name for s in p.log.stages] == ["baselines", "reschedule", "coarsen", "exact", "expand",
+    assert p.log.recipe == "full"
+    assert [s.name for s in p.log.passes] == ["heuristics", "reschedule", "coarsen", "exact", "expand",
                                               "lns", "local search", "status"]
     starts = p.log.candidates  # the rescheduled starts, cpsat and refine
     assert p.makespan <= min(starts.values()) + 1e-6
@@ -93,15 +93,15 @@ def test_full_pipeline_never_loses_to_its_starts_and_uses_a_full_graph_hint():
     assert p.status in ("feasible", "optimal")
     assert p.lower_bound == pytest.approx(lower_bound(g, c))
     check_plan(g, c, p).raise_if_invalid()
-    with pytest.raises(ValueError, match="pipeline"):
-        pesto.solve(g, cluster=c, pipeline="fast")
+    with pytest.raises(ValueError, match="recipe"):
+        pesto.solve(g, cluster=c, recipe="fast")
 
 
 def test_unsupported_combinations_raise():
     g = layered_dag(400, width=10, seed=4)
     c = gpus(2)
-    with pytest.raises(ValueError, match="pipeline='full'.*backend='mip'"):
-        pesto.solve(g, cluster=c, backend="mip", pipeline="full")
+    with pytest.raises(ValueError, match="recipe='full'.*backend='mip'"):
+        pesto.solve(g, cluster=c, backend="mip", recipe="full")
     with pytest.raises(ValueError, match="hint=None"):
         pesto.solve(g, cluster=c, hint=None, target_vertices=60)
     with pytest.raises(ValueError, match="unknown placer"):
@@ -128,7 +128,7 @@ def test_solve_mip_backend_and_hint_none():
     q = pesto.solve(g, cluster=gpus(2, beta=(1.0, 0.01)), backend="cpsat", hint=None, time_limit=10, workers=1)
     assert p.makespan == pytest.approx(q.makespan)
     assert p.log.winner == "mip" and q.log.winner == "cpsat"
-    assert p.log.pipeline == q.log.pipeline == "paper"
+    assert p.log.recipe == q.log.recipe == "paper"
 
 
 def test_solve_with_plan_hint():
@@ -196,7 +196,7 @@ def test_solve_log_round_trips_through_plan_json(tmp_path):
     g = small()
     p = pesto.solve(g, time_limit=5, workers=1)
     back = pesto.Plan.from_json(p.to_json())
-    assert back.log == p.log and back.log.stage("exact").note.startswith("cpsat")
+    assert back.log == p.log and back.log.pass_named("exact").note.startswith("cpsat")
     old = p.to_dict()
     del old["log"]  # a plan file written before the log existed
     assert pesto.Plan.from_dict(old).log is None
@@ -209,7 +209,7 @@ def test_solve_log_round_trips_through_plan_json(tmp_path):
 def test_import_order_does_not_matter():
     import subprocess
     import sys
-    for first in ("pesto", "solver", "coarsen", "solver.pipeline", "pesto.cli", "tf_patch"):
+    for first in ("pesto", "solver", "coarsen", "solver.recipes", "pesto.cli", "tf_patch"):
         code = f"import {first}; import pesto, solver; print(pesto.solve.__module__)"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == "pesto.api", (first, out.stderr[-800:])
@@ -266,11 +266,11 @@ def test_solve_takes_a_placement_as_hint_and_is_never_slower():
     assert plan.makespan <= given.makespan + 1e-6
 
 
-def test_verbose_prints_a_progress_line_per_stage_start_and_end(capfd):
+def test_verbose_prints_a_progress_line_per_pass_start_and_end(capfd):
     g = OpGraph.from_edges({"a": 20, "b": 30, "c": 40}, [("a", "b", 1000), ("a", "c", 1000)])
     plan = pesto.solve(g, gpus=2, time_limit=5, workers=1, verbose=True)
     out = capfd.readouterr().out  # capfd: CP-SAT logs to the file descriptor
-    for s in plan.log.stages:
+    for s in plan.log.passes:
         assert f"] {s.name}: start" in out and f"] {s.name}: done in " in out
     assert "exact: done in " in out and "cpsat optimal on 3 vertices | incumbent 0.090 ms, bound 0.090 ms" in out
     assert "CpSolverResponse" not in out  # CP-SAT's own log only with verbose=2

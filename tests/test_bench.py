@@ -61,7 +61,7 @@ def test_losses_are_reported_honestly():
     assert "12.5% slower than the best baseline (m-ETF)" in text
     assert "only 10.0% faster than Expert" in text
     assert "gap to the lower bound 20.0%" in text
-    assert "pipeline took 75 s" in text
+    assert "the solve took 75 s" in text
     assert "exceeds device memory (/GPU:1)" in text
     md = placement.markdown(rows, s, 60.0)
     assert "| RNNLM_2X2048 |" in md and "+12.5% (m-ETF)" in md

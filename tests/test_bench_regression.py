@@ -65,7 +65,7 @@ def test_every_case_names_a_graph_and_a_preset():
 
 @pytest.mark.slow
 def test_deterministic_solve_of_an_rnn_grid_beats_or_equals_the_heuristics():
-    # 480 ops: the full pipeline (above target_vertices), every stage, about 6 s of CPU
+    # 480 ops: the full recipe (above target_vertices), every pass, about 6 s of CPU
     row = br.run_case("lstm_grid_2x12", "v100x4_pcie", 1.0)
     assert row.ops == 480
     assert 0 < row.bound_ms <= row.step_ms <= row.heuristics_ms * (1 + br.TOLERANCE)

@@ -4,7 +4,7 @@
   link order on graphs of <= 6 ops) on point-to-point, shared-bus and
   contention-free clusters;
 * the Sinnen and STG instances with known optima (skipped when absent);
-* every plan the baselines and ``pesto.solve`` make, and random plans, on
+* every plan the heuristics and ``pesto.solve`` make, and random plans, on
   random graphs and on zoo graphs;
 * and that communication is counted: a fork-join whose split costs a transfer
   gets a bound strictly above the simple one.
@@ -26,9 +26,9 @@ from pesto.plan import check_plan
 from pesto.problem import Problem
 from pesto.simulate import simulate
 from solver.bound_model import CHAIN_SOURCE, SIMPLE_SOURCE, Bound, colocation_bound, comm_bound, reduced_edges
-from solver.bounds import chain_bound, energetic_bound, lower_bound, phases
+from solver.bounds import chain_bound, chain_heads, energetic_bound, lower_bound
 from solver.options import SolveOptions
-from solver.pipeline import run_pipeline
+from solver.recipes import run_recipe
 from solver.registry import run_placers
 from strategies import clusters, dags, plans
 from test_oracle import bus_cluster, oracle, random_graph, wide_graph
@@ -70,7 +70,7 @@ def test_never_above_the_oracle(kind, seed, n, shape):
     assert energetic_bound(g, c) <= opt + TOL
     assert lower_bound(g, c) - TOL <= chain_bound(g, c) <= opt + TOL
     assert chain_bound(g, c, window=1) <= opt + TOL
-    assert energetic_bound(g, c, phased=phases(g, c)) <= opt + TOL
+    assert energetic_bound(g, c, phased=chain_heads(g, c)) <= opt + TOL
     assert colocation_bound(Problem.of(g, c), lower_bound(g, c), 10 * opt) <= opt + TOL
     # the subset relaxation (the longest ops only) is valid too
     _assert_valid(comm_bound(g, c, time_limit=5, max_ops=3), opt, g, c)
@@ -133,7 +133,7 @@ def test_phases_tighten_energetic_reasoning():
     """Two phased stretches: the phases give the ops of the second their
     true earliest start, and energetic reasoning then sees them queue."""
     g, free = _phased(), gpus(2, beta=(0.0, 0.0))
-    ph = phases(g, free)
+    ph = chain_heads(g, free)
     i = {name: k for k, name in enumerate(g.names)}
     assert ph.head[i["e"]] == 4.0 and ph.head[i["f"]] == 5.0   # after the four sources on 2 devices
     assert ph.tail[i["a"]] == 4.0 and ph.tail[i["e"]] == 3.0
@@ -218,7 +218,7 @@ def test_never_above_any_plan(data):
     assert energetic_bound(g, c) <= min(spans) + TOL * max(1.0, min(spans))
     assert lower_bound(g, c) - TOL <= chain_bound(g, c, window=data.draw(st.sampled_from([1, 3, 256]))) \
         <= min(spans) + TOL * max(1.0, min(spans))
-    ph = phases(g, c, window=data.draw(st.sampled_from([1, 3, 256])))
+    ph = chain_heads(g, c, window=data.draw(st.sampled_from([1, 3, 256])))
     assert energetic_bound(g, c, phased=ph) <= min(spans) + TOL * max(1.0, min(spans))
     names = g.names
     for _ in range(2):  # every schedule starts each op no earlier than its head, ends it no later than T - tail
@@ -269,7 +269,7 @@ def test_zoo_energetic_bound_below_recorded_plans():
                 assert energetic_bound(g, preset(cluster), time_limit=2) <= step * (1 + 1e-6)
 
 
-def test_pipeline_reports_the_bound_and_its_source():
+def test_recipe_reports_the_bound_and_its_source():
     g = _fork_join()
     c = gpus(2, beta=(1.0, 1e-6))
     plan = pesto.solve(g, cluster=c, time_limit=4, workers=1)
@@ -279,13 +279,13 @@ def test_pipeline_reports_the_bound_and_its_source():
 
 
 def test_upper_caps_and_bound_time_zero_keeps_the_simple_bound():
-    stages = ("baselines", "reschedule", "status")  # a heuristic plan, then the bound
+    passes = ("heuristics", "reschedule", "status")  # a heuristic plan, then the bound
     g, c = _fork_join(), gpus(2, beta=(1.0, 1e-6))
     capped = comm_bound(g, c, time_limit=5, upper=202.0)
     assert capped.value == pytest.approx(202.0)
     assert comm_bound(g, c, time_limit=5, upper=102.0).value == 102.0  # an upper at the simple bound: nothing to prove
-    plain = run_pipeline(g, c, stages, SolveOptions(time_limit=None, exact_time=0.0, bound_time=0.0, hint="m-topo"))
+    plain = run_recipe(g, c, passes, SolveOptions(time_limit=None, exact_time=0.0, bound_time=0.0, hint="m-topo"))
     assert plain.log.bound_source == SIMPLE_SOURCE and plain.lower_bound == 102.0
-    counted = run_pipeline(g, c, stages, SolveOptions(time_limit=None, exact_time=0.0, bound_time=2.0, hint="m-topo"))
+    counted = run_recipe(g, c, passes, SolveOptions(time_limit=None, exact_time=0.0, bound_time=2.0, hint="m-topo"))
     assert counted.lower_bound == pytest.approx(202.0, rel=1e-6) and counted.lower_bound <= counted.makespan
     assert counted.log.bound_source != SIMPLE_SOURCE

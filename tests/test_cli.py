@@ -26,7 +26,7 @@ def run(capsys, *argv):
     return rc, out, err
 
 
-def test_place_baseline_then_simulate_and_check(tmp_path, capsys, graph_json):
+def test_place_heuristic_then_simulate_and_check(tmp_path, capsys, graph_json):
     g, gpath = graph_json
     plan_path = tmp_path / "plan.json"
     rc, out, _ = run(capsys, "place", gpath, "--gpus", 2, "--placer", "m-etf", "-o", plan_path)
@@ -36,7 +36,7 @@ def test_place_baseline_then_simulate_and_check(tmp_path, capsys, graph_json):
     assert set(plan.placement) == set(g.names)
     saved = json.loads(plan_path.read_text())
     assert saved["cluster"]["format"] == "pesto.cluster"  # saved for `simulate`
-    assert plan.log is None  # a baseline's plan: no solve log
+    assert plan.log is None  # a heuristic's plan: no solve log
     trace, gantt = tmp_path / "t.json", tmp_path / "g.png"
     rc, out, _ = run(capsys, "simulate", gpath, plan_path, "--trace", trace, "--gantt", gantt)
     assert rc == EXIT_OK
@@ -60,7 +60,7 @@ def test_place_cpsat_on_a_preset_cluster_file(tmp_path, capsys, graph_json):
     cluster = v100x4_pcie(with_cpu=False)
     assert check_plan(g, cluster, plan).ok
     assert set(plan.placement.values()) <= set(cluster.names)
-    assert "cpsat" in err  # progress names the stage
+    assert "cpsat" in err  # progress names the pass
     assert plan.log is not None and plan.log.winner in plan.log.candidates  # the solve log, saved
     assert f"plan from {plan.log.winner}" in out
 
@@ -294,7 +294,7 @@ def test_place_shows_progress_on_stderr_in_ms_unless_quiet(tmp_path, capsys):
     OpGraph.from_edges({"a": 20, "b": 30, "c": 40}, [("a", "b", 10 ** 8), ("b", "c", 10 ** 8)]).to_json(str(gpath))
     rc, out, err = run(capsys, "place", gpath, "--time-limit", 30)
     assert rc == EXIT_OK
-    assert "] baselines: done in " in err and "| incumbent 0.090 ms, bound 0.090 ms, gap 0.0%" in err
+    assert "] heuristics: done in " in err and "| incumbent 0.090 ms, bound 0.090 ms, gap 0.0%" in err
     assert "exact: skipped: stopped early: incumbent within 1e-06 of the lower bound" in err
     assert "µs" not in err and "[pesto" not in out
     rc, out, err = run(capsys, "place", gpath, "--time-limit", 30, "--quiet")

@@ -115,7 +115,7 @@ def test_five_hundred_devices_honour_the_first_ctrl_c(tmp_path, g60):
     _, gpath = g60
     out_path = tmp_path / "p.json"
     rc, out, err = pesto_process("place", gpath, "--gpus", 500, "--time-limit", 60, "-o", out_path,
-                                 signal_on="baselines: done")
+                                 signal_on="heuristics: done")
     assert rc == EXIT_INTERRUPTED, err
     assert "interrupted (SIGINT)" in err and "stopped (SIGINT) after" in err  # not "done in"
     assert Plan.from_json(str(out_path)).status == "interrupted"

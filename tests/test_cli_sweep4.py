@@ -102,7 +102,7 @@ def test_N_opt_tl_inf_is_refused_in_the_cli_and_the_api(capsys, g5):
 
 
 def test_S14_S17_ctrl_c_stops_the_bound_at_once():
-    # the status stage's communication bound ran its whole grant (2.6-5.9 s) after Ctrl-C:
+    # the status pass's communication bound ran its whole grant (2.6-5.9 s) after Ctrl-C:
     # it now takes the solve's deadline, whose interrupt stops every part of it
     from solver.bound_model import comm_bound
     g = OpGraph.from_json(str(ROOT / "benchmarks/graphs/transformer_6.json.gz"))
@@ -153,7 +153,7 @@ def test_a_hint_of_the_coarse_graph_is_not_another_graph():
     assert any("+" in v for v in cg.graph.names)  # merged vertices are named first+k
     hint = pesto.solve(cg.graph, cluster=cluster, time_limit=1, workers=1)
     plan = pesto.solve(g, cluster=cluster, hint=hint, time_limit=2, workers=1, target_vertices=10,
-                       pipeline="paper")
+                       recipe="paper")
     assert set(plan.placement) == set(g.names)
 
 
@@ -191,7 +191,7 @@ def test_cpsat_static_memory_model_is_a_restriction():
     assert p.status != "optimal" and p.lower_bound <= 900.0  # the one-device plan takes 900 µs
 
 
-def test_the_status_stage_drops_a_bound_a_valid_plan_beats(monkeypatch):
+def test_the_status_pass_drops_a_bound_a_valid_plan_beats(monkeypatch):
     # a restricted model's bound (here: its restriction not said) must not be the graph's
     monkeypatch.setattr("solver.cpsat_solve.restrictions", lambda model: "")
     lines = []
@@ -257,7 +257,7 @@ def test_summary_shows_the_solve_time_and_the_speed_up_over_one_gpu(tmp_path, ca
 
 
 def test_plan_summary_speed_up_is_over_the_one_device_plan():
-    # the reference is the single baseline's step, kept in the log whether or not the
+    # the reference is the single heuristic's step, kept in the log whether or not the
     # one-device plan stayed among the final candidates (on larger graphs it does not)
     g = layered_dag(120, width=6, seed=2)
     plan = pesto.solve(g, time_limit=2, workers=1)
@@ -268,16 +268,16 @@ def test_plan_summary_speed_up_is_over_the_one_device_plan():
     assert "one device" not in Plan.from_placement(g, {op: "/GPU:0" for op in g.names}).summary()
 
 
-def test_N_opt_tv_huge_the_overrun_note_names_the_stage():
+def test_N_opt_tv_huge_the_overrun_note_names_the_pass():
     # the note blamed "1696 ops need more for one plan (the first heuristic took 0.0 s)"
     # when CP-SAT on 1696 vertices took 11.8 s of an 8.4 s grant
     from types import SimpleNamespace
-    from pesto.solvelog import Stage
+    from pesto.solvelog import PassLog
     from solver.status import _why_over
-    trace = SimpleNamespace(stages=[Stage("baselines", 0.3, 1.0, "8 plans"), Stage("exact", 11.8, 1.0,
+    trace = SimpleNamespace(passes=[PassLog("heuristics", 0.3, 1.0, "8 plans"), PassLog("exact", 11.8, 1.0,
                                                                                      "cpsat feasible on 1696 vertices")],
-                            granted={"baselines": 10.0, "exact": 8.4})
+                            granted={"heuristics": 10.0, "exact": 8.4})
     run = SimpleNamespace(trace=trace, graph=SimpleNamespace(num_ops=1696), budget=SimpleNamespace(unit=0.0))
-    assert _why_over(run) == "the exact stage (cpsat feasible on 1696 vertices) took 11.8 s of a 8.4 s grant"
-    trace.stages.pop()
+    assert _why_over(run) == "the exact pass (cpsat feasible on 1696 vertices) took 11.8 s of a 8.4 s grant"
+    trace.passes.pop()
     assert _why_over(run) == "1696 ops need more for one plan (the first heuristic took 0.0 s)"

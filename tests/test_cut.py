@@ -13,7 +13,7 @@ from mb_strategies import layered_step
 from pesto.cluster import gpus
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.step import split
-from solver.baselines import pipeline_cuts
+from solver.practitioners import pipeline_cuts
 from solver.parallel.cut import (block_memory, blockings, in_flight, largest_stage, phases, split_stages,
                                  step_estimate)
 from solver.parallel.bound import pipeline_bound

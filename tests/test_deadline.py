@@ -110,13 +110,13 @@ def test_cpsat_on_a_deterministic_deadline_repeats_its_plan():
     assert a.placement == b.placement and a.order == b.order and a.makespan == b.makespan
 
 
-def test_a_stage_deadline_ends_with_its_share_or_the_solve():
+def test_a_pass_deadline_ends_with_its_share_or_the_solve():
     clock = FakeClock()
     solve = Deadline(10, clock=clock)
-    stage = solve.sub(4)
-    assert stage.left() == 4
+    part = solve.sub(4)
+    assert part.left() == 4
     clock.t += 5
-    assert stage.expired() and not solve.expired()
+    assert part.expired() and not solve.expired()
     late = solve.sub(20)  # never beyond the solve's own end
     assert late.left() == pytest.approx(5)
     calls = []

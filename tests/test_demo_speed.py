@@ -19,7 +19,7 @@ from pesto.cluster import NVLINK_GG  # noqa: E402
 from tf_patch.zoo import build_model, presets  # noqa: E402
 from tf_patch.commfit import MIN_R2, choose_model  # noqa: E402
 from tf_patch.devices import session_config  # noqa: E402
-from tf_patch.pipeline import (PlacedRun, Timing, busy_cores, contended, parallel_factor,  # noqa: E402
+from tf_patch.workflow import (PlacedRun, Timing, busy_cores, contended, parallel_factor,  # noqa: E402
                                profile_model, time_interleaved)
 
 pytestmark = pytest.mark.tf
@@ -212,7 +212,7 @@ def test_parallel_factor_compares_measured_and_simulated_ratios():
 
 
 def test_anchored_errors_put_every_prediction_at_the_reference_speed():
-    from tf_patch.pipeline import anchored_errors
+    from tf_patch.workflow import anchored_errors
 
     speed, errs = anchored_errors([10.0, 20.0, 40.0, float("nan")], [13.0, 24.0, 52.0, 7.0], ref=0)
     assert speed == pytest.approx(1.3)

@@ -17,7 +17,7 @@ from pesto.graph import Edge, Op, OpGraph
 from pesto.plan import check_plan
 from pesto.problem import Problem
 from pesto.simulate import simulate
-from solver.baselines import (_fix_units, _follow_neighbours, _main_gpus, expert_blocks, pipeline_cuts,
+from solver.practitioners import (_fix_units, _follow_neighbours, _main_gpus, expert_blocks, pipeline_cuts,
                               place_expert, place_single, stage_slots)
 
 GRAPHS = "benchmarks/graphs"

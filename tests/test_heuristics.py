@@ -1,4 +1,4 @@
-"""Hand-derivable cases for the list-scheduling baselines (solver/heuristics.py)."""
+"""Hand-derivable cases for the list-scheduling heuristics (solver/heuristics.py)."""
 import pytest
 
 from pesto.cluster import Cluster, Device, Route, gpus

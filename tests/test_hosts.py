@@ -144,7 +144,7 @@ try:
                                       free_ports, run_on_servers, run_step_on_servers, single_process_losses,
                                       task_plan)
     from tf_patch.extract import extract
-    from tf_patch.pipeline import run_placed
+    from tf_patch.workflow import run_placed
     from tf_patch.zoo import build_model
 except ImportError:  # without TensorFlow the cluster tests above still run
     tf = None

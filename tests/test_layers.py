@@ -213,7 +213,7 @@ TF_NAMES = re.compile(r"gradients[/(_]|gradients\b|_grad\b|gradient_tape|\bAddN\
                       r"Scatter(Add|Sub)")
 TF_FREE = ("pesto", "coarsen", "solver")
 # The one exception, with its reason (file, the string literal).
-TF_OK = {("solver/baselines.py", r"^(gradients(_\d+)?|gradient_tape|training|train)$"):
+TF_OK = {("solver/practitioners.py", r"^(gradients(_\d+)?|gradient_tape|training|train)$"):
          "the Pesto paper's Expert baseline splits by name scopes as its human expert does, on "
          "graphs no front end marked (every plain solve runs it); reading marks instead would "
          "change it and the placement figures"}

@@ -11,7 +11,7 @@ from pesto.problem import Problem
 from pesto.simulate import simulate
 from solver.lns import KINDS, lns
 from solver.lns_model import solve_window
-from solver.pipeline import solve_fine
+from solver.recipes import solve_fine
 from solver.search import reschedule
 
 
@@ -107,11 +107,11 @@ def test_bad_options_raise():
         lns(g, cl, start, time_limit=1, links="sometimes")
 
 
-def test_the_full_pipeline_runs_the_lns_stage():
+def test_the_full_recipe_runs_the_lns_pass():
     g = layered_dag(300, seed=2)
     cl = gpus(2)
     p = solve_fine(g, cl, time_limit=3, target_vertices=40, workers=1)
-    names = [s.name for s in p.log.stages]
+    names = [s.name for s in p.log.passes]
     assert names.index("expand") < names.index("lns") < names.index("local search")
     assert "lns" in p.log.candidates
     assert p.makespan <= p.log.candidates["lns"] + 1e-9

@@ -55,7 +55,7 @@ def test_a_signal_in_any_phase_writes_the_best_plan(tmp_path, mid_path, phase, l
 
 @pytest.mark.slow
 @pytest.mark.parametrize("phase, line", [("screening", "gpipe M=4: step"), ("slice model", "slice model M=4: start"),
-                                         ("pipeline", "exact M=4: start")])   # M_sig_m4_*
+                                         ("recipe", "exact M=4: start")])   # M_sig_m4_*
 def test_a_signal_with_a_fixed_m_writes_the_best_plan(tmp_path, mid_path, phase, line):
     _signalled(tmp_path, mid_path, phase, line, signal.SIGINT, 4)
 

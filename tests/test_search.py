@@ -1,5 +1,5 @@
 """Fine-level quality: partition-aware coarsening and projection, priority list
-scheduling, the local search (reschedule, refine) and the improve pipeline."""
+scheduling, the local search (reschedule, refine) and the improve recipe."""
 import random
 
 import numpy as np
@@ -13,7 +13,7 @@ from pesto.graph import Op
 from benchmarks.generators import layered_dag, lstm_grid
 from solver import get_placer
 from pesto.problem import Problem
-from solver.pipeline import improve, solve_fine
+from solver.recipes import improve, solve_fine
 from solver.search import move_groups, refine, reschedule, slack
 
 
@@ -244,7 +244,7 @@ def test_move_groups_close_colocation():
             assert len({where[idx[m]] for m in members}) == 1
 
 
-# -- the pipeline -----------------------------------------------------------------------
+# -- the recipe -----------------------------------------------------------------------
 def test_improve_never_worse_than_its_starts():
     g, cl = _graph(8, 400), _cluster()
     starts = [get_placer(h)(g, cl) for h in ("expert", "m-etf")]
@@ -253,9 +253,9 @@ def test_improve_never_worse_than_its_starts():
     assert check_plan(g, cl, out).ok
     log = out.log
     assert log.vertices < g.num_ops // 2
-    assert log.stage("expand").makespan == log.candidates["cpsat"]
-    assert log.stage("local search").makespan == log.candidates["refine"]
-    assert [s.name for s in log.stages][0] == "reschedule"
+    assert log.pass_named("expand").makespan == log.candidates["cpsat"]
+    assert log.pass_named("local search").makespan == log.candidates["refine"]
+    assert [s.name for s in log.passes][0] == "reschedule"
 
 
 def test_solve_fine_skips_a_failing_heuristic_and_keeps_the_best(monkeypatch):
@@ -283,11 +283,11 @@ def test_solve_fine_skips_a_failing_heuristic_and_keeps_the_best(monkeypatch):
 def test_module_doctests():
     import doctest
 
-    import solver.pipeline
+    import solver.recipes
     import solver.search
     import coarsen.base
     import coarsen.height
-    for mod in (solver.search, solver.pipeline, coarsen.base, coarsen.height):
+    for mod in (solver.search, solver.recipes, coarsen.base, coarsen.height):
         res = doctest.testmod(mod)
         assert res.failed == 0 and res.attempted > 0, mod.__name__
 

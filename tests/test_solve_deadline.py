@@ -29,11 +29,11 @@ def _same_plan(a: Plan, b: Plan) -> bool:
             and a.lower_bound == b.lower_bound and a.status == b.status)
 
 
-def test_a_tiny_limit_skips_the_search_stages_and_still_returns_a_plan():
+def test_a_tiny_limit_skips_the_search_passes_and_still_returns_a_plan():
     g = layered_dag(2000, width=12, seed=3)
     plan = pesto.solve(g, cluster=CLUSTER, time_limit=0.05, workers=1)
     assert check_plan(g, CLUSTER, plan).ok
-    skipped = {s.name for s in plan.log.stages if s.note.startswith("skipped: time limit")}
+    skipped = {s.name for s in plan.log.passes if s.note.startswith("skipped: time limit")}
     assert {"exact", "lns", "local search"} <= skipped and plan.log.stopped == "time limit"
 
 
@@ -47,7 +47,7 @@ def test_sigint_during_a_solve_returns_the_best_plan_marked_interrupted():
         timer.cancel()
     assert plan.status == "interrupted" and plan.log.stopped == "SIGINT"
     assert check_plan(g, CLUSTER, plan).ok
-    assert any(s.note == "skipped: SIGINT" for s in plan.log.stages) or plan.log.stage("local search")
+    assert any(s.note == "skipped: SIGINT" for s in plan.log.passes) or plan.log.pass_named("local search")
     # the handlers are back: a later Ctrl-C is an ordinary KeyboardInterrupt
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
@@ -57,7 +57,7 @@ def test_deterministic_mode_gives_the_same_plan_twice():
     a, b = (pesto.solve(g, cluster=CLUSTER, time_limit=3, seed=1, workers=2, target_vertices=60,
                         deterministic=True) for _ in range(2))
     assert a.log.deterministic and _same_plan(a, b)
-    assert [s.name for s in a.log.stages] == [s.name for s in b.log.stages]
+    assert [s.name for s in a.log.passes] == [s.name for s in b.log.passes]
 
 
 def test_cli_ctrl_c_writes_the_best_plan_and_exits_130(tmp_path):
@@ -68,10 +68,10 @@ def test_cli_ctrl_c_writes_the_best_plan_and_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "pesto", "place", str(gpath), "--time-limit", "600",
                              "--target-vertices", "100", "-o", str(ppath)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    # wait until the baselines stage has made plans (its "done" progress line), then interrupt
+    # wait until the heuristics pass has made plans (its "done" progress line), then interrupt
     deadline = time.monotonic() + 120
     line = ""
-    while "baselines: done" not in line and time.monotonic() < deadline:
+    while "heuristics: done" not in line and time.monotonic() < deadline:
         line = proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -82,13 +82,13 @@ def test_cli_ctrl_c_writes_the_best_plan_and_exits_130(tmp_path):
     assert check_plan(g, CLUSTER, Plan.from_dict(data)).ok
 
 
-def test_the_paper_pipeline_past_its_deadline_still_returns_a_baseline_plan():
-    # the exact stage is skipped once the deadline has passed (here: during the
-    # heuristics); the expanded baselines must then be the candidates
+def test_the_paper_recipe_past_its_deadline_still_returns_a_heuristic_plan():
+    # the exact pass is skipped once the deadline has passed (here: during the
+    # heuristics); the expanded heuristics must then be the candidates
     g = layered_dag(300, width=8, seed=7)
-    plan = pesto.solve(g, cluster=CLUSTER, time_limit=1e-4, workers=1, pipeline="paper", target_vertices=60)
+    plan = pesto.solve(g, cluster=CLUSTER, time_limit=1e-4, workers=1, recipe="paper", target_vertices=60)
     assert check_plan(g, CLUSTER, plan).ok
-    assert plan.log.stage("exact").note == "skipped: time limit" and plan.log.winner in pesto.api.HEURISTICS
+    assert plan.log.pass_named("exact").note == "skipped: time limit" and plan.log.winner in pesto.api.HEURISTICS
 
 
 

@@ -1,5 +1,5 @@
-"""One-GPU-group solves (solver/subcluster.py, the pipeline's "one group"
-stage): on a slow network a one-host plan must not be lost."""
+"""One-GPU-group solves (solver/subcluster.py, the recipe's "one group"
+pass): on a slow network a one-host plan must not be lost."""
 from __future__ import annotations
 
 import pytest
@@ -25,16 +25,16 @@ def test_subset_refuses_unknown_devices_and_keeps_routes():
     assert c.subset([a, b]).route(a, b) == c.route(a, b)
 
 
-def test_one_group_stage_gives_a_start_no_worse_than_one_host_alone():
-    """Two hosts on a slow network: the solve runs the pipeline on host 0
+def test_one_group_pass_gives_a_start_no_worse_than_one_host_alone():
+    """Two hosts on a slow network: the solve runs the recipe on host 0
     alone as a start, so its plan is never worse than that start (and the
-    stage is in the log)."""
+    pass is in the log)."""
     g = layered_dag(400, width=6, seed=3)
     cluster = hosts(2, 2, "10gbe")
     plan = pesto.solve(g, cluster=cluster, time_limit=12, workers=1)
-    stage = next(s for s in plan.log.stages if s.name == "one group")
-    assert stage.makespan is not None and plan.makespan <= stage.makespan + 1e-6
+    group = next(s for s in plan.log.passes if s.name == "one group")
+    assert group.makespan is not None and plan.makespan <= group.makespan + 1e-6
     pesto.check_plan(g, cluster, plan).raise_if_invalid()
-    # on one host there is no group stage
+    # on one host there is no group pass
     one = pesto.solve(g, cluster=cluster.subset(gpu_groups(cluster)[0]), time_limit=3, workers=1)
-    assert all(s.name != "one group" for s in one.log.stages)
+    assert all(s.name != "one group" for s in one.log.passes)

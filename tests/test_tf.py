@@ -20,7 +20,7 @@ from tf_patch.apply import apply_plan, check_colocation  # noqa: E402
 from tf_patch.commfit import fit_line, fit_transfers  # noqa: E402
 from tf_patch.devices import plan_device, tf_device  # noqa: E402
 from tf_patch.extract import extract  # noqa: E402
-from tf_patch.pipeline import run_placed  # noqa: E402
+from tf_patch.workflow import run_placed  # noqa: E402
 
 pytestmark = pytest.mark.tf
 t1 = tf.compat.v1

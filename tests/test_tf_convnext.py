@@ -113,7 +113,7 @@ def test_an_edge_of_an_op_predicted_fused_is_checked_as_that_op_when_it_ran_alon
     run under its name (fused away) the kernel's time is still the one."""
     from tf_patch.apply import Applied
     from tf_patch.fusion import Fusion
-    from tf_patch.pipeline import trace_check
+    from tf_patch.workflow import trace_check
     applied = Applied(control_edges=[("conv", "shape")],
                       fusions=[Fusion("Conv2D+BiasAdd", ("conv", "bias"), "bias")])
     alone = trace_check(_trace({"conv": (0, 10), "shape": (10, 11), "bias": (10, 20)}), None, applied)

@@ -30,7 +30,7 @@ from pesto import Plan  # noqa: E402
 from tf_patch.apply import apply_plan  # noqa: E402
 from tf_patch.extract import extract  # noqa: E402
 from tf_patch.fusion import fusions, onednn_fuses  # noqa: E402
-from tf_patch.pipeline import trace_check  # noqa: E402
+from tf_patch.workflow import trace_check  # noqa: E402
 
 pytestmark = pytest.mark.tf
 t1 = tf.compat.v1

@@ -72,7 +72,7 @@ def test_a_lowered_while_is_checked_where_its_control_edges_go():
     on an IdentityN nothing waits on (it ran 0.9 ms after the op the order
     put next, a false violation); its control edges leave from LoopExecuted
     and arrive at LoopControlInputs."""
-    from tf_patch.pipeline import _lowered_ends
+    from tf_patch.workflow import _lowered_ends
     traced = ["rnn/while", "rnn/while/LoopExecuted/_79", "rnn/while/LoopExecuted/_79/_225",
               "rnn/while/LoopControlInputs/_3", "rnn/while/LoopCond/_41", "cell/cond/branch_executed/_8"]
     after, before = _lowered_ends(traced)

@@ -25,7 +25,7 @@ from tf_patch import microstep  # noqa: E402
 from tf_patch.extract import step_ops  # noqa: E402
 from tf_patch.function import captured_variables, train_step  # noqa: E402
 from tf_patch.microstep import LossStep, check_micro_batches, slice_of  # noqa: E402
-from tf_patch.pipeline import PlacedRun  # noqa: E402
+from tf_patch.workflow import PlacedRun  # noqa: E402
 from tf_patch.zoo import build_model  # noqa: E402
 from keras_blocks import attention_block, lstm_gru  # noqa: E402
 

@@ -21,7 +21,7 @@ tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
 from pesto.step import split as split_step  # noqa: E402
-from tf_patch.pipeline import contended  # noqa: E402
+from tf_patch.workflow import contended  # noqa: E402
 from tf_patch.slicemap import rescore_split, result_view  # noqa: E402
 
 from keras_blocks import attention_block, convnext_like, lstm_gru  # noqa: E402
@@ -136,7 +136,7 @@ def test_a_replicated_figure_without_its_plan_is_shown_not_chosen():
     from pesto.solvelog import SolveLog
     g = pesto.OpGraph.from_edges({"a": 10.0, "b": 10.0}, [("a", "b")])
     plan = pesto.evaluate(g, {"a": "/GPU:0", "b": "/GPU:0"}, cluster=CLUSTER)
-    log = SolveLog(pipeline="step search", steps={"M=1": 30.0, "M=2": 20.0, "data-parallel": 1.0})
+    log = SolveLog(recipe="step search", steps={"M=1": 30.0, "M=2": 20.0, "data-parallel": 1.0})
     result = SimpleNamespace(plan=plan.replace(log=log), graph=g, micro_batches=2, replicas=1,
                              graph_kind="micro-batched")
     r = rescore_split(result, g, lambda m: g, CLUSTER, top=0, time_limit=1)

@@ -27,7 +27,7 @@ from pesto.api import marked as with_marks  # noqa: E402
 from pesto.solvelog import SolveLog  # noqa: E402
 from solver.parallel.strategy import Solved, Strategy  # noqa: E402
 from tf_patch import replicastep  # noqa: E402
-from tf_patch.pipeline import PlacedRun  # noqa: E402
+from tf_patch.workflow import PlacedRun  # noqa: E402
 from tf_patch.replicastep import pesto_buckets, replicate_model  # noqa: E402
 from tf_patch.zoo import build_model  # noqa: E402
 
@@ -197,7 +197,7 @@ def test_demo_auto_trains_a_data_parallel_winner_and_says_whether_it_held(capsys
     def data_parallel(graph, cluster, **_):
         sp = data_parallel_plan(with_marks(graph), cluster)
         steps = {"data-parallel": sp.plan.makespan, "M=1": 2 * sp.plan.makespan}   # it won
-        log = SolveLog(pipeline="step search", graph_kind="replicated", replicas=sp.replicas, steps=steps)
+        log = SolveLog(recipe="step search", graph_kind="replicated", replicas=sp.replicas, steps=steps)
         return Solved(sp.plan.replace(log=log), sp.graph, Strategy(replicas=sp.replicas))
 
     monkeypatch.setattr(demo, "solve_step", data_parallel)

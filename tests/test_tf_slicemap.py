@@ -23,7 +23,7 @@ from pesto.step import split as split_step  # noqa: E402
 from pesto.step.slicing import parse_name  # noqa: E402
 from tf_patch import slicemap  # noqa: E402
 from tf_patch.microstep import slice_of  # noqa: E402
-from tf_patch.pipeline import PlacedRun  # noqa: E402
+from tf_patch.workflow import PlacedRun  # noqa: E402
 from tf_patch.slicemap import mapped_hint, place_split, result_view, slice_map  # noqa: E402
 from tf_patch.zoo import build_model  # noqa: E402
 

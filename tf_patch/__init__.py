@@ -17,8 +17,8 @@ import importlib
 
 #: The modules reached as ``tf_patch.<module>`` without an import of their own.
 _MODULES = frozenset({"apply", "batchmarks", "commfit", "demo", "demo_hosts", "devices", "distributed", "extract",
-                      "function", "fusion", "marks", "microstep", "opgraphs", "pipeline", "profile", "replicastep",
-                      "slicemap", "traces", "zoo"})
+                      "function", "fusion", "marks", "microstep", "opgraphs", "profile", "replicastep",
+                      "slicemap", "traces", "workflow", "zoo"})
 
 __all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "function_step",
            "keras_step", "FunctionStep", "LossStep", "check_micro_batches", "step_stats_costs",

@@ -2,7 +2,7 @@
 
 For each size a float32 vector made on device A travels a ping-pong chain
 of ``tf.identity`` ops alternating between A and B (TF inserts a Send/Recv
-pair per hop); the same chain on A alone is the baseline. The transfer time
+pair per hop); the same chain on A alone is the reference. The transfer time
 is the difference of the medians over ``repeats`` interleaved runs, divided
 by the number of hops. A least-squares line through (bytes, µs) gives beta0,
 beta1 and R^2.
@@ -133,7 +133,7 @@ def ping_pong_graph(a: str, b: str, sizes, hops: int, *, work: int = 0):
         for nbytes in sizes:
             n = max(1, nbytes // 4)
             fetch = []
-            for far in (b, a):  # ping-pong, then the local baseline
+            for far in (b, a):  # ping-pong, then the local reference
                 with tf.device(a):
                     x = tf.compat.v1.random_uniform([n], seed=1)
                 for h in range(hops):

@@ -7,7 +7,7 @@ Build the model (its ``demo`` preset where it has one: ms-scale kernels) ->
 profile it here (FULL_TRACE step stats, calibrated on an untraced step) ->
 fit the transfer cost between devices (or its documented fallback) -> on
 logical CPU devices, measure how much slower a step that keeps both cores
-busy runs than the profile says (:func:`tf_patch.pipeline.parallel_factor`,
+busy runs than the profile says (:func:`tf_patch.workflow.parallel_factor`,
 on m-ETF's plan) and scale the profile by it -> ``pesto.solve`` -> enforce
 the plan on the tf.Graph (devices + control dependencies) -> train.
 Pesto's, Expert's, m-ETF's (the reference, on CPUs) and TF's default
@@ -80,7 +80,7 @@ from .function import keras_step
 from .microstep import check_micro_batches
 from .replicastep import one_replica, replicate_model
 from .slicemap import place_split, rescore_split, result_view
-from .pipeline import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
+from .workflow import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
 from .zoo import MODELS, build_model, presets
 from .zoo.keras_apps import KERAS_MODELS, keras_app_step
 
@@ -326,7 +326,7 @@ class _Row:
     name: str
     place_s: float
     predicted: float
-    run: object  # tf_patch.pipeline.PlacedRun
+    run: object  # tf_patch.workflow.PlacedRun
 
 
 def _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference=None, graph=None,
@@ -469,7 +469,7 @@ def _print_table(rows: list[_Row], timing, ref: int | None) -> float:
     reference). With a reference row (index ``ref``), every
     prediction is also given at the machine's speed now, the reference's
     measured / profile step in these same rounds, and the error is taken
-    against that (:func:`tf_patch.pipeline.anchored_errors`)."""
+    against that (:func:`tf_patch.workflow.anchored_errors`)."""
     measured = timing.step_us
     profile = [r.predicted for r in rows]
     speed, errors = anchored_errors(profile, measured, ref)

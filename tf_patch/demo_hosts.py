@@ -28,7 +28,7 @@ from pesto.simulate import simulate
 from .commfit import fit_transfers
 from .demo import ZOO_MODELS, cluster_kind
 from .distributed import LocalServers, fit_task_transfers, run_on_servers, single_process_losses
-from .pipeline import profile_model
+from .workflow import profile_model
 from .zoo import build_model
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

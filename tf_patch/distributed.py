@@ -51,7 +51,7 @@ from pesto.errors import InvalidPlanError, PestoError
 from .apply import apply_plan
 from .commfit import fit_line, ping_pong_graph
 from .devices import session_config
-from .pipeline import RunResult, _time_runs
+from .workflow import RunResult, _time_runs
 from .traces import step_times
 
 __all__ = ["DistributedError", "PortInUseError", "ServerStartError", "WorkerLostError", "LocalServers",
@@ -423,7 +423,7 @@ def run_on_servers(build, plan, servers: LocalServers, *, steps: int = 5, timed:
                    order: bool = True) -> RunResult:
     """Train a fresh model (``build()``) under ``plan`` on ``servers``.
 
-    As :func:`tf_patch.pipeline.run_placed`: losses of ``steps`` steps,
+    As :func:`tf_patch.workflow.run_placed`: losses of ``steps`` steps,
     median wall time of ``timed`` more, and with ``trace`` one FULL_TRACE
     step checked by :func:`trace_check_tasks`. Raises WorkerLostError if a
     server dies before or during the run.

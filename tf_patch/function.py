@@ -45,7 +45,7 @@ from .apply import apply_plan
 from .devices import detect, session_config
 from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsized_tensors
 from .microstep import LossStep, split_step
-from .pipeline import trace_check
+from .workflow import trace_check
 from .profile import estimate, measure
 from .replicastep import mapped_plan, one_replica, pesto_buckets, replica_zero, replicate_graph, replicated_plan
 from .slicemap import SliceMap, place_split, result_view
@@ -412,7 +412,7 @@ class FunctionStep:
         Returns
         -------
         dict
-            :func:`tf_patch.pipeline.trace_check`'s: ``misplaced`` ops,
+            :func:`tf_patch.workflow.trace_check`'s: ``misplaced`` ops,
             ``order_violations`` among every control edge added (an op oneDNN
             fused into another is checked under the fused kernel's name),
             ``checked_edges`` (all of them, when every op ran), ``left_out``

@@ -17,7 +17,7 @@ from .extract import _as_graph, allowed_kinds, extract as _extract, step_ops
 from .function import FunctionStep, function_opgraph, function_step, keras_opgraph, keras_step
 from .microstep import LossStep, check_micro_batches
 from .traces import chrome_trace_costs, step_stats_costs
-from .pipeline import contended, parallel_factor, profile_model, run_placed
+from .workflow import contended, parallel_factor, profile_model, run_placed
 from .profile import Profile, estimate, measure
 from .replicastep import replicate_model
 from .zoo import build_model
@@ -68,7 +68,7 @@ def model_opgraph(model, costs: str = "v100", *, n_devices: int = 1, steps: int 
     are timed on one device and one thread, so ``n_devices`` is not used).
     """
     if costs == "measured":
-        # one device, one thread: each kernel timed alone (see tf_patch.pipeline)
+        # one device, one thread: each kernel timed alone (see tf_patch.workflow)
         prof = measure(model, n_devices=1, steps=steps, warmup=warmup, progress=progress,
                        config=session_config(1, inter_op=1))
         g = _extract(model.graph, model.fetches, costs=prof.costs, kind="CPU", memory=prof.memory,

@@ -55,7 +55,7 @@ class Profile:
     step_times: list = field(default_factory=list)
     source: str = ""
     cpu_costs: dict | None = None
-    overhead: float = 0.0   # µs added per op by calibration (tf_patch.pipeline)
+    overhead: float = 0.0   # µs added per op by calibration (tf_patch.workflow)
     scale: float = 1.0      # factor applied to kernel times by calibration
 
 

@@ -38,7 +38,7 @@ longest paths of those before and after an op. The terms:
 ``step`` is the largest time term; ``per_sample`` divides it by the batch
 size when one is given. The bound is the *same step's*: every plan of
 ``split.graph`` is at least ``step`` (tests check it against the simulator on
-random plans, against every pipeline baseline and against a brute-force
+random plans, against every pipeline placer's plan and against a brute-force
 optimum on tiny graphs).
 
 Examples

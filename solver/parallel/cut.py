@@ -7,7 +7,7 @@ cut into ``k`` contiguous stages by one dynamic programme
 (:func:`split_stages`: the least largest stage, or the least step estimate
 :func:`step_estimate` for ``M`` slices; optionally under a memory capacity
 per stage, :func:`block_memory`). GPipe, 1F1B, the hybrids, the slice
-model's hints and :func:`solver.baselines.pipeline_cuts` all cut here.
+model's hints and :func:`solver.practitioners.pipeline_cuts` all cut here.
 
 Stages (documented rule)
 ------------------------

@@ -1,4 +1,4 @@
-"""Practitioners' parallel baselines on micro-batched steps: GPipe, 1F1B, data parallel.
+"""Practitioners' parallel placers on micro-batched steps: GPipe, 1F1B, data parallel.
 
 Each placer takes a step whose ops carry batch marks (:attr:`pesto.graph.Op.batch`;
 a front end sets them: :func:`tf_patch.marks.mark_step` for a TensorFlow graph

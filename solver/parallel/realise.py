@@ -32,14 +32,14 @@ __all__ = ["realise", "strategy_of", "solved_of", "with_savers"]
 
 
 def strategy_of(sp: StepPlan) -> Strategy:
-    """The :class:`~solver.parallel.strategy.Strategy` a baseline's plan realises."""
+    """The :class:`~solver.parallel.strategy.Strategy` a parallelism placer's plan realises."""
     if sp.schedule == "data-parallel":
         return Strategy(replicas=sp.replicas, micro_batches=sp.micro_batches)
     return Strategy(replicas=sp.replicas, stages=sp.stages, micro_batches=sp.micro_batches, schedule=sp.schedule)
 
 
 def solved_of(sp: StepPlan, weight_grads: str = "separate") -> Solved:
-    """A baseline's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`
+    """A parallelism placer's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`
     (its transform kept; ``weight_grads``: the split's rule it was made with)."""
     return Solved(sp.plan, sp.graph, replace(strategy_of(sp), weight_grads=weight_grads), sp.transformed, detail=sp)
 

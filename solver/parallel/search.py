@@ -11,10 +11,10 @@ compared (``steps``); :func:`step_graph` rebuilds the graph from those fields.
 **One clock.** The search runs under the solve's one
 :class:`~pesto.deadline.Deadline` (``options.time_limit`` from
 ``options.started``; a :class:`~pesto.deadline.WorkClock` in deterministic
-mode) and one :class:`~solver.budget.Budget` over its stages
-(:data:`STAGES`): screening, the exact stages of each count (each count's
-pipeline runs on a grant of that deadline, the slice model on a part of it)
-and the per-sample bound. SIGINT, SIGTERM and SIGHUP in any stage interrupt
+mode) and one :class:`~solver.budget.Budget` over its passes
+(:data:`PASSES`): screening, the exact passes of each count (each count's
+recipe runs on a grant of that deadline, the slice model on a part of it)
+and the per-sample bound. SIGINT, SIGTERM and SIGHUP in any pass interrupt
 that one deadline: the running candidate stops at its next check and the
 best plan so far is returned with status ``"interrupted"``. A candidate
 predicted not to fit what is left (from the measured seconds per simulated
@@ -48,18 +48,18 @@ step):
   state whole, or the search's floor of weights and one slice's activations,
   which savers lower), every kind's savers, the count refused (fixed ``M``)
   only when none fits; the winner's savers in ``plan.log.savers``;
-* exact stages, for the counts :func:`_exact_counts` picks: the slice
+* exact passes, for the counts :func:`_exact_counts` picks: the slice
   model's plan (:func:`solver.parallel.slice_model.solve_slices`, :data:`SLICE_SHARE`
-  of that count's grant) and the pipeline (:func:`solver.pipeline.run_pipeline`)
+  of that count's grant) and the recipe (:func:`solver.recipes.run_recipe`)
   on the step split into ``M`` slices, started from those; ``M == 1`` (with
-  ``"auto"``): the pipeline on the step as given.
+  ``"auto"``): the recipe on the step as given.
 
 A fixed ``M`` is honoured: only plans of ``M`` slices compete (a count whose
 first plan cannot be made is refused with the reason, never replaced by a
 plan of another ``M``). ``replicas x M`` must divide ``batch_size`` when one
 is given. The result's bound is valid for the graph it places: the
-pipeline's, or :func:`~solver.parallel.bound.sample_bound` of that graph when
-higher or when a baseline won (:func:`winner_bound`); when a GPipe/1F1B
+recipe's, or :func:`~solver.parallel.bound.sample_bound` of that graph when
+higher or when a parallelism kind's plan won (:func:`winner_bound`); when a GPipe/1F1B
 pipeline won, :func:`~solver.parallel.bound.pipeline_bound` when higher
 (source ``"pipeline"``: valid for every contiguous-stage pipeline on the
 cluster's GPUs, the gap of the winner within its kind).
@@ -83,7 +83,7 @@ from pesto.graph import OpGraph
 from pesto.memory import fmt_bytes, step_activations
 from pesto.plan import Plan
 from pesto.problem import Problem
-from pesto.solvelog import SolveLog, Stage
+from pesto.solvelog import PassLog, SolveLog
 from pesto.step import Transformed, identity, replicate, split as split_step
 from pesto.step.marks import slice_constants
 from pesto.step.replication import gradient_buckets
@@ -91,7 +91,7 @@ from pesto.step.replication import gradient_buckets
 from ..budget import Budget, Cost, Skip
 from ..common import rank
 from ..options import SolveOptions
-from ..pipeline import PIPELINES, run_pipeline
+from ..recipes import RECIPES, run_recipe
 from .pipelines import gpu_names
 from .slice_model import solve_slices
 from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
@@ -102,11 +102,11 @@ from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
 __all__ = ["solve_step", "step_graph", "micro_batch_counts", "with_marks", "memory_short", "winner_bound",
-           "replicated_ops", "check_batch", "AUTO_MAX", "STAGES"]
+           "replicated_ops", "check_batch", "AUTO_MAX", "PASSES"]
 
 #: ``micro_batches="auto"`` tries counts up to this many slices.
 AUTO_MAX = 16
-#: Seconds the pipeline gets at least for one ``M``; with less left it is skipped (wall clock only).
+#: Seconds the recipe gets at least for one ``M``; with less left it is skipped (wall clock only).
 MIN_SECONDS = 0.5
 #: Share of the time left ``"auto"`` and a fixed ``M`` spend screening.
 SCREEN_SHARE = 0.35
@@ -118,7 +118,7 @@ PROBE_SHARE = 0.5
 #: Share of the screening time left that the schedules screened last (interleaved, zero
 #: bubble: :attr:`solver.parallel.kinds.Kind.fill_only`) may take.
 LATE_SHARE = 0.5
-#: Counts besides ``M = 1`` that ``"auto"`` runs the exact stages on (the best screened).
+#: Counts besides ``M = 1`` that ``"auto"`` runs the exact passes on (the best screened).
 EXACT_COUNTS = 2
 #: Largest replicated graph (ops of the replicas' slices plus their ring
 #: all-reduce ops, :func:`replicated_ops`) a data-parallel or hybrid plan is built for.
@@ -128,12 +128,12 @@ SPLIT_MAX_OPS = 2_000_000
 #: Share of one count's grant the slice model gets.
 SLICE_SHARE = 0.4
 #: Simulations of its graph the first data-parallel plan costs (predicting its time), the
-#: per-sample bound's, and the exact pipeline's mandatory stages' (its first heuristic and the
+#: per-sample bound's, and the recipe's mandatory passes' on a split step (its first heuristic and the
 #: final check: what the slice model leaves it) (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
 SIMS = {"data-parallel": 2.0, "bound": 3.0, "pipeline": 2.0}
-#: The search's stages under its :class:`~solver.budget.Budget`: screening and the exact
+#: The search's passes under its :class:`~solver.budget.Budget`: screening and the exact
 #: stages are optional (the search has a plan without them), the bound is mandatory.
-STAGES = ("screening", "exact", "bound")
+PASSES = ("screening", "exact", "bound")
 COSTS: Mapping[str, Cost] = {"screening": Cost(share=SCREEN_SHARE), "exact": Cost(), "bound": Cost(optional=False)}
 
 
@@ -304,10 +304,10 @@ class _Pace:
 
 @dataclass
 class _Screened:
-    """One count after screening: the transform whose graph its exact stages
+    """One count after screening: the transform whose graph its exact passes
     place (the step itself for ``M = 1``, else the split), the plans they
-    start from, the best screened step (``inf`` when no baseline applied) and
-    the GPipe/1F1B results (the slice model's hints)."""
+    start from, the best screened step (``inf`` when no kind applied) and the
+    GPipe/1F1B results (the slice model's hints)."""
 
     split: Transformed
     starts: list
@@ -328,7 +328,7 @@ class _Search:
         self.marked = with_marks(graph)
         self.auto = options.micro_batches == "auto"
         self.say = options.progress or (lambda line: None)
-        self.budget = Budget(deadline, STAGES, costs=COSTS)
+        self.budget = Budget(deadline, PASSES, costs=COSTS)
         self.pool, self.pace = _Pool(), _Pace()
         self.pace.warm_up(self.marked, cluster)
         self.gpus = len(gpu_names(cluster))
@@ -337,7 +337,7 @@ class _Search:
         self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
-        self.window: Deadline = deadline  # what the running stage may spend
+        self.window: Deadline = deadline  # what the running pass may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
         self.slice_workers = options.workers or (1 if options.deterministic else None)
@@ -350,8 +350,8 @@ class _Search:
     def fits(self, name: str, ops: int, sims: float, *, quiet: bool = False) -> bool:
         """Whether a candidate of about ``ops`` ops (``sims`` simulations) may be
         built now: not when interrupted (raises :class:`Stopped`), and not when
-        predicted past the running stage's window (wall clock only; skipped and
-        named). Without a plan yet, the exact stages still make one."""
+        predicted past the running pass's window (wall clock only; skipped and
+        named). Without a plan yet, the exact passes still make one."""
         self.stop_if_interrupted()
         need = self.pace.predict(ops, sims)
         if self.deadline.deterministic or need is None or need <= self.window.left():
@@ -398,9 +398,9 @@ class _Search:
             self.pool.skipped[name] = why
         return bool(why)
 
-    # -- the stages ------------------------------------------------------------------------
+    # -- the passes ------------------------------------------------------------------------
     def run(self) -> None:
-        """Screening, then the exact stages (raises :class:`Stopped` on an interrupt)."""
+        """Screening, then the exact passes (raises :class:`Stopped` on an interrupt)."""
         counts = self.counts()
         self.note_hint()
         if self.auto:
@@ -425,7 +425,7 @@ class _Search:
 
     def note_hint(self) -> None:
         """A hint plan (``options.hint``) of the step as given starts the
-        ``M = 1`` pipeline only: with no ``M = 1`` in the search it is unused,
+        ``M = 1`` recipe only: with no ``M = 1`` in the search it is unused,
         and ``plan.log.skipped["hint"]`` says so (sweep 4, ``M_api_hint_with_mb``)."""
         hint = self.options.hint
         if isinstance(hint, Plan) and 1 not in micro_batch_counts(self.options.micro_batches, self.options.batch_size):
@@ -468,7 +468,7 @@ class _Search:
             self.save(KINDS["data-parallel"], dp.strategy)
 
     def screen(self, m: int) -> _Screened | None:
-        """Screen ``m`` (module doc): its split, memory floor and baselines."""
+        """Screen ``m`` (module doc): its split, memory floor and kinds."""
         self.stop_if_interrupted()
         if self.short_of_memory(f"M={m}", 1, m):
             self.pool.short.setdefault(m, MicroBatchMemoryError(f"M={m}: {self.pool.skipped[f'M={m}']}", m,
@@ -533,7 +533,7 @@ class _Search:
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
         """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
         schedules), after every count's other kinds, on :data:`LATE_SHARE` of
-        the screening time left (the exact stages keep the rest): for the count
+        the screening time left (the exact passes keep the rest): for the count
         whose pipelines did best; the other counts named in
         ``plan.log.skipped`` (``"zero-bubble M=4"``)."""
         ranked = sorted((m for m, s in screened.items() if s.pipes), key=lambda m: (screened[m].step, m))
@@ -624,7 +624,7 @@ class _Search:
         return r
 
     def exact_all(self, screened: Mapping[int, _Screened]) -> None:
-        """The exact stages on :func:`_exact_counts`: each an equal part of
+        """The exact passes on :func:`_exact_counts`: each an equal part of
         :data:`PROBE_SHARE` of the time left (less the bound's), then the rest
         to the count whose plan was best, continued from it."""
         chosen = _exact_counts(screened, self.auto)
@@ -647,23 +647,23 @@ class _Search:
         """The budget's grant of ``want`` seconds for an exact stage, or None
         (skipped and named: interrupted, expired, or under :data:`MIN_SECONDS`
         on the wall clock while a plan exists). Without a plan yet, an expired
-        grant: the pipeline's first heuristic still runs to its end."""
+        grant: the recipe's first heuristic still runs to its end."""
         self.stop_if_interrupted()
         grant = self.budget.grant("exact", max(0.0, want))
         if isinstance(grant, Skip) and self.pool.best is None:
-            return self.deadline.sub(0.0)   # no plan yet: the pipeline's first heuristic makes one, whatever the clock
+            return self.deadline.sub(0.0)   # no plan yet: the recipe's first heuristic makes one, whatever the clock
         if isinstance(grant, Skip):
             why = grant.reason
         elif not self.deadline.deterministic and grant.seconds < MIN_SECONDS and self.pool.best is not None:
             why = f"{grant.seconds:.2f} s left of the time limit"
         else:
             return grant
-        self.pool.skipped[name] = f"exact stages skipped: {why}"
-        self.say(f"micro-batches {name[2:]}: exact stages skipped ({why})")
+        self.pool.skipped[name] = f"exact passes skipped: {why}"
+        self.say(f"micro-batches {name[2:]}: exact passes skipped ({why})")
         return None
 
     def exact(self, s: _Screened, m: int, grant: Deadline, start: Plan | None = None) -> Plan:
-        """Offer (as ``M=m``) and return the pipeline's plan of ``s.graph`` on
+        """Offer (as ``M=m``) and return the recipe's plan of ``s.graph`` on
         ``grant``, started from the slice model's plan (``m > 1``) and the
         screened plans; with ``start`` (an earlier plan of this ``m``: the
         search continued), from it and the screened plans, no slice model."""
@@ -675,9 +675,9 @@ class _Search:
         self.stop_if_interrupted()
         inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
                                      batch_size=None, progress=None)
-        name = inner.pipeline_for(s.graph)
+        name = inner.recipe_for(s.graph)
         try:
-            plan = run_pipeline(s.graph, self.cluster, PIPELINES[name], inner, name=name, starts=starts,
+            plan = run_recipe(s.graph, self.cluster, RECIPES[name], inner, name=name, starts=starts,
                                 deadline=grant)
         except KeyboardInterrupt as exc:   # the inner run's "interrupted before any plan": ours stands
             if self.pool.best is None or "before any plan" not in str(exc):
@@ -697,11 +697,11 @@ class _Search:
         its first plan (``SIMS["pipeline"]`` simulations of the split), skipped below
         :data:`MIN_SECONDS` on the wall clock; offered as ``slice M=m``; [] when skipped."""
         name = f"slice M={m}"
-        keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the pipeline's own first plan
+        keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the recipe's own first plan
         share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
         if share < MIN_SECONDS and not self.deadline.deterministic:
             self.pool.skipped[name] = (f"{max(share, 0.0):.2f} s for the slice model, less than {MIN_SECONDS} s"
-                                       + (f" (about {keep:.1f} s kept for the pipeline's first plan)" if keep else ""))
+                                       + (f" (about {keep:.1f} s kept for the recipe's first plan)" if keep else ""))
             return []
         self.stop_if_interrupted()
         self.say(f"slice model M={m}: start ({share:.1f} s)")
@@ -724,13 +724,13 @@ class _Search:
     def finish(self) -> Solved:
         """The winner with its log's fields: the strategy, the steps compared,
         what was skipped, why the search stopped, and the bound of the graph it
-        places (:func:`winner_bound`, when higher than the pipeline's or when a
-        baseline won; skipped, and named, when interrupted or predicted past
+        places (:func:`winner_bound`, when higher than the recipe's or when a
+        kind's plan won; skipped, and named, when interrupted or predicted past
         the time left)."""
         r, dl = self.pool.best, self.deadline
-        log = r.plan.log or SolveLog(pipeline="step search", winner=r.plan.placer, bound_source="none",
-                                     stages=(Stage("step search", dl.elapsed(), r.plan.makespan,
-                                                   "a baseline's plan won"),))
+        log = r.plan.log or SolveLog(recipe="step search", winner=r.plan.placer, bound_source="none",
+                                     passes=(PassLog("step search", dl.elapsed(), r.plan.makespan,
+                                                     "a parallelism kind's plan won"),))
         bound, source = log.bound, log.bound_source
         need = self.pace.predict(r.graph.num_ops, SIMS["bound"])
         if dl.interrupted or (need is not None and not dl.deterministic and need > dl.left()):
@@ -788,7 +788,7 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> Solve
 
 
 def _exact_counts(screened: Mapping[int, _Screened], auto: bool) -> list[int]:
-    """The counts the exact stages run on: every one screened unless
+    """The counts the exact passes run on: every one screened unless
     ``auto``; with ``auto`` ``M = 1`` (the step as given first: it is never
     left without its share) and the :data:`EXACT_COUNTS` best by screened
     step, best first.
@@ -834,7 +834,7 @@ def winner_bound(cluster: Cluster, r: Solved, batch: int | None = None) -> Sampl
     """:func:`~solver.parallel.bound.sample_bound` of the graph ``r.plan``
     places, from the transform ``r`` kept (``r.transformed``: the step split,
     replicated, or both; the copies term per replica); None when it kept none
-    (then the pipeline's bound stands). For a pipeline winner (one replica, a
+    (then the recipe's bound stands). For a pipeline winner (one replica, a
     schedule of :data:`~solver.parallel.schedules.SCHEDULES`) the larger of
     that and :func:`~solver.parallel.bound.pipeline_bound` (fill and drain,
     valid for every contiguous-stage pipeline on the cluster's GPUs: source

@@ -1,4 +1,4 @@
-"""Every baseline placer on generated graphs: kinds, colocation, tight memory.
+"""Every heuristic placer on generated graphs: kinds, colocation, tight memory.
 
 The agreed memory behaviour (solver/memory.py): a plan is always returned; if
 it is not labelled "infeasible" it passes check_plan including memory; if it

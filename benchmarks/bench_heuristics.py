@@ -1,7 +1,7 @@
-"""Placement time and simulated step time of every baseline placer on ~40k-op graphs.
+"""Placement time and simulated step time of every heuristic placer on ~40k-op graphs.
 
-Run: ``python -m benchmarks.bench_baselines [--quick] [--sct-limit SECONDS]``.
-Writes ``benchmarks/results/baselines.csv`` and ``baselines.md``.
+Run: ``python -m benchmarks.bench_heuristics [--quick] [--sct-limit SECONDS]``.
+Writes ``benchmarks/results/heuristics.csv`` and ``heuristics.md``.
 
 Target (issue 5): every heuristic places a 40,000-op graph in <= 10 s; m-SCT's
 favourite-child LP may take longer, so it runs with an LP time limit
@@ -65,12 +65,12 @@ def main(argv=None):
         rows.append(run("m-sct", gname, g, cluster, time_limit=args.sct_limit))
     os.makedirs(OUT, exist_ok=True)
     suffix = "_quick" if args.quick else ""
-    with open(os.path.join(OUT, f"baselines{suffix}.csv"), "w", newline="") as f:
+    with open(os.path.join(OUT, f"heuristics{suffix}.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# Baseline placers: placement time and simulated step time", "",
+    lines = [f"# Heuristic placers: placement time and simulated step time", "",
              f"{now}; {os.cpu_count()} cores, Python {platform.python_version()}, one process; "
              f"cluster `v100x2_nvlink` (2 V100 NVLink + CPU); makespan = simulated step time (µs, "
              f"link contention on); estimated = the placer's own estimate (links booked in placement order); "
@@ -85,7 +85,7 @@ def main(argv=None):
     slow = [r for r in rows if r["placer"] != "m-sct" and r["ops"] >= 40000 and r["seconds"] > 10]
     lines += ["", "All heuristics within 10 s on the 40k graphs." if not slow and not args.quick else
               ("Over 10 s: " + ", ".join(f"{r['placer']} on {r['graph']}" for r in slow) if slow else "")]
-    with open(os.path.join(OUT, f"baselines{suffix}.md"), "w") as f:
+    with open(os.path.join(OUT, f"heuristics{suffix}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
 

@@ -1,4 +1,4 @@
-"""Every baseline fits memory on a BERT-like graph with large colocation groups.
+"""Every heuristic fits memory on a BERT-like graph with large colocation groups.
 
 Issue 13: on BERT-12 (2 x 16 GB) m-TOPO, m-SCT, Celeritas and HEFT returned
 plans over capacity while other placers fit, and fitted again once colocation
@@ -96,7 +96,7 @@ def test_bert_like_is_tight_but_fits():
 
 @pytest.mark.parametrize("name", [b for b in BASELINES if b != "single"])
 @pytest.mark.parametrize("colocate", [True, False])
-def test_every_baseline_fits_memory_on_bert_like(name, colocate):
+def test_every_heuristic_fits_memory_on_bert_like(name, colocate):
     g, c = bert_like(colocate=colocate), _cluster()
     plan = get_placer(name)(g, c)
     assert plan.status != "infeasible", (name, plan.peak_memory, plan.stats.get("memory_over"))
@@ -109,7 +109,7 @@ def test_every_baseline_fits_memory_on_bert_like(name, colocate):
 
 
 @pytest.mark.parametrize("name", ["m-topo", "m-etf", "heft", "expert"])
-def test_a_baseline_says_so_when_no_repair_fits(name):
+def test_a_heuristic_says_so_when_no_repair_fits(name):
     g = bert_like()
     c = gpus(2, memory=11 * GB)  # 22 GB: the 19.7 GB of weights and slots leave too little room
     plan = get_placer(name)(g, c)

@@ -1,4 +1,4 @@
-"""Practitioners' baselines: single device, Expert (layers in contiguous stages, a
+"""Practitioners' placers: single device, Expert (layers in contiguous stages, a
 user mapping, or the paper's split by name), METIS.
 
 All three run under TensorFlow's default scheduling (each device's FIFO ready

@@ -1,21 +1,21 @@
-"""The stages of ``pesto.solve``, each ``stage(run, deadline)`` over one :class:`Run`.
+"""The passes of ``pesto.solve``, each a function ``fn(run, deadline)`` over one :class:`Run`.
 
-A stage reads and updates the run's plans, records a
-:class:`~pesto.solvelog.Stage` (seconds, step time, note) and stops by the
+A pass reads and updates the run's plans, records a
+:class:`~pesto.solvelog.PassLog` (seconds, step time, note) and stops by the
 ``deadline`` the budget granted it (:meth:`solver.budget.Budget.grant`);
-the stage lists and the loop that runs them are in :mod:`solver.pipeline`,
-the status stage in :mod:`solver.status`.
+the recipes and the loop that runs them are in :mod:`solver.recipes`,
+the status pass in :mod:`solver.status`.
 
 =============  =================================================================
-baselines      the heuristics on the graph the run works on (m-TOPO first)
+heuristics     the heuristics on the graph the run works on (m-TOPO first)
 reschedule     the best ``max_starts`` plans re-ordered (:func:`search.reschedule
                <solver.search.reschedule>`); the best is the *incumbent*
 coarsen        above ``target_vertices`` ops: coarsen, keeping the incumbent
                exactly representable when there is one (``partition=``)
 exact          CP-SAT (or the MIP) on the (coarse) graph, hinted with the
-               incumbent's projection, else the best valid baseline
+               incumbent's projection, else the best valid heuristic
 expand         plans of the coarse graph mapped to every op (re-ordered when the
-               pipeline reschedules); an invalid baseline plan is dropped, and said
+               recipe reschedules); an invalid heuristic plan is dropped, and said
 lns            CP-SAT windows of :data:`solver.lns.WINDOW` ops on the full graph
                (:func:`solver.lns.lns`) from the best plan
 local search   :func:`search.refine <solver.search.refine>` from the best plan
@@ -37,7 +37,7 @@ from pesto.graph import OpGraph
 from pesto.outcome import LnsInfo, RefineInfo, RescheduleInfo
 from pesto.plan import Plan, check_plan
 from pesto.problem import Problem
-from pesto.solvelog import Stage
+from pesto.solvelog import PassLog
 
 from .bound_model import SIMPLE_SOURCE
 from .bounds import lower_bound
@@ -48,22 +48,22 @@ from .options import SolveOptions
 from .registry import accepted_options, get, run_order, run_placers
 from .search import better, refine, reschedule
 
-__all__ = ["Run", "Trace", "Candidates", "baselines", "reschedule_starts", "coarsen_graph", "exact", "expand",
-           "lns_stage", "local_search", "choose", "to_graph"]
+__all__ = ["Run", "Trace", "Candidates", "heuristics_pass", "reschedule_starts", "coarsen_graph", "exact", "expand",
+           "lns_pass", "local_search", "choose", "to_graph"]
 
 
 class Trace:
-    """What the stages did, for the :class:`~pesto.solvelog.SolveLog`: their
+    """What the passes did, for the :class:`~pesto.solvelog.SolveLog`: their
     records, the placers skipped (and why), the hint; and the progress lines."""
 
     def __init__(self, options: SolveOptions):
         # the elapsed seconds of the progress lines count from where the time limit does
         self.t0 = options.started if options.started is not None else time.perf_counter()
         self.verbose, self.progress = options.verbose, options.progress
-        self.stages: list[Stage] = []
+        self.passes: list[PassLog] = []
         self.skipped: dict[str, str] = {}
         self.hint = ""
-        self.granted: dict[str, float] = {}  # stage -> the seconds its grant gave (the loop records it)
+        self.granted: dict[str, float] = {}  # pass -> the seconds its grant gave (the loop records it)
 
     @property
     def talks(self) -> bool:
@@ -82,25 +82,25 @@ class Trace:
             self.progress(line)
 
     def record(self, name: str, t: float, makespan: float | None = None, note: str = "") -> None:
-        """The stage ``name`` that began at ``t`` (``time.perf_counter()``); the
-        loop (:func:`solver.pipeline.run_stages`) reports it."""
-        self.stages.append(Stage(name, time.perf_counter() - t, makespan, note))
+        """The pass ``name`` that began at ``t`` (``time.perf_counter()``); the
+        loop (:func:`solver.recipes.run_passes`) reports it."""
+        self.passes.append(PassLog(name, time.perf_counter() - t, makespan, note))
 
 
 @dataclass
 class Candidates:
     """The plans found so far: ``starts`` (plans of the graph to start from:
-    a given plan, the one-group solve's), ``baselines`` (the heuristics'
+    a given plan, the one-group solve's), ``heuristics`` (the heuristics'
     plans of the solved graph, not yet candidates), ``ranked`` (the
     re-ordered starts, best first: ``ranked[0]`` is the incumbent),
     ``pool`` (the candidates, (name, plan of the graph), in tie-break order)
-    and ``one_device`` (the ``single`` baseline's step, µs, when it fits)."""
+    and ``one_device`` (the ``single`` heuristic's step, µs, when it fits)."""
 
     starts: list[Plan] = field(default_factory=list)
-    baselines: dict[str, Plan] = field(default_factory=dict)
+    heuristics: dict[str, Plan] = field(default_factory=dict)
     ranked: list[Plan] = field(default_factory=list)
     pool: list[tuple[str, Plan]] = field(default_factory=list)
-    one_device: float | None = None   # the single baseline's step, kept after the baselines are spent
+    one_device: float | None = None   # the single heuristic's step, kept after the heuristics are spent
 
     @property
     def incumbent(self) -> Plan | None:
@@ -109,8 +109,8 @@ class Candidates:
 
 @dataclass
 class Run:
-    """The state the stages share: the problem, the options, the budget, what
-    the stages did (``trace``), the plans (``plans``), and the exact stage's
+    """The state the passes share: the problem, the options, the budget, what
+    the passes did (``trace``), the plans (``plans``), and the exact pass's
     side: the coarse graph it solves (``coarse``; None: the graph itself),
     its hint and its plan (``solved``, of :attr:`work`)."""
 
@@ -118,7 +118,7 @@ class Run:
     cluster: Cluster
     options: SolveOptions
     name: str
-    stages: tuple
+    passes: tuple
     budget: Budget
     trace: Trace
     plans: Candidates = field(default_factory=Candidates)
@@ -132,7 +132,7 @@ class Run:
         """The cheap lower bound (critical path / work), known from the start."""
         try:
             self.bound = lower_bound(self.graph, self.cluster)
-        except InfeasibleError:  # no problem arrays: the baselines name why in log.skipped
+        except InfeasibleError:  # no problem arrays: the heuristics name why in log.skipped
             self.bound = 0.0
 
     def raise_bound(self, value: float | None, source: str) -> None:
@@ -143,11 +143,11 @@ class Run:
     @property
     def best_step(self) -> float | None:
         """The incumbent's step time (µs): the shortest memory-feasible plan of
-        the graph found so far (candidates, starts, baselines when they are
+        the graph found so far (candidates, starts, heuristics when they are
         of the graph); None before any."""
         plans = [p for _, p in self.plans.pool] + self.plans.ranked + self.plans.starts
         if self.coarse is None:
-            plans += self.plans.baselines.values()
+            plans += self.plans.heuristics.values()
         steps = [p.makespan for p in plans if p.status != "infeasible" and p.makespan is not None
                  and len(p.placement) == self.graph.num_ops]
         return min(steps, default=None)
@@ -159,8 +159,8 @@ class Run:
 
     @property
     def reorders(self) -> bool:
-        """Plans are re-ordered on the full graph (the pipeline has a reschedule stage)."""
-        return "reschedule" in self.stages
+        """Plans are re-ordered on the full graph (the recipe has a reschedule pass)."""
+        return "reschedule" in self.passes
 
 
 def choose(pool: Sequence[tuple[str, Plan]]) -> tuple[str, Plan]:
@@ -179,8 +179,8 @@ def choose(pool: Sequence[tuple[str, Plan]]) -> tuple[str, Plan]:
     return name, best
 
 
-# -- baselines ------------------------------------------------------------------------
-def baselines(run: Run, deadline: Deadline) -> None:
+# -- heuristics -----------------------------------------------------------------------
+def heuristics_pass(run: Run, deadline: Deadline) -> None:
     """The heuristics on ``run.work``; a given Plan of it joins the starts.
 
     The first in :func:`~solver.registry.run_order` (m-TOPO) runs first and,
@@ -206,12 +206,12 @@ def baselines(run: Run, deadline: Deadline) -> None:
     lp_limit = max(1.0, 0.15 * limit)
     _warm_up(run)
     plans, errors = {}, {}
-    for name in run_order(opts.baseline_names(run.reorders)):
+    for name in run_order(opts.heuristic_names(run.reorders)):
         if budget.deadline.interrupted and not plans:
             break  # interrupted before any plan: nothing more starts (KeyboardInterrupt below)
         sub = budget.deadline.interrupts_only()  # the first plan is made whatever the clock says
         if plans:
-            sub = budget.grant("baselines", need=_predicted(budget, name, lp_limit))
+            sub = budget.grant("heuristics", need=_predicted(budget, name, lp_limit))
             if isinstance(sub, Skip):
                 errors[name] = sub.note
                 continue
@@ -225,14 +225,14 @@ def baselines(run: Run, deadline: Deadline) -> None:
     if not plans and budget.deadline.interrupted:  # nothing to return: stop as Python does on Ctrl-C
         raise KeyboardInterrupt(f"{budget.deadline.reason} before any plan existed")
     budget.deadline.charge(HEURISTIC_COST * REPLAY_COST_PER_OP * run.work.num_ops * (len(plans) + len(errors)))
-    order = {k: i for i, k in enumerate(opts.baseline_names(run.reorders))}
-    run.plans.baselines = dict(sorted(plans.items(), key=lambda kv: order[kv[0]]))  # ties: the baselines' rank
+    order = {k: i for i, k in enumerate(opts.heuristic_names(run.reorders))}
+    run.plans.heuristics = dict(sorted(plans.items(), key=lambda kv: order[kv[0]]))  # ties: the heuristics' rank
     single = plans.get("single")
     if single is not None and single.status != "infeasible" and single.makespan:
         run.plans.one_device = single.makespan   # the speed-up's reference (SolveLog.one_device)
     run.trace.skipped.update(errors)
     best = min((p.makespan for p in plans.values()), default=None)
-    run.trace.record("baselines", t, best, f"{len(plans)} plans of {run.work.num_ops} ops")
+    run.trace.record("heuristics", t, best, f"{len(plans)} plans of {run.work.num_ops} ops")
 
 
 def _predicted(budget: Budget, name: str, lp_limit: float) -> float:
@@ -245,7 +245,7 @@ def _predicted(budget: Budget, name: str, lp_limit: float) -> float:
 def _warm_up(run: Run) -> None:
     """Build what every simulation of ``run.work`` shares (the problem
     arrays, the engine's tables, its compiled loop) before timing the first
-    heuristic, whose time is the cost unit of the later stages."""
+    heuristic, whose time is the cost unit of the later passes."""
     try:
         prob = Problem.of(run.work, run.cluster)
     except InfeasibleError:
@@ -255,16 +255,16 @@ def _warm_up(run: Run) -> None:
 
 # -- reschedule -------------------------------------------------------------------------
 def reschedule_starts(run: Run, deadline: Deadline) -> None:
-    """The best ``max_starts`` starts and baselines re-ordered; the best is the
+    """The best ``max_starts`` starts and heuristics re-ordered; the best is the
     incumbent. With little time left (under a fifth of the limit) only the
     best is; with a cost unit, only as many as fit in the grant (one
     :data:`~solver.budget.RESCHEDULE_RUNS` each), and no candidate order
     starts without :data:`~solver.budget.CANDIDATE_RUNS` before the grant's
     end; past it, a plan that has times is kept as it is."""
     t = time.perf_counter()
-    starts = run.plans.starts + list(run.plans.baselines.values())
+    starts = run.plans.starts + list(run.plans.heuristics.values())
     if not starts:
-        raise ValueError("the reschedule stage needs at least one start plan")
+        raise ValueError("the reschedule pass needs at least one start plan")
     budget, limit = run.budget, run.options.time_limit
     few = budget.left() < 0.2 * (limit or float("inf"))
     k = 1 if few else run.options.max_starts
@@ -282,7 +282,7 @@ def reschedule_starts(run: Run, deadline: Deadline) -> None:
             cut += ranked[-1].info_of(RescheduleInfo).cut is not None
     run.plans.ranked = sorted(ranked, key=rank)
     run.plans.pool = [(p.placer, p) for p in run.plans.ranked]
-    run.plans.baselines, run.plans.starts = {}, []
+    run.plans.heuristics, run.plans.starts = {}, []
     best = run.plans.incumbent
     why = budget.deadline.reason or "time limit"
     note = f"; {cut} of {len(chosen)} not or partly re-ordered: {why}" if cut else ""
@@ -291,7 +291,7 @@ def reschedule_starts(run: Run, deadline: Deadline) -> None:
 
 # -- coarsen, exact, expand -------------------------------------------------------------
 def needs_coarsening(graph: OpGraph, options: SolveOptions, exact_seconds: float) -> bool:
-    """The coarsen stage has work: an exact stage with time, a graph above ``target_vertices``."""
+    """The coarsen pass has work: an exact pass with time, a graph above ``target_vertices``."""
     return exact_seconds > 0 and graph.num_ops > options.target_vertices
 
 
@@ -331,9 +331,9 @@ def coarsen_graph(run: Run, deadline: Deadline) -> None:
     run.trace.record("coarsen", t, None, f"{graph.num_ops} ops to {cg.graph.num_ops} vertices{note}")
 
 
-def _best_baseline(run: Run) -> Plan | None:
-    """The shortest valid baseline plan of ``run.work`` (memory-feasible first)."""
-    valid = [p for p in run.plans.baselines.values()
+def _best_heuristic(run: Run) -> Plan | None:
+    """The shortest valid heuristic plan of ``run.work`` (memory-feasible first)."""
+    valid = [p for p in run.plans.heuristics.values()
              if check_plan(run.work, run.cluster, p, check_memory=False).ok]
     ok = [p for p in valid if p.status != "infeasible"] or valid
     return min(ok, key=lambda p: p.makespan) if ok else None
@@ -353,7 +353,7 @@ def exact(run: Run, deadline: Deadline) -> None:
         else:
             run.trace.hint = "given plan does not cover the solved graph; ignored"
     if hint is None:
-        hint = _best_baseline(run)
+        hint = _best_heuristic(run)
     if hint is not None:
         run.trace.hint = hint.placer or "plan"
     fn = get(opts.backend).fn
@@ -368,7 +368,7 @@ def exact(run: Run, deadline: Deadline) -> None:
 
 def to_graph(run: Run, name: str, plan: Plan, status: str) -> Plan:
     """A plan of ``run.work`` as a plan of every op: re-ordered when the
-    pipeline reschedules, else simulated in its fixed order."""
+    recipe reschedules, else simulated in its fixed order."""
     fine = run.coarse.expand(plan) if run.coarse is not None else plan
     if run.reorders:
         return reschedule(run.graph, run.cluster, fine, placer=name)
@@ -379,24 +379,24 @@ def to_graph(run: Run, name: str, plan: Plan, status: str) -> Plan:
 
 
 def expand(run: Run, deadline: Deadline) -> None:
-    """The exact plan, then the baselines not yet candidates, as plans of every
-    op; a baseline plan that is invalid on the full graph is dropped, and said.
+    """The exact plan, then the heuristics not yet candidates, as plans of every
+    op; a heuristic plan that is invalid on the full graph is dropped, and said.
     (Quick: it does not stop on ``deadline``.)"""
     t = time.perf_counter()
     backend, solved = run.options.backend, run.solved
-    if solved is None and not run.plans.baselines:
+    if solved is None and not run.plans.heuristics:
         run.trace.record("expand", t, None, "skipped")
         return
     new = []
     if solved is not None:
         coarse_ok = run.coarse is None or solved.status in ("infeasible", "heuristic")
         new.append((backend, to_graph(run, backend, solved, solved.status if coarse_ok else "feasible")))
-    # the baselines too: with the exact stage skipped (past the deadline) they are the only candidates
-    new += [(k, to_graph(run, k, p, p.status)) for k, p in run.plans.baselines.items()]
-    run.plans.baselines = {}
+    # the heuristics too: with the exact pass skipped (past the deadline) they are the only candidates
+    new += [(k, to_graph(run, k, p, p.status)) for k, p in run.plans.heuristics.items()]
+    run.plans.heuristics = {}
     for k, p in new:
         rep = check_plan(run.graph, run.cluster, p, check_memory=p.status != "infeasible")
-        if rep.ok or k == backend:  # the solver's plan is kept: the status stage raises on it
+        if rep.ok or k == backend:  # the solver's plan is kept: the status pass raises on it
             run.plans.pool.append((k, p))
         else:
             run.trace.skipped[k] = "invalid plan: " + "; ".join(map(str, rep.violations[:3]))
@@ -404,7 +404,7 @@ def expand(run: Run, deadline: Deadline) -> None:
 
 
 # -- searches on the full graph ---------------------------------------------------------
-def lns_stage(run: Run, deadline: Deadline) -> None:
+def lns_pass(run: Run, deadline: Deadline) -> None:
     """:func:`~solver.lns.lns` from the best candidate, for its grant."""
     t = time.perf_counter()
     if run.budget.wants.get("lns", 0.0) <= 0 or not run.plans.pool:

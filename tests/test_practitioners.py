@@ -1,10 +1,10 @@
-"""Single device, Expert and METIS (solver/baselines.py) on hand-derivable graphs."""
+"""Single device, Expert and METIS (solver/practitioners.py) on hand-derivable graphs."""
 import pytest
 
 from pesto.cluster import gpus
 from pesto.graph import Edge, Op, OpGraph, Tensor
 from pesto.plan import check_plan
-from solver.baselines import expert_assignment, place_expert, place_metis, place_single
+from solver.practitioners import expert_assignment, place_expert, place_metis, place_single
 from pesto.memory import static_repair
 from pesto.problem import Problem
 
