@@ -233,3 +233,64 @@ def training_step(layers: int = 4, *, act: int = 1_000_000, weight: int = 4000, 
         es.append(Edge(f"layer_{l}/w", f"train/apply_{l}", (f"layer_{l}/w:0",)))
         grad = dx
     return mark_phases(OpGraph(ops, es, ts, name=f"layered{layers}"))
+
+
+def uniform_stages(stages: int = 4, *, t: float = 24_000.0, act: int = 1 << 30, params: int = 400_000_000,
+                   batch: int = 24) -> OpGraph:
+    """A training step of ``stages`` identical layers (issue 30's uniform-stage
+    check: ``T_F = T_B = T_W``, weights too large for data parallelism).
+
+    Layer ``l``: a variable ``layer_<l>/w`` (``12 params`` persistent bytes:
+    fp32 weights and Adam's two slots) read by ``layer_<l>/read`` (the
+    ``4 params``-byte weight tensor), one colocation group with its update
+    ``train/update_<l>``; a forward op ``layer_<l>/f`` (``act`` bytes out),
+    its input gradient ``gradients/layer_<l>/dx`` (``act`` bytes; reads the
+    weight and the gradient from above) and weight gradient
+    ``gradients/layer_<l>/dw`` (``4 params`` bytes; reads the layer's input
+    and the gradient from above). ``f``, ``dx`` and ``dw`` each take ``t`` µs
+    over the whole batch (``t / M`` per slice once split in ``M``); the data
+    input and the loss are small. Marks (batch, phase, anchor) are set here.
+    With the defaults a layer holds 4.5 GiB: four of them do not fit one 16 GB
+    V100 (data parallelism), one per GPU does.
+
+    >>> g = uniform_stages(4)
+    >>> g.num_ops, g.op("gradients/layer_2/dw").phase, g.op("gradients/layer_2/dw").anchor
+    (26, 'weight-grad', 'layer_2/f')
+    >>> sum(op.persistent_bytes for op in g.ops) / 2**30 > 16
+    True
+    """
+    ops = [Op("data", {"GPU": 2.0}, output_bytes=act, batch=True, phase="forward", scope="data")]
+    tensors, edges = [Tensor("data:0", "data", act)], []
+
+    def add(name, time, out, batch, phase, **kw):
+        ops.append(Op(name, {"GPU": time}, output_bytes=out, batch=batch, phase=phase,
+                      scope=name.rpartition("/")[0], **kw))
+        if out:
+            tensors.append(Tensor(f"{name}:0", name, out))
+
+    def edge(u, v):
+        edges.append(Edge(u, v, (f"{u}:0",)))
+
+    prev, weight = "data", 4 * params
+    for l in range(stages):
+        add(f"layer_{l}/w", 0.0, 0, False, "forward", persistent_bytes=12 * params, colocation_group=f"w{l}")
+        add(f"layer_{l}/read", 0.0, weight, False, "forward", colocation_group=f"w{l}")
+        add(f"layer_{l}/f", t, act, True, "forward")
+        edges.append(Edge(f"layer_{l}/w", f"layer_{l}/read", ()))
+        edge(prev, f"layer_{l}/f")
+        edge(f"layer_{l}/read", f"layer_{l}/f")
+        prev = f"layer_{l}/f"
+    add("loss/xent", 2.0, act, True, "forward")
+    edge(prev, "loss/xent")
+    grad = "loss/xent"
+    for l in reversed(range(stages)):
+        below, f = (f"layer_{l - 1}/f" if l else "data"), f"layer_{l}/f"
+        dx, dw = f"gradients/layer_{l}/dx", f"gradients/layer_{l}/dw"
+        add(dx, t, act, True, "input-grad", anchor=f)
+        add(dw, t, weight, True, "weight-grad", anchor=f)
+        add(f"train/update_{l}", 1.0, 0, False, "update", colocation_group=f"w{l}")
+        for u, v in [(grad, dx), (f"layer_{l}/read", dx), (grad, dw), (below, dw), (dw, f"train/update_{l}")]:
+            edge(u, v)
+        edges.append(Edge(f"layer_{l}/w", f"train/update_{l}", ()))
+        grad = dx
+    return OpGraph(ops, edges, tensors, name=f"uniform{stages}_b{batch}")

@@ -3,11 +3,12 @@
 Runs :mod:`benchmarks.placement` (the placement comparison) and then, when
 present, the area benchmarks ``bench_simulate``, ``bench_coarsen``,
 ``bench_heuristics``, ``bench_exact``, ``bench_tf``, ``bench_bound``, ... and
-``bench_microbatch`` (issue 24's table, ``microbatch.md``) and ``bench_regression``
+``bench_microbatch`` (issue 24's table, ``microbatch.md``), ``bench_parallel`` (issue 30's
+table against the baselines a user would pick, ``parallel.md``) and ``bench_regression``
 (the one-step placement against its recorded reference, ``regression.md``) and ``bench_schedules``
 (the pipeline schedules on uniform stages, ``schedules.md``) (each a module with a
-``main()``; :data:`AREA_BENCHMARKS`). ``--quick`` runs only a small placement run
-and ``bench_microbatch --quick`` into temporary directories: a CI check of the
+``main()``; :data:`AREA_BENCHMARKS`). ``--quick`` runs only a small placement run,
+``bench_microbatch --quick`` and ``bench_parallel --quick`` into temporary directories: a CI check of the
 code path, not of the figures. A full placement
 run also rewrites the results table in docs/results.md (:mod:`benchmarks.readme`).
 
@@ -25,10 +26,10 @@ import time
 
 AREA_BENCHMARKS = ("bench_simulate", "bench_coarsen", "bench_heuristics", "bench_exact", "bench_tf", "bench_bound",
                    "bench_ablation", "bench_scale", "bench_expert", "bench_keras", "bench_hosts", "bench_microbatch",
-                   "bench_regression", "bench_schedules")
+                   "bench_parallel", "bench_regression", "bench_schedules")
 #: The area benchmarks ``--quick`` runs too, with their arguments (a temporary
 #: directory is appended as ``--out``).
-QUICK = {"bench_microbatch": ["--quick"]}
+QUICK = {"bench_microbatch": ["--quick"], "bench_parallel": ["--quick"]}
 
 
 def _call_main(module_name: str, args: list[str] | None = None) -> int:

@@ -50,6 +50,7 @@ from solver.parallel.pipelines import data_parallel_plan, gpu_names, pipeline_pl
 from solver.parallel.schedules import SCHEDULES
 from solver.parallel.slice_model import place_slice_cpsat
 from solver.parallel.search import check_batch
+from solver.parallel.user_baselines import PLANS as USER_BASELINES
 
 from . import __version__
 from . import cluster as C
@@ -372,7 +373,8 @@ def run_placer(args, graph, cluster, placer: str):
 
 def _place_step(args, graph, cluster, placer: str, micro: int):
     """A non-exact placer's plan and the graph it places (``micro`` slices:
-    GPipe, 1F1B and slice-cpsat default to 4, data parallelism and hybrid to 1; a heuristic places the split step)."""
+    GPipe, 1F1B and slice-cpsat default to 4, data parallelism and hybrid to 1; megatron, zero-dp and
+    best-pipeline pick their best count unless ``micro > 1``; a heuristic places the split step)."""
     m = micro if micro > 1 or placer not in (*SCHEDULES, "slice-cpsat") else 4
     replicas = len(gpu_names(cluster)) if placer == "data-parallel" else 2 if placer == "hybrid" else 1
     why = check_batch(getattr(args, "batch_size", None), replicas, m)
@@ -393,6 +395,10 @@ def _place_step(args, graph, cluster, placer: str, micro: int):
         if placer == "hybrid":   # two replicas, each a pipeline over half the GPUs
             r = hybrid_plan(marked(graph), cluster, replicas=2, micro_batches=micro)
             return r.plan, r.graph
+        if placer in USER_BASELINES:   # each at its best M (the batch's divisors), or at --micro-batches M
+            r = USER_BASELINES[placer](marked(graph), cluster, batch_size=getattr(args, "batch_size", None),
+                                       micro_batches=micro if micro > 1 else None)
+            return r.solved.plan, r.solved.graph
         placed = graph if micro == 1 else step_graph(graph, micro, "micro-batched")
         try:
             fn = get_placer(placer)
@@ -437,7 +443,7 @@ def describe_step(plan, placed) -> str:
 
 
 #: Placers whose plan places a transformed step even without ``--micro-batches``.
-STEP_PLACERS = (*SCHEDULES, "slice-cpsat", "data-parallel", "hybrid")
+STEP_PLACERS = (*SCHEDULES, "slice-cpsat", "data-parallel", "hybrid", *USER_BASELINES)
 
 
 def check_step_graph_output(args) -> None:

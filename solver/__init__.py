@@ -6,7 +6,7 @@ record (the function, its speed, its heuristic rank). :mod:`solver.search`
 holds the local search, :mod:`solver.recipes` the recipes (lists of passes) of ``pesto.solve``.
 
 >>> sorted(PLACERS)[:3]
-['1f1b', 'celeritas', 'cpsat']
+['1f1b', 'best-pipeline', 'celeritas']
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ within the deadline, memory that cannot fit...) or lacks its optional
 module, and names it; any other exception is a bug and propagates.
 
 >>> sorted(PLACERS)[:3]
-['1f1b', 'celeritas', 'cpsat']
+['1f1b', 'best-pipeline', 'celeritas']
 >>> PLACERS["m-etf"].speed, heuristic_placers()[:3]
 (1.8, ('expert', 'metis', 'm-etf'))
 """
@@ -36,6 +36,7 @@ from .mip import place_mip
 from .parallel.pipelines import place_1f1b, place_data_parallel, place_gpipe, schedule_placer
 from .parallel.schedules import SCHEDULES
 from .parallel.slice_model import place_slice_cpsat
+from .parallel.user_baselines import place_best_pipeline, place_megatron, place_zero_dp
 
 __all__ = ["Placer", "PLACERS", "COMMON_OPTIONS", "HEURISTICS", "heuristics", "run_order", "get_placer",
            "accepted_options", "run_placers"]
@@ -101,6 +102,10 @@ PLACERS: dict[str, Placer] = {p.name: p for p in (
     *(Placer(name, schedule_placer(name)) for name, s in SCHEDULES.items() if not s.plain),
     Placer("hybrid", place_hybrid),
     Placer("slice-cpsat", place_slice_cpsat),
+    # the configurations a user would pick instead (solver.parallel.user_baselines), each at its best M
+    Placer("megatron", place_megatron),
+    Placer("zero-dp", place_zero_dp),
+    Placer("best-pipeline", place_best_pipeline),
 )}
 
 

@@ -96,7 +96,7 @@ def replica_groups(cluster: Cluster, replicas: int) -> list[list[str]]:
 
 def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batches: int = 1,
                 schedule: str = "1f1b", loss: str | None = None, candidates: int = CANDIDATES,
-                weight_grads="separate") -> StepPlan:
+                weight_grads="separate", op_stages: Sequence[int] | None = None) -> StepPlan:
     """``replicas`` replicas of ``graph``, each a pipeline over its group of
     GPUs in ``micro_batches`` slices (module doc); the plan places
     ``step_graph(graph, micro_batches, "replicated", replicas)``.
@@ -105,7 +105,8 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     ``"zb-h2"``: weight gradients as their own tasks); ``candidates``: the stage splits
     :func:`~solver.parallel.pipelines.pipeline_plan` simulates on one group;
     ``weight_grads``: the split's rule for the slices' weight gradients
-    (:func:`pesto.step.split`).
+    (:func:`pesto.step.split`); ``op_stages``: the stage split given instead
+    (``pipeline_plan``'s, its stage count the group size ``GPUs / replicas``).
 
     Raises
     ------
@@ -124,7 +125,8 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     k = len(groups[0])
     rest = [d.name for d in cluster.devices if d.kind != "GPU"] if cluster.gpus else []
     pipe = pipeline_plan(graph, cluster.subset(groups[0] + rest), schedule=schedule, micro_batches=m,
-                         loss=loss, stages=k, candidates=candidates, weight_grads=weight_grads)
+                         loss=loss, stages=k, candidates=candidates, weight_grads=weight_grads,
+                         op_stages=op_stages)
     stage = _op_stages(pipe, groups[0])
     rep = replicate(graph, len(groups))
     split = split_step(rep.graph, m, weight_grads=weight_grads)

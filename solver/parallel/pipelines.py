@@ -149,7 +149,7 @@ def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str
 
 def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", micro_batches: int = 4,
                   loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES,
-                  weight_grads="separate") -> StepPlan:
+                  weight_grads="separate", op_stages: Sequence[int] | None = None) -> StepPlan:
     """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
 
     ``weight_grads``: the split's rule for the slices' weight gradients
@@ -168,6 +168,11 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     ``(M v + k - 1)`` times the largest virtual stage's cost per slice.
     ``candidates``: the stage splits simulated, those of least estimate
     (:func:`solver.parallel.cut.step_estimate`).
+    ``op_stages``: the stage split given instead of searched (a schedule of
+    one chunk), per op of ``graph`` its stage (batched ops, ``0 .. k-1``;
+    ``-1`` for unbatched ops, staged by :func:`step_stages`' rule), e.g. a
+    hand rule's (:func:`solver.parallel.user_baselines.uniform_stages`); the
+    plan's ``blocking`` is ``"given"``.
 
     Raises
     ------
@@ -175,13 +180,20 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
         As :func:`pesto.step.split`.
     ValueError
         An unknown ``schedule``, or no stage count it accepts (interleaved
-        1F1B: ``M`` a multiple of the stages) or that the blocks can fill.
+        1F1B: ``M`` a multiple of the stages) or that the blocks can fill;
+        ``op_stages`` not one entry per op, or more stages than GPUs.
     """
     t0 = time.perf_counter()
     sch = get_schedule(schedule)
     split = split_step(graph, micro_batches, weight_grads=weight_grads)
     ph = phases(graph, loss=loss)
     gpus = gpu_names(cluster)
+    if op_stages is not None:
+        if sch.chunks > 1:
+            raise ValueError(f"op_stages gives one stage per GPU; schedule {schedule!r} runs {sch.chunks} chunks")
+        k = _given_stages(graph, op_stages, len(gpus))
+        plan = _pipeline(split, cluster, gpus, tuple(op_stages), k, ph, sch, t0)
+        return StepPlan(plan, split.graph, split.micro_batches, k, schedule, "given")
     beta = _mean_route(cluster, gpus)
     m, v = split.micro_batches, sch.chunks
     capacity = min(cluster.device(d).memory for d in gpus)
@@ -217,6 +229,16 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
         if best is None or rank(plan) < rank(best.plan):
             best = StepPlan(plan, split, m, k, schedule, name)
     return best
+
+
+def _given_stages(graph: OpGraph, op_stages: Sequence[int], gpus: int) -> int:
+    """The stage count of a given split (:func:`pipeline_plan`'s ``op_stages``), checked."""
+    if len(op_stages) != graph.num_ops:
+        raise ValueError(f"op_stages has {len(op_stages)} entries for the {graph.num_ops} ops of {graph.name!r}")
+    k = max(op_stages, default=-1) + 1
+    if not 1 <= k <= gpus:
+        raise ValueError(f"op_stages uses {k} stages; {graph.name!r} has {gpus} GPUs to run 1 to {gpus} stages on")
+    return k
 
 
 def gpu_names(cluster: Cluster) -> list[str]:
