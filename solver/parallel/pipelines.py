@@ -193,7 +193,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
             raise ValueError(f"op_stages gives one stage per GPU; schedule {schedule!r} runs {sch.chunks} chunks")
         k = _given_stages(graph, op_stages, len(gpus))
         plan = _pipeline(split, cluster, gpus, tuple(op_stages), k, ph, sch, t0)
-        return StepPlan(plan, split.graph, split.micro_batches, k, schedule, "given")
+        return StepPlan(plan, split, split.micro_batches, k, schedule, "given")
     beta = _mean_route(cluster, gpus)
     m, v = split.micro_batches, sch.chunks
     capacity = min(cluster.device(d).memory for d in gpus)
