@@ -242,7 +242,8 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
                pipeline: str | None = None) -> Solved:
     """:func:`solve` returning the plan with the graph it places
     and the strategy it realises (:class:`~solver.parallel.strategy.Solved`:
-    ``plan``, ``graph``, ``strategy``; ``micro_batches``, ``graph_kind``,
+    ``plan``, ``graph``, ``strategy``, ``transformed``: the transform that made
+    ``graph``, each op's origin in the step; ``micro_batches``, ``graph_kind``,
     ``replicas``, ``steps`` read from them), the same type for every kind
     (the plain step: ``Strategy()``, ``graph`` the input), so that
     ``pesto.check_plan(r, cluster)`` and ``pesto.simulate(r, cluster)`` take it. Default ``micro_batches="auto"``; the options and errors are :func:`solve`'s.

@@ -55,10 +55,10 @@ def test_each_replica_is_a_pipeline_inside_one_host(step, two_hosts, m):
     assert (r.replicas, r.stages, r.micro_batches) == (2, 2, m)
     host = {d: k // 2 for k, d in enumerate(two_hosts.names)}
     rep = replicate(step, 2)
-    both = compose(split(rep.graph, m), rep) if m > 1 else rep
+    assert dict(r.transformed.origin) == dict((compose(split(rep.graph, m), rep) if m > 1 else rep).origin)
     used = [set(), set()]
     for name, dev in r.plan.placement.items():
-        origin = both.origin[name]                   # the step's op this one copies or sums, and its replica
+        origin = r.transformed.origin[name]          # the step's op this one copies or sums, and its replica
         assert host[dev] == origin.replica, name     # a replica's ops, its ring ops too, stay on its host
         used[origin.replica].add(dev)
     assert all(len(u) == 2 for u in used)            # and use both of its GPUs: two stages

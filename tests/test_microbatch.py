@@ -113,12 +113,14 @@ def test_slices_pipeline_on_two_devices():
     assert simulate(g, c, {"a": "/GPU:0", "b": "/GPU:1"}).makespan == 20.0
 
 
-def test_one_micro_batch_is_the_step_renamed():
+def test_one_micro_batch_is_the_step_itself():
     g = _step()
     s = split(g, 1)
-    assert s.graph.num_ops == g.num_ops and s.graph.num_edges == g.num_edges
-    assert s.graph.total_work() == g.total_work() and not any("@acc" in n for n in s.graph.names)
-    assert s.copies("h") == ("h@mb0",) and s.copies("w") == ("w",)
+    assert s.graph is g and s.source is g and s.micro_batches == 1
+    assert s.copies("h") == ("h",) and s.copies("w") == ("w",)
+    assert (s.origin["h"].slice, s.origin["h"].role, s.origin["w"].role) == (0, "copy", "step")
+    with pytest.raises(BatchMarkError, match="no batch mark"):   # the same checks as any split
+        split(OpGraph([Op("a", {"GPU": 1.0})]), 1)
 
 
 def _name(s, op: str, i: int = 0) -> str:
@@ -181,7 +183,8 @@ def test_property_work_and_bytes_scale_as_stated(g, m):
     for t in g.tensors:
         if g.op(t.src).batch:
             want = t.bytes if t.name in parts else math.ceil(t.bytes / m)
-            assert all(s.graph.tensor(f"{t.name}@mb{i}").bytes == want for i in range(m))
+            names = [t.name] if m == 1 else [f"{t.name}@mb{i}" for i in range(m)]   # M = 1: the step itself
+            assert all(s.graph.tensor(n).bytes == want for n in names)
     step = {t for t in parts if any(not g.op(c).batch for c in g.consumers()[t])}
     assert sum(o.role == "accumulate" for o in s.origin.values()) == (m - 1) * len(step)
 

@@ -9,9 +9,10 @@ from mb_strategies import layered_step
 from pesto.cluster import gpus
 from pesto.errors import BatchMarkError, InfeasibleError, MicroBatchError, MicroBatchMemoryError
 from pesto.graph import Edge, Op, OpGraph, Tensor
-from pesto.step import split
+from pesto.step import replicate, split
 from solver.parallel.bound import pipeline_bound, sample_bound
 from solver.parallel.pipelines import pipeline_plan
+from solver.parallel.realise import realise
 from solver.parallel.search import winner_bound
 from solver.parallel.strategy import Solved, Strategy
 
@@ -107,8 +108,18 @@ def test_a_baseline_winner_carries_the_per_sample_bound(step, monkeypatch):
 def test_winner_bound_of_a_pipeline_baseline_is_its_split_steps(step):
     c = pesto.v100x2_nvlink()
     sp = pipeline_plan(step, c, schedule="gpipe", micro_batches=4)
-    b = winner_bound(step, c, Solved(sp.plan, sp.graph, Strategy(stages=sp.stages, micro_batches=4, schedule="gpipe")), batch=8)
+    b = winner_bound(c, Solved(sp.plan, sp.graph, Strategy(stages=sp.stages, micro_batches=4, schedule="gpipe"),
+                               sp.transformed), batch=8)
     plain, pipe = sample_bound(split(step, 4), c, batch=8), pipeline_bound(split(step, 4), c)
     assert b.step == max(plain.step, pipe.step) and b.memory == plain.memory   # fill and drain charged
     assert b.source == ("pipeline" if pipe.step > plain.step else plain.source)
     assert 0 < b.step <= sp.plan.makespan and b.per_sample == b.step / 8
+    assert winner_bound(c, Solved(sp.plan, sp.graph, Strategy(stages=sp.stages, micro_batches=4))) is None
+
+
+def test_winner_bound_of_a_replicated_plan_is_its_split_replicated_steps(step):
+    # the kept transform (replicate, then split, composed) bounds as the split of the replicated step
+    c = pesto.v100x2_nvlink()
+    for m in (1, 2):
+        dp = realise(step, c, Strategy(replicas=2, micro_batches=m))
+        assert winner_bound(c, dp) == sample_bound(split(replicate(step, 2).graph, m), c)

@@ -24,7 +24,7 @@ from pesto.step.slicing import parse_name  # noqa: E402
 from tf_patch import slicemap  # noqa: E402
 from tf_patch.microstep import slice_of  # noqa: E402
 from tf_patch.workflow import PlacedRun  # noqa: E402
-from tf_patch.slicemap import mapped_hint, place_split, slice_map  # noqa: E402
+from tf_patch.slicemap import mapped_hint, place_split, result_view, slice_map  # noqa: E402
 from tf_patch.zoo import build_model  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -51,8 +51,10 @@ def graphs():
 
 def test_every_tf_op_of_the_split_step_is_mapped_or_listed(graphs):
     step, tf_split = graphs
-    pesto_split = split_step(step, 2).graph
+    kept = split_step(step, 2)
+    pesto_split = kept.graph
     m = slice_map(step, pesto_split.names, tf_split, 2)
+    assert slice_map(step, kept.origin, tf_split, 2) == m   # the kept transform's origins: the same map
     mapped = {t for ts in m.ops.values() for t in ts}
     assert mapped | set(m.unmapped_tf) == set(tf_split.names) and not mapped & set(m.unmapped_tf)
     assert set(m.ops) | set(m.unmapped_pesto) == set(pesto_split.names)
@@ -93,8 +95,10 @@ def test_pesto_s_micro_batched_plan_trains_the_tf_split_step_placed(graphs):
     cluster = pesto.gpus(2, beta=(0.0, 1e-9))
     result = pesto.solve_step(step, cluster=cluster, micro_batches=2, batch_size=8, time_limit=3, workers=1)
     if result.graph_kind == "replicated":  # the data-parallel plan won: take the split step's own plan
-        inner = pesto.solve(split_step(step, 2).graph, cluster=cluster, time_limit=2, workers=1)
-        result = type(result)(inner, split_step(step, 2).graph, 2, "micro-batched", 1, {})
+        kept = split_step(step, 2)
+        inner = pesto.solve(kept.graph, cluster=cluster, time_limit=2, workers=1)
+        result = pesto.api.Solved(inner, kept.graph, pesto.api.Strategy(micro_batches=2, schedule="free"), kept)
+    assert result_view(result).origin == result.transformed.origin   # place_split maps by the kept transform
     placed = place_split(result, step, tf_split, cluster, time_limit=2)
     assert placed.slices.unmapped_pesto == ()
     assert placed.plan.makespan <= placed.hint.makespan + 1e-6

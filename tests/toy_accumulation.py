@@ -25,7 +25,7 @@ def realise(step, cluster, strategy, **_):
     gpu = gpu_names(cluster)[0]
     plan = finalize(split.graph, cluster, {n: gpu for n in split.graph.names},
                     order=split.graph.topological_order(), placer="accumulation", t0=time.perf_counter())
-    return Solved(plan, split.graph, strategy)
+    return Solved(plan, split.graph, strategy, split)
 
 
 KIND = Kind("accumulation", candidates, realise, lambda s: f"accumulation M={s.micro_batches}", sims=1.0)

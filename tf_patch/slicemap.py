@@ -55,6 +55,7 @@ from typing import Mapping
 from pesto import evaluate, solve
 from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
+from pesto.step import Origin
 from pesto.step.slicing import parse_name
 
 __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPlacement", "place_split",
@@ -84,6 +85,9 @@ class ResultView:
         ``"gpipe M=4"``, ``"data-parallel"``, ``"hybrid R=2 M=2"``).
     skipped : mapping name -> str
         The candidates left out, and why (``plan.log.skipped``).
+    origin : mapping op -> Origin, or None
+        Each op of ``graph``'s origin in the step (``Solved.transformed.origin``);
+        None when the result kept no transform (then names are read by the naming rule).
     """
 
     plan: object
@@ -93,6 +97,7 @@ class ResultView:
     graph_kind: str
     steps: Mapping[str, float] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
+    origin: Mapping[str, Origin] | None = None
 
 
 def result_view(result) -> ResultView:
@@ -114,9 +119,11 @@ def result_view(result) -> ResultView:
                               f"that tf_patch does not build in TensorFlow yet; no plan without them fits memory",
                               culprit=savers)
     steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
+    kept = getattr(result, "transformed", None)
     return ResultView(result.plan, result.graph, int(result.micro_batches), int(result.replicas),
                       str(result.graph_kind), MappingProxyType(dict(steps)),
-                      MappingProxyType(dict(getattr(log, "skipped", None) or {})))
+                      MappingProxyType(dict(getattr(log, "skipped", None) or {})),
+                      None if kept is None else kept.origin)
 
 
 def slice_candidates(op: str, i: int) -> tuple[str, ...]:
@@ -182,9 +189,11 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
     step : OpGraph
         The un-split TF step Pesto split (:func:`tf_patch.extract.extract`'s
         names, batch marks), for its types and the consumers of the partials.
-    split_names : iterable of str
-        The ops of Pesto's split graph (``Solved.graph.names``, or the
-        keys of its plan's placement).
+    split_names : iterable of str, or mapping op -> Origin
+        The ops of Pesto's split graph: with their origins
+        (``Solved.transformed.origin``), else names only (``Solved.graph.names``,
+        or the keys of its plan's placement), read by the naming rule
+        (:func:`pesto.step.slicing.parse_name`).
     tf_split : OpGraph
         The TF split step of ``micro_batches`` slices (extracted).
     micro_batches : int
@@ -205,8 +214,8 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
     """
     have = set(tf_split.names)
     ops: dict[str, tuple] = {}
-    for name in split_names:
-        origin = parse_name(name)
+    origins = split_names if isinstance(split_names, Mapping) else {n: parse_name(n) for n in split_names}
+    for name, origin in origins.items():
         if origin.role == "copy":
             found = _copy(step, tf_split, have, origin.op, origin.slice)
             found = (found,) if found is not None else _input(have, origin.op, origin.slice)
@@ -221,7 +230,7 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
             ops[name] = found
     hit = {t for ts in ops.values() for t in ts}
     return SliceMap(micro_batches, MappingProxyType(ops), tuple(n for n in tf_split.names if n not in hit),
-                    tuple(n for n in split_names if n not in ops))
+                    tuple(n for n in origins if n not in ops))
 
 
 def _copy(step: OpGraph, tf_split: OpGraph, have: set, op: str, i: int) -> str | None:
@@ -350,7 +359,7 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
                          f"tf_patch.replicate_model(build_model(..., micro_batches={k}), result) gives the "
                          "model and its plan; a Keras or tf.function step takes the result itself "
                          "(FunctionStep.apply(result))")
-    slices = slice_map(step, result.graph.names, tf_split, result.micro_batches)
+    slices = slice_map(step, result.origin or result.graph.names, tf_split, result.micro_batches)
     placement = result.plan.placement
     if result.graph_kind == "step":  # M = 1: the names are the TF step's own
         slices = SliceMap(1, MappingProxyType({n: (n,) for n in placement if n in tf_split}),

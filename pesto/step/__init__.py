@@ -6,7 +6,8 @@
 * :func:`recompute` (:mod:`pesto.step.recompute`): activation
   recomputation per layer block;
 * each returns a :class:`Transformed` (the graph, the step it came from and
-  each op's :class:`Origin`); :func:`compose` chains two;
+  each op's :class:`Origin`); :func:`compose` chains two; :func:`identity`
+  is the step as itself (``split`` into one slice);
 * :mod:`pesto.step.marks`: the per-op marks a front end sets (batch, phase,
   anchor, role), read without any framework's names.
 
@@ -17,11 +18,11 @@ Examples
 >>> s.graph.names, s.micro_batches
 (('a@mb0', 'a@mb1'), 2)
 """
-from .transform import Origin, Transformed, check_count, compose
+from .transform import Origin, Transformed, check_count, compose, identity
 from .slicing import split
 from .replication import replicate
 from .recompute import recompute
 from .marks import anchors, backward_ops, forward_ops
 
-__all__ = ["Origin", "Transformed", "compose", "check_count", "split", "replicate", "recompute", "forward_ops",
-           "backward_ops", "anchors"]
+__all__ = ["Origin", "Transformed", "compose", "identity", "check_count", "split", "replicate", "recompute",
+           "forward_ops", "backward_ops", "anchors"]

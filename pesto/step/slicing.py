@@ -129,8 +129,9 @@ batched members: TensorFlow places an op reading a resource with the resource
 (``embedding_lookup`` stays with the embedding, whatever the slice). A group of
 batched ops only becomes one group per slice, ``group@mb{i}``.
 
-``M = 1`` returns the same step under the copy names (``op@mb0``): the same
-ops, edges, work and bytes.
+``M = 1`` returns the step itself (:func:`~pesto.step.transform.identity`:
+the same graph, its ops' own names, a batched op slice 0's copy), after the
+same checks of its marks.
 
 Examples
 --------
@@ -159,7 +160,7 @@ from typing import Mapping
 
 from ..errors import BatchMarkError, MicroBatchError
 from ..graph import Edge, Op, OpGraph, Tensor
-from .transform import Origin, Transformed, check_count
+from .transform import Origin, Transformed, check_count, identity
 
 __all__ = ["split", "check_marks", "partial_tensors", "fixed_ops", "slice_op", "accumulate_op", "copy_name",
            "whole_name", "parse_name", "weight_grad_ops", "whole_ops", "FLOOR_US", "BANDWIDTH", "RESERVED",
@@ -380,7 +381,9 @@ def split(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
     m = check_count(micro_batches)
     check_marks(graph)
     b = _Split(graph, m, floor_us, bandwidth)
-    b.choose(weight_grads)
+    b.choose(weight_grads)   # checked whatever M
+    if m == 1:
+        return identity(graph)
     b.add_ops()
     b.add_edges()
     out = OpGraph(b.ops, b.edge_list(), b.tensors, name=f"{graph.name}@mb{m}")

@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 from ..errors import MicroBatchError
 from ..graph import OpGraph
 
-__all__ = ["Origin", "Transformed", "compose", "check_count", "ROLES"]
+__all__ = ["Origin", "Transformed", "identity", "compose", "check_count", "ROLES"]
 
 #: The roles of an op of a transformed graph (:attr:`Origin.role`).
 ROLES = ("copy", "step", "accumulate", "whole", "reduce-scatter", "all-gather", "gather", "recompute")
@@ -136,6 +136,40 @@ class Transformed:
             raise MicroBatchError(f"{self.replicas} replicas need as many devices, got {list(devices)}",
                                   culprit=len(devices))
         return {name: devices[o.replica or 0] for name, o in self.origin.items()}
+
+
+def identity(graph: OpGraph) -> Transformed:
+    """``graph`` as its own transform: every op its own origin, a batched op
+    the one slice's copy (slice 0), any other op run once per step. The step
+    in one micro-batch (:func:`pesto.step.split` with ``M = 1``) and the
+    plain step a plan places are this.
+
+    >>> from pesto.graph import Op, OpGraph
+    >>> t = identity(OpGraph([Op("a", {"GPU": 4.0}, batch=True), Op("b", {"GPU": 1.0}, batch=False)]))
+    >>> t.graph is t.source, t.origin["a"], t.origin["b"].role
+    (True, Origin(op='a', replica=None, slice=0, role='copy', tensor=None, members=()), 'step')
+    """
+    return Transformed(graph, graph, _Itself(graph))
+
+
+class _Itself(Mapping):
+    """The identity's origin map, each :class:`Origin` made when read (a
+    plain solve keeps its step's identity at no cost)."""
+
+    def __init__(self, graph: OpGraph):
+        self._graph = graph
+
+    def __getitem__(self, name: str) -> Origin:
+        if name not in self._graph:
+            raise KeyError(name)
+        op = self._graph.op(name)
+        return Origin(name, slice=0) if op.batch else Origin(name, role="step")
+
+    def __iter__(self):
+        return iter(self._graph.names)
+
+    def __len__(self) -> int:
+        return self._graph.num_ops
 
 
 def compose(outer: Transformed, inner: Transformed) -> Transformed:

@@ -145,10 +145,10 @@ def copies_bound(split: Transformed, prob: Problem, head, tail) -> float:
     >>> copies_bound(s, p, [0.0] * 4, [0.0] * 4)   # 4 copies of 10 on 3 GPUs: 2 rounds
     20.0
     """
-    groups: dict[str, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for name, o in split.origin.items():
-        if o.role == "copy":
-            groups.setdefault(o.op, []).append(prob.index[name])
+        if o.role == "copy":   # one replica's copies of one op
+            groups.setdefault((o.op, o.replica), []).append(prob.index[name])
     best = 0.0
     for members in groups.values():
         h = min(head[i] for i in members)

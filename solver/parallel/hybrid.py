@@ -20,8 +20,9 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    position in the group of the device it got there (colocation already
    settled by that plan).
 3. **The step**: ``split(replicate(graph, R).graph, M)`` (``M = 1``: the
-   replicated graph itself), the graph :func:`solver.parallel.search.step_graph`
-   rebuilds for ``("replicated", R, M)``. Replica ``r``'s copy of an op runs
+   replicated graph itself, :func:`pesto.step.split` of one slice), the graph
+   :func:`solver.parallel.search.step_graph` rebuilds for ``("replicated", R, M)``;
+   the result keeps the two transforms composed (:func:`pesto.step.compose`). Replica ``r``'s copy of an op runs
    on ``group[r][stage]``; every all-reduce op of a gradient tensor on the
    device of its replica's group that holds the stage of the tensor's
    unbatched reader (the variable's update), so the ring of one variable runs
@@ -55,14 +56,12 @@ Examples
 from __future__ import annotations
 
 import time
-from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from pesto.cluster import Cluster
 from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
-from pesto.step import Origin, Transformed, check_count, replicate, split as split_step
-from pesto.step.slicing import copy_name
+from pesto.step import Transformed, check_count, compose, replicate, split as split_step
 from pesto.plan import Plan
 
 from .cut import Phases, phases
@@ -128,9 +127,9 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     pipe = pipeline_plan(graph, cluster.subset(groups[0] + rest), schedule=schedule, micro_batches=m,
                          loss=loss, stages=k, candidates=candidates, weight_grads=weight_grads,
                          op_stages=op_stages)
-    stage = _op_stages(graph, pipe.plan.placement, groups[0])
+    stage = _op_stages(pipe, groups[0])
     rep = replicate(graph, len(groups))
-    split = split_step(rep.graph, m, weight_grads=weight_grads) if m > 1 else _unsplit(rep.graph)
+    split = split_step(rep.graph, m, weight_grads=weight_grads)
     rstage = _replica_stages(rep, stage, k)
     back = phases(graph, loss=loss).backward
     ph = Phases((), frozenset(i for i, n in enumerate(rep.graph.names)
@@ -142,14 +141,15 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
                        weight_tasks=SCHEDULES[schedule].split_backward,
                        position=[pos[graph.index[rep.origin[n].op]] for n in rep.graph.names],
                        stats={"replicas": len(groups), "stages": k, "micro_batches": m})
-    return StepPlan(plan, split.graph, m, k, schedule, pipe.blocking, len(groups))
+    return StepPlan(plan, rep if m == 1 else compose(split, rep), m, k, schedule, pipe.blocking, len(groups))
 
 
-def _op_stages(graph: OpGraph, placement: Mapping[str, str], group: Sequence[str]) -> list[int]:
-    """Each op's stage in a pipeline plan of ``graph`` on ``group``: the
-    position of its (slice 0 copy's) device; 0 off the group (a CPU op)."""
+def _op_stages(pipe: StepPlan, group: Sequence[str]) -> list[int]:
+    """Each op of the step in ``pipe`` (a pipeline plan on ``group``) its
+    stage: the position of its first copy's device; 0 off the group (a CPU op)."""
     where = {d: s for s, d in enumerate(group)}
-    return [where.get(placement[copy_name(op.name, 0) if op.batch else op.name], 0) for op in graph.ops]
+    t, placement = pipe.transformed, pipe.plan.placement
+    return [where.get(placement[t.copies(op.name)[0]], 0) for op in t.source.ops]
 
 
 def _replica_stages(rep: Transformed, stage: Sequence[int], k: int) -> list[int]:
@@ -167,14 +167,6 @@ def _replica_stages(rep: Transformed, stage: Sequence[int], k: int) -> list[int]
         own = stage[g.index[o.op]]
         out.append(o.replica * k + (reader.get(o.tensor, own) if o.tensor else own))
     return out
-
-
-def _unsplit(graph: OpGraph) -> Transformed:
-    """``graph`` as its own split in one slice under its own names (the
-    replicated ``M = 1`` step is not split: :func:`~solver.parallel.search.step_graph`)."""
-    origin = {op.name: Origin(op.name, slice=0) if op.batch else Origin(op.name, role="step")
-              for op in graph.ops}
-    return Transformed(graph, graph, MappingProxyType(origin))
 
 
 def place_hybrid(graph: OpGraph, cluster: Cluster, *, replicas: int = 2, micro_batches: int = 1,

@@ -5,9 +5,10 @@ a front end sets them: :func:`tf_patch.marks.mark_step` for a TensorFlow graph
 that has none), builds the transformed step as an ordinary graph and returns a
 :class:`~pesto.plan.Plan` *of that graph*, simulated and checked by
 :func:`pesto.finalize.finalize` like every placer. The typed
-:func:`pipeline_plan` / :func:`data_parallel_plan` return it with the graph
-(:class:`StepPlan`); ``pesto.check_plan(result.graph, cluster, result.plan)``
-checks it.
+:func:`pipeline_plan` / :func:`data_parallel_plan` return it with the
+transform that made the graph (:class:`StepPlan`: ``transformed``, the split
+or the replication composed with it, ``graph`` its graph);
+``pesto.check_plan(result.graph, cluster, result.plan)`` checks it.
 
 * ``gpipe`` / ``1f1b`` (:func:`place_gpipe`, :func:`place_1f1b`): the step split
   into ``micro_batches`` slices (:func:`pesto.step.split`), cut into
@@ -84,14 +85,16 @@ CANDIDATES = 8   # stage splits simulated per call (those of the smallest estima
 
 @dataclass(frozen=True)
 class StepPlan:
-    """A plan of a transformed step and the graph it places.
+    """A plan of a transformed step and the transform whose graph it places.
 
     Attributes
     ----------
     plan : Plan
         Over ``graph``'s ops (simulated, checked status).
-    graph : OpGraph
-        The micro-batched (and, for data parallelism, replicated) step.
+    transformed : Transformed
+        The step micro-batched (:func:`pesto.step.split`; ``M = 1``: the step
+        itself) and, for data parallelism or a hybrid, replicated first
+        (:func:`pesto.step.compose`): each op's origin in the step.
     micro_batches : int
     stages : int
         Pipeline stages used (replicas for data parallelism).
@@ -106,12 +109,17 @@ class StepPlan:
     """
 
     plan: Plan
-    graph: OpGraph
+    transformed: Transformed
     micro_batches: int
     stages: int
     schedule: str
     blocking: str
     replicas: int = 1
+
+    @property
+    def graph(self) -> OpGraph:
+        """The graph ``plan`` places: ``transformed.graph``."""
+        return self.transformed.graph
 
 
 def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int]]:
@@ -185,7 +193,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
             raise ValueError(f"op_stages gives one stage per GPU; schedule {schedule!r} runs {sch.chunks} chunks")
         k = _given_stages(graph, op_stages, len(gpus))
         plan = _pipeline(split, cluster, gpus, tuple(op_stages), k, ph, sch, t0)
-        return StepPlan(plan, split.graph, split.micro_batches, k, schedule, "given")
+        return StepPlan(plan, split, split.micro_batches, k, schedule, "given")
     beta = _mean_route(cluster, gpus)
     m, v = split.micro_batches, sch.chunks
     capacity = min(cluster.device(d).memory for d in gpus)
@@ -219,7 +227,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     for (stage, k), (_, name) in sorted(splits.items(), key=lambda kv: (kv[1][0], kv[0][1]))[:max(1, candidates)]:
         plan = _pipeline(split, cluster, gpus, stage, k, ph, sch, t0)
         if best is None or rank(plan) < rank(best.plan):
-            best = StepPlan(plan, split.graph, m, k, schedule, name)
+            best = StepPlan(plan, split, m, k, schedule, name)
     return best
 
 
@@ -380,13 +388,12 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     t0 = time.perf_counter()
     gpus = gpu_names(cluster)
     rep = replicate(graph, len(gpus), shard_optimizer=shard_optimizer)
+    both = rep if micro_batches == 1 else compose(split_step(rep.graph, micro_batches, weight_grads=weight_grads), rep)
+    g = both.graph
+    replica_of = {n: o.replica for n, o in both.origin.items()}
     if micro_batches == 1:
-        g, replica_of = rep.graph, {n: o.replica for n, o in rep.origin.items()}
         first = [-1.0 if rep.origin[n].role not in ("copy", "step") else 0.0 for n in g.names]
     else:
-        both = compose(split_step(rep.graph, micro_batches, weight_grads=weight_grads), rep)
-        g = both.graph
-        replica_of = {n: o.replica for n, o in both.origin.items()}
         first = [float(both.origin[n].slice) if both.origin[n].role == "copy" else -1.0 for n in g.names]
     placement = _fix_groups(g, cluster, {n: gpus[r] for n, r in replica_of.items()})
     stats = {"replicas": len(gpus), "micro_batches": micro_batches}
@@ -396,7 +403,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
              (finalize(g, cluster, placement, order=order_by_key(g, key), placer="data-parallel", t0=t0,
                        stats=stats), "all-reduce first")]
     plan, how = min(plans, key=lambda p: rank(p[0]))
-    return StepPlan(plan, g, micro_batches, len(gpus), "data-parallel", how, len(gpus))
+    return StepPlan(plan, both, micro_batches, len(gpus), "data-parallel", how, len(gpus))
 
 
 def place_gpipe(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 4, loss: str | None = None) -> Plan:

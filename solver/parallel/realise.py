@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
-from pesto.step import recompute
+from pesto.step import Transformed, compose, identity, recompute
 
 from .hybrid import hybrid_plan
 from .pipelines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
@@ -40,14 +40,14 @@ def strategy_of(sp: StepPlan) -> Strategy:
 
 def solved_of(sp: StepPlan, weight_grads: str = "separate") -> Solved:
     """A parallelism placer's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`
-    (``weight_grads``: the split's rule it was made with)."""
-    return Solved(sp.plan, sp.graph, replace(strategy_of(sp), weight_grads=weight_grads), detail=sp)
+    (its transform kept; ``weight_grads``: the split's rule it was made with)."""
+    return Solved(sp.plan, sp.graph, replace(strategy_of(sp), weight_grads=weight_grads), sp.transformed, detail=sp)
 
 
-def with_savers(step: OpGraph, strategy: Strategy) -> OpGraph:
-    """The step a kind realises ``strategy`` on: :func:`pesto.step.recompute`
-    of ``step`` when ``strategy.recompute``, else ``step``."""
-    return recompute(step).graph if strategy.recompute else step
+def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
+    """The step a kind realises ``strategy`` on (its ``graph``): :func:`pesto.step.recompute`
+    of ``step`` when ``strategy.recompute``, else ``step`` itself (:func:`pesto.step.identity`)."""
+    return recompute(step) if strategy.recompute else identity(step)
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
@@ -81,27 +81,30 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
                          deadline=deadline)
         if r.plan is None:
             raise ValueError(f"slice model M={m}: no grid solution ({r.status})")
-        return Solved(r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"), detail=r)
+        return Solved(r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"), r.transformed, detail=r)
     if s.shard_optimizer and (s.stages > 1 or s.schedule != "none"):
         raise ValueError(f"{s.name}: shard_optimizer (ZeRO) is realised for data parallelism only")
-    saved = with_savers(step, s)
+    kept = with_savers(step, s)
+    saved = kept.graph
     if s.replicas > 1 and s.stages == 1 and s.schedule == "none":
         if s.replicas != len(gpu_names(cluster)):
             raise ValueError(f"{s.name}: data parallelism runs one replica per GPU ({len(gpu_names(cluster))})")
         return _saving(solved_of(data_parallel_plan(saved, cluster, micro_batches=m, weight_grads=wg,
-                                                    shard_optimizer=s.shard_optimizer), wg), s)
+                                                    shard_optimizer=s.shard_optimizer), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas == 1:
         return _saving(solved_of(pipeline_plan(saved, cluster, schedule=s.schedule, micro_batches=m,
                                                candidates=candidates,
                                                stages=None if s.stages >= len(gpu_names(cluster)) else s.stages,
-                                               weight_grads=wg), wg), s)
+                                               weight_grads=wg), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas > 1:
         return _saving(solved_of(hybrid_plan(saved, cluster, replicas=s.replicas, micro_batches=m,
-                                             schedule=s.schedule, candidates=candidates, weight_grads=wg), wg), s)
+                                             schedule=s.schedule, candidates=candidates, weight_grads=wg), wg), s, kept)
     raise ValueError(f"no realiser for {s.name} (schedule {s.schedule!r}); the search realises 'free' itself")
 
 
-def _saving(solved: Solved, strategy: Strategy) -> Solved:
-    """``solved`` with the savers of ``strategy`` in its strategy."""
+def _saving(solved: Solved, strategy: Strategy, kept: Transformed) -> Solved:
+    """``solved`` with the savers of ``strategy`` in its strategy, its transform
+    composed with ``kept`` (:func:`with_savers`: the recomputation) down to the step."""
+    t = solved.transformed if kept.graph is kept.source else compose(solved.transformed, kept)
     return replace(solved, strategy=replace(solved.strategy, recompute=strategy.recompute,
-                                            shard_optimizer=strategy.shard_optimizer))
+                                            shard_optimizer=strategy.shard_optimizer), transformed=t)

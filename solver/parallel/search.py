@@ -3,7 +3,7 @@
 A plan of a micro-batched or replicated step places a *different graph* than
 the step given (:func:`pesto.step.split`,
 :func:`pesto.step.replicate`), so :func:`solve_step` returns it with that
-graph and its :class:`~solver.parallel.strategy.Strategy`
+graph, the transform that made it and its :class:`~solver.parallel.strategy.Strategy`
 (:class:`~solver.parallel.strategy.Solved`); the plan's log says which graph
 it is (``micro_batches``, ``graph_kind``, ``replicas``) and every step
 compared (``steps``); :func:`step_graph` rebuilds the graph from those fields.
@@ -84,7 +84,7 @@ from pesto.memory import fmt_bytes, step_activations
 from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.solvelog import PassLog, SolveLog
-from pesto.step import replicate, split as split_step
+from pesto.step import Transformed, identity, replicate, split as split_step
 from pesto.step.marks import slice_constants
 from pesto.step.replication import gradient_buckets
 
@@ -199,14 +199,14 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     if graph_kind == "step" and not savers:
         return graph
     zero = _savers(savers)
-    marked = with_savers(with_marks(graph), zero)
+    marked = with_savers(with_marks(graph), zero).graph
     if graph_kind == "step":
         return marked
     if graph_kind == "micro-batched":
         return split_step(marked, micro_batches).graph
     if graph_kind == "replicated":
         rep = replicate(marked, replicas, shard_optimizer=zero.shard_optimizer).graph
-        return rep if micro_batches == 1 else split_step(rep, micro_batches).graph
+        return split_step(rep, micro_batches).graph
     raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
 
 
@@ -250,8 +250,9 @@ class _Pool:
     skipped: dict = field(default_factory=dict)
     short: dict = field(default_factory=dict)   # M -> MicroBatchMemoryError
 
-    def offer(self, name: str, plan: Plan, graph: OpGraph, strategy: Strategy) -> None:
-        self.offer_solved(name, Solved(plan, graph, strategy))
+    def offer(self, name: str, plan: Plan, transformed: Transformed, strategy: Strategy) -> None:
+        """Offer ``plan`` of ``transformed.graph`` as ``name`` (the transform kept)."""
+        self.offer_solved(name, Solved(plan, transformed.graph, strategy, transformed))
 
     def offer_solved(self, name: str, r: Solved) -> None:
         """Offer a realised candidate as ``name``."""
@@ -303,15 +304,19 @@ class _Pace:
 
 @dataclass
 class _Screened:
-    """One count after screening: the graph its exact passes place (the step
-    for ``M = 1``, else the split), the plans they start from, the best
-    screened step (``inf`` when no kind applied) and the GPipe/1F1B
-    results (the slice model's hints)."""
+    """One count after screening: the transform whose graph its exact passes
+    place (the step itself for ``M = 1``, else the split), the plans they
+    start from, the best screened step (``inf`` when no kind applied) and the
+    GPipe/1F1B results (the slice model's hints)."""
 
-    graph: OpGraph
+    split: Transformed
     starts: list
     step: float
     pipes: list = field(default_factory=list)
+
+    @property
+    def graph(self) -> OpGraph:
+        return self.split.graph
 
 
 class _Search:
@@ -475,8 +480,8 @@ class _Search:
             return None
         if m > 1 and not self.fits(f"M={m}", self.marked.num_ops * m, 1.0):
             return None
-        split = self.graph if m == 1 else split_step(self.marked, m).graph
-        short = memory_short(self.marked, self.cluster, m, split=split)
+        split = identity(self.marked) if m == 1 else split_step(self.marked, m)
+        short = memory_short(self.marked, self.cluster, m, split=split.graph)
         if short is not None:
             self.pool.short[m] = short
             self.pool.skipped[f"M={m}"] = str(short)
@@ -680,7 +685,7 @@ class _Search:
             raise Stopped(self.deadline.reason) from None
         if start is not None and rank(start) < rank(plan):
             plan = start
-        self.pool.offer(f"M={m}", plan, s.graph, Strategy(micro_batches=m, schedule="free" if m > 1 else "none"))
+        self.pool.offer(f"M={m}", plan, s.split, Strategy(micro_batches=m, schedule="free" if m > 1 else "none"))
         mine = {n: v for n, v in self.pool.steps.items() if n not in before}
         if mine:
             self.say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
@@ -711,7 +716,7 @@ class _Search:
             self.pool.skipped[name] = f"no grid solution ({r.status}) within {share:.1f} s"
             self.say(f"slice model M={m}: {self.pool.skipped[name]}")
             return []
-        self.pool.offer(name, r.plan, r.graph, Strategy(micro_batches=m, schedule="slice"))
+        self.pool.offer(name, r.plan, r.transformed, Strategy(micro_batches=m, schedule="slice"))
         self.say(f"slice model M={m}: {r.blocks} blocks, grid {r.status} {r.objective / 1000:.3f} ms "
                  f"(grid bound {r.grid_bound / 1000:.3f}), step {r.plan.makespan / 1000:.3f} ms")
         return [r.plan]
@@ -731,7 +736,7 @@ class _Search:
         if dl.interrupted or (need is not None and not dl.deterministic and need > dl.left()):
             self.pool.skipped["per-sample bound"] = dl.reason or f"about {need:.1f} s, {dl.left():.1f} s left"
         else:
-            sb = winner_bound(self.marked, self.cluster, r, self.options.batch_size)
+            sb = winner_bound(self.cluster, r, self.options.batch_size)
             if sb is not None and (bound is None or sb.step > bound):
                 bound, source = sb.step, f"per-sample bound ({sb.source})"
         status = r.plan.status
@@ -825,27 +830,20 @@ def memory_short(graph: OpGraph, cluster: Cluster, m: int, *, split: OpGraph | N
                                  f"the largest device has {fmt_bytes(largest)}", m, need, largest, culprit=what)
 
 
-def winner_bound(marked: OpGraph, cluster: Cluster, r: Solved, batch: int | None = None) -> SampleBound | None:
+def winner_bound(cluster: Cluster, r: Solved, batch: int | None = None) -> SampleBound | None:
     """:func:`~solver.parallel.bound.sample_bound` of the graph ``r.plan``
-    places, rebuilt from the marked step (replicated, then split, as
-    :func:`step_graph`; ``M = 1`` as the split into one slice: the same ops
-    under the copy names, so the same bound); None when the rebuilt graph is
-    not that one (then the recipe's bound stands). For a pipeline winner
-    (one replica, a schedule of :data:`~solver.parallel.schedules.SCHEDULES`)
-    the larger of that and :func:`~solver.parallel.bound.pipeline_bound`
-    (fill and drain, valid for every contiguous-stage pipeline on the
-    cluster's GPUs: source ``"pipeline"``)."""
-    saved = with_savers(marked, r.strategy)
-    base = (replicate(saved, r.replicas, shard_optimizer=r.strategy.shard_optimizer).graph
-            if r.graph_kind == "replicated" else saved)
-    split = split_step(base, r.micro_batches, weight_grads=r.strategy.weight_grads)
-    same = (split.graph.num_ops == r.graph.num_ops if r.micro_batches == 1
-            else split.graph.names == r.graph.names)
-    if not same:
+    places, from the transform ``r`` kept (``r.transformed``: the step split,
+    replicated, or both; the copies term per replica); None when it kept none
+    (then the recipe's bound stands). For a pipeline winner (one replica, a
+    schedule of :data:`~solver.parallel.schedules.SCHEDULES`) the larger of
+    that and :func:`~solver.parallel.bound.pipeline_bound` (fill and drain,
+    valid for every contiguous-stage pipeline on the cluster's GPUs: source
+    ``"pipeline"``)."""
+    if r.transformed is None:
         return None
-    sb = sample_bound(split, cluster, batch=batch)
+    sb = sample_bound(r.transformed, cluster, batch=batch)
     if r.strategy.schedule in SCHEDULES and r.replicas == 1:
-        pb = pipeline_bound(split, cluster)
+        pb = pipeline_bound(r.transformed, cluster)
         if pb is not None and pb.step > sb.step:
             sb = replace(sb, step=pb.step, per_sample=None if not batch else pb.step / batch, pipeline=pb.step,
                          source="pipeline")

@@ -44,7 +44,7 @@ from pesto.cluster import Cluster
 from pesto.deadline import Deadline
 from pesto.errors import PestoError
 from pesto.graph import OpGraph
-from pesto.step import split as split_step
+from pesto.step import Transformed, split as split_step
 from pesto.plan import Plan
 
 from ..common import rank
@@ -64,8 +64,8 @@ class SliceSolution:
     ----------
     plan : Plan or None
         Over ``graph``'s ops, simulated and checked; None when CP-SAT found nothing.
-    graph : OpGraph
-        The split step.
+    transformed : Transformed
+        The split step (:func:`pesto.step.split`); ``graph`` is its graph.
     micro_batches, blocks : int
     blocking : str
         The block order (:func:`solver.parallel.cut.blockings`).
@@ -85,7 +85,7 @@ class SliceSolution:
     """
 
     plan: Plan | None
-    graph: OpGraph
+    transformed: Transformed
     micro_batches: int
     blocks: int
     blocking: str
@@ -95,6 +95,11 @@ class SliceSolution:
     grid_bound: float
     hint: str
     wall: float
+
+    @property
+    def graph(self) -> OpGraph:
+        """The split step the plan places (``transformed.graph``)."""
+        return self.transformed.graph
 
 
 def grid_hint(grid: SliceGrid, sp: StepPlan) -> tuple[list[int], dict]:
@@ -163,7 +168,7 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
     left = time_limit if deadline is not None and deadline.deterministic else time_limit - (time.perf_counter() - t0)
     ans = model.solve(time_limit=max(0.1, left), workers=workers, seed=seed, deadline=deadline)
     plan = None if ans.objective is None else _fine_plan(grid, cluster, ans, t0, model.scale)
-    return SliceSolution(plan, split.graph, split.micro_batches, grid.blocks, grid.blocking.name,
+    return SliceSolution(plan, split, split.micro_batches, grid.blocks, grid.blocking.name,
                          tuple(grid.devices[d] for d in ans.block_device), ans.status, ans.objective,
                          ans.grid_bound, pool[0].schedule if pool else "none", time.perf_counter() - t0)
 

@@ -44,6 +44,7 @@ from typing import Any, Mapping
 
 from pesto.graph import OpGraph
 from pesto.plan import Plan
+from pesto.step import Origin, Transformed, identity
 from pesto.step.replication import BUCKET_BYTES, SHARD_LEVELS
 from pesto.step.slicing import WEIGHT_GRADS
 
@@ -132,18 +133,69 @@ class Strategy:
 @dataclass(frozen=True)
 class Solved:
     """A plan with what it solved: ``plan`` places ``graph`` (the step, or
-    the step transformed as ``strategy`` says); ``transformed`` is the
-    transform's origin map when the realiser kept it (else None). The same
-    type for every kind; :func:`pesto.check_plan` and :func:`pesto.simulate`
-    take it in place of a (graph, plan) pair. ``detail``: the realiser's own
-    record, if any (a pipeline's :class:`~solver.parallel.pipelines.StepPlan`:
-    its block order hints the slice model); not part of the result's meaning."""
+    the step transformed as ``strategy`` says); ``transformed`` is that
+    transform (:class:`pesto.step.Transformed`: the split, the replication or
+    both composed; its ``graph`` is ``graph``, its ``origin`` maps each op to
+    the step's op, :meth:`origin_of`). Every realiser and the search keep it;
+    for the plain step (``strategy.kind == "step"``) it defaults to the
+    identity (:func:`pesto.step.identity`), else None means not kept. The
+    same type for every kind; :func:`pesto.check_plan` and
+    :func:`pesto.simulate` take it in place of a (graph, plan) pair.
+    ``detail``: the realiser's own record, if any (a pipeline's
+    :class:`~solver.parallel.pipelines.StepPlan`: its block order hints the
+    slice model); not part of the result's meaning.
+
+    Raises
+    ------
+    ValueError
+        ``transformed.graph`` is not ``graph`` (other op names).
+
+    Examples
+    --------
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.step import split
+    >>> g = OpGraph([Op("a", {"GPU": 4.0}, batch=True), Op("b", {"GPU": 1.0}, batch=False)])
+    >>> s = split(g, 2)
+    >>> r = Solved(None, s.graph, Strategy(micro_batches=2, schedule="free"), s)
+    >>> r.origin_of("a@mb1").op, Solved(None, g).origin_of("b").role
+    ('a', 'step')
+    >>> Solved(None, g, Strategy(micro_batches=2, schedule="free"), s)
+    Traceback (most recent call last):
+    ...
+    ValueError: Solved: the transform's graph 'graph@mb2' is not the graph placed 'graph' (other ops)
+    """
 
     plan: Plan
     graph: OpGraph
     strategy: Strategy = Strategy()
-    transformed: Any = None
+    transformed: Transformed | None = None
     detail: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        t = self.transformed
+        if t is None and self.graph is not None and self.strategy.kind == "step":
+            object.__setattr__(self, "transformed", identity(self.graph))
+        elif t is not None and t.graph is not self.graph and (self.graph is None
+                                                               or t.graph.names != self.graph.names):
+            raise ValueError(f"Solved: the transform's graph {t.graph.name!r} is not the graph placed "
+                             f"{getattr(self.graph, 'name', None)!r} (other ops)")
+
+    def origin_of(self, name: str) -> Origin:
+        """The step's op (with its replica, slice and role) that op ``name`` of ``graph`` runs.
+
+        Raises
+        ------
+        ValueError
+            No transform was kept (a hand-made :class:`Solved` of a transformed step).
+        KeyError
+            ``name`` is not an op of ``graph``.
+        """
+        if self.transformed is None:
+            raise ValueError(f"{self.strategy.name}: this result kept no transform (Solved.transformed is None)")
+        try:
+            return self.transformed.origin[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not an op of the graph placed ({self.graph.name!r})") from None
 
     @property
     def micro_batches(self) -> int:
