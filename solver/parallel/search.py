@@ -127,6 +127,9 @@ DP_MAX_OPS = 150_000
 SPLIT_MAX_OPS = 2_000_000
 #: Share of one count's grant the slice model gets.
 SLICE_SHARE = 0.4
+#: Largest split step the slice model is run on: its split, grid and final plan are not
+#: on its CP-SAT clock (400k ops: about 9 s before its search starts, on a 2-core machine).
+SLICE_MAX_OPS = 100_000
 #: Simulations of its graph the first data-parallel plan costs (predicting its time), the
 #: per-sample bound's, and the recipe's mandatory passes' on a split step (its first heuristic and the
 #: final check: what the slice model leaves it) (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
@@ -523,11 +526,14 @@ class _Search:
 
     def screen_one(self, kind: Kind, strategy: Strategy, s: _Screened) -> None:
         """One candidate; a pipeline's plan kept in ``s`` (a start of the exact
-        stages, a slice model hint)."""
+        stages; a slice model hint when its schedule is one the slice grid runs:
+        one chunk, backward not split; a zero-bubble hint made its plan 3x worse)."""
         r = self.candidate(kind, strategy)
         if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
             s.starts.append(r.plan)
-            s.pipes.append(r.detail)
+            sch = SCHEDULES[r.strategy.schedule]
+            if sch.chunks == 1 and not sch.split_backward:
+                s.pipes.append(r.detail)
             s.step = min(s.step, r.plan.makespan)
 
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
@@ -697,6 +703,10 @@ class _Search:
         its first plan (``SIMS["pipeline"]`` simulations of the split), skipped below
         :data:`MIN_SECONDS` on the wall clock; offered as ``slice M=m``; [] when skipped."""
         name = f"slice M={m}"
+        if s.graph.num_ops > SLICE_MAX_OPS:
+            self.pool.skipped[name] = (f"the split step has {s.graph.num_ops} ops, more than {SLICE_MAX_OPS}: "
+                                       f"the slice model's split and grid alone outlast its share")
+            return []
         keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the recipe's own first plan
         share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
         if share < MIN_SECONDS and not self.deadline.deterministic:
