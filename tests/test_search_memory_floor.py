@@ -49,3 +49,13 @@ def test_memory_bound_steps_screen_more_slices_and_leaner_plans_first(big):
     assert built and built[0].startswith("1f1b M=16"), built
     counts = [int(b.split("M=")[1].split()[0]) for b in built]
     assert counts == sorted(counts, reverse=True), built
+
+
+def test_the_slice_model_is_skipped_and_named_on_a_huge_split(monkeypatch):
+    # 50k marked ops, M=8: the slice model's split and grid took 9 s of a 6 s share (36 s for a 30 s limit)
+    import solver.parallel.search as ss
+    monkeypatch.setattr(ss, "SLICE_MAX_OPS", 10)
+    r = pesto.solve_step(layered_step(4, act=100_000, t=1000.0), cluster=pesto.cluster.gpus(2), micro_batches=2,
+                         batch_size=8, time_limit=5, workers=1)
+    assert "more than 10" in r.plan.log.skipped["slice M=2"]
+    assert "slice M=2" not in r.plan.log.steps
