@@ -421,7 +421,8 @@ class _Search:
             s = self.screen(m)
             if s is not None:
                 screened[m] = s
-        self.screen_late(screened)
+        if not self.tight:   # a memory-bound step screened them with the rest
+            self.screen_late(screened)
         if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
             self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
         self.exact_all(screened)
@@ -493,10 +494,12 @@ class _Search:
                 raise short
             return None
         s = _Screened(split, [], float("inf"))
-        pairs = [(kind, st) for kind in KINDS.values() if not kind.fill_only
+        # memory-bound: every kind at once, the leanest first (1F1B and ZB-H1 before GPipe): they fit
+        # sooner, and the first count screened (the most slices) may be the only one with time
+        pairs = [(kind, st) for kind in KINDS.values() if self.tight or not kind.fill_only
                  for st in kind.candidates(self.marked, self.cluster, m)]
-        if self.tight:   # memory-bound: the leanest first (1F1B before GPipe), they fit sooner
-            pairs.sort(key=lambda ks: self.predicted_memory(ks[1]))
+        if self.tight:
+            pairs.sort(key=lambda ks: (self.predicted_memory(ks[1]), ks[0].fill_only))
         for kind, strategy in pairs:
             self.screen_one(kind, strategy, s)
         return s
