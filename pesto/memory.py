@@ -276,10 +276,14 @@ def live_across(graph: OpGraph, name: str) -> int:
     >>> live_across(g, "loss"), live_across(g, "f")
     (104, 100)
     """
-    i = graph.index[name]
+    return sum(b for _, b in _live_tensors(graph, graph.index[name]))
+
+
+def _live_tensors(graph: OpGraph, i: int) -> list[tuple[int, int]]:
+    """``(producer, bytes)`` of the tensors live when op ``i`` ends (:func:`live_across`)."""
     before = closure(graph.pred_idx(), [i])
     after = closure(graph.succ_idx(), [i]) - {i}
-    return sum(b for _, src, b, cons in graph.tensor_table() if src in before and any(c in after for c in cons))
+    return [(src, b) for _, src, b, cons in graph.tensor_table() if src in before and any(c in after for c in cons)]
 
 
 @dataclass(frozen=True)
@@ -331,16 +335,9 @@ def step_activations(graph: OpGraph) -> Activations | None:
                 break
     else:
         return None
-    before = closure(pred, [loss])
-    after = closure(graph.succ_idx(), [loss]) - {loss}
-    batched = shared = 0
-    for _, src, b, cons in graph.tensor_table():
-        if src in before and any(c in after for c in cons):
-            if ops[src].batch:
-                batched += b
-            else:
-                shared += b
-    return Activations(graph.names[loss], batched, shared)
+    live = _live_tensors(graph, loss)
+    batched = sum(b for src, b in live if ops[src].batch)
+    return Activations(graph.names[loss], batched, sum(b for _, b in live) - batched)
 
 
 def fmt_bytes(n) -> str:
