@@ -47,8 +47,9 @@ from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsiz
 from .microstep import LossStep, split_step
 from .workflow import trace_check
 from .profile import estimate, measure
+from .recompute import carried_graph, original, recompute_graph, recomputes
 from .replicastep import mapped_plan, one_replica, pesto_buckets, replica_zero, replicate_graph, replicated_plan
-from .slicemap import SliceMap, place_split, result_view
+from .slicemap import RECOMPUTE, SliceMap, place_split, result_view, slice_map
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
            "FunctionStep"]
@@ -239,7 +240,7 @@ class FunctionStep:
         self._options = dict(name=name, n_devices=n_devices, on_unknown=on_unknown, costs=costs, steps=steps,
                              warmup=warmup)
         self.micro_batches = source.micro_batches if source is not None else 1
-        self.replicas, self.mapping, self.placed = 1, None, None
+        self.replicas, self.mapping, self.placed, self.recomputed = 1, None, None, None
         fetches = list(concrete.outputs) + list(concrete.graph.control_outputs)
         self.loss = concrete.outputs[0].name if concrete.outputs else None
         self.updates = [op.name for op in concrete.graph.control_outputs]
@@ -353,7 +354,7 @@ class FunctionStep:
             plan, names = one_replica(plan, names)
             kind = "micro-batched" if m > 1 else "step"
         slices = {"replicated": r * m, "micro-batched": m}.get(kind, 1)
-        if slices != self.micro_batches or self.replicas > 1:
+        if slices != self.micro_batches or self.replicas > 1 or self.recomputed is not None:
             self._retrace(slices)
         if kind == "replicated":
             return self._replicate(result)
@@ -361,18 +362,32 @@ class FunctionStep:
             if self._unsplit is None:
                 raise ValueError("a micro-batched plan maps Pesto's split of the un-split step onto TF's: build "
                                  "this step un-split (micro_batches=1), solve its graph, then apply the result")
+            if recomputes(result.origin):
+                self._recompute(result.graph, slice_map(self._unsplit, result.origin, self.graph, m).ops)
             cluster = _plan_cluster(plan, self.graph) if cluster is None else cluster
             mine = replace(result, plan=plan, graph=SimpleNamespace(names=names), replicas=1, graph_kind=kind)
             self.placed = place_split(mine, self._unsplit, self.graph, cluster, time_limit=time_limit, seed=seed)
             self.mapping = self.placed.slices
             return self.placed.plan
+        if recomputes(result.origin):
+            self._recompute(result.graph, {n: (n,) for n in plan.placement if n in self.graph})
         if all(n in self.graph for n in plan.placement):
             return plan
-        # traced again: the names the trace gives anew (a Keras optimizer's scope) are placed by a neighbour
-        kept = {n: (n,) for n in plan.placement if n in self.graph}
+        # traced again: the names the trace gives anew (a Keras optimizer's scope) are placed by a neighbour;
+        # a recomputed copy op@rc is TF's recompute/op
+        kept = {n: (t,) for n in plan.placement
+                if (t := n if original(n) is None else RECOMPUTE + original(n)) in self.graph}
         self.mapping = SliceMap(1, MappingProxyType(kept), tuple(n for n in self.graph.names if n not in kept),
                                 tuple(n for n in plan.placement if n not in kept))
         return mapped_plan(plan, self.mapping, self.graph)
+
+    def _recompute(self, pesto_graph, op_map) -> None:
+        """This step's TF graph with the recomputed copies of the plan's graph
+        (:func:`tf_patch.recompute.recompute_graph`; ``op_map``: its other ops
+        on this step), and its OpGraph costed as before, each copy as its original."""
+        self.recomputed = recompute_graph(self.tf_graph, pesto_graph, op_map)
+        self.graph = carried_graph(self.recomputed.graph, self._fetches(), self.graph, self.recomputed.copies)
+        self.tf_graph = self.recomputed.graph
 
     def _replicate(self, result):
         """This split step rebuilt as ``result``'s replicas; the plan of it."""

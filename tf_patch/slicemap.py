@@ -60,10 +60,14 @@ from pesto.step.slicing import parse_name
 
 __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPlacement", "place_split",
            "GRADIENT_ROOTS", "ResultView", "result_view", "split_candidates", "Rescored", "Rescoring",
-           "rescore_split"]
+           "rescore_split", "RECOMPUTE", "TF_SAVERS"]
 
 #: First name components of graph-mode and tape gradient scopes.
 GRADIENT_ROOTS = ("gradients", "gradient_tape")
+#: Scope of the TF copy of op ``t`` that a recomputed Pesto copy runs (:mod:`tf_patch.recompute`).
+RECOMPUTE = "recompute/"
+#: The memory savers (:attr:`Strategy.savers` words) whose TF step tf_patch builds.
+TF_SAVERS = frozenset({"recompute"})
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,9 @@ class ResultView:
 def result_view(result) -> ResultView:
     """The one place tf_patch reads ``pesto.solve_step``'s result (so a change
     of its type is adapted here only). A plan with memory savers
-    (``plan.log.savers``) raises :class:`~pesto.errors.MicroBatchError`: its
-    TensorFlow step is not built yet.
+    (``plan.log.savers``) other than :data:`TF_SAVERS` (recomputation,
+    :mod:`tf_patch.recompute`) raises :class:`~pesto.errors.MicroBatchError`
+    naming them: their TensorFlow step is not built yet.
 
     >>> class R: plan, graph, micro_batches, replicas, graph_kind = None, None, 2, 1, "micro-batched"
     >>> result_view(R()).graph_kind
@@ -114,10 +119,10 @@ def result_view(result) -> ResultView:
         return result
     log = getattr(result.plan, "log", None)
     savers = getattr(log, "savers", "")
-    if savers:   # the search chose them because nothing else fit memory
-        raise MicroBatchError(f"the plan uses memory savers ({savers}: recomputation or a sharded optimizer) "
-                              f"that tf_patch does not build in TensorFlow yet; no plan without them fits memory",
-                              culprit=savers)
+    unbuilt = " ".join(w for w in (savers or "").split() if w not in TF_SAVERS)
+    if unbuilt:   # the search chose them because nothing else fit memory
+        raise MicroBatchError(f"the plan uses memory savers ({unbuilt}: a sharded optimizer) that tf_patch does "
+                              f"not build in TensorFlow yet; no plan without them fits memory", culprit=unbuilt)
     steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
     kept = getattr(result, "transformed", None)
     return ResultView(result.plan, result.graph, int(result.micro_batches), int(result.replicas),
@@ -221,6 +226,9 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
             found = (found,) if found is not None else _input(have, origin.op, origin.slice)
         elif origin.role == "accumulate":
             found = _accumulation(step, tf_split, have, origin.tensor, origin.slice)
+        elif origin.role == "recompute":   # the TF copy of the op it runs again (tf_patch.recompute)
+            c = _copy(step, tf_split, have, origin.op, origin.slice or 0)
+            found = (RECOMPUTE + c,) if c is not None and RECOMPUTE + c in have else ()
         elif name in have:
             found = (name,)
         else:

@@ -1,0 +1,123 @@
+"""A plan with activation recomputation runs in TensorFlow (issue 30, item 4).
+
+``pesto.step.recompute`` copies each layer block's forward ops (``op@rc``)
+for the block's backward to read; :mod:`tf_patch.recompute` makes the same
+copies in the TF step (``recompute/<op>``) from the plan's own graph, so
+``FunctionStep.apply`` of a recompute plan trains with the un-recomputed
+step's losses, every copy mapped one to one and on the device the plan gives
+it. The plans come from the realiser (``Strategy(..., recompute=True)``), so the
+test does not depend on what a timed search picks. Models are tiny; no timing
+is asserted.
+"""
+import doctest
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
+
+tf = pytest.importorskip("tensorflow")
+
+import pesto  # noqa: E402
+from pesto.api import marked  # noqa: E402
+from pesto.errors import MicroBatchError  # noqa: E402
+from pesto.solvelog import SolveLog  # noqa: E402
+from solver.parallel.realise import realise  # noqa: E402
+from solver.parallel.strategy import Strategy  # noqa: E402
+from tf_patch import recompute  # noqa: E402
+from tf_patch.slicemap import RECOMPUTE, result_view  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+L = tf.keras.layers
+CLUSTER = pesto.gpus(2, beta=(0.0, 1e-9))
+
+
+def _mlp(n_devices=2):
+    """Three Dense layers ``layer_<k>`` (the blocks) and a head, trained by SGD."""
+    tf.keras.utils.set_random_seed(0)
+    inp = tf.keras.Input((8,))
+    h = inp
+    for k in range(3):
+        h = L.Dense(16, activation="tanh", name=f"layer_{k}")(h)
+    model = tf.keras.Model(inp, L.Dense(3, name="head")(h))
+    x = tf.random.normal((8, 8), seed=1)
+    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.5), x, y, n_devices=n_devices)
+
+
+def _copies(result):
+    return [n for n, o in result.transformed.origin.items() if o.role == "recompute"]
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_recompute_pipeline_trains_as_the_step_with_its_copies_mapped_one_to_one(micro_batches):
+    step = _mlp()
+    whole = step.run(3)
+    step.reset()
+    result = realise(marked(step.graph), CLUSTER, Strategy(stages=2, micro_batches=micro_batches, schedule="1f1b",
+                                                           recompute=True))
+    copies = _copies(result)
+    assert len(copies) == 9 * micro_batches   # MatMul, BiasAdd, Tanh of 3 layers, per slice
+    step.apply(result, cluster=CLUSTER)
+    rc = step.recomputed
+    assert rc.left_out == () and len(rc.copies) == len(copies)
+    # each Pesto copy is one TF op recompute/<the TF op of its original>, in the graph TF runs
+    tf_of = {p: ts for p, ts in step.mapping.ops.items()}
+    for c in copies:
+        orig = recompute.original(c)
+        assert tf_of[c] == tuple(RECOMPUTE + t for t in tf_of[orig]), c
+        assert tf_of[c][0] in step.graph and tf_of[c][0] == rc.copies[tf_of[orig][0]]
+    # the block's backward reads the copies: each TanhGrad reads recompute/.../Tanh, not the forward Tanh
+    g = step.tf_graph
+    grads = [op for op in g.get_operations() if op.type == "TanhGrad"]
+    assert len(grads) == 3 * micro_batches
+    assert all(op.inputs[0].op.name.startswith(RECOMPUTE) for op in grads)
+    # a block's first copy waits (a control input) for its trigger: the TF op of Pesto's, a backward op
+    triggers = [(e.src, e.dst) for e in result.graph.edges if e.dst in copies and not e.tensors]
+    assert len(triggers) >= 2 * micro_batches   # layer_0's and layer_1's (Pesto gives the last block none here)
+    for src, c in triggers:
+        waits = {op.name for op in g.get_operation_by_name(tf_of[c][0]).control_inputs}
+        assert set(tf_of[src]) <= waits and all(t.startswith("gradient_tape/") for t in tf_of[src]), (src, c)
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    # the copies sit where the plan put them: the hint carries Pesto's devices, and TF ran the enforced plan
+    plan = step.placed.hint if micro_batches > 1 else step.plan
+    for c in copies:
+        assert plan.placement[tf_of[c][0]].endswith(result.plan.placement[c][-1]), c
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    assert all(seen["devices"][rc.copies[t]] == step.plan.placement[rc.copies[t]] for t in rc.copies)
+    step.close()
+
+
+def test_a_step_recomputed_once_takes_a_plain_plan_without_the_copies():
+    step = _mlp()
+    result = realise(marked(step.graph), CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b",
+                                                           recompute=True))
+    step.apply(result, cluster=CLUSTER)
+    assert any(n.startswith(RECOMPUTE) for n in step.graph.names)
+    plain = realise(step._unsplit, CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b"))
+    step.apply(plain, cluster=CLUSTER)
+    assert step.recomputed is None and not any(n.startswith(RECOMPUTE) for n in step.graph.names)
+    step.close()
+
+
+def test_result_view_takes_recompute_and_refuses_the_savers_tf_does_not_build_by_name():
+    class Result:
+        graph_kind, replicas, micro_batches, graph = "micro-batched", 1, 2, None
+
+    ok = Result()
+    ok.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="recompute"))
+    assert result_view(ok).micro_batches == 2
+    sharded = Result()
+    sharded.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="ZeRO-2 recompute"))
+    with pytest.raises(MicroBatchError, match=r"memory savers \(ZeRO-2: a sharded optimizer\)") as err:
+        result_view(sharded)
+    assert err.value.culprit == "ZeRO-2"
+
+
+def test_recompute_examples_run():
+    assert doctest.testmod(recompute).failed == 0

@@ -1,0 +1,174 @@
+"""Activation recomputation built in TensorFlow from a Pesto plan (issue 30, item 4).
+
+A plan with ``recompute`` among its savers (``plan.log.savers``) places a step
+transformed by :func:`pesto.step.recompute`: per layer block, copies
+``op@rc`` of the forward ops whose outputs the block's backward reads (split:
+``op@rc@mb<i>``; replicated: ``op@rc@r<r>...``), the backward ops reading the
+copies, and a control edge from the block's trigger (a backward op of the next
+block) into every copy without an in-block producer. :func:`recompute_graph`
+makes the same change to the TF step that runs the plan (its GraphDef), from
+the plan's own graph, so TensorFlow recomputes exactly what Pesto costed:
+
+* each Pesto copy ``c`` of op ``o`` (:func:`original`: ``c`` without ``@rc``)
+  whose ``o`` maps to one TF op ``t`` (the map of the plan's other ops onto
+  the TF step: :func:`tf_patch.slicemap.slice_map`) gets a TF copy
+  ``recompute/<t>`` (:data:`tf_patch.slicemap.RECOMPUTE`): ``t``'s NodeDef
+  (type, attributes, control inputs) reading the copies of its producers
+  where the Pesto copy reads copies (the block's own ops) and the originals
+  elsewhere (the block's inputs, the weights);
+* a Pesto edge from a copy into an op that is not one (a backward op of the
+  block) makes that op's TF counterparts read the TF copy instead of ``t``;
+* a Pesto edge without tensors from an op into a copy (the trigger) is a
+  control input of the TF copy.
+
+The TF copies then map one to one onto the Pesto copies
+(:func:`tf_patch.slicemap.slice_map`: role ``"recompute"``), and the plan's
+devices and order are enforced on them as on every other op. A Pesto copy
+whose op maps to no single TF op is listed (:attr:`Recomputed.left_out`), not
+built: its block's backward then reads the original (the same values, the
+memory not saved). The losses equal the un-recomputed step's (the same ops run
+again on the same inputs), except for random ops (dropout draws again).
+
+Examples
+--------
+>>> original("layer_0/MatMul@rc@mb1"), original("layer_0/MatMul@mb1")
+('layer_0/MatMul@mb1', None)
+"""
+from __future__ import annotations
+
+from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from pesto.graph import OpGraph
+from pesto.step.recompute import RESERVED
+
+from .extract import extract
+from .replicastep import _graph_of, _split_input
+from .slicemap import RECOMPUTE
+
+__all__ = ["Recomputed", "recompute_graph", "original", "recomputes", "carried_graph"]
+
+
+def original(name: str) -> str | None:
+    """The op a recomputed Pesto copy ``name`` runs again (``op@rc@mb1`` ->
+    ``op@mb1``: the name with its ``@rc`` taken out), or None when ``name`` is no such copy."""
+    return RESERVED.sub(r"\1", name, count=1) if RESERVED.search(name) else None
+
+
+def recomputes(origin: Mapping | None) -> bool:
+    """Whether a kept transform's origins (``Solved.transformed.origin``) hold recomputed copies."""
+    return origin is not None and any(o.role == "recompute" for o in origin.values())
+
+
+@dataclass(frozen=True)
+class Recomputed:
+    """The TF step with the plan's recomputed copies (:func:`recompute_graph`).
+
+    Attributes
+    ----------
+    graph : tf.Graph
+        Every op of the step, the copies ``recompute/<t>`` and the rewired reads.
+    copies : mapping TF op -> its TF copy
+    rewired : tuple of (TF op, TF copy)
+        Each backward op that reads a copy instead of the original.
+    left_out : tuple of str
+        Pesto copies not built (their op maps to no single TF op).
+    """
+
+    graph: object
+    copies: Mapping[str, str]
+    rewired: tuple
+    left_out: tuple
+
+
+def _spec(pesto_graph: OpGraph, op_map: Mapping[str, tuple]):
+    """From the plan's graph and the map of its other ops: ``(TF op of each Pesto copy,
+    (TF producer, TF consumer) pairs that both are copies, pairs whose consumer
+    reads the copy, TF copy -> its trigger ops, Pesto copies left out)``."""
+    of, left = {}, []
+    for name in pesto_graph.names:
+        o = original(name)
+        if o is None:
+            continue
+        ts = op_map.get(o, ())
+        if len(ts) == 1:
+            of[name] = ts[0]
+        else:
+            left.append(name)
+    inner, rewire, control = set(), set(), {}
+    for e in pesto_graph.edges:
+        src, dst = of.get(e.src), of.get(e.dst)
+        if src is not None and dst is not None:
+            inner.add((src, dst))
+        elif dst is not None and not e.tensors and original(e.src) is None:
+            control.setdefault(dst, set()).update(op_map.get(e.src, ()))
+        elif src is not None and dst is None and original(e.dst) is None:
+            rewire.update((src, t) for t in op_map.get(e.dst, ()))
+    return of, inner, rewire, control, tuple(left)
+
+
+def recompute_graph(graph, pesto_graph: OpGraph, op_map: Mapping[str, tuple]) -> Recomputed:
+    """The TF step ``graph`` with the recomputation of the plan's graph ``pesto_graph`` (module doc).
+
+    Parameters
+    ----------
+    graph : tf.Graph
+        The TF step that runs the plan (split or not), before the copies.
+    pesto_graph : OpGraph
+        The graph the plan places (its copies named by :func:`pesto.step.recompute`).
+    op_map : mapping Pesto op -> tuple of TF ops
+        Pesto's other ops mapped onto ``graph`` (:attr:`tf_patch.slicemap.SliceMap.ops`).
+
+    Returns
+    -------
+    Recomputed
+    """
+    of, inner, rewire, control, left = _spec(pesto_graph, op_map)
+    gd = graph.as_graph_def()
+    nodes = {n.name: n for n in gd.node}
+    copies = {t: RECOMPUTE + t for t in dict.fromkeys(of.values())}
+    made = []
+    for t, c in copies.items():
+        node = type(nodes[t])()
+        node.CopyFrom(nodes[t])
+        node.name = c
+        _redirect(node, {src for src, dst in inner if dst == t}, copies)
+        node.input.extend(f"^{x}" for x in sorted(control.get(t, ())) if x in nodes)
+        made.append(node)
+    rewired = tuple(sorted((dst, copies[src]) for src, dst in rewire if dst in nodes))
+    for dst in {d for d, _ in rewired}:
+        _redirect(nodes[dst], {src for src, d in rewire if d == dst}, copies)
+    new = _graph_of(list(gd.node) + made, gd.library, gd.versions)
+    return Recomputed(new, MappingProxyType(copies), rewired, left)
+
+
+def _redirect(node, producers: set, copies: Mapping[str, str]) -> None:
+    """``node``'s data inputs from ``producers`` read their copies instead."""
+    inputs = []
+    for text in node.input:
+        src, idx = _split_input(text)
+        inputs.append(f"{copies[src]}:{idx}" if idx is not None and src in producers else text)
+    del node.input[:]
+    node.input.extend(inputs)
+
+
+def carried_graph(tf_graph, fetches, before: OpGraph, copies: Mapping[str, str]) -> OpGraph:
+    """The OpGraph of ``tf_graph`` (``before``'s step with ``copies``, TF op -> copy),
+    each op costed and sized as in ``before``, each copy as its original.
+
+    Raises
+    ------
+    CycleError
+        The copies close a cycle (a trigger that waits for its own block's copies).
+    """
+    kind = "GPU" if "GPU" in before.kinds() else "CPU"
+    src = {**{n: n for n in before.names}, **{c: t for t, c in copies.items() if t in before}}
+    ops = {n: before.op(o) for n, o in src.items()}
+    costs = {n: op.compute.get(kind, 0.0) for n, op in ops.items()}
+    cpu = {n: op.compute.get("CPU", costs[n]) for n, op in ops.items()}
+    memory = {n: {"output_bytes": op.output_bytes, "temporary_bytes": op.temporary_bytes,
+                  "persistent_bytes": op.persistent_bytes} for n, op in ops.items()}
+    return extract(tf_graph, fetches, costs=costs, cpu_costs=cpu, kind=kind, memory=memory, name=before.name,
+                   on_unknown="ignore")
