@@ -121,3 +121,25 @@ def test_result_view_takes_recompute_and_refuses_the_savers_tf_does_not_build_by
 
 def test_recompute_examples_run():
     assert doctest.testmod(recompute).failed == 0
+
+
+def test_a_recompute_hybrid_trains_on_four_devices_as_the_step_with_its_copies_placed():
+    step = _mlp(n_devices=4)
+    whole = step.run(3)
+    step.reset()
+    cluster = pesto.gpus(4, beta=(0.0, 1e-9))
+    result = realise(marked(step.graph), cluster, Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b",
+                                                           recompute=True))
+    copies = _copies(result)
+    assert result.graph_kind == "replicated" and len(copies) == 9 * 4   # 2 replicas x 2 slices
+    step.apply(result, cluster=cluster)
+    assert step.replicas == 2 and step.recomputed.left_out == ()
+    for c in copies:   # one to one, on the plan's device
+        (t,) = step.mapping.ops[c]
+        assert t.startswith(RECOMPUTE) and t in step.graph
+        assert step.plan.placement[t].endswith(result.plan.placement[c][-1]), c
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    assert {seen["devices"][t] for c in copies for t in step.mapping.ops[c]} == {f"/CPU:{k}" for k in range(4)}
+    step.close()

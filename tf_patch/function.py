@@ -47,8 +47,9 @@ from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsiz
 from .microstep import LossStep, split_step
 from .workflow import trace_check
 from .profile import estimate, measure
-from .recompute import carried_graph, original, recompute_graph, recomputes
-from .replicastep import mapped_plan, one_replica, pesto_buckets, replica_zero, replicate_graph, replicated_plan
+from .recompute import carried_graph, original, recompute_graph, recomputes, with_copies
+from .replicastep import (mapped_plan, one_replica, pesto_buckets, replica_map, replica_zero, replicate_graph,
+                          replicated_plan)
 from .slicemap import RECOMPUTE, SliceMap, place_split, result_view, slice_map
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
@@ -398,6 +399,14 @@ class FunctionStep:
         self._initial = rg.copies(self._initial)
         self.tf_graph, self._init, self._reads, self._values = rg.graph, dict(rg.init), dict(rg.reads), dict(rg.values)
         self.loss, self.updates, self.replicas = rg.loss, list(rg.updates), result.replicas
+        if recomputes(result.origin):   # the plan's copies on the replicated step, then mapped as the rest
+            before = extract(rg.graph, self._fetches(), on_unknown="ignore")
+            rmap = replica_map(result.graph.names, rg, buckets, before.names)
+            self.recomputed = recompute_graph(rg.graph, result.graph, rmap.ops)
+            self.tf_graph = self.recomputed.graph
+            self.graph = extract(self.tf_graph, self._fetches(), on_unknown="ignore")
+            self.mapping = with_copies(rmap, result.graph.names, self.graph.names)
+            return mapped_plan(result.plan, self.mapping, self.graph)
         plan, self.mapping = replicated_plan(result, rg, buckets)
         self.graph = extract(rg.graph, self._fetches(), on_unknown="ignore")
         return plan

@@ -37,7 +37,7 @@ Examples
 from __future__ import annotations
 
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -48,7 +48,7 @@ from .extract import extract
 from .replicastep import _graph_of, _split_input
 from .slicemap import RECOMPUTE
 
-__all__ = ["Recomputed", "recompute_graph", "original", "recomputes", "carried_graph"]
+__all__ = ["Recomputed", "recompute_graph", "original", "recomputes", "carried_graph", "with_copies"]
 
 
 def original(name: str) -> str | None:
@@ -172,3 +172,24 @@ def carried_graph(tf_graph, fetches, before: OpGraph, copies: Mapping[str, str])
                   "persistent_bytes": op.persistent_bytes} for n, op in ops.items()}
     return extract(tf_graph, fetches, costs=costs, cpu_costs=cpu, kind=kind, memory=memory, name=before.name,
                    on_unknown="ignore")
+
+
+def with_copies(op_map, pesto_names, tf_names):
+    """``op_map`` (a :class:`~tf_patch.slicemap.SliceMap` or
+    :class:`~tf_patch.replicastep.ReplicaMap` made before the copies) with each
+    Pesto copy among ``pesto_names`` mapped to the TF copy ``recompute/<t>`` of
+    its original's one TF op ``t``, where ``tf_names`` (the TF step's ops) has it.
+
+    >>> from tf_patch.slicemap import SliceMap
+    >>> m = with_copies(SliceMap(1, {"a@r0": ("mb0/a",)}, (), ("a@rc@r0",)), ["a@r0", "a@rc@r0"],
+    ...                 ["mb0/a", "recompute/mb0/a"])
+    >>> dict(m.ops), m.unmapped_pesto
+    ({'a@r0': ('mb0/a',), 'a@rc@r0': ('recompute/mb0/a',)}, ())
+    """
+    have, ops = set(tf_names), dict(op_map.ops)
+    for name in pesto_names:
+        ts = ops.get(original(name), ()) if original(name) is not None else ()
+        if len(ts) == 1 and RECOMPUTE + ts[0] in have:
+            ops[name] = (RECOMPUTE + ts[0],)
+    return replace(op_map, ops=MappingProxyType(ops),
+                   unmapped_pesto=tuple(n for n in op_map.unmapped_pesto if n not in ops))
