@@ -27,7 +27,9 @@ from pesto.solvelog import SolveLog  # noqa: E402
 from solver.parallel.realise import realise  # noqa: E402
 from solver.parallel.strategy import Strategy  # noqa: E402
 from tf_patch import recompute  # noqa: E402
-from tf_patch.slicemap import RECOMPUTE, result_view  # noqa: E402
+from tf_patch.slicemap import RECOMPUTE, place_split, recomputed_op, result_view  # noqa: E402
+from tf_patch.workflow import PlacedRun  # noqa: E402
+from tf_patch.zoo import build_model  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -68,7 +70,7 @@ def test_a_recompute_pipeline_trains_as_the_step_with_its_copies_mapped_one_to_o
     # each Pesto copy is one TF op recompute/<the TF op of its original>, in the graph TF runs
     tf_of = {p: ts for p, ts in step.mapping.ops.items()}
     for c in copies:
-        orig = recompute.original(c)
+        orig = recomputed_op(c)
         assert tf_of[c] == tuple(RECOMPUTE + t for t in tf_of[orig]), c
         assert tf_of[c][0] in step.graph and tf_of[c][0] == rc.copies[tf_of[orig][0]]
     # the block's backward reads the copies: each TanhGrad reads recompute/.../Tanh, not the forward Tanh
@@ -117,6 +119,36 @@ def test_result_view_takes_recompute_and_refuses_the_savers_tf_does_not_build_by
     with pytest.raises(MicroBatchError, match=r"memory savers \(ZeRO-2: a sharded optimizer\)") as err:
         result_view(sharded)
     assert err.value.culprit == "ZeRO-2"
+
+
+def test_a_zoo_model_runs_a_recompute_plan_placed_and_place_split_refuses_a_step_without_copies():
+    """rnnlm (graph mode, ``rnn/layer_<k>`` blocks): ``recompute_model`` builds the copies on TF's
+    2-slice step; ``place_split`` places it 1:1 and it trains with the un-split step's losses."""
+    tiny = dict(layers=2, units=16, batch=8, steps=3, vocab=50, optimizer="sgd", lr=0.5)
+
+    def build(m):
+        return build_model("rnnlm", "small", micro_batches=m, **tiny)
+
+    whole = build(1)
+    step, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100")
+    tf_split, _ = tf_patch.opgraph(build(2).graph, build(2).fetches, "v100")
+    result = realise(marked(step), CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b", recompute=True))
+    with pytest.raises(ValueError, match=r"recomputes activations.*tf_patch.recompute_model"):
+        place_split(result, step, tf_split, CLUSTER)
+    model, graph = tf_patch.recompute_model(build(2), result, step, tf_split)
+    copies = _copies(result)
+    assert copies and sum(n.startswith(RECOMPUTE) for n in graph.names) == len(copies)
+    placed = place_split(result, step, graph, CLUSTER, time_limit=2)
+    assert all(c in placed.slices.ops for c in copies) and placed.slices.unmapped_pesto == ()
+    with tf.compat.v1.Session(graph=whole.graph) as sess:
+        sess.run(whole.init_op)
+        expected = [float(sess.run(whole.fetches, whole.feed_fn(s))[1]) for s in range(2)]
+    with PlacedRun(lambda: tf_patch.recompute_model(build(2), result, step, tf_split)[0], placed.plan,
+                   n_devices=2) as run:
+        losses = run.train(2)
+        seen = run.trace()
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 0
 
 
 def test_recompute_examples_run():

@@ -17,14 +17,14 @@ import importlib
 
 #: The modules reached as ``tf_patch.<module>`` without an import of their own.
 _MODULES = frozenset({"apply", "batchmarks", "commfit", "demo", "demo_hosts", "devices", "distributed", "extract",
-                      "function", "fusion", "marks", "microstep", "opgraphs", "profile", "replicastep",
-                      "slicemap", "traces", "workflow", "zoo"})
+                      "function", "fusion", "marks", "microstep", "opgraphs", "profile", "recompute",
+                      "replicastep", "slicemap", "traces", "workflow", "zoo"})
 
 __all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras_opgraph", "function_step",
            "keras_step", "FunctionStep", "LossStep", "check_micro_batches", "step_stats_costs",
            "chrome_trace_costs", "measure", "estimate", "apply_plan", "verify",
            "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "parallel_factor",
-           "contended", "run_placed", "replicate_model"]
+           "contended", "run_placed", "replicate_model", "recompute_model"]
 
 
 def __getattr__(name: str):

@@ -47,10 +47,10 @@ from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsiz
 from .microstep import LossStep, split_step
 from .workflow import trace_check
 from .profile import estimate, measure
-from .recompute import carried_graph, original, recompute_graph, recomputes, with_copies
+from .recompute import carried_graph, recompute_graph, with_copies
 from .replicastep import (mapped_plan, one_replica, pesto_buckets, replica_map, replica_zero, replicate_graph,
                           replicated_plan)
-from .slicemap import RECOMPUTE, SliceMap, place_split, result_view, slice_map
+from .slicemap import RECOMPUTE, SliceMap, place_split, recomputed_op, recomputes, result_view, slice_map
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
            "FunctionStep"]
@@ -377,7 +377,7 @@ class FunctionStep:
         # traced again: the names the trace gives anew (a Keras optimizer's scope) are placed by a neighbour;
         # a recomputed copy op@rc is TF's recompute/op
         kept = {n: (t,) for n in plan.placement
-                if (t := n if original(n) is None else RECOMPUTE + original(n)) in self.graph}
+                if (t := n if recomputed_op(n) is None else RECOMPUTE + recomputed_op(n)) in self.graph}
         self.mapping = SliceMap(1, MappingProxyType(kept), tuple(n for n in self.graph.names if n not in kept),
                                 tuple(n for n in plan.placement if n not in kept))
         return mapped_plan(plan, self.mapping, self.graph)

@@ -19,6 +19,7 @@ from .microstep import LossStep, check_micro_batches
 from .traces import chrome_trace_costs, step_stats_costs
 from .workflow import contended, parallel_factor, profile_model, run_placed
 from .profile import Profile, estimate, measure
+from .recompute import recompute_model
 from .replicastep import replicate_model
 from .zoo import build_model
 
@@ -27,7 +28,7 @@ __all__ = ["opgraph_for", "opgraph", "model_opgraph", "function_opgraph", "keras
            "keras_step", "FunctionStep", "LossStep", "check_micro_batches", "step_stats_costs",
            "chrome_trace_costs", "measure", "estimate", "apply_plan", "verify",
            "fit_transfers", "session_config", "tf_device", "plan_device", "profile_model", "parallel_factor",
-           "contended", "run_placed", "replicate_model"]
+           "contended", "run_placed", "replicate_model", "recompute_model"]
 
 
 def opgraph(graph, fetches, gpu: str = "v100", *, name: str = "graph", overhead: float = 0.0,

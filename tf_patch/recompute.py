@@ -9,7 +9,7 @@ block) into every copy without an in-block producer. :func:`recompute_graph`
 makes the same change to the TF step that runs the plan (its GraphDef), from
 the plan's own graph, so TensorFlow recomputes exactly what Pesto costed:
 
-* each Pesto copy ``c`` of op ``o`` (:func:`original`: ``c`` without ``@rc``)
+* each Pesto copy ``c`` of op ``o`` (:func:`tf_patch.slicemap.recomputed_op`: ``c`` without ``@rc``)
   whose ``o`` maps to one TF op ``t`` (the map of the plan's other ops onto
   the TF step: :func:`tf_patch.slicemap.slice_map`) gets a TF copy
   ``recompute/<t>`` (:data:`tf_patch.slicemap.RECOMPUTE`): ``t``'s NodeDef
@@ -29,10 +29,6 @@ built: its block's backward then reads the original (the same values, the
 memory not saved). The losses equal the un-recomputed step's (the same ops run
 again on the same inputs), except for random ops (dropout draws again).
 
-Examples
---------
->>> original("layer_0/MatMul@rc@mb1"), original("layer_0/MatMul@mb1")
-('layer_0/MatMul@mb1', None)
 """
 from __future__ import annotations
 
@@ -42,24 +38,13 @@ from types import MappingProxyType
 from typing import Mapping
 
 from pesto.graph import OpGraph
-from pesto.step.recompute import RESERVED
 
 from .extract import extract
 from .replicastep import _graph_of, _split_input
-from .slicemap import RECOMPUTE
+from .slicemap import RECOMPUTE, recomputed_op, result_view, slice_map
+from .zoo.common import ZooModel
 
-__all__ = ["Recomputed", "recompute_graph", "original", "recomputes", "carried_graph", "with_copies"]
-
-
-def original(name: str) -> str | None:
-    """The op a recomputed Pesto copy ``name`` runs again (``op@rc@mb1`` ->
-    ``op@mb1``: the name with its ``@rc`` taken out), or None when ``name`` is no such copy."""
-    return RESERVED.sub(r"\1", name, count=1) if RESERVED.search(name) else None
-
-
-def recomputes(origin: Mapping | None) -> bool:
-    """Whether a kept transform's origins (``Solved.transformed.origin``) hold recomputed copies."""
-    return origin is not None and any(o.role == "recompute" for o in origin.values())
+__all__ = ["Recomputed", "recompute_graph", "carried_graph", "with_copies", "recompute_model"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +74,7 @@ def _spec(pesto_graph: OpGraph, op_map: Mapping[str, tuple]):
     reads the copy, TF copy -> its trigger ops, Pesto copies left out)``."""
     of, left = {}, []
     for name in pesto_graph.names:
-        o = original(name)
+        o = recomputed_op(name)
         if o is None:
             continue
         ts = op_map.get(o, ())
@@ -102,9 +87,9 @@ def _spec(pesto_graph: OpGraph, op_map: Mapping[str, tuple]):
         src, dst = of.get(e.src), of.get(e.dst)
         if src is not None and dst is not None:
             inner.add((src, dst))
-        elif dst is not None and not e.tensors and original(e.src) is None:
+        elif dst is not None and not e.tensors and recomputed_op(e.src) is None:
             control.setdefault(dst, set()).update(op_map.get(e.src, ()))
-        elif src is not None and dst is None and original(e.dst) is None:
+        elif src is not None and dst is None and recomputed_op(e.dst) is None:
             rewire.update((src, t) for t in op_map.get(e.dst, ()))
     return of, inner, rewire, control, tuple(left)
 
@@ -188,8 +173,38 @@ def with_copies(op_map, pesto_names, tf_names):
     """
     have, ops = set(tf_names), dict(op_map.ops)
     for name in pesto_names:
-        ts = ops.get(original(name), ()) if original(name) is not None else ()
+        ts = ops.get(recomputed_op(name), ()) if recomputed_op(name) is not None else ()
         if len(ts) == 1 and RECOMPUTE + ts[0] in have:
             ops[name] = (RECOMPUTE + ts[0],)
     return replace(op_map, ops=MappingProxyType(ops),
                    unmapped_pesto=tuple(n for n in op_map.unmapped_pesto if n not in ops))
+
+
+def recompute_model(model, result, step: OpGraph, tf_step: OpGraph):
+    """``(ZooModel with the copies, its OpGraph)``: a zoo model built as
+    ``result`` runs (un-split, or split in ``result.micro_batches`` slices),
+    with ``result``'s recomputation (:func:`recompute_graph`; the copies' ops
+    mapped by :func:`tf_patch.slicemap.slice_map` from ``step``, the un-split
+    step Pesto transformed, onto ``tf_step``, the OpGraph of ``model``). The
+    OpGraph is ``tf_step`` with the copies, costed as their originals
+    (:func:`carried_graph`): :func:`tf_patch.slicemap.place_split` places it,
+    and ``PlacedRun`` takes the model with that plan. It trains as ``model``
+    (same feed, same initial values).
+    """
+    result = result_view(result)
+    if result.micro_batches > 1:
+        op_map = slice_map(step, result.origin, tf_step, result.micro_batches).ops
+    else:
+        op_map = {n: (n,) for n in result.graph.names if n in tf_step}
+    rc = recompute_graph(model.graph, result.graph, op_map)
+    g = rc.graph
+    graph = carried_graph(g, [model.train_op.name, model.loss.name], tf_step, rc.copies)
+
+    def feed_fn(i: int) -> dict:
+        return {g.get_tensor_by_name(getattr(t, "name", t)): v for t, v in model.feed_fn(i).items()}
+
+    init = None if model.init_op is None else g.get_operation_by_name(model.init_op.name)
+    feed = None if not model.init_feed else {g.get_tensor_by_name(getattr(t, "name", t)): v
+                                             for t, v in model.init_feed.items()}
+    return ZooModel(g, g.get_operation_by_name(model.train_op.name), g.get_tensor_by_name(model.loss.name), feed_fn,
+                    model.name, {**model.config, "recompute": True}, init, feed), graph

@@ -56,11 +56,12 @@ from pesto import evaluate, solve
 from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
 from pesto.step import Origin
+from pesto.step.recompute import RESERVED
 from pesto.step.slicing import parse_name
 
 __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPlacement", "place_split",
            "GRADIENT_ROOTS", "ResultView", "result_view", "split_candidates", "Rescored", "Rescoring",
-           "rescore_split", "RECOMPUTE", "TF_SAVERS"]
+           "rescore_split", "RECOMPUTE", "TF_SAVERS", "recomputes", "recomputed_op"]
 
 #: First name components of graph-mode and tape gradient scopes.
 GRADIENT_ROOTS = ("gradients", "gradient_tape")
@@ -129,6 +130,22 @@ def result_view(result) -> ResultView:
                       str(result.graph_kind), MappingProxyType(dict(steps)),
                       MappingProxyType(dict(getattr(log, "skipped", None) or {})),
                       None if kept is None else kept.origin)
+
+
+def recomputes(origin: Mapping | None) -> bool:
+    """Whether a kept transform's origins (``ResultView.origin``) hold recomputed copies
+    (role ``"recompute"``: :func:`pesto.step.recompute`, built in TF by :mod:`tf_patch.recompute`)."""
+    return origin is not None and any(o.role == "recompute" for o in origin.values())
+
+
+def recomputed_op(name: str) -> str | None:
+    """The op a recomputed Pesto copy ``name`` runs again (its name without ``@rc``),
+    or None when ``name`` is no such copy.
+
+    >>> recomputed_op("layer_0/MatMul@rc@mb1"), recomputed_op("layer_0/MatMul@rc"), recomputed_op("x@mb1")
+    ('layer_0/MatMul@mb1', 'layer_0/MatMul', None)
+    """
+    return RESERVED.sub(r"\1", name, count=1) if RESERVED.search(name) else None
 
 
 def slice_candidates(op: str, i: int) -> tuple[str, ...]:
@@ -354,6 +371,8 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
     Raises
     ------
     ValueError
+        ``result`` recomputes activations and ``tf_split`` has no copies
+        (:func:`tf_patch.recompute.recompute_model` builds them); or
         ``result`` is a replicated plan (data-parallel or hybrid): it runs on
         TF's replicated step, not the split step; the message names the
         functions that build and place that one
@@ -367,12 +386,17 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
                          f"tf_patch.replicate_model(build_model(..., micro_batches={k}), result) gives the "
                          "model and its plan; a Keras or tf.function step takes the result itself "
                          "(FunctionStep.apply(result))")
+    if recomputes(result.origin) and not any(n.startswith(RECOMPUTE) for n in tf_split.names):
+        raise ValueError("the plan recomputes activations: place the TF step with its copies, "
+                         "tf_patch.recompute_model(model, result, step, tf_split) for a zoo model "
+                         "(FunctionStep.apply(result) builds them itself)")
     slices = slice_map(step, result.origin or result.graph.names, tf_split, result.micro_batches)
     placement = result.plan.placement
     if result.graph_kind == "step":  # M = 1: the names are the TF step's own
-        slices = SliceMap(1, MappingProxyType({n: (n,) for n in placement if n in tf_split}),
-                          tuple(n for n in tf_split.names if n not in placement),
-                          tuple(n for n in placement if n not in tf_split))
+        own = {n: n if recomputed_op(n) is None else RECOMPUTE + recomputed_op(n) for n in placement}
+        slices = SliceMap(1, MappingProxyType({n: (t,) for n, t in own.items() if t in tf_split}),
+                          tuple(n for n in tf_split.names if n not in set(own.values())),
+                          tuple(n for n, t in own.items() if t not in tf_split))
     hint = evaluate(tf_split, mapped_hint(slices.placement(placement), tf_split, cluster.names[0]),
                     cluster=cluster)
     plan = solve(tf_split, cluster=cluster, hint=hint, time_limit=time_limit, workers=workers, seed=seed,
@@ -475,7 +499,8 @@ def rescore_split(result, step: OpGraph, trace, cluster, *, top: int = 3, time_l
     TF's split step of ``M`` slices (an OpGraph costed at the micro-batch
     size: grappler or measured, on ``cluster``'s kind), which is solved
     within ``time_limit`` seconds: from ``result``'s own plan mapped onto it
-    (:func:`place_split`) when that is the count ``result`` chose, else by
+    (:func:`place_split`) when that is the count ``result`` chose (and it
+    recomputes nothing: a traced step has no copies), else by
     ``pesto.solve``. The best of those, the un-split step (``"M=1"``: its
     graph ``step`` is the one TF runs, solved too when ``result`` skipped it)
     and, when ``result`` is replicated, its own figure is :attr:`Rescoring.best`
@@ -484,7 +509,7 @@ def rescore_split(result, step: OpGraph, trace, cluster, *, top: int = 3, time_l
     view, rows = result_view(result), []
     for m, estimate in split_candidates(view, top):
         tf_split = trace(m)
-        if view.graph_kind == "micro-batched" and view.micro_batches == m:
+        if view.graph_kind == "micro-batched" and view.micro_batches == m and not recomputes(view.origin):
             plan = place_split(view, step, tf_split, cluster, time_limit=time_limit, workers=workers,
                                seed=seed).plan
         else:
