@@ -175,3 +175,26 @@ def test_a_recompute_hybrid_trains_on_four_devices_as_the_step_with_its_copies_p
     assert seen["misplaced"] == [] and seen["order_violations"] == []
     assert {seen["devices"][t] for c in copies for t in step.mapping.ops[c]} == {f"/CPU:{k}" for k in range(4)}
     step.close()
+
+
+def test_the_demo_trains_a_recompute_plan_auto_chose(capsys, monkeypatch):
+    """``--micro-batches auto`` returning a 1F1B plan with recomputation (forced: the zoo's
+    presets fit memory) trains with its copies, on-plan, with the un-split step's losses."""
+    from tf_patch import demo
+
+    def chose_recompute(args, batch):
+        def build():
+            return build_model(args.model, args.preset, seed=args.seed)
+
+        alone, _, cluster, reference, graph = demo._profile(build, args)
+        result = realise(marked(graph), cluster, Strategy(stages=2, micro_batches=2, schedule="1f1b",
+                                                          recompute=True))
+        return demo.Chosen(2, result, graph, (alone, cluster, reference, graph), None, result.plan.makespan)
+
+    monkeypatch.setattr(demo, "choose_micro_batches", chose_recompute)
+    assert demo.main(["--model", "rnnlm", "--preset", "small", "--micro-batches", "auto", "--time-limit", "1",
+                      "--steps", "2", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "the plan recomputes activations: " in out and " copies built on TF's step" in out
+    assert "trace: 0 ops off-plan, 0/" in out and "NOT EQUAL" not in out
+    assert "equal within 1e-05 relative" in out

@@ -79,7 +79,8 @@ from .devices import describe, detect
 from .function import keras_step
 from .microstep import check_micro_batches
 from .replicastep import one_replica, replicate_model
-from .slicemap import place_split, rescore_split, result_view
+from .recompute import recompute_model
+from .slicemap import place_split, recomputes, rescore_split, result_view
 from .workflow import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
 from .zoo import MODELS, build_model, presets
 from .zoo.keras_apps import KERAS_MODELS, keras_app_step
@@ -157,6 +158,9 @@ def place_and_train(args, batch, chosen=None) -> int:
         alone, _, cluster, reference, graph = _profile(build, args, f", {micro} micro-batches of {batch // micro}"
                                                        if args.micro_batches else "")
     t0 = time.perf_counter()
+    if chosen is not None and chosen.result is not None and recomputes(result_view(chosen.result).origin):
+        build, graph = _recomputing(build, chosen, graph)
+        reference = None if reference is None else _placer(REFERENCE_PLACER, graph, cluster)   # with the copies
     if chosen is not None and chosen.result is not None:
         placed = place_split(chosen.result, chosen.step, graph, cluster, time_limit=args.time_limit,
                              workers=1, seed=args.seed)
@@ -172,6 +176,19 @@ def place_and_train(args, batch, chosen=None) -> int:
     expert = _placer("expert", graph, cluster)
     unsplit = chosen.profiled[0] if chosen is not None else None
     return _run_and_report(build, alone, cluster, plan, place_s, expert, args, reference, graph, unsplit)
+
+
+def _recomputing(build, chosen, graph):
+    """``(build, graph)`` of the step with ``chosen``'s recomputed copies
+    (:func:`tf_patch.recompute_model`: built on each model ``build`` makes, the
+    OpGraph ``graph`` with the copies costed as their originals)."""
+    def rebuilt():
+        return recompute_model(build(), chosen.result, chosen.step, graph)[0]
+
+    _, with_copies = recompute_model(build(), chosen.result, chosen.step, graph)
+    print(f"[3/5] the plan recomputes activations: {with_copies.num_ops - graph.num_ops} copies built on TF's "
+          f"step (recompute/...)")
+    return rebuilt, with_copies
 
 
 def _replicated_and_train(args, chosen) -> int:
