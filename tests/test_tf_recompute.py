@@ -151,6 +151,31 @@ def test_a_zoo_model_runs_a_recompute_plan_placed_and_place_split_refuses_a_step
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 0
 
 
+def test_a_zoo_model_runs_a_recompute_hybrid_replicated_with_its_copies_placed():
+    """rnnlm as a hybrid R=2 x M=2 with recomputation on 4 devices (``replicate_model`` then
+    ``recompute_replicated``): each copy on the plan's device, the un-split step's losses."""
+    tiny = dict(layers=2, units=16, batch=8, steps=3, vocab=50, optimizer="sgd", lr=0.5)
+    whole = build_model("rnnlm", "small", **tiny)
+    step, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
+    cluster = pesto.gpus(4, beta=(0.0, 1e-9))
+    result = realise(marked(step), cluster, Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b",
+                                                     recompute=True))
+    built = tf_patch.replicate_model(build_model("rnnlm", "small", micro_batches=4, **tiny), result)
+    model, plan, rmap = recompute.recompute_replicated(built[0], result, built[2])
+    copies = _copies(result)
+    assert copies and all(len(rmap.ops[c]) == 1 and rmap.ops[c][0].startswith(RECOMPUTE) for c in copies)
+    assert all(plan.placement[rmap.ops[c][0]] == result.plan.placement[c] for c in copies)
+    with tf.compat.v1.Session(graph=whole.graph) as sess:
+        sess.run(whole.init_op)
+        expected = [float(sess.run(whole.fetches, whole.feed_fn(s))[1]) for s in range(2)]
+    with PlacedRun(lambda: model, plan, n_devices=4) as run:
+        losses = run.train(2)
+        seen = run.trace()
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 100
+    assert {seen["devices"][rmap.ops[c][0]] for c in copies} == {f"/CPU:{k}" for k in range(4)}
+
+
 def test_recompute_examples_run():
     assert doctest.testmod(recompute).failed == 0
 

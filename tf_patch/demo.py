@@ -79,7 +79,7 @@ from .devices import describe, detect
 from .function import keras_step
 from .microstep import check_micro_batches
 from .replicastep import one_replica, replicate_model
-from .recompute import recompute_model
+from .recompute import recompute_model, recompute_replicated
 from .slicemap import place_split, recomputes, rescore_split, result_view
 from .workflow import PlacedRun, anchored_errors, contended, parallel_factor, profile_model, time_interleaved
 from .zoo import MODELS, build_model, presets
@@ -201,11 +201,15 @@ def _replicated_and_train(args, chosen) -> int:
     def split():
         return build_model(args.model, args.preset, seed=args.seed, micro_batches=chosen.slices)
 
+    def replicated():   # with the plan's recomputed copies when it has some (tf_patch.recompute_replicated)
+        built = replicate_model(split(), result)
+        return recompute_replicated(built[0], result, built[2]) if recomputes(result_view(result).origin) else built
+
     t0 = time.perf_counter()
-    model, plan, rmap = replicate_model(split(), result)
+    model, plan, rmap = replicated()
     print(f"[3/5] auto's plan ({chosen.what}, {result.plan.makespan / 1000:.3f} ms on Pesto's replicated graph) "
           f"carried onto TF's replicated step ({time.perf_counter() - t0:.1f} s): {rmap.summary()}")
-    return _run_and_report(lambda: replicate_model(split(), result)[0], None, cluster, plan,
+    return _run_and_report(lambda: replicated()[0], None, cluster, plan,
                            time.perf_counter() - t0, None, args, None, alone, alone)
 
 

@@ -226,6 +226,9 @@ class FunctionStep:
         :meth:`apply` of a replicated plan: ``R x M`` slices, ``R`` replicas).
     mapping : SliceMap or ReplicaMap or None
         How the last plan :meth:`apply` carried was mapped onto the TF step.
+    recomputed : Recomputed or None
+        After :meth:`apply` of a plan with recomputation: the TF copies
+        (:func:`tf_patch.recompute.recompute_graph`) :attr:`tf_graph` runs.
     placed : SplitPlacement or None
         After :meth:`apply` of a micro-batched result: the plan solved on the
         traced split step (``placed.plan.makespan`` its predicted step),
@@ -316,6 +319,8 @@ class FunctionStep:
         loss: :func:`keras_step`, or a :class:`tf_patch.LossStep`) split into
         ``M`` slices, or into ``R x M`` slices whose replicas get their own
         variables and the plan's ring all-reduces (:mod:`tf_patch.replicastep`);
+        a plan that recomputes activations gets its copies built on that step
+        (:mod:`tf_patch.recompute`, :attr:`recomputed`);
         :attr:`mapping` says what was mapped. A micro-batched plan is not
         merely mapped: the traced split step (its ops costed at the micro-batch
         size, as this step's ``costs`` say) is solved on ``cluster`` within

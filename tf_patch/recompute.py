@@ -40,11 +40,12 @@ from typing import Mapping
 from pesto.graph import OpGraph
 
 from .extract import extract
-from .replicastep import _graph_of, _split_input
+from .replicastep import _graph_of, _split_input, mapped_plan
 from .slicemap import RECOMPUTE, recomputed_op, result_view, slice_map
 from .zoo.common import ZooModel
 
-__all__ = ["Recomputed", "recompute_graph", "carried_graph", "with_copies", "recompute_model"]
+__all__ = ["Recomputed", "recompute_graph", "carried_graph", "with_copies", "recompute_model",
+           "recompute_replicated"]
 
 
 @dataclass(frozen=True)
@@ -197,9 +198,26 @@ def recompute_model(model, result, step: OpGraph, tf_step: OpGraph):
     else:
         op_map = {n: (n,) for n in result.graph.names if n in tf_step}
     rc = recompute_graph(model.graph, result.graph, op_map)
-    g = rc.graph
-    graph = carried_graph(g, [model.train_op.name, model.loss.name], tf_step, rc.copies)
+    return _rebuilt(model, rc.graph), carried_graph(rc.graph, [model.train_op.name, model.loss.name], tf_step,
+                                                    rc.copies)
 
+
+def recompute_replicated(model, result, rmap):
+    """``(ZooModel with the copies, its plan, the map)``: the replicated zoo
+    model ``model`` and map ``rmap`` of :func:`tf_patch.replicate_model` with
+    the replicated ``result``'s recomputation (:func:`recompute_graph`, the
+    copies mapped by :func:`with_copies`, the plan by
+    :func:`tf_patch.replicastep.mapped_plan`); ``PlacedRun`` takes the model with the plan."""
+    result = result_view(result)
+    rc = recompute_graph(model.graph, result.graph, rmap.ops)
+    zoo = _rebuilt(model, rc.graph)
+    tfg = extract(rc.graph, [zoo.loss.name, zoo.train_op.name], on_unknown="ignore")
+    rmap = with_copies(rmap, result.graph.names, tfg.names)
+    return zoo, mapped_plan(result.plan, rmap, tfg), rmap
+
+
+def _rebuilt(model, g):
+    """``model`` (a ZooModel) on ``g``, its graph rewritten: the same ops, feed and initial values, by name."""
     def feed_fn(i: int) -> dict:
         return {g.get_tensor_by_name(getattr(t, "name", t)): v for t, v in model.feed_fn(i).items()}
 
@@ -207,4 +225,4 @@ def recompute_model(model, result, step: OpGraph, tf_step: OpGraph):
     feed = None if not model.init_feed else {g.get_tensor_by_name(getattr(t, "name", t)): v
                                              for t, v in model.init_feed.items()}
     return ZooModel(g, g.get_operation_by_name(model.train_op.name), g.get_tensor_by_name(model.loss.name), feed_fn,
-                    model.name, {**model.config, "recompute": True}, init, feed), graph
+                    model.name, {**model.config, "recompute": True}, init, feed)

@@ -25,6 +25,9 @@ first that exists with ``op``'s type is the one):
   TF step builds once per slice: all get its device);
 * a data input's copy ``inp@mb<i>`` (TF splits the whole input instead):
   the ``Split`` op ``microbatch/<inp>`` (slice 0's also ``inp`` itself);
+* a recomputed copy ``op@rc@mb<i>`` (:func:`pesto.step.recompute`, role
+  ``"recompute"``): ``recompute/<T>``, the TF copy of slice ``i``'s op ``T``
+  of ``op`` that :mod:`tf_patch.recompute` builds (:data:`RECOMPUTE`);
 * an accumulation ``t@acc<k>`` (slices ``0..k`` of tensor ``t`` summed): the
   once-per-step consumer ``c`` of ``t`` in the un-split step (an optimizer
   update) reads, in the TF step, an op under ``accumulate/<variable>/``
