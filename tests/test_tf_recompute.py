@@ -78,6 +78,13 @@ def test_a_recompute_pipeline_trains_as_the_step_with_its_copies_mapped_one_to_o
     grads = [op for op in g.get_operations() if op.type == "TanhGrad"]
     assert len(grads) == 3 * micro_batches
     assert all(op.inputs[0].op.name.startswith(RECOMPUTE) for op in grads)
+    # TF's backward reads each op where Pesto's does: an original only where Pesto's backward still reads
+    # it (the next block's weight gradient reads a block's output), else the copy (the original dies early)
+    for c in copies:
+        (t,) = tf_of[recomputed_op(c)]
+        readers = {x.name for out in g.get_operation_by_name(t).outputs for x in out.consumers()}
+        pesto = {x for s in result.graph.successors(recomputed_op(c)) for x in tf_of.get(s, ())}
+        assert {r for r in readers if r.startswith("gradient_tape/")} <= pesto, c
     # a block's first copy waits (a control input) for its trigger: the TF op of Pesto's, a backward op
     triggers = [(e.src, e.dst) for e in result.graph.edges if e.dst in copies and not e.tensors]
     assert len(triggers) >= 2 * micro_batches   # layer_0's and layer_1's (Pesto gives the last block none here)
