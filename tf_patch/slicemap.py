@@ -32,6 +32,10 @@ first that exists with ``op``'s type is the one):
   maps to ``accumulate/<variable>/add_<k>`` (the dense chain, which sums
   slices ``0..k`` as Pesto's does) or, when there is no such op (a sparse
   gradient: rows concatenated once), to the op ``c`` reads.
+* a weight gradient run whole ``op@all`` (a plan's ``weight_grads="whole"``,
+  :attr:`ResultView.joined`): the op TF's split step runs it as,
+  ``whole/<variable>/MatMul`` (``tf_patch.LossStep(whole=...)``), which the
+  caller names (:func:`slice_map`'s ``whole``: the names say no variable).
 
 What maps to nothing is listed, never dropped: TF ops no Pesto op maps to
 (the ``microbatch/`` input splits and loss sum, each slice's
@@ -88,6 +92,10 @@ class ResultView:
     origin : mapping op -> Origin, or None
         Each op of ``graph``'s origin in the step (``Solved.transformed.origin``);
         None when the result kept no transform (then names are read by the naming rule).
+    joined : tuple of str
+        The step's weight-gradient ops the plan runs once over every slice
+        (``Strategy.joined``, else ``plan.log.joined``): TF's split step
+        builds them so (``LossStep(whole=...)``, :meth:`tf_patch.FunctionStep.apply`).
     """
 
     plan: object
@@ -98,6 +106,7 @@ class ResultView:
     steps: Mapping[str, float] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
     origin: Mapping[str, Origin] | None = None
+    joined: tuple = ()
 
 
 def result_view(result) -> ResultView:
@@ -120,10 +129,11 @@ def result_view(result) -> ResultView:
                               culprit=savers)
     steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
     kept = getattr(result, "transformed", None)
+    joined = getattr(getattr(result, "strategy", None), "joined", None) or getattr(log, "joined", ())
     return ResultView(result.plan, result.graph, int(result.micro_batches), int(result.replicas),
                       str(result.graph_kind), MappingProxyType(dict(steps)),
                       MappingProxyType(dict(getattr(log, "skipped", None) or {})),
-                      None if kept is None else kept.origin)
+                      None if kept is None else kept.origin, tuple(joined or ()))
 
 
 def slice_candidates(op: str, i: int) -> tuple[str, ...]:
@@ -181,7 +191,8 @@ class SliceMap:
         return out
 
 
-def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int) -> SliceMap:
+def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int,
+              whole: Mapping[str, str] | None = None) -> SliceMap:
     """Map the ops of Pesto's split of ``step`` onto TF's split step.
 
     Parameters
@@ -197,6 +208,11 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
     tf_split : OpGraph
         The TF split step of ``micro_batches`` slices (extracted).
     micro_batches : int
+    whole : mapping op -> TF op, optional
+        For each step op the split runs once over every slice (``op@all``,
+        role ``"whole"``), the TF op that does (``whole/<variable>/MatMul``,
+        :meth:`tf_patch.FunctionStep.apply` knows it from the variable); a
+        whole op not in it maps to nothing (listed).
 
     Returns
     -------
@@ -221,6 +237,8 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
             found = (found,) if found is not None else _input(have, origin.op, origin.slice)
         elif origin.role == "accumulate":
             found = _accumulation(step, tf_split, have, origin.tensor, origin.slice)
+        elif origin.role == "whole":
+            found = tuple(t for t in [(whole or {}).get(origin.op)] if t in have)
         elif name in have:
             found = (name,)
         else:
@@ -330,7 +348,7 @@ class SplitPlacement:
 
 
 def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit: float = 10.0,
-                workers: int | None = 1, seed: int = 0) -> SplitPlacement:
+                workers: int | None = 1, seed: int = 0, whole: Mapping[str, str] | None = None) -> SplitPlacement:
     """Solve TF's split step, the graph TF will run, from ``pesto.solve_step``'s ``result``.
 
     Maps ``result.plan`` (over ``result.graph``, Pesto's split of ``step``)
@@ -339,7 +357,8 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
     the micro-batch size: grappler or measured) with ``micro_batches=1`` and
     that placement as ``hint=`` (``pesto.solve``: it joins the starts, so the
     plan is never slower than the mapped one on ``tf_split``). The plan
-    places every op of ``tf_split``: applied 1:1, no op unmapped.
+    places every op of ``tf_split``: applied 1:1, no op unmapped. ``whole``:
+    :func:`slice_map`'s (the TF ops of the plan's joined weight gradients).
     :meth:`tf_patch.FunctionStep.apply` does this for a Keras or
     ``tf.function`` step; the demo for the zoo models.
 
@@ -359,7 +378,7 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
                          f"tf_patch.replicate_model(build_model(..., micro_batches={k}), result) gives the "
                          "model and its plan; a Keras or tf.function step takes the result itself "
                          "(FunctionStep.apply(result))")
-    slices = slice_map(step, result.origin or result.graph.names, tf_split, result.micro_batches)
+    slices = slice_map(step, result.origin or result.graph.names, tf_split, result.micro_batches, whole)
     placement = result.plan.placement
     if result.graph_kind == "step":  # M = 1: the names are the TF step's own
         slices = SliceMap(1, MappingProxyType({n: (n,) for n in placement if n in tf_split}),
