@@ -106,3 +106,31 @@ def test_no_marks_no_joined_candidates():
     r = _solve(_step(marked=False), 64 << 30)
     assert r.strategy.joined == () and not [n for n in r.plan.log.steps if "whole" in n]
     assert split(_step(marked=False), 4).graph.names == r.graph.names or r.graph_kind != "micro-batched"
+
+
+def test_tf_marks_join_only_what_loss_step_builds():
+    """tf_patch's rule: a tape step's MatMul weight gradient whose forward MatMul reads a
+    weight is joinable; a graph-mode (zoo) gradient, a bias gradient are not."""
+    from pesto.graph import Edge, Op, Tensor
+    from tf_patch.marks import mark_phases
+
+    def step(root):
+        ops = [Op("w", {"GPU": 0.0}, output_bytes=8, batch=False, type="ReadVariableOp"),
+               Op("x", {"GPU": 1.0}, output_bytes=8, batch=True, type="Placeholder"),
+               Op("m/d/MatMul", {"GPU": 1.0}, output_bytes=8, batch=True, type="MatMul", scope="m/d"),
+               Op(f"{root}/m/d/MatMul_grad/MatMul_1", {"GPU": 1.0}, output_bytes=8, batch=True, type="MatMul",
+                  scope=f"{root}/m/d/MatMul_grad"),
+               Op(f"{root}/m/d/BiasAdd_grad/BiasAddGrad", {"GPU": 1.0}, output_bytes=8, batch=True,
+                  type="BiasAddGrad", scope=f"{root}/m/d/BiasAdd_grad"),
+               Op("apply", {"GPU": 1.0}, batch=False, type="ResourceApplyGradientDescent", scope="train")]
+        dw, db = ops[3].name, ops[4].name
+        es = [Edge("w", "m/d/MatMul", "w:0"), Edge("x", "m/d/MatMul", "x:0"), Edge("x", dw, "x:0"),
+              Edge("m/d/MatMul", dw, "m/d/MatMul:0"), Edge("m/d/MatMul", db, "m/d/MatMul:0"),
+              Edge(dw, "apply", f"{dw}:0"), Edge(db, "apply", f"{db}:0")]
+        ts = [Tensor(f"{o.name}:0", o.name, 8) for o in ops[:5]]
+        return mark_phases(OpGraph(ops, es, ts))
+
+    tape = step("gradient_tape")
+    assert [o.name for o in tape.ops if o.role == "joinable"] == ["gradient_tape/m/d/MatMul_grad/MatMul_1"]
+    assert joinable_ops(tape) == ("gradient_tape/m/d/MatMul_grad/MatMul_1",)
+    assert not [o for o in step("gradients").ops if o.role == "joinable"]    # graph mode: the zoo

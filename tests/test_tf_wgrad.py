@@ -105,3 +105,14 @@ def test_a_plan_joining_dense_kernels_runs_them_whole_with_the_unsplit_losses():
     seen = step.check()
     assert seen["misplaced"] == [] and seen["order_violations"] == []
     step.close()
+
+
+def test_with_whole_refuses_a_kernel_of_no_joinable_layer():
+    model = _model()
+    dense = [layer for layer in model.layers if isinstance(layer, L.Dense)]
+    step = LossStep(lambda a, b: tf.reduce_mean(model(a)), lambda: model.trainable_variables,
+                    tf.keras.optimizers.SGD(0.1), micro_batches=2, joinable=dense[:1])
+    assert step.with_whole([dense[0].kernel]).whole == (dense[0],)
+    assert step.with_whole([]) is step
+    with pytest.raises(ValueError, match="no Keras Dense layer of this step"):
+        step.with_whole([dense[1].kernel])

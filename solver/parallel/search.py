@@ -40,6 +40,15 @@ step):
   each), unless that count's best GPipe/1F1B step less its whole fill and
   drain is no better than the best plan so far (they gain at most that);
   what is not built is named in ``plan.log.skipped``;
+* weight gradients joined (:meth:`_Search.joined`): each GPipe/1F1B and
+  zero-bubble candidate of one replica again with the weight-gradient ops
+  the front end marked joinable (:func:`pesto.step.marks.joinable_ops`) run
+  once over every slice (``weight_grads="whole"``, named ``"zb-h1 M=8
+  whole(4)"``) where that does less work: all of them, or, when that plan
+  does not fit memory and the separate one does, those whose held bytes fit
+  its free memory per GPU; a joined plan that fits and beats the count's
+  separate ones makes its split the one the count's exact passes place
+  (``plan.log.joined`` names the winner's joined ops);
 * memory savers (:func:`solver.parallel.kinds.savers`): for a screened
   candidate whose plan does not fit memory, the same strategy with ZeRO-1,
   ZeRO-2, ZeRO-2 and recomputation (data parallelism) or recomputation
