@@ -134,3 +134,33 @@ def test_tf_marks_join_only_what_loss_step_builds():
     assert [o.name for o in tape.ops if o.role == "joinable"] == ["gradient_tape/m/d/MatMul_grad/MatMul_1"]
     assert joinable_ops(tape) == ("gradient_tape/m/d/MatMul_grad/MatMul_1",)
     assert not [o for o in step("gradients").ops if o.role == "joinable"]    # graph mode: the zoo
+
+
+def test_joined_falls_back_to_the_weight_gradients_that_fit_their_gpu(monkeypatch):
+    """When every joinable op run whole does not fit memory but the separate plan
+    does, the twin joins only those whose held bytes fit the separate plan's free
+    memory on their GPU (here: the GPU holding layer 1 only), and keeps that plan
+    if it fits."""
+    from pesto.deadline import Deadline
+    from solver.options import SolveOptions
+    from solver.parallel.kinds import KINDS
+    from solver.parallel.search import _Search
+
+    c = gpus(2, memory=64 << 30)
+    search = _Search(_step(), c, SolveOptions(micro_batches=4, deterministic=True), Deadline(30, deterministic=True))
+    strategy = Strategy(stages=2, micro_batches=4, schedule="1f1b")
+    r = realise(search.marked, c, strategy)
+    gpu = r.plan.placement["gradients/layer_1/dw@mb0"]
+    used = {d: (1 << 20 if d == gpu else 64 << 30) for d in r.plan.peak_memory}   # no room but on layer 1's GPU
+    r = replace(r, plan=r.plan.replace(peak_memory=used))
+    asked = []
+
+    def realised(kind, s):
+        asked.append(s.joined)
+        out = realise(search.marked, c, s)
+        return replace(out, plan=out.plan.replace(status="infeasible")) if len(s.joined) == 2 else out
+
+    monkeypatch.setattr(search, "realised", realised)
+    w = search.joined(KINDS["pipeline"], strategy, r)
+    assert asked == [DW, ("gradients/layer_1/dw",)]
+    assert w.strategy.joined == ("gradients/layer_1/dw",) and w.plan.status != "infeasible"
