@@ -82,6 +82,8 @@ def test_the_search_joins_them_when_faster_and_it_fits():
     assert SolveLog.from_dict(r.plan.log.to_dict()).joined == DW and r.plan.log.to_dict()["joined"] == list(DW)
     assert step_graph(g, r.micro_batches, r.graph_kind, r.replicas, joined=r.plan.log.joined).names == r.graph.names
     assert pesto.step_graph(g, 4, "micro-batched", joined=DW).names == r.graph.names
+    from pesto.cli import describe_step
+    assert "2 weight gradient(s) run whole" in describe_step(r.plan, r.graph)   # what `pesto place` prints
     again = _solve(g, 64 << 30, deterministic=True)
     assert again.plan.placement == r.plan.placement and again.plan.log.steps == steps
 

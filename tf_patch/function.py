@@ -318,7 +318,9 @@ class FunctionStep:
         variables and the plan's ring all-reduces (:mod:`tf_patch.replicastep`);
         :attr:`mapping` says what was mapped. A micro-batched plan is not
         merely mapped: the traced split step (its ops costed at the micro-batch
-        size, as this step's ``costs`` say) is solved on ``cluster`` within
+        size, as this step's ``costs`` say; the Dense kernels' gradients the
+        plan joins, ``ResultView.joined``, built once over every slice:
+        :meth:`LossStep.with_whole`) is solved on ``cluster`` within
         ``time_limit`` seconds, Pesto's plan mapped onto it as the hint
         (:func:`tf_patch.slicemap.place_split`), and that plan, over every op
         TF runs, is enforced 1:1; :attr:`placed` has it. ``cluster``: the one
@@ -335,7 +337,9 @@ class FunctionStep:
         ValueError
             A split or replicated plan for a step given as a whole
             ``tf.function`` (it cannot be traced again split), or a
-            micro-batched plan for a step not traced un-split first.
+            micro-batched plan for a step not traced un-split first, or one that
+            runs a weight gradient whole that no Keras Dense layer of the step
+            (``LossStep(joinable=...)``) has (:meth:`LossStep.with_whole`).
         """
         self._values = self.values()
         self.close()
