@@ -178,12 +178,13 @@ def _timed(fn):
 
 def auto_split(graph, log) -> Transformed:
     """The split step a ``pesto auto`` plan places, rebuilt from its log
-    (``micro_batches``, ``graph_kind``, ``replicas``), for its bound: its
+    (``micro_batches``, ``graph_kind``, ``replicas``, ``joined``), for its bound: its
     ``graph`` is the plan's (:func:`pesto.step_graph`; under the copy names
     ``op@mb0`` when the plan's step is not split)."""
     if log.graph_kind == "replicated":   # its copies grouped per replica (the bound's rule), not composed
         return split(replicate(graph, log.replicas).graph, log.micro_batches)
-    return split(graph, log.micro_batches if log.graph_kind == "micro-batched" else 1)
+    return split(graph, log.micro_batches if log.graph_kind == "micro-batched" else 1,
+                 weight_grads=dict.fromkeys(log.joined, "whole"))
 
 
 def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):

@@ -249,7 +249,9 @@ def uniform_stages(stages: int = 4, *, t: float = 24_000.0, act: int = 1 << 30, 
     ``gradients/layer_<l>/dw`` (``4 params`` bytes; reads the layer's input
     and the gradient from above). ``f``, ``dx`` and ``dw`` each take ``t`` µs
     over the whole batch (``t / M`` per slice once split in ``M``); the data
-    input and the loss are small. Marks (batch, phase, anchor) are set here.
+    input and the loss are small. Marks (batch, phase, anchor, role) are set
+    here: ``dw`` is ``"joinable"`` (a GEMM over the concatenated slices, as a
+    front end builds a dense layer's: the search may run it whole).
     With the defaults a layer holds 4.5 GiB: four of them do not fit one 16 GB
     V100 (data parallelism), one per GPU does.
 
@@ -287,7 +289,7 @@ def uniform_stages(stages: int = 4, *, t: float = 24_000.0, act: int = 1 << 30, 
         below, f = (f"layer_{l - 1}/f" if l else "data"), f"layer_{l}/f"
         dx, dw = f"gradients/layer_{l}/dx", f"gradients/layer_{l}/dw"
         add(dx, t, act, True, "input-grad", anchor=f)
-        add(dw, t, weight, True, "weight-grad", anchor=f)
+        add(dw, t, weight, True, "weight-grad", anchor=f, role="joinable")
         add(f"train/update_{l}", 1.0, 0, False, "update", colocation_group=f"w{l}")
         for u, v in [(grad, dx), (f"layer_{l}/read", dx), (grad, dw), (below, dw), (dw, f"train/update_{l}")]:
             edge(u, v)

@@ -55,7 +55,7 @@ __all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION", "PHASES", "RO
 #: The values of :attr:`Op.phase` (besides ``None``, unknown).
 PHASES = ("forward", "input-grad", "weight-grad", "update", "recompute")
 #: The values of :attr:`Op.role`.
-ROLES = ("", "grad-sum")
+ROLES = ("", "grad-sum", "joinable")
 
 #: The kind sets ops hold, shared (a graph has a handful of distinct ones; a
 #: frozenset of its own cost ~200 bytes per op). With ``slots=True`` on the
@@ -109,10 +109,15 @@ class Op:
         For a backward op, the forward op it differentiates (a pipeline stage
         holds both); ``None`` when not known or not a backward op.
     role : str
-        ``""`` (default) or ``"grad-sum"``: an elementwise sum through which
+        ``""`` (default), ``"grad-sum"`` or ``"joinable"``. ``"grad-sum"``: an elementwise sum through which
         gradient contributions flow (per-time-step weight gradients summed
         into one); :func:`pesto.step.split` keeps the inputs of such a sum
         whole when its output is a weight gradient of their size.
+        ``"joinable"``: a weight-gradient op the front end can build once over
+        every slice's inputs (:func:`pesto.step.split`'s ``weight_grads="whole"``;
+        ``tf_patch`` marks a Keras ``Dense`` kernel's gradient, which
+        ``tf_patch.LossStep(whole=...)`` builds): the only ops the search
+        screens run whole (:func:`pesto.step.marks.joinable_ops`).
     """
 
     name: str

@@ -105,6 +105,11 @@ class SolveLog:
         (:attr:`solver.parallel.strategy.Strategy.savers`: ``"ZeRO-2"``,
         ``"recompute"``, ``"ZeRO-2 recompute"``); empty for none (then
         omitted from JSON).
+    joined : tuple of str
+        The step's weight-gradient ops the plan's split runs once over every
+        slice (:func:`pesto.step.split`'s ``weight_grads="whole"``, the others
+        ``"separate"``: :attr:`solver.parallel.strategy.Strategy.joined`);
+        empty for none (then omitted from JSON).
     steps : mapping name -> µs
         With ``micro_batches`` "auto" or above 1: the step time of each plan
         compared across graphs (``"M=4"``: Pesto's best with 4 slices,
@@ -132,11 +137,13 @@ class SolveLog:
     graph_kind: str = "step"
     replicas: int = 1
     savers: str = ""
+    joined: tuple = ()
     steps: Mapping[str, float] = field(default_factory=dict)
     one_device: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "passes", tuple(self.passes))
+        object.__setattr__(self, "joined", tuple(self.joined))
         for key in ("candidates", "coarse", "skipped", "steps"):
             object.__setattr__(self, key, _frozen(getattr(self, key)))
 
@@ -160,7 +167,8 @@ class SolveLog:
         if self.graph_kind == "step" and self.micro_batches == 1 and not self.steps:
             return {}
         return {"micro_batches": self.micro_batches, "graph_kind": self.graph_kind, "replicas": self.replicas,
-                **({"savers": self.savers} if self.savers else {}), "steps": dict(self.steps)}
+                **({"savers": self.savers} if self.savers else {}),
+                **({"joined": list(self.joined)} if self.joined else {}), "steps": dict(self.steps)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SolveLog":

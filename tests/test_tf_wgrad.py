@@ -68,3 +68,51 @@ def test_whole_refuses_what_it_cannot_concatenate():
     shared.build((None, 4))
     with pytest.raises(ValueError, match="called twice"):
         twice(x, y)
+
+
+def test_a_plan_joining_dense_kernels_runs_them_whole_with_the_unsplit_losses():
+    """A plan whose split runs the Dense kernels' gradients whole (weight_grads="whole"
+    for the ops tf_patch marked joinable) is carried onto TF's split step built with
+    LossStep(whole=those layers): the joined ops map to whole/<kernel>/MatMul, every TF op
+    is placed, and the step trains as the un-split one (logical devices)."""
+    import pesto
+    import tf_patch
+    from pesto.api import marked
+    from pesto.step.marks import joinable_ops
+    from solver.parallel.realise import realise
+    from solver.parallel.strategy import Strategy
+
+    tf.keras.utils.set_random_seed(0)
+    model = _model()
+    rng = np.random.default_rng(1)
+    x, y = (tf.constant(rng.normal(size=s).astype(np.float32)) for s in ((32, 4), (32, 1)))
+    step = tf_patch.keras_step(model, "mse", tf.keras.optimizers.SGD(0.1), x, y)
+    unsplit = step.run(3)
+    step.reset()
+    joined = joinable_ops(marked(step.graph))
+    assert len(joined) == 3 and all(step.graph.op(n).type == "MatMul" for n in joined)   # the 3 kernels, no bias
+    cluster = pesto.gpus(2, beta=(0.0, 1e-9))
+    result = realise(marked(step.graph), cluster, Strategy(stages=2, micro_batches=2, schedule="1f1b",
+                                                           weight_grads=dict.fromkeys(joined, "whole")))
+    assert result.strategy.joined == tuple(sorted(joined))
+    step.apply(result, cluster=cluster, time_limit=2)
+    assert step.micro_batches == 2 and len(step._source.whole) == 3
+    mapped = {p: ts for p, ts in step.mapping.ops.items() if p.endswith("@all")}
+    assert len(mapped) == 3 and all(len(ts) == 1 and ts[0].startswith("whole/") and ts[0].endswith("/MatMul")
+                                    for ts in mapped.values())
+    assert set(step.placed.plan.placement) == set(step.graph.names)
+    np.testing.assert_allclose(step.run(3), unsplit, rtol=1e-5)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    step.close()
+
+
+def test_with_whole_refuses_a_kernel_of_no_joinable_layer():
+    model = _model()
+    dense = [layer for layer in model.layers if isinstance(layer, L.Dense)]
+    step = LossStep(lambda a, b: tf.reduce_mean(model(a)), lambda: model.trainable_variables,
+                    tf.keras.optimizers.SGD(0.1), micro_batches=2, joinable=dense[:1])
+    assert step.with_whole([dense[0].kernel]).whole == (dense[0],)
+    assert step.with_whole([]) is step
+    with pytest.raises(ValueError, match="no Keras Dense layer of this step"):
+        step.with_whole([dense[1].kernel])

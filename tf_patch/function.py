@@ -44,7 +44,7 @@ from pesto.cluster import gpus, logical_cpus
 from .apply import apply_plan
 from .devices import detect, session_config
 from .extract import allowed_kinds, extract, shape_tensor_bytes, step_ops, unsized_tensors
-from .microstep import LossStep, split_step
+from .microstep import LossStep, _backend, _label, split_step
 from .workflow import trace_check
 from .profile import estimate, measure
 from .recompute import carried_graph, recompute_graph, with_copies
@@ -147,12 +147,14 @@ def train_step(model, loss, optimizer, micro_batches: int = 1):
 
 def keras_loss_step(model, loss, optimizer) -> LossStep:
     """The usual Keras training step as a :class:`tf_patch.LossStep` (the mean
-    loss of a batch; split or replicated by :meth:`LossStep.with_micro_batches`)."""
+    loss of a batch; split or replicated by :meth:`LossStep.with_micro_batches`; its
+    Dense layers joinable, :meth:`LossStep.with_whole`)."""
     import tensorflow as tf
 
     loss_fn = tf.keras.losses.get(loss)
+    dense = [layer for layer in model._flatten_layers() if isinstance(layer, tf.keras.layers.Dense)]
     return LossStep(lambda x, y: tf.reduce_mean(loss_fn(y, model(x, training=True))),
-                    lambda: model.trainable_variables, tf.keras.optimizers.get(optimizer))
+                    lambda: model.trainable_variables, tf.keras.optimizers.get(optimizer), joinable=dense)
 
 
 def keras_opgraph(model, loss, optimizer, x, y, *, gpu: str = "v100", name: str | None = None, **options):
@@ -323,7 +325,9 @@ class FunctionStep:
         (:mod:`tf_patch.recompute`, :attr:`recomputed`);
         :attr:`mapping` says what was mapped. A micro-batched plan is not
         merely mapped: the traced split step (its ops costed at the micro-batch
-        size, as this step's ``costs`` say) is solved on ``cluster`` within
+        size, as this step's ``costs`` say; the Dense kernels' gradients the
+        plan joins, ``ResultView.joined``, built once over every slice:
+        :meth:`LossStep.with_whole`) is solved on ``cluster`` within
         ``time_limit`` seconds, Pesto's plan mapped onto it as the hint
         (:func:`tf_patch.slicemap.place_split`), and that plan, over every op
         TF runs, is enforced 1:1; :attr:`placed` has it. ``cluster``: the one
@@ -340,7 +344,9 @@ class FunctionStep:
         ValueError
             A split or replicated plan for a step given as a whole
             ``tf.function`` (it cannot be traced again split), or a
-            micro-batched plan for a step not traced un-split first.
+            micro-batched plan for a step not traced un-split first, or one that
+            runs a weight gradient whole that no Keras Dense layer of the step
+            (``LossStep(joinable=...)``) has (:meth:`LossStep.with_whole`).
         """
         self._values = self.values()
         self.close()
@@ -360,8 +366,10 @@ class FunctionStep:
             plan, names = one_replica(plan, names)
             kind = "micro-batched" if m > 1 else "step"
         slices = {"replicated": r * m, "micro-batched": m}.get(kind, 1)
-        if slices != self.micro_batches or self.replicas > 1 or self.recomputed is not None:
-            self._retrace(slices)
+        kernels = self._kernels(result.joined) if kind == "micro-batched" else []
+        if (slices != self.micro_batches or self.replicas > 1 or self.recomputed is not None
+                or self._whole_ids() != sorted(id(_backend(k)) for k in kernels)):
+            self._retrace(slices, kernels)
         if kind == "replicated":
             return self._replicate(result)
         if kind == "micro-batched":
@@ -372,7 +380,9 @@ class FunctionStep:
                 self._recompute(result.graph, slice_map(self._unsplit, result.origin, self.graph, m).ops)
             cluster = _plan_cluster(plan, self.graph) if cluster is None else cluster
             mine = replace(result, plan=plan, graph=SimpleNamespace(names=names), replicas=1, graph_kind=kind)
-            self.placed = place_split(mine, self._unsplit, self.graph, cluster, time_limit=time_limit, seed=seed)
+            whole = {op: f"whole/{_label(k, 0)}/MatMul" for op, k in zip(result.joined, kernels)}
+            self.placed = place_split(mine, self._unsplit, self.graph, cluster, time_limit=time_limit, seed=seed,
+                                      whole=whole)
             self.mapping = self.placed.slices
             return self.placed.plan
         if recomputes(result.origin):
@@ -416,13 +426,32 @@ class FunctionStep:
         self.graph = extract(rg.graph, self._fetches(), on_unknown="ignore")
         return plan
 
-    def _retrace(self, slices: int) -> None:
-        """This step traced again in ``slices`` slices (grappler's costs), from the current values."""
+    def _whole_ids(self) -> list:
+        """Ids of the kernels whose gradient this step runs once over every slice, sorted."""
+        return (sorted(id(_backend(layer.kernel)) for layer in getattr(self._source, "whole", ()))
+                if self.micro_batches > 1 else [])
+
+    def _kernels(self, joined) -> list:
+        """The variables (kernels) whose gradients are the un-split step's ops
+        ``joined`` (a plan's ``weight_grads="whole"`` ops): the captured
+        variable each one's anchor (its forward ``MatMul``) reads."""
+        g, out = self._unsplit, []
+        for op in joined:
+            v = _read_variable(g, g.op(op).anchor, self._captured) if g is not None and op in g else None
+            if v is None:
+                raise ValueError(f"the plan runs weight gradient {op!r} once over every slice, but this step's "
+                                 f"un-split graph names no variable its forward MatMul reads")
+            out.append(v)
+        return out
+
+    def _retrace(self, slices: int, kernels=()) -> None:
+        """This step traced again in ``slices`` slices (grappler's costs), from
+        the current values; the gradients of ``kernels`` run whole (:meth:`LossStep.with_whole`)."""
         if self._source is None:
             raise ValueError(f"this step was given as a whole tf.function: it cannot be traced again in {slices} "
                              "slices for a split or replicated plan; build it with tf_patch.keras_step or from a "
                              "tf_patch.LossStep")
-        fn = self._source.with_micro_batches(slices)
+        fn = self._source.with_micro_batches(slices).with_whole(kernels)
         fn.check(self._args)
         other = FunctionStep(_concrete(fn, self._args), self._args, source=fn, **self._options)
         values, initial = replica_zero(self._values), replica_zero(self._initial)   # replicated: replica 0's
@@ -459,6 +488,21 @@ class FunctionStep:
         if self._sess is not None:
             self._sess.close()
             self._sess = None
+
+
+def _read_variable(graph, op, captured):
+    """The captured variable op ``op`` reads through once-per-step ops (a weight's
+    ``ReadVariableOp`` and its resource), or None."""
+    todo, seen = [op] if op in graph else [], set()
+    while todo:
+        for u in graph.predecessors(todo.pop()):
+            for name in (u, f"{u}/resource"):
+                if name in captured:
+                    return captured[name]
+            if u not in seen and graph.op(u).batch is False:
+                seen.add(u)
+                todo.append(u)
+    return None
 
 
 def _plan_cluster(plan, graph):

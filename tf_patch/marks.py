@@ -63,7 +63,15 @@ The phase rule
   elementwise sum: the per-time-step weight gradients of an RNN are summed by
   an ``AddN``; a forward add is marked too -- the type does not tell them
   apart -- and :func:`pesto.step.split` only sums partials through one whose
-  output is a weight gradient of its inputs' size).
+  output is a weight gradient of its inputs' size);
+* **role** ``"joinable"`` (:func:`joinable`): a weight gradient
+  ``tf_patch.LossStep(whole=...)`` builds once over every slice: a batched
+  ``MatMul`` marked ``"weight-grad"`` under ``gradient_tape/`` (a
+  ``tf.function`` step: ``LossStep``, ``keras_step``; graph-mode
+  ``gradients/`` steps, the zoo, are built otherwise) whose anchor is a forward
+  ``MatMul`` reading a once-per-step tensor (the weight: a ``Dense`` kernel's
+  gradient). A ``MatMul`` against a weight outside a Keras ``Dense`` layer is
+  marked too; :meth:`tf_patch.FunctionStep.apply` refuses a plan joining one.
 
 Examples
 --------
@@ -94,7 +102,7 @@ from typing import Iterable
 from pesto.errors import BatchMarkError
 from pesto.graph import OpGraph
 
-__all__ = ["mark_step", "mark_batch", "mark_phases", "input_ops", "optimizer_scopes", "update_ops",
+__all__ = ["mark_step", "mark_batch", "mark_phases", "joinable", "input_ops", "optimizer_scopes", "update_ops",
            "gradient_ops", "scope_root", "is_marked", "GRADIENT_ROOT", "INPUT_TYPES", "SUM_TYPES"]
 
 #: Op types a batch enters a TensorFlow step by.
@@ -256,7 +264,37 @@ def mark_phases(graph: OpGraph) -> OpGraph:
     out = [replace(op, phase=op.phase or p, anchor=op.anchor or a,
                    role=op.role or ("grad-sum" if op.type in SUM_TYPES else ""))
            for op, p, a in zip(ops, phase, anchor)]
+    marked = OpGraph(out, graph.edges, graph.tensors, name=graph.name)
+    join = joinable(marked)
+    if not join:
+        return marked
+    out = [replace(op, role="joinable") if op.name in join else op for op in out]
     return OpGraph(out, graph.edges, graph.tensors, name=graph.name)
+
+
+def joinable(graph: OpGraph) -> frozenset:
+    """The ops the joinable rule of the module doc marks (role ``"joinable"``),
+    among ops with no role yet, in a graph with phase and anchor marks.
+
+    >>> from pesto.graph import Op, Edge, Tensor
+    >>> ops = [Op("w", {"GPU": 0.0}, output_bytes=8, batch=False, phase="forward"),
+    ...        Op("m/d/MatMul", {"GPU": 1.0}, output_bytes=8, batch=True, phase="forward", type="MatMul"),
+    ...        Op("gradient_tape/m/d/MatMul/MatMul_1", {"GPU": 1.0}, output_bytes=8, batch=True,
+    ...           phase="weight-grad", anchor="m/d/MatMul", type="MatMul", scope="gradient_tape/m/d/MatMul")]
+    >>> g = OpGraph(ops, [Edge("w", "m/d/MatMul", "w:0")], [Tensor("w:0", "w", 8)])
+    >>> sorted(joinable(g))
+    ['gradient_tape/m/d/MatMul/MatMul_1']
+    """
+    out = set()
+    for op in graph.ops:
+        if (op.role or not op.batch or op.type != "MatMul" or op.phase != "weight-grad"
+                or scope_root(op) != "gradient_tape" or op.anchor not in graph):
+            continue
+        fwd = graph.op(op.anchor)
+        if fwd.type == "MatMul" and any(graph.op(u).batch is False and graph.edge(u, fwd.name).tensors
+                                        for u in graph.predecessors(fwd.name)):
+            out.add(op.name)
+    return frozenset(out)
 
 
 def mark_step(graph: OpGraph, *, inputs: Iterable[str] | None = None) -> OpGraph:

@@ -202,6 +202,12 @@ def whole_gradient(inputs: list, output_grads: list, name: str):
         return tf.linalg.matmul(x, dy, transpose_a=True, name="MatMul")
 
 
+def _backend(variable):
+    """The framework variable behind a Keras 3 variable (its ``value``), else ``variable``."""
+    value = getattr(variable, "value", variable)
+    return variable if callable(value) else value
+
+
 class _DenseRecorder:
     """While entered (:meth:`on` a tape), each of ``layers`` (Keras ``Dense``)
     computes ``x W`` itself and records ``(x, x W)`` (both 2-D) for its whole
@@ -309,6 +315,10 @@ class LossStep:
     whole : Keras ``Dense`` layers whose kernel gradient runs once over all
         slices (``whole/<variable>/``, module doc) instead of being summed;
         each must be called once by ``loss_fn``. Ignored when ``M = 1``.
+    joinable : Keras ``Dense`` layers a plan may join (:meth:`with_whole`
+        picks ``whole`` among them by their kernels: a plan's
+        ``weight_grads="whole"`` ops, :attr:`pesto.solvelog.SolveLog.joined`);
+        :func:`tf_patch.keras_step` gives the model's.
 
     Examples
     --------
@@ -317,12 +327,14 @@ class LossStep:
     >>> tf_patch.function_step(step, x, y)                                  # doctest: +SKIP
     """
 
-    def __init__(self, loss_fn, variables, optimizer, *, micro_batches: int = 1, batched=None, whole=()):
+    def __init__(self, loss_fn, variables, optimizer, *, micro_batches: int = 1, batched=None, whole=(),
+                 joinable=()):
         self.loss_fn, self.optimizer = loss_fn, optimizer
         self._variables = variables
         self.micro_batches = check_micro_batches(None, micro_batches)
         self.batched = None if batched is None else tuple(batched)
         self.whole = tuple(whole)
+        self.joinable = tuple(joinable)
         self._fn = None
         self.__name__ = getattr(loss_fn, "__name__", "step")
 
@@ -335,7 +347,29 @@ class LossStep:
         if micro_batches == self.micro_batches:
             return self
         return LossStep(self.loss_fn, self._variables, self.optimizer, micro_batches=micro_batches,
-                        batched=self.batched, whole=self.whole)
+                        batched=self.batched, whole=self.whole, joinable=self.joinable)
+
+    def with_whole(self, kernels) -> "LossStep":
+        """The same step whose ``whole`` layers are the :attr:`joinable` ones of
+        ``kernels`` (variables); itself when they already are.
+
+        Raises
+        ------
+        ValueError
+            A kernel of no joinable layer (the plan joined a weight gradient
+            this step cannot build once over every slice), named.
+        """
+        ids = {id(_backend(k)) for k in kernels}
+        layers = tuple(layer for layer in self.joinable if id(_backend(layer.kernel)) in ids)
+        missing = ids - {id(_backend(layer.kernel)) for layer in layers}
+        if missing:
+            names = [getattr(k, "path", getattr(k, "name", "?")) for k in kernels if id(_backend(k)) in missing]
+            raise ValueError(f"the plan runs the gradient of {names} once over every slice, but no Keras Dense layer "
+                             f"of this step (LossStep(joinable=...)) has that kernel: TensorFlow cannot build it")
+        if [id(x) for x in layers] == [id(x) for x in self.whole]:
+            return self
+        return LossStep(self.loss_fn, self._variables, self.optimizer, micro_batches=self.micro_batches,
+                        batched=self.batched, whole=layers, joinable=self.joinable)
 
     def split_args(self, args) -> list[int]:
         """Indices of the batch arguments among ``args``."""

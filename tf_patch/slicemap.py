@@ -35,6 +35,10 @@ first that exists with ``op``'s type is the one):
   maps to ``accumulate/<variable>/add_<k>`` (the dense chain, which sums
   slices ``0..k`` as Pesto's does) or, when there is no such op (a sparse
   gradient: rows concatenated once), to the op ``c`` reads.
+* a weight gradient run whole ``op@all`` (a plan's ``weight_grads="whole"``,
+  :attr:`ResultView.joined`): the op TF's split step runs it as,
+  ``whole/<variable>/MatMul`` (``tf_patch.LossStep(whole=...)``), which the
+  caller names (:func:`slice_map`'s ``whole``: the names say no variable).
 
 What maps to nothing is listed, never dropped: TF ops no Pesto op maps to
 (the ``microbatch/`` input splits and loss sum, each slice's
@@ -96,6 +100,10 @@ class ResultView:
     origin : mapping op -> Origin, or None
         Each op of ``graph``'s origin in the step (``Solved.transformed.origin``);
         None when the result kept no transform (then names are read by the naming rule).
+    joined : tuple of str
+        The step's weight-gradient ops the plan runs once over every slice
+        (``Strategy.joined``, else ``plan.log.joined``): TF's split step
+        builds them so (``LossStep(whole=...)``, :meth:`tf_patch.FunctionStep.apply`).
     """
 
     plan: object
@@ -106,6 +114,7 @@ class ResultView:
     steps: Mapping[str, float] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
     origin: Mapping[str, Origin] | None = None
+    joined: tuple = ()
 
 
 def result_view(result) -> ResultView:
@@ -129,10 +138,11 @@ def result_view(result) -> ResultView:
                               f"not build in TensorFlow yet; no plan without them fits memory", culprit=unbuilt)
     steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
     kept = getattr(result, "transformed", None)
+    joined = getattr(getattr(result, "strategy", None), "joined", None) or getattr(log, "joined", ())
     return ResultView(result.plan, result.graph, int(result.micro_batches), int(result.replicas),
                       str(result.graph_kind), MappingProxyType(dict(steps)),
                       MappingProxyType(dict(getattr(log, "skipped", None) or {})),
-                      None if kept is None else kept.origin)
+                      None if kept is None else kept.origin, tuple(joined or ()))
 
 
 def recomputes(origin: Mapping | None) -> bool:
@@ -206,7 +216,8 @@ class SliceMap:
         return out
 
 
-def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int) -> SliceMap:
+def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int,
+              whole: Mapping[str, str] | None = None) -> SliceMap:
     """Map the ops of Pesto's split of ``step`` onto TF's split step.
 
     Parameters
@@ -222,6 +233,11 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
     tf_split : OpGraph
         The TF split step of ``micro_batches`` slices (extracted).
     micro_batches : int
+    whole : mapping op -> TF op, optional
+        For each step op the split runs once over every slice (``op@all``,
+        role ``"whole"``), the TF op that does (``whole/<variable>/MatMul``,
+        :meth:`tf_patch.FunctionStep.apply` knows it from the variable); a
+        whole op not in it maps to nothing (listed).
 
     Returns
     -------
@@ -249,6 +265,8 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int)
         elif origin.role == "recompute":   # the TF copy of the op it runs again (tf_patch.recompute)
             c = _copy(step, tf_split, have, origin.op, origin.slice or 0)
             found = (RECOMPUTE + c,) if c is not None and RECOMPUTE + c in have else ()
+        elif origin.role == "whole":
+            found = tuple(t for t in [(whole or {}).get(origin.op)] if t in have)
         elif name in have:
             found = (name,)
         else:
@@ -358,7 +376,7 @@ class SplitPlacement:
 
 
 def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit: float = 10.0,
-                workers: int | None = 1, seed: int = 0) -> SplitPlacement:
+                workers: int | None = 1, seed: int = 0, whole: Mapping[str, str] | None = None) -> SplitPlacement:
     """Solve TF's split step, the graph TF will run, from ``pesto.solve_step``'s ``result``.
 
     Maps ``result.plan`` (over ``result.graph``, Pesto's split of ``step``)
@@ -367,7 +385,8 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
     the micro-batch size: grappler or measured) with ``micro_batches=1`` and
     that placement as ``hint=`` (``pesto.solve``: it joins the starts, so the
     plan is never slower than the mapped one on ``tf_split``). The plan
-    places every op of ``tf_split``: applied 1:1, no op unmapped.
+    places every op of ``tf_split``: applied 1:1, no op unmapped. ``whole``:
+    :func:`slice_map`'s (the TF ops of the plan's joined weight gradients).
     :meth:`tf_patch.FunctionStep.apply` does this for a Keras or
     ``tf.function`` step; the demo for the zoo models.
 
@@ -393,7 +412,7 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
         raise ValueError("the plan recomputes activations: place the TF step with its copies, "
                          "tf_patch.recompute_model(model, result, step, tf_split) for a zoo model "
                          "(FunctionStep.apply(result) builds them itself)")
-    slices = slice_map(step, result.origin or result.graph.names, tf_split, result.micro_batches)
+    slices = slice_map(step, result.origin or result.graph.names, tf_split, result.micro_batches, whole)
     placement = result.plan.placement
     if result.graph_kind == "step":  # M = 1: the names are the TF step's own
         own = {n: n if recomputed_op(n) is None else RECOMPUTE + recomputed_op(n) for n in placement}

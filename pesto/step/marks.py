@@ -4,7 +4,7 @@ A front end (``tf_patch`` for TensorFlow: :func:`tf_patch.marks.mark_step`)
 marks each op with data (:class:`~pesto.graph.Op`): ``batch`` (per slice or
 per step), ``phase`` (``"forward"``, ``"input-grad"``, ``"weight-grad"``,
 ``"update"``), ``anchor`` (the forward op a backward op differentiates) and
-``role`` (``"grad-sum"``). The functions here read only those marks and the
+``role`` (``"grad-sum"``, ``"joinable"``). The functions here read only those marks and the
 graph's edges: no framework's op types or names.
 
 Examples
@@ -25,8 +25,9 @@ from dataclasses import replace
 
 from ..errors import InvalidGraphError
 from ..graph import OpGraph
+from .slicing import weight_grad_ops, whole_ops
 
-__all__ = ["forward_ops", "backward_ops", "anchors", "slice_constants", "BACKWARD"]
+__all__ = ["forward_ops", "backward_ops", "anchors", "slice_constants", "joinable_ops", "BACKWARD"]
 
 #: The phases of the backward pass and of the update after it (``"recompute"``:
 #: a forward op re-run just before its block's backward, :func:`pesto.step.recompute`).
@@ -76,6 +77,30 @@ def anchors(graph: OpGraph) -> dict[str, str]:
     """Backward op -> the forward op it differentiates, for the ops whose
     anchor mark names an op of the graph."""
     return {op.name: op.anchor for op in graph.ops if op.anchor is not None and op.anchor in graph}
+
+
+def joinable_ops(graph: OpGraph) -> tuple[str, ...]:
+    """The weight-gradient ops of a marked step that may run once over every
+    slice (:func:`pesto.step.split`'s ``weight_grads="whole"``): those the
+    front end marked ``role="joinable"`` (it can build them so: ``tf_patch``
+    marks a Keras ``Dense`` kernel's gradient) that are weight-gradient ops
+    no batched op reads (:func:`pesto.step.slicing.whole_ops`), in graph
+    order. A front end that marks none joins none: the search then keeps
+    every weight gradient ``"separate"``.
+
+    >>> from pesto.graph import Op, Edge, Tensor
+    >>> ops = [Op("x", {"GPU": 1.0}, output_bytes=8, batch=True),
+    ...        Op("dw", {"GPU": 1.0}, output_bytes=4, batch=True, role="joinable"),
+    ...        Op("db", {"GPU": 1.0}, output_bytes=4, batch=True), Op("apply", {"GPU": 1.0}, batch=False)]
+    >>> g = OpGraph(ops, [Edge("x", "dw", "x:0"), Edge("x", "db", "x:0"), Edge("dw", "apply", "dw:0"),
+    ...                   Edge("db", "apply", "db:0")], [Tensor("x:0", "x", 8), Tensor("dw:0", "dw", 4),
+    ...                   Tensor("db:0", "db", 4)])
+    >>> joinable_ops(g)
+    ('dw',)
+    """
+    marked = [n for n in weight_grad_ops(graph) if graph.op(n).role == "joinable"]
+    refused = set(whole_ops(graph, marked)[1]) if marked else set()
+    return tuple(n for n in marked if n not in refused)
 
 
 def slice_constants(graph: OpGraph) -> OpGraph:

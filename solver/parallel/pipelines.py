@@ -284,7 +284,8 @@ def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], devi
     (``phase`` ``"F"`` or ``"B"``; with ``weight_tasks``, ``"W"`` for the ops
     marked ``"weight-grad"`` and for the accumulate ops summing their slices,
     slice ``s``'s accumulate op with its ``W`` task) on its device; copies run
-    by it, then in topological order (``position``: per op of
+    by it, an op run whole over every slice (``weight_grads="whole"``) with
+    the last slice's task, then in topological order (``position``: per op of
     ``split.source`` its rank in that order instead, e.g. the same for every
     replica's copy of an op); once-per-step and the other accumulate ops as
     soon as they are ready.
@@ -304,11 +305,12 @@ def staged_plan(split: Transformed, cluster: Cluster, stage: Sequence[int], devi
         o = split.origin[name]
         i = g.index[o.op]
         weight = weight_tasks and i in ph.backward and g.ops[i].phase == "weight-grad"
-        if o.role != "copy" and not (weight and o.role == "accumulate"):
+        if o.role not in ("copy", "whole") and not (weight and o.role == "accumulate"):
             key.append(-1.0)
             continue
         phase = "W" if weight else "B" if i in ph.backward else "F"
-        key.append(float(task_key(i, phase, o.slice)) * n0 + pos[i])
+        last = split.micro_batches - 1   # a whole op: with the last slice's task (it reads every slice)
+        key.append(float(task_key(i, phase, last if o.role == "whole" else o.slice)) * n0 + pos[i])
     order = order_by_key(split.graph, key)
     return finalize(split.graph, cluster, placement, order=order, placer=placer, t0=t0, **fields)
 

@@ -38,7 +38,7 @@ def strategy_of(sp: StepPlan) -> Strategy:
     return Strategy(replicas=sp.replicas, stages=sp.stages, micro_batches=sp.micro_batches, schedule=sp.schedule)
 
 
-def solved_of(sp: StepPlan, weight_grads: str = "separate") -> Solved:
+def solved_of(sp: StepPlan, weight_grads="separate") -> Solved:
     """A parallelism placer's :class:`~solver.parallel.pipelines.StepPlan` as a :class:`Solved`
     (its transform kept; ``weight_grads``: the split's rule it was made with)."""
     return Solved(sp.plan, sp.graph, replace(strategy_of(sp), weight_grads=weight_grads), sp.transformed, detail=sp)
@@ -71,9 +71,9 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     PestoError
         As the realiser (no stage split, no grid, ...).
     """
-    s, m, wg = strategy, strategy.micro_batches, strategy.weight_grads
+    s, m, wg = strategy, strategy.micro_batches, strategy.split_rule
     if s.schedule == "slice":
-        if wg != "separate":
+        if s.weight_grads != "separate":
             raise ValueError(f"slice model M={m}: weight_grads={wg!r} is not supported (only 'separate')")
         if s.recompute:
             raise ValueError(f"{s.name}: the slice model does not take recompute")

@@ -40,6 +40,15 @@ step):
   each), unless that count's best GPipe/1F1B step less its whole fill and
   drain is no better than the best plan so far (they gain at most that);
   what is not built is named in ``plan.log.skipped``;
+* weight gradients joined (:meth:`_Search.joined`): each GPipe/1F1B and
+  zero-bubble candidate of one replica again with the weight-gradient ops
+  the front end marked joinable (:func:`pesto.step.marks.joinable_ops`) run
+  once over every slice (``weight_grads="whole"``, named ``"zb-h1 M=8
+  whole(4)"``) where that does less work: all of them, or, when that plan
+  does not fit memory and the separate one does, those whose held bytes fit
+  its free memory per GPU; a joined plan that fits and beats the count's
+  separate ones makes its split the one the count's exact passes place
+  (``plan.log.joined`` names the winner's joined ops);
 * memory savers (:func:`solver.parallel.kinds.savers`): for a screened
   candidate whose plan does not fit memory, the same strategy with ZeRO-1,
   ZeRO-2, ZeRO-2 and recomputation (data parallelism) or recomputation
@@ -85,7 +94,8 @@ from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.solvelog import PassLog, SolveLog
 from pesto.step import Transformed, identity, replicate, split as split_step
-from pesto.step.marks import slice_constants
+from pesto.step.marks import joinable_ops, slice_constants
+from pesto.step.slicing import copy_name, weight_grad_costs
 from pesto.step.replication import gradient_buckets
 
 from ..budget import Budget, Cost, Skip
@@ -188,10 +198,10 @@ def with_marks(graph: OpGraph) -> OpGraph:
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
-               savers: str = "") -> OpGraph:
+               savers: str = "", joined=()) -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
-    ``graph_kind``, ``replicas``, ``savers``), rebuilt from the step ``graph``
-    (a pipeline's: the split step; data parallelism's and a hybrid's: the
+    ``graph_kind``, ``replicas``, ``savers``, ``joined``), rebuilt from the step ``graph``
+    (a pipeline's: the split step, ``joined`` ops run whole; data parallelism's and a hybrid's: the
     replicated step, split).
 
     Raises
@@ -206,7 +216,7 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     if graph_kind == "step":
         return marked
     if graph_kind == "micro-batched":
-        return split_step(marked, micro_batches).graph
+        return split_step(marked, micro_batches, weight_grads=dict.fromkeys(joined, "whole")).graph
     if graph_kind == "replicated":
         rep = replicate(marked, replicas, shard_optimizer=zero.shard_optimizer).graph
         return split_step(rep, micro_batches).graph
@@ -310,16 +320,34 @@ class _Screened:
     """One count after screening: the transform whose graph its exact passes
     place (the step itself for ``M = 1``, else the split), the plans they
     start from, the best screened step (``inf`` when no kind applied) and the
-    GPipe/1F1B results (the slice model's hints)."""
+    GPipe/1F1B results (the slice model's hints); ``weight_grads``: the
+    split's rule (a joined candidate's when one was best: its split and plans)."""
 
     split: Transformed
     starts: list
     step: float
     pipes: list = field(default_factory=list)
+    weight_grads: object = "separate"
+    own: float = float("inf")   # the best fitting screened step on ``split.graph``
 
     @property
     def graph(self) -> OpGraph:
         return self.split.graph
+
+
+def _keep_start(s: _Screened, r: Solved) -> None:
+    """A screened pipeline plan ``r`` of ``s``'s count: a start of its exact
+    passes when it places ``s.graph``; when it places another graph (its
+    weight gradients joined: :meth:`_Search.joined`), fits memory, has no
+    savers and beats every fitting plan of ``s.graph``, that graph becomes the
+    count's (the exact passes place it) and ``r`` its start."""
+    fits = r.plan.status != "infeasible"
+    s.step = min(s.step, r.plan.makespan)
+    if r.graph.names == s.graph.names:
+        s.starts.append(r.plan)
+        s.own = min(s.own, r.plan.makespan) if fits else s.own
+    elif fits and not r.strategy.savers and r.plan.makespan < s.own:
+        s.split, s.weight_grads, s.own, s.starts = r.transformed, r.strategy.weight_grads, r.plan.makespan, [r.plan]
 
 
 class _Search:
@@ -340,6 +368,7 @@ class _Search:
         self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
+        self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
         self.window: Deadline = deadline  # what the running pass may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
@@ -533,11 +562,43 @@ class _Search:
         one chunk, backward not split; a zero-bubble hint made its plan 3x worse)."""
         r = self.candidate(kind, strategy)
         if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
-            s.starts.append(r.plan)
             sch = SCHEDULES[r.strategy.schedule]
             if sch.chunks == 1 and not sch.split_backward:
                 s.pipes.append(r.detail)
-            s.step = min(s.step, r.plan.makespan)
+            for x in (r, self.joined(kind, strategy, r)):
+                if x is not None:
+                    _keep_start(s, x)
+
+    def joined(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
+        """``strategy`` (a pipeline of one replica, realised as ``r`` with
+        ``"separate"`` weight gradients) with its joinable weight gradients
+        (:func:`pesto.step.marks.joinable_ops`) run whole, where that does
+        less work: all of them, or when that plan does not fit memory and
+        ``r`` does, those whose held bytes (:class:`pesto.step.slicing.WeightGradCost`
+        ``whole_bytes``) fit what ``r`` leaves free on their GPU, most time
+        saved first. Offered as its own candidate (``"zb-h1 M=8 whole(4)"``);
+        None when nothing can be joined."""
+        m = strategy.micro_batches
+        if not self.joinable or m < 2 or strategy.weight_grads != "separate" or r.strategy.replicas != 1:
+            return None
+        costs = [c for c in weight_grad_costs(self.marked, m) if c.op in self.joinable
+                 and c.whole_us is not None and c.whole_us < c.separate_us]
+        if not costs:
+            return None
+        w = self.realised(kind, replace(strategy, weight_grads={c.op: "whole" for c in costs}))
+        if w is None or w.plan.status != "infeasible" or r.plan.status == "infeasible":
+            return w
+        free = {d: self.cluster.device(d).memory - used for d, used in r.plan.peak_memory.items()}
+        chosen = {}
+        for c in sorted(costs, key=lambda c: (c.whole_us - c.separate_us, c.op)):
+            d = r.plan.placement.get(copy_name(c.op, 0))
+            if d is not None and c.whole_bytes <= free.get(d, 0):
+                free[d] -= c.whole_bytes
+                chosen[c.op] = "whole"
+        if not chosen or len(chosen) == len(costs):
+            return w
+        part = self.realised(kind, replace(strategy, weight_grads=chosen))
+        return part if part is not None and part.plan.status != "infeasible" else w
 
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
         """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
@@ -613,7 +674,7 @@ class _Search:
         (and its savers, :attr:`Strategy.savers`). None when skipped or failed
         (named in ``plan.log.skipped``)."""
         name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
-        name += f" {strategy.savers}" if strategy.savers else ""
+        name += "".join(f" {w}" for w in (strategy.rule_words, strategy.savers) if w)
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
         if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
@@ -679,8 +740,8 @@ class _Search:
         before = set(self.pool.steps)
         self.say(f"exact M={m}: start ({grant.left():.1f} s granted)")
         starts = ([start] if start is not None else []) + list(s.starts)
-        if start is None and m > 1:
-            starts[:0] = self.slice_start(s, m, grant)
+        if start is None and m > 1:   # the slice model's plan (weight gradients separate) starts that split only
+            starts[:0] = [p for p in self.slice_start(s, m, grant) if s.weight_grads == "separate"]
         self.stop_if_interrupted()
         inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
                                      batch_size=None, progress=None)
@@ -694,7 +755,8 @@ class _Search:
             raise Stopped(self.deadline.reason) from None
         if start is not None and rank(start) < rank(plan):
             plan = start
-        self.pool.offer(f"M={m}", plan, s.split, Strategy(micro_batches=m, schedule="free" if m > 1 else "none"))
+        self.pool.offer(f"M={m}", plan, s.split, Strategy(micro_batches=m, schedule="free" if m > 1 else "none",
+                                                          weight_grads=s.weight_grads))
         mine = {n: v for n, v in self.pool.steps.items() if n not in before}
         if mine:
             self.say(f"micro-batches {m}: step " + ", ".join(f"{n} {v / 1000:.3f} ms" for n, v in mine.items()))
@@ -756,7 +818,7 @@ class _Search:
         if dl.interrupted and status not in ("infeasible", "optimal"):
             status = "interrupted"
         log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
-                      savers=r.strategy.savers,
+                      savers=r.strategy.savers, joined=r.strategy.joined,
                       steps=dict(self.pool.steps), skipped={**log.skipped, **self.pool.skipped}, bound=bound,
                       bound_source=source, stopped=dl.reason or log.stopped, deterministic=dl.deterministic)
         return replace(r, plan=replace(r.plan, log=log, lower_bound=bound, status=status))

@@ -65,8 +65,12 @@ class Strategy:
     gradients are summed (:func:`pesto.step.split`'s rule, one of
     :data:`pesto.step.slicing.WEIGHT_GRADS`: ``"separate"`` accumulate ops,
     what TensorFlow's split step runs; ``"accumulate"`` in place;
-    ``"whole"`` one op over all slices), passed by the realisers to the
-    split (the slice model takes ``"separate"`` only). ``recompute`` and
+    ``"whole"`` one op over all slices), or a mapping weight-gradient op ->
+    rule (the ops left out ``"separate"``; kept as a sorted tuple of pairs,
+    :attr:`split_rule` gives the split's form, :attr:`joined` the ops run
+    whole), passed by the realisers to the split (the slice model takes
+    ``"separate"`` only); a rule other than ``"separate"`` shows in the name
+    (``"zb-h1 K=4 M=8 whole(4)"``: four ops joined). ``recompute`` and
     ``shard_optimizer``: the memory savers (module doc). ``split_backward``
     is reserved (a schedule says itself whether it splits the backward:
     :attr:`solver.parallel.schedules.Schedule.split_backward`) and must keep
@@ -80,7 +84,7 @@ class Strategy:
     recompute: bool = False
     shard_optimizer: int = 0
     split_backward: bool = False
-    weight_grads: str = "separate"
+    weight_grads: str | tuple = "separate"
 
     def __post_init__(self):
         for name in ("replicas", "stages", "micro_batches"):
@@ -89,8 +93,15 @@ class Strategy:
                 raise ValueError(f"Strategy.{name} must be an integer >= 1, got {v!r}")
         if self.schedule not in SCHEDULE_NAMES:
             raise ValueError(f"Strategy.schedule {self.schedule!r} is unknown; known: {', '.join(SCHEDULE_NAMES)}")
-        if self.weight_grads not in WEIGHT_GRADS:
-            raise ValueError(f"Strategy.weight_grads {self.weight_grads!r} is unknown; known: {', '.join(WEIGHT_GRADS)}")
+        wg = self.weight_grads
+        if isinstance(wg, Mapping) or isinstance(wg, tuple):
+            wg = tuple(sorted(dict(wg).items()))
+            object.__setattr__(self, "weight_grads", wg)
+            bad = [r for _, r in wg if r not in WEIGHT_GRADS]
+        else:
+            bad = [] if wg in WEIGHT_GRADS else [wg]
+        if bad:
+            raise ValueError(f"Strategy.weight_grads {bad[0]!r} is unknown; known: {', '.join(WEIGHT_GRADS)}")
         if not isinstance(self.recompute, bool):
             raise ValueError(f"Strategy.recompute must be True or False, got {self.recompute!r}")
         if isinstance(self.shard_optimizer, bool) or self.shard_optimizer not in SHARD_LEVELS:
@@ -114,10 +125,33 @@ class Strategy:
                                     "recompute" if self.recompute else "") if w)
 
     @property
+    def split_rule(self):
+        """:attr:`weight_grads` as :func:`pesto.step.split` takes it (a rule, or a dict op -> rule)."""
+        return self.weight_grads if isinstance(self.weight_grads, str) else dict(self.weight_grads)
+
+    @property
+    def joined(self) -> tuple:
+        """The weight-gradient ops a mapping runs whole, sorted (() for a rule given for all)."""
+        return () if isinstance(self.weight_grads, str) else tuple(op for op, r in self.weight_grads if r == "whole")
+
+    @property
+    def rule_words(self) -> str:
+        """The weight-gradient rule in words: ``""`` (``"separate"``), ``"whole"``,
+        ``"accumulate"``, or ``"whole(k)"`` for a mapping joining ``k`` ops.
+
+        >>> Strategy(weight_grads={"b": "whole", "a": "whole"}).rule_words, Strategy().rule_words
+        ('whole(2)', '')
+        """
+        if isinstance(self.weight_grads, str):
+            return "" if self.weight_grads == "separate" else self.weight_grads
+        return f"whole({len(self.joined)})" if self.joined else ""
+
+    @property
     def name(self) -> str:
         """A short name: ``"data-parallel R=4"``, ``"1f1b K=2 M=8"``, ``"hybrid R=2 K=2 M=4"``,
-        the savers after it (``"data-parallel R=4 ZeRO-1"``)."""
-        return self._base_name() + (f" {self.savers}" if self.savers else "")
+        the weight-gradient rule and the savers after it (``"data-parallel R=4 ZeRO-1"``,
+        ``"zb-h1 K=4 M=8 whole(4)"``)."""
+        return " ".join(w for w in (self._base_name(), self.rule_words, self.savers) if w)
 
     def _base_name(self) -> str:
         m = f" M={self.micro_batches}" if self.micro_batches > 1 else ""
