@@ -121,3 +121,22 @@ def test_a_shape_op_of_the_backward_does_not_trigger_the_copies():
         assert f"gradients/layer_{l + 1}/c_grad/Shape" not in r.graph.predecessors(f"layer_{l}/a@rc")
         assert s.start[f"layer_{l}/a@rc"] >= s.finish[f"gradients/layer_{l + 1}/c_grad"]
     assert _one_gpu(r.graph)[1] < _one_gpu(g)[1]
+
+
+def test_one_op_layers_have_nothing_to_recompute_and_say_so():
+    # the uniform generator's layers are one op each: the backward reads only the block's input (kept
+    # anyway), so the search's "recompute" candidate was the plain plan under another name
+    from benchmarks.generators import uniform_stages
+    g = uniform_stages(3, t=1000.0, batch=8, act=1 << 20, params=1 << 20)
+    assert [len(b) for b in layer_blocks(g)] == [1, 1, 1]
+    with pytest.raises(InvalidGraphError, match="nothing to recompute.*save no memory"):
+        recompute(g)
+
+
+def test_the_search_does_not_screen_a_recompute_that_saves_nothing():
+    import pesto
+    from benchmarks.generators import uniform_stages
+    r = pesto.solve_step(uniform_stages(2, t=4000, batch=8, act=1 << 27, params=1 << 22),
+                         cluster=gpus(2, memory=300 * 2**20), micro_batches=4, batch_size=8, time_limit=3, workers=1)
+    assert r.plan.log.steps
+    assert not any("recompute" in name for name in r.plan.log.steps), r.plan.log.steps

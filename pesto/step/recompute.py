@@ -162,7 +162,8 @@ def recompute(graph: OpGraph, blocks: Sequence[Iterable[str]] | None = None) -> 
     ------
     InvalidGraphError
         No block (no layer-like scopes and none given); a block op that is not
-        a batched forward op, or in two blocks.
+        a batched forward op, or in two blocks; no block whose backward reads
+        an activation from inside it (nothing to recompute).
     BatchMarkError
         Names that look like the copies' (``@rc``).
     """
@@ -173,6 +174,10 @@ def recompute(graph: OpGraph, blocks: Sequence[Iterable[str]] | None = None) -> 
     b = _Recompute(graph, chosen)
     for k in range(len(chosen)):
         b.block(k)
+    if not b.ops:
+        raise InvalidGraphError(f"recompute: nothing to recompute in graph {graph.name!r}: no backward op reads "
+                                f"an activation from inside its block ({len(chosen)} blocks; a block's input is "
+                                "kept anyway), so recomputation would save no memory")
     ops = list(graph.ops) + b.ops
     tensors = list(graph.tensors) + b.tensors
     edges = [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in b.edges().items()]
