@@ -170,3 +170,75 @@ def test_registered_as_a_placer():
     g = layered_step(2, act=1000, t=100.0)
     plan = PLACERS["slice-cpsat"](g, gpus(2), micro_batches=2, time_limit=2, workers=1)
     assert plan.placer == "slice-cpsat" and "l" not in plan.placement and "layer_0/f@mb1" in plan.placement
+
+
+# --- F, B and W tasks (issue 30, item 3) -------------------------------------------------------------------
+
+def _uniform(p: int, m: int):
+    """``p`` identical layers, ``T_F = T_B = T_W`` = 1 ms a slice in ``m`` slices, free links, small weights."""
+    from benchmarks.generators import uniform_stages
+    return uniform_stages(p, t=1000.0 * m, act=1 << 20, params=1 << 10), gpus(p, beta=(0.0, 0.0))
+
+
+def _held(grid, ans, d: int) -> float:
+    """The most activation bytes device ``d`` holds at once on the grid's answer, over one slice's of its blocks."""
+    events, one = [], 0.0
+    for b in range(grid.blocks):
+        if ans.block_device[b] != d or not grid.activation[b]:
+            continue
+        one += grid.activation[b]
+        last = grid.last(b)
+        for s in range(grid.micro_batches):
+            end = ans.start[b, last, s] + grid.dur[b, last, s, d]
+            events += [(ans.start[b, 0, s], grid.activation[b]), (end, -grid.activation[b])]
+    held = peak = 0.0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):   # frees first at one instant
+        held += step
+        peak = max(peak, held)
+    return peak / one if one else 0.0
+
+
+def test_uniform_split_backward_finds_zb_h1_at_1f1b_memory():
+    """p = 3, M = 4, T_F = T_B = T_W: with W tasks and 1F1B's in-flight limit (p slices), the model
+    reaches ZB-H1's step, which here is the fill/drain bound M (T_F + T_B + T_W) + (p - 1) T_F = 14 ms
+    (plus the data op, the loss and the updates: 17 µs); F/B alone cannot go under 1F1B's bubble
+    (its grid optimum is 1F1B's 18 ms). The simulator's step is the model's."""
+    p, m = 3, 4
+    g, c = _uniform(p, m)
+    zb = pipeline_plan(g, c, schedule="zb-h1", micro_batches=m, stages=p).plan.makespan
+    fb = solve_slices(g, c, micro_batches=m, time_limit=10, workers=1, weight_tasks=False)
+    fbw = solve_slices(g, c, micro_batches=m, time_limit=10, workers=1, in_flight=p)
+    free = solve_slices(g, c, micro_batches=m, time_limit=10, workers=1)
+    bound = m * 3000.0 + (p - 1) * 1000.0
+    assert fbw.status == free.status == "optimal"
+    assert bound <= fbw.objective <= zb + 1e-6 and fbw.objective < bound + 20
+    assert free.objective == pytest.approx(fbw.objective)
+    assert fb.objective > fbw.objective + 3000
+    assert fbw.plan.makespan == pytest.approx(fbw.objective, rel=1e-3)
+    check_plan(fbw.graph, c, fbw.plan).raise_if_invalid()
+
+
+def test_in_flight_limit_holds_on_the_grid():
+    """One slice in flight per device: every block's slices run one at a time
+    (each F waits for the slice before to leave W), so the step is longer."""
+    p, m = 2, 4
+    g, c = _uniform(p, m)
+    split_g = split(g, m)
+    grid = slice_grid(split_g, c)
+    one = GridModel(grid, c, in_flight=1).solve(time_limit=3, workers=1)
+    free = GridModel(grid, c).solve(time_limit=3, workers=1)
+    assert one.objective is not None and all(_held(grid, one, d) <= 1 for d in range(p))
+    assert one.objective > free.objective
+    with pytest.raises(ValueError, match="in_flight=0"):
+        GridModel(grid, c, in_flight=0)
+
+
+def test_weight_tasks_follow_their_input_gradient_and_feed_only_the_update():
+    g, c = _uniform(2, 2)
+    grid = slice_grid(split(g, 2), c)
+    w = {i for i, ph in enumerate(grid.task_phase) if ph == 2}
+    assert {g.names[i] for i in w} == {"gradients/layer_0/dw", "gradients/layer_1/dw"}
+    assert all(pv == 2 or pu != 2 for _, pu, _, pv, _ in grid.edges)   # W feeds no F/B task
+    plain = slice_grid(split(g, 2), c, weight_tasks=False)
+    assert not any(plain.has_w) and (plain.dur[:, 2] == 0).all()
+    assert plain.dur.sum() == pytest.approx(grid.dur.sum())

@@ -5,18 +5,30 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
 * ``x[b, d]``: block ``b`` on device ``d``, exactly one per block, **shared by
   every slice and both phases** (a stage holds all copies of its layers; any
   block -> device map is allowed, not only contiguous ones);
-* per task (``F[b, s]``, ``B[b, s]``, ``U[b]``) and allowed device an optional
-  interval present iff ``x[b, d]``; one no-overlap per device over all of them:
-  the order of slice tasks per device is the pipeline schedule chosen;
+* per task (``F[b, s]``, ``B[b, s]``, ``W[b, s]`` where the block has weight
+  gradients of its own, ``U[b]``) and allowed device an optional interval
+  present iff ``x[b, d]``; one no-overlap per device over all of them: the
+  order of F, B and W tasks per device is the pipeline schedule chosen
+  (1F1B, ZB-H1, ZB-H2 are points of this space, and so are the schedules that
+  beat them on uneven stages or costly links);
 * per quotient edge ``u -> v`` and slice ``s``: ``start[v, s] >= end[u, s] +
   delay[u, v]``, with ``delay >= c(d1, d2) * (x[u, d1] + x[v, d2] - 1)`` for
   every pair ``d1 != d2`` (``c``: the cluster's route, ``beta0 + beta1 * bytes``:
   heterogeneous links cost their own route); delays are shared by the slices;
-  ``U[b]`` after every ``B[b, s]``;
+  ``W[b, s]`` after ``B[b, s]`` (and whatever its ops read: the quotient
+  edges), ``U[b]`` after every ``B[b, s]`` and ``W[b, s]``: a weight gradient
+  waits for nothing else, and nothing but the update waits for it;
 * memory per device (a cumulative, when all weights and activations together
   could exceed the smallest device): each block's weights over the whole
-  horizon, and per slice its activations from the start of ``F[b, s]`` to the
-  end of ``B[b, s]``;
+  horizon (weights and optimizer state, as :func:`solver.parallel.cut.block_memory`),
+  and per slice its activations from the start of ``F[b, s]`` to the end of
+  its last backward task (``W[b, s]``, else ``B[b, s]``) within the device's
+  memory;
+* an activation limit per device (``in_flight=k``): a second cumulative of
+  the same activation intervals within ``k`` slices' activations of the blocks
+  the device holds (``k`` times the sum of ``activation[b] x[b, d]``): the rule
+  of :func:`solver.parallel.cut.in_flight` (1F1B holds ``p`` slices on its
+  first stage, ZB-H1 too, ZB-H2 ``2p - 1``);
 * per link (a GPU's PCIe lane, a host's NIC, an NVLink), the bytes crossing it (every slice's edge bytes
   and the once-per-step weight and gradient bytes) at its per-byte time fit
   in the makespan: a valid relaxation of link contention;
@@ -41,7 +53,7 @@ from pesto.deadline import Deadline
 
 from ..cpsat_model import symmetric_groups
 from ..cpsat_solve import STATUS, deterministic_parameters, search
-from .slice_grid import SliceGrid
+from .slice_grid import B, F, U, W, SliceGrid
 
 __all__ = ["GridModel", "GridAnswer", "HORIZON_UNITS"]
 
@@ -65,7 +77,7 @@ class GridAnswer:
     block_device : tuple of int
         Per block, an index into ``grid.devices`` (empty when nothing was found).
     start : mapping (block, phase, slice) -> µs
-        Start of each F (phase 0) / B (phase 1) task.
+        Start of each F (phase 0), B (phase 1) and W (phase 2) task.
     wall : float
         Seconds CP-SAT searched.
     """
@@ -79,10 +91,16 @@ class GridAnswer:
 
 
 class GridModel:
-    """The CP-SAT model of a :class:`~solver.parallel.slice_grid.SliceGrid` on ``cluster`` (module doc)."""
+    """The CP-SAT model of a :class:`~solver.parallel.slice_grid.SliceGrid` on ``cluster`` (module doc).
 
-    def __init__(self, grid: SliceGrid, cluster: Cluster):
-        self.grid, self.cluster = grid, cluster
+    ``in_flight``: at most that many slices' activations per device (module
+    doc); None: the devices' memory alone bounds them.
+    """
+
+    def __init__(self, grid: SliceGrid, cluster: Cluster, *, in_flight: int | None = None):
+        if in_flight is not None and in_flight < 1:
+            raise ValueError(f"in_flight={in_flight}: a device must hold at least one slice's activations")
+        self.grid, self.cluster, self.in_flight = grid, cluster, in_flight
         self.cp = cp_model.CpModel()
         self.nb, self.m, self.nd = grid.blocks, grid.micro_batches, len(grid.devices)
         self.cost = self._routes()
@@ -143,8 +161,9 @@ class GridModel:
         g = self.grid
         self.start, self.end = {}, {}
         per_dev: dict[int, list] = {d: [] for d in range(self.nd)}
-        tasks = [((b, p, s), g.dur[b, p, s]) for b in range(self.nb) for p in (0, 1) for s in range(self.m)]
-        tasks += [((b, 2, 0), g.update[b]) for b in range(self.nb)]
+        tasks = [((b, p, s), g.dur[b, p, s]) for b in range(self.nb) for p in (F, B, W) for s in range(self.m)
+                 if p != W or g.has_w[b]]
+        tasks += [((b, U, 0), g.update[b]) for b in range(self.nb)]
         for key, dur in tasks:
             b = key[0]
             st = self.cp.new_int_var(0, self.horizon, f"s{key}")
@@ -178,7 +197,9 @@ class GridModel:
                 self.cp.add(self.start[bv, pv, s] >= self.end[bu, pu, s] + delay)
         for b in range(self.nb):
             for s in range(self.m):
-                self.cp.add(self.start[b, 2, 0] >= self.end[b, 1, s])
+                if g.has_w[b]:
+                    self.cp.add(self.start[b, W, s] >= self.end[b, B, s])
+                self.cp.add(self.start[b, U, 0] >= self.end[b, g.last(b), s])
 
     def _links(self) -> dict:
         """``link -> (pairs, least µs per byte of a route over it)``: the
@@ -234,32 +255,40 @@ class GridModel:
                 self.cross.append(terms)
 
     def _memory(self) -> None:
-        """The cumulative per device (module doc), when memory could bind at all."""
+        """The cumulatives per device (module doc): the devices' memory when it
+        could bind at all, the ``in_flight`` limit when given."""
         g = self.grid
         act = [math.ceil(a / KIB) for a in g.activation]
         wts = [math.ceil(w / KIB) for w in g.weight]
         caps = [self.cluster.device(d).memory // KIB for d in g.devices]
         self.memory_active = sum(wts) + self.m * sum(act) > min(caps)
         self.life: dict = {}   # (block, slice, device) -> activation lifetime var
-        if not self.memory_active:
+        self.limit: dict = {}   # device -> its in_flight limit (KiB) var
+        if not self.memory_active and self.in_flight is None:
             return
         for d in range(self.nd):
-            ivs, demand = [], []
-            for b in range(self.nb):
-                if (b, d) not in self.x:
-                    continue
-                if wts[b]:
-                    ivs.append(self.cp.new_optional_fixed_size_interval_var(0, self.horizon, self.x[b, d],
-                                                                            f"w{b}_{d}"))
-                    demand.append(wts[b])
-                for s in range(self.m if act[b] else 0):
-                    life = self.cp.new_int_var(0, self.horizon, f"life{b}_{s}_{d}")
-                    self.life[b, s, d] = life
-                    ivs.append(self.cp.new_optional_interval_var(self.start[b, 0, s], life, self.end[b, 1, s],
-                                                                 self.x[b, d], f"a{b}_{s}_{d}"))
-                    demand.append(act[b])
-            if ivs:
-                self.cp.add_cumulative(ivs, demand, caps[d])
+            held = [b for b in range(self.nb) if (b, d) in self.x]
+            lives = [(self._life(b, s, d), act[b]) for b in held if act[b] for s in range(self.m)]
+            if self.in_flight is not None and lives:
+                limit = self.cp.new_int_var(0, self.in_flight * sum(act), f"limit{d}")   # affine for CP-SAT
+                self.cp.add(limit == sum(self.in_flight * act[b] * self.x[b, d] for b in held if act[b]))
+                self.limit[d] = (limit, {b: self.in_flight * act[b] for b in held})
+                self.cp.add_cumulative([iv for iv, _ in lives], [a for _, a in lives], limit)
+            if not self.memory_active:
+                continue
+            weights = [(self.cp.new_optional_fixed_size_interval_var(0, self.horizon, self.x[b, d], f"w{b}_{d}"),
+                        wts[b]) for b in held if wts[b]]
+            both = weights + lives
+            if both:
+                self.cp.add_cumulative([iv for iv, _ in both], [a for _, a in both], caps[d])
+
+    def _life(self, b: int, s: int, d: int):
+        """Slice ``s``'s activations of block ``b`` on device ``d``: an optional
+        interval from ``F[b, s]``'s start to its last backward task's end."""
+        life = self.cp.new_int_var(0, self.horizon, f"life{b}_{s}_{d}")
+        self.life[b, s, d] = life
+        return self.cp.new_optional_interval_var(self.start[b, F, s], life, self.end[b, self.grid.last(b), s],
+                                                 self.x[b, d], f"a{b}_{s}_{d}")
 
     def hint(self, block_device: Sequence[int], start: Mapping | None = None) -> None:
         """A complete start for the search: the block -> device map and the
@@ -278,7 +307,10 @@ class GridModel:
             self.cp.add_hint(var, self._delay_units(bu, bv, k, block_device))
         for (b, s, d), var in self.life.items():
             on = block_device[b] == d
-            self.cp.add_hint(var, begin[b, 1, s] + self._units_on((b, 1, s), d) - begin[b, 0, s] if on else 0)
+            last = (b, self.grid.last(b), s)
+            self.cp.add_hint(var, begin[last] + self._units_on(last, d) - begin[b, F, s] if on else 0)
+        for d, (var, per_block) in self.limit.items():
+            self.cp.add_hint(var, sum(k for b, k in per_block.items() if block_device[b] == d))
         loads = [0]
         for terms in self.cross:
             on = [(lit, u) for lit, u, bu, bv, src, dst in terms if block_device[bu] in src and block_device[bv] in dst]
@@ -290,7 +322,7 @@ class GridModel:
 
     def _units_on(self, key, d: int) -> int:
         b, p, s = key
-        return self.units(float(self.grid.update[b, d] if p == 2 else self.grid.dur[b, p, s, d]))
+        return self.units(float(self.grid.update[b, d] if p == U else self.grid.dur[b, p, s, d]))
 
     def _delay_units(self, bu: int, bv: int, k: int, block_device: Sequence[int]) -> int:
         a, c = block_device[bu], block_device[bv]
@@ -309,7 +341,10 @@ class GridModel:
             for s in range(self.m):
                 preds[bv, pv, s].append(((bu, pu, s), delay))
         for b in range(self.nb):
-            preds[b, 2, 0] += [((b, 1, s), 0) for s in range(self.m)]
+            if g.has_w[b]:
+                for s in range(self.m):
+                    preds[b, W, s].append(((b, B, s), 0))
+            preds[b, U, 0] += [((b, g.last(b), s), 0) for s in range(self.m)]
         waiting = {k: len(v) for k, v in preds.items()}
         succs: dict = {k: [] for k in self.start}
         for k, ps in preds.items():
