@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -225,7 +226,7 @@ def test_in_flight_limit_holds_on_the_grid():
     g, c = _uniform(p, m)
     split_g = split(g, m)
     grid = slice_grid(split_g, c)
-    one = GridModel(grid, c, in_flight=1).solve(time_limit=3, workers=1)
+    one = GridModel(grid, c, in_flight=1).solve(time_limit=5, workers=1)
     free = GridModel(grid, c).solve(time_limit=3, workers=1)
     assert one.objective is not None and all(_held(grid, one, d) <= 1 for d in range(p))
     assert one.objective > free.objective
@@ -242,3 +243,45 @@ def test_weight_tasks_follow_their_input_gradient_and_feed_only_the_update():
     plain = slice_grid(split(g, 2), c, weight_tasks=False)
     assert not any(plain.has_w) and (plain.dur[:, 2] == 0).all()
     assert plain.dur.sum() == pytest.approx(grid.dur.sum())
+
+
+def test_uneven_stages_beat_every_schedule():
+    """Three uneven layers (F, B, W in ms a slice: (1, 2, 1), (2, 1, 1), (1, 1, 2)), M = 4, 3 GPUs: the
+    model orders F, B and W per device past every schedule of SCHEDULES (best: ZB-H2, 20.0 ms)."""
+    from benchmarks.generators import uniform_stages
+    from solver.parallel.schedules import SCHEDULES
+    m, times = 4, [(1, 2, 1), (2, 1, 1), (1, 1, 2)]
+    base = uniform_stages(3, t=1000.0, act=1 << 20, params=1 << 10)
+    cost = {}
+    for l, (f, b, w) in enumerate(times):
+        cost.update({f"layer_{l}/f": f, f"gradients/layer_{l}/dx": b, f"gradients/layer_{l}/dw": w})
+    g = OpGraph([replace(op, compute={"GPU": 1000.0 * m * cost[op.name]}) if op.name in cost else op
+                 for op in base.ops], base.edges, base.tensors, name="uneven3")
+    c = gpus(3, beta=(0.0, 0.0))
+    steps = {}
+    for s in SCHEDULES:
+        try:
+            steps[s] = pipeline_plan(g, c, schedule=s, micro_batches=m).plan.makespan
+        except ValueError:
+            continue   # a chunked schedule needs more blocks than the step has
+    assert {"gpipe", "1f1b", "zb-h1", "zb-h2"} <= set(steps)
+    r = solve_slices(g, c, micro_batches=m, time_limit=10, workers=1, in_flight=3)
+    assert r.plan.makespan < min(steps.values()) - 500
+    check_plan(r.graph, c, r.plan).raise_if_invalid()
+
+
+def test_memory_limit_holds_on_the_realised_plan():
+    """GPUs with ZB-H1's peak memory (GPipe's and ZB-H2's plans exceed it), the grid hinted with the
+    ZB-H2 plan that breaks it: under 1F1B's in-flight count the realised plan fits memory
+    (pesto.memory's liveness peak, the finalised plan's) and is as fast as ZB-H1."""
+    p, m = 3, 6
+    g, c0 = _uniform(p, m)
+    zb1 = pipeline_plan(g, c0, schedule="zb-h1", micro_batches=m, stages=p).plan
+    cap = max(zb1.peak_memory.values())
+    c = c0.with_memory(cap)
+    zb2 = pipeline_plan(g, c0, schedule="zb-h2", micro_batches=m, stages=p)
+    gp = pipeline_plan(g, c0, schedule="gpipe", micro_batches=m, stages=p).plan
+    assert max(zb2.plan.peak_memory.values()) > cap and max(gp.peak_memory.values()) > cap
+    r = solve_slices(g, c, micro_batches=m, time_limit=10, workers=1, in_flight=p, hints=[zb2])
+    assert max(r.plan.peak_memory.values()) <= cap and r.plan.status != "infeasible"   # finalize's pesto.memory peak
+    assert r.plan.makespan <= zb1.makespan + 1e-6

@@ -22,8 +22,13 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
   could exceed the smallest device): each block's weights over the whole
   horizon (weights and optimizer state, as :func:`solver.parallel.cut.block_memory`),
   and per slice its activations from the start of ``F[b, s]`` to the end of
-  its last backward task (``W[b, s]``, else ``B[b, s]``) within the device's
-  memory;
+  its last backward task (``W[b, s]``, else ``B[b, s]``) -- each tensor of
+  ``SliceGrid.holds``, from the end of the task that made it on another
+  device (the start within the block) to the end of the last task reading
+  it: activations and the input gradients a deferred ``W`` keeps --, and
+  each task's own outputs while it runs, within the device's memory (the
+  simulator's liveness holds a little more: an output until its transfer
+  ends; the fine plan is judged by :mod:`pesto.memory`);
 * an activation limit per device (``in_flight=k``): a second cumulative of
   the same activation intervals within ``k`` slices' activations of the blocks
   the device holds (``k`` times the sum of ``activation[b] x[b, d]``): the rule
@@ -159,7 +164,7 @@ class GridModel:
     def _tasks(self) -> None:
         """Start/end per task, an optional interval per allowed device, no-overlap per device."""
         g = self.grid
-        self.start, self.end = {}, {}
+        self.start, self.end, self.interval = {}, {}, {}
         per_dev: dict[int, list] = {d: [] for d in range(self.nd)}
         tasks = [((b, p, s), g.dur[b, p, s]) for b in range(self.nb) for p in (F, B, W) for s in range(self.m)
                  if p != W or g.has_w[b]]
@@ -172,6 +177,7 @@ class GridModel:
             for d in g.allowed[b]:
                 size = self.units(float(dur[d]))
                 iv = self.cp.new_optional_interval_var(st, size, en, self.x[b, d], f"i{key}_{d}")
+                self.interval[key, d] = iv
                 if size > 0:
                     per_dev[d].append(iv)
         for ivs in per_dev.values():
@@ -259,16 +265,18 @@ class GridModel:
         could bind at all, the ``in_flight`` limit when given."""
         g = self.grid
         act = [math.ceil(a / KIB) for a in g.activation]
+        holds = [(bu, pu, bv, pv, math.ceil(n / KIB)) for bu, pu, bv, pv, n in g.holds]
         wts = [math.ceil(w / KIB) for w in g.weight]
         caps = [self.cluster.device(d).memory // KIB for d in g.devices]
-        self.memory_active = sum(wts) + self.m * sum(act) > min(caps)
-        self.life: dict = {}   # (block, slice, device) -> activation lifetime var
+        self.memory_active = sum(wts) + self.m * sum(h[-1] for h in holds) > min(caps)
+        self.life: dict = {}   # (first task, last task, device) -> lifetime var of what a slice holds
         self.limit: dict = {}   # device -> its in_flight limit (KiB) var
         if not self.memory_active and self.in_flight is None:
             return
         for d in range(self.nd):
             held = [b for b in range(self.nb) if (b, d) in self.x]
-            lives = [(self._life(b, s, d), act[b]) for b in held if act[b] for s in range(self.m)]
+            lives = [(self._life((b, F, s), False, (b, g.last(b), s), d), act[b]) for b in held if act[b]
+                     for s in range(self.m)]
             if self.in_flight is not None and lives:
                 limit = self.cp.new_int_var(0, self.in_flight * sum(act), f"limit{d}")   # affine for CP-SAT
                 self.cp.add(limit == sum(self.in_flight * act[b] * self.x[b, d] for b in held if act[b]))
@@ -278,17 +286,24 @@ class GridModel:
                 continue
             weights = [(self.cp.new_optional_fixed_size_interval_var(0, self.horizon, self.x[b, d], f"w{b}_{d}"),
                         wts[b]) for b in held if wts[b]]
-            both = weights + lives
+            kept = [(self._life((bu, pu, s), bu != bv, (bv, pv, s), d), n) for bu, pu, bv, pv, n in holds
+                    if (bv, d) in self.x for s in range(self.m)]
+            made = [(self.interval[(b, p, s), d], math.ceil(g.output[b, p] / KIB)) for b in held
+                    for p in (F, B, W) if g.output[b, p] >= KIB for s in range(self.m) if ((b, p, s), d) in self.interval]
+            both = weights + kept + made
             if both:
                 self.cp.add_cumulative([iv for iv, _ in both], [a for _, a in both], caps[d])
 
-    def _life(self, b: int, s: int, d: int):
-        """Slice ``s``'s activations of block ``b`` on device ``d``: an optional
-        interval from ``F[b, s]``'s start to its last backward task's end."""
-        life = self.cp.new_int_var(0, self.horizon, f"life{b}_{s}_{d}")
-        self.life[b, s, d] = life
-        return self.cp.new_optional_interval_var(self.start[b, F, s], life, self.end[b, self.grid.last(b), s],
-                                                 self.x[b, d], f"a{b}_{s}_{d}")
+    def _life(self, first: tuple, arrives: bool, last: tuple, d: int):
+        """What a slice holds on device ``d`` (when block ``last[0]`` is there)
+        from task ``first``'s start (its end when ``arrives``: made elsewhere)
+        to task ``last``'s end: an optional interval."""
+        key = (first, arrives, last, d)
+        if key not in self.life:
+            self.life[key] = self.cp.new_int_var(0, self.horizon, f"life{first}_{arrives}_{last}_{d}")
+        begin = self.end[first] if arrives else self.start[first]
+        return self.cp.new_optional_interval_var(begin, self.life[key], self.end[last], self.x[last[0], d],
+                                                 f"held{first}_{arrives}_{last}_{d}")
 
     def hint(self, block_device: Sequence[int], start: Mapping | None = None) -> None:
         """A complete start for the search: the block -> device map and the
@@ -305,10 +320,10 @@ class GridModel:
             self.cp.add_hint(self.end[key], t + dur)
         for k, (var, bu, bv) in self.delay.items():
             self.cp.add_hint(var, self._delay_units(bu, bv, k, block_device))
-        for (b, s, d), var in self.life.items():
-            on = block_device[b] == d
-            last = (b, self.grid.last(b), s)
-            self.cp.add_hint(var, begin[last] + self._units_on(last, d) - begin[b, F, s] if on else 0)
+        for (first, arrives, last, d), var in self.life.items():
+            on = block_device[last[0]] == d
+            t0 = begin[first] + (self._units_on(first, block_device[first[0]]) if arrives else 0)
+            self.cp.add_hint(var, begin[last] + self._units_on(last, d) - t0 if on else 0)
         for d, (var, per_block) in self.limit.items():
             self.cp.add_hint(var, sum(k for b, k in per_block.items() if block_device[b] == d))
         loads = [0]

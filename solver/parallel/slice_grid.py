@@ -22,7 +22,11 @@ reads, from the split step (:func:`pesto.step.split`), per block
   slice's tensors crossing (a tensor counted once per pair of nodes);
 * activation bytes (rule): the bytes of a slice's forward tensors that some
   backward op of the block reads (wherever they were made), alive from the start of ``F[b, s]`` to the end
-  of ``W[b, s]`` (of ``B[b, s]`` when the block has no ``W`` task);
+  of ``W[b, s]`` (of ``B[b, s]`` when the block has no ``W`` task), the
+  slice model's in-flight count; and, for the device's memory, each tensor a
+  block's backward reads (``holds``: activations and input gradients) from
+  the end of the task that made it (its arrival) to the end of the last task
+  reading it (what deferring a weight gradient costs);
 * once-per-step traffic (``step_edges``): the bytes between a once-per-step op
   and a batched op of another block, once per step whatever the slices (a
   weight read by a block's copies on one device; a gradient summed into the
@@ -121,6 +125,16 @@ class SliceGrid:
         once-per-step ops).
     has_w : tuple of bool
         Per block, whether it has ``W`` tasks (some op of it in :func:`weight_ops`).
+    holds : tuple of (int, int, int, int, int)
+        ``(b_u, p_u, b_v, p_v, bytes)``: one slice's tensors made by task
+        ``(b_u, p_u)`` that the backward tasks of block ``b_v`` read, the last
+        of them ``(b_v, p_v)``, held on ``b_v``'s device from the end of
+        ``(b_u, p_u)`` (from its start within one block) to the end of
+        ``(b_v, p_v)``: the activations (``p_u`` = ``F``) and the input
+        gradients a block's ``B`` and ``W`` tasks wait with.
+    output : ndarray (blocks, 3)
+        Bytes of one slice's tensors made by task ``(block, phase)``: held
+        while it runs (what a task adds to its device's memory at least).
     """
 
     split: Transformed
@@ -137,6 +151,8 @@ class SliceGrid:
     step_edges: tuple = ()
     task_phase: tuple = ()
     has_w: tuple = ()
+    holds: tuple = ()
+    output: np.ndarray | None = None
 
     @property
     def blocks(self) -> int:
@@ -236,7 +252,7 @@ def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
     has_w = tuple(any(bl.block[i] == b for i in wops) for b in range(bl.count))
     return SliceGrid(split, ph, bl, devices, allowed, tdur, update, _quotient(bl, phase, links),
                      _activation(split, ph, bl), weight, tuple(step_block), _step_edges(g, bl, step_block),
-                     phase, has_w)
+                     phase, has_w, _holds(g, phase, bl, links), _output(split, phase, bl))
 
 
 def _step_edges(g: OpGraph, bl: Blocking, step_block) -> tuple:
@@ -325,4 +341,32 @@ def _activation(split: Transformed, ph: Phases, bl: Blocking) -> np.ndarray:
         if g.ops[src].batch and src not in ph.backward:
             for b in {bl.block[j] for j in cons if j in ph.backward}:
                 out[b] += sg.tensor(copy_name(name, 0)).bytes
+    return out
+
+
+def _holds(g: OpGraph, phase, bl: Blocking, links) -> tuple:
+    """``SliceGrid.holds``: per batched edge into a backward op, its tensor
+    (one slice's bytes, once per pair of task and block) from its producer's
+    task to the last backward task of the reader's block that reads it."""
+    last: dict[tuple, int] = {}   # (producer task, tensor, reader block) -> latest reading phase
+    size: dict[str, int] = {}
+    for u, v, t, nbytes in links:
+        if phase[v] in (B, W) and t:
+            key = (bl.block[u], phase[u], t, bl.block[v])
+            last[key] = max(last.get(key, B), phase[v])
+            size[t] = nbytes
+    out: dict[tuple, int] = {}
+    for (bu, pu, t, bv), pv in last.items():
+        out[bu, pu, bv, pv] = out.get((bu, pu, bv, pv), 0) + size[t]
+    return tuple((*k, n) for k, n in sorted(out.items()) if n > 0)
+
+
+def _output(split: Transformed, phase, bl: Blocking) -> np.ndarray:
+    """Per ``(block, phase)``, the bytes of one slice's tensors its ops make
+    (but those a backward task of the block reads: ``holds`` has them)."""
+    g, sg = split.source, split.graph
+    out = np.zeros((bl.count, 3))
+    for name, src, _, cons in g.tensor_table():
+        if phase[src] >= 0 and not any(bl.block[j] == bl.block[src] and phase[j] in (B, W) for j in cons):
+            out[bl.block[src], phase[src]] += sg.tensor(copy_name(name, 0)).bytes
     return out
