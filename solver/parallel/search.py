@@ -310,12 +310,14 @@ class _Screened:
     """One count after screening: the transform whose graph its exact passes
     place (the step itself for ``M = 1``, else the split), the plans they
     start from, the best screened step (``inf`` when no kind applied) and the
-    GPipe/1F1B results (the slice model's hints)."""
+    GPipe/1F1B results, and those of every one-chunk schedule (ZB-H1, ZB-H2
+    too: the slice model's hints)."""
 
     split: Transformed
     starts: list
     step: float
     pipes: list = field(default_factory=list)
+    hints: list = field(default_factory=list)
 
     @property
     def graph(self) -> OpGraph:
@@ -530,13 +532,15 @@ class _Search:
     def screen_one(self, kind: Kind, strategy: Strategy, s: _Screened) -> None:
         """One candidate; a pipeline's plan kept in ``s`` (a start of the exact
         stages; a slice model hint when its schedule is one the slice grid runs:
-        one chunk, backward not split; a zero-bubble hint made its plan 3x worse)."""
+        one chunk, the zero-bubble ones too since its grid splits F, B and W)."""
         r = self.candidate(kind, strategy)
         if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
             s.starts.append(r.plan)
             sch = SCHEDULES[r.strategy.schedule]
-            if sch.chunks == 1 and not sch.split_backward:
-                s.pipes.append(r.detail)
+            if sch.chunks == 1:
+                s.hints.append(r.detail)
+                if not sch.split_backward:
+                    s.pipes.append(r.detail)
             s.step = min(s.step, r.plan.makespan)
 
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
@@ -720,7 +724,7 @@ class _Search:
         self.say(f"slice model M={m}: start ({share:.1f} s)")
         try:
             r = solve_slices(self.marked, self.cluster, micro_batches=m, time_limit=share, workers=self.slice_workers,
-                             seed=self.options.seed, hints=s.pipes, deadline=grant.sub(share))
+                             seed=self.options.seed, hints=s.hints, deadline=grant.sub(share))
         except PestoError as exc:
             self.pool.skipped[name] = str(exc)
             self.say(f"slice model M={m}: skipped ({exc})")
