@@ -1,7 +1,8 @@
 """The slice model's ablation: what each step adds on micro-batched steps (issue 24, item 3).
 
 Run: ``python -m benchmarks.bench_slice_model [--time-limit S] [--graphs a,b] [--micro 2,4]``.
-Writes ``benchmarks/results/slice_model.md``.
+Writes ``benchmarks/results/slice_model.md``; ``--uniform`` rewrites only its
+section "F, B and W" (:func:`uniform_section`).
 
 Per cached zoo graph (marked by :func:`tf_patch.marks.mark_step`, as
 ``bench_microbatch``), cluster (``v100x2_nvlink``, ``v100x4_pcie``, GPUs only)
@@ -26,6 +27,10 @@ from solver.parallel.pipelines import pipeline_plan
 from solver.parallel.slice_model import solve_slices
 
 from .bench_microbatch import CLUSTERS
+from .bench_parallel import CASES as PARALLEL_CASES, _graph as parallel_graph, cluster_of
+
+#: The section ``--uniform`` writes (it replaces the file's text from this header on).
+UNIFORM_HEADER = "## F, B and W: the uniform-stage step (issue 30, item 3)"
 
 HERE = Path(__file__).resolve().parent
 GRAPHS = ("transformer_6", "keras_resnet50", "nmt_4x1024")
@@ -73,13 +78,60 @@ def summary(lines) -> str:
             f"started from it alone beats them in {polish}.")
 
 
+def uniform_section(limit: float, keys=("uniform-m8-1x", "uniform-m8-2x")) -> list[str]:
+    """Issue 30's uniform-stage step (``p = 4``, ``M = 8``, ``T_F = T_B = T_W``,
+    GPU memory 1F1B's peak or twice its activations: ``bench_parallel``'s
+    cases) under 1F1B, ZB-H1, ZB-H2 and the slice model: ``F/B`` (weight
+    gradients inside ``B``), ``F/B/W`` (the devices' memory only) and ``F/B/W``
+    with 1F1B's in-flight count (``in_flight=p``)."""
+    lines = [UNIFORM_HEADER, "",
+             f"`python -m benchmarks.bench_slice_model --uniform --time-limit {limit:g}` (workers=1, the slice "
+             "model hinted with the pipelines' plans). Steps in ms (simulated; `*`: over memory); grid: the slice "
+             "model's grid makespan / CP-SAT's bound of it, status, seconds.", "",
+             "| case | GPU memory GiB | 1f1b | zb-h1 | zb-h2 | slice F/B | slice F/B/W | slice F/B/W in_flight=4 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key in keys:
+        case = PARALLEL_CASES[key]
+        g = parallel_graph(case)
+        c = cluster_of(case, g)
+        p, m = len(c.gpus), case.micro
+        pipes = {s: pipeline_plan(g, c, schedule=s, micro_batches=m, stages=p) for s in ("1f1b", "zb-h1", "zb-h2")}
+        cells = [_ms(x.plan) for x in pipes.values()]
+        for weights, k in ((False, None), (True, None), (True, p)):
+            r = solve_slices(g, c, micro_batches=m, time_limit=limit, workers=1, hints=list(pipes.values()),
+                             weight_tasks=weights, in_flight=k)
+            cells.append("-" if r.plan is None else
+                         f"{_ms(r.plan)} (grid {r.objective / 1e3:.1f} / {r.grid_bound / 1e3:.1f}, {r.status}, "
+                         f"{r.wall:.0f} s)")
+        lines.append(f"| {key} | {c.gpus[0].memory / 2**30:.2f} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def write_uniform(limit: float) -> Path:
+    """``slice_model.md`` with its section "F, B and W" (re)written."""
+    out = HERE / "results" / "slice_model.md"
+    text = out.read_text() if out.exists() else ""
+    head = text.split(UNIFORM_HEADER)[0].rstrip("\n")
+    out.write_text((head + "\n\n" if head else "") + "\n".join(uniform_section(limit) + ["", UNIFORM_READING]) + "\n")
+    return out
+
+
+#: What the uniform section's figures mean (written under its table).
+UNIFORM_READING = "(filled in from the figures)"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--graphs", default=",".join(GRAPHS))
     ap.add_argument("--clusters", default=",".join(CLUSTERS))
     ap.add_argument("--micro", default="2,4")
+    ap.add_argument("--uniform", action="store_true", help="only the section on F, B and W (uniform stages)")
     args = ap.parse_args(argv)
+    if args.uniform:
+        print(f"wrote {write_uniform(args.time_limit)}")
+        return
     lines = ["# The slice model: what each step adds (issue 24, item 3)", "",
              f"`python -m benchmarks.bench_slice_model --time-limit {args.time_limit:g}` (workers=1). Steps in ms "
              "(simulated, link contention; `*`: over memory). slice: the slice model's plan alone; +polish: the "

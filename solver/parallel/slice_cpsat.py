@@ -3,7 +3,7 @@
 Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
 
 * ``x[b, d]``: block ``b`` on device ``d``, exactly one per block, **shared by
-  every slice and both phases** (a stage holds all copies of its layers; any
+  every slice and phase** (a stage holds all copies of its layers; any
   block -> device map is allowed, not only contiguous ones);
 * per task (``F[b, s]``, ``B[b, s]``, ``W[b, s]`` where the block has weight
   gradients of its own, ``U[b]``) and allowed device an optional interval
@@ -16,22 +16,26 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
   every pair ``d1 != d2`` (``c``: the cluster's route, ``beta0 + beta1 * bytes``:
   heterogeneous links cost their own route); delays are shared by the slices;
   ``W[b, s]`` after ``B[b, s]`` (and whatever its ops read: the quotient
-  edges), ``U[b]`` after every ``B[b, s]`` and ``W[b, s]``: a weight gradient
-  waits for nothing else, and nothing but the update waits for it;
-* memory per device (a cumulative, when all weights and activations together
-  could exceed the smallest device): each block's weights over the whole
-  horizon (weights and optimizer state, as :func:`solver.parallel.cut.block_memory`),
-  and per slice its activations from the start of ``F[b, s]`` to the end of
-  its last backward task (``W[b, s]``, else ``B[b, s]``) -- each tensor of
-  ``SliceGrid.holds``, from the end of the task that made it on another
-  device (the start within the block) to the end of the last task reading
-  it: activations and the input gradients a deferred ``W`` keeps --, and
-  each task's own outputs while it runs, within the device's memory (the
-  simulator's liveness holds a little more: an output until its transfer
-  ends; the fine plan is judged by :mod:`pesto.memory`);
-* an activation limit per device (``in_flight=k``): a second cumulative of
-  the same activation intervals within ``k`` slices' activations of the blocks
-  the device holds (``k`` times the sum of ``activation[b] x[b, d]``): the rule
+  edges) and after ``W[b, s - 1]`` (its accumulate ops sum slice ``s`` into
+  slices ``0..s-1``: out of order, the chain and the gradients it holds wait
+  for the slice missing), ``U[b]`` after every ``B[b, s]`` and ``W[b, s]``:
+  a weight gradient waits for nothing else, and nothing but the update waits for it;
+* memory per device (a cumulative, when all weights and held tensors
+  together could exceed the smallest device), within the device's memory:
+  each block's weights and optimizer state over the whole horizon (its
+  persistent bytes, as :func:`solver.parallel.cut.block_memory`); per slice
+  each tensor of ``SliceGrid.holds`` (the activations and input gradients a
+  block's backward reads) from the end of the task that made it (its start
+  within the block) to the end of the last task reading it, so a deferred
+  ``W`` keeps its slice's activations and input gradient; each task's own
+  outputs while it runs. The simulator's liveness holds a little more or
+  less (an output until its transfer ends), so the fine plan is judged by
+  :mod:`pesto.memory` (its ``peak_memory``);
+* an activation limit per device (``in_flight=k``): a second cumulative, per
+  slice and block the interval from ``F[b, s]``'s start to the end of its
+  last backward task (``W[b, s]``, else ``B[b, s]``) with the block's
+  ``activation`` bytes, within ``k`` slices' activations of the blocks the
+  device holds (``k`` times the sum of ``activation[b] x[b, d]``): the count
   of :func:`solver.parallel.cut.in_flight` (1F1B holds ``p`` slices on its
   first stage, ZB-H1 too, ZB-H2 ``2p - 1``);
 * per link (a GPU's PCIe lane, a host's NIC, an NVLink), the bytes crossing it (every slice's edge bytes
@@ -205,6 +209,8 @@ class GridModel:
             for s in range(self.m):
                 if g.has_w[b]:
                     self.cp.add(self.start[b, W, s] >= self.end[b, B, s])
+                    if s:   # slice s's weight gradient is summed into slices 0..s-1's: W in slice order
+                        self.cp.add(self.start[b, W, s] >= self.end[b, W, s - 1])
                 self.cp.add(self.start[b, U, 0] >= self.end[b, g.last(b), s])
 
     def _links(self) -> dict:
@@ -358,7 +364,7 @@ class GridModel:
         for b in range(self.nb):
             if g.has_w[b]:
                 for s in range(self.m):
-                    preds[b, W, s].append(((b, B, s), 0))
+                    preds[b, W, s] += [((b, B, s), 0)] + ([((b, W, s - 1), 0)] if s else [])
             preds[b, U, 0] += [((b, g.last(b), s), 0) for s in range(self.m)]
         waiting = {k: len(v) for k, v in preds.items()}
         succs: dict = {k: [] for k in self.start}

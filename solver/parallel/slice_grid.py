@@ -38,7 +38,7 @@ than half the blocks asked for (an order by scope whose blocks feed each
 other both ways): then the topological one.
 
 A quotient with a cycle (odd anchoring) is made acyclic by merging the blocks
-on the cycle; a cycle through both phases of one block cannot be, and the
+on the cycle; a cycle through the forward and input-gradient phases of one block cannot be, and the
 grid is refused (:class:`GridError`) rather than built wrong.
 
 Examples
@@ -311,7 +311,7 @@ def _acyclic(bl: Blocking, phase, links, name: str) -> Blocking:
     Raises
     ------
     GridError
-        A cycle through both phases of one block.
+        A cycle through the forward and input-gradient phases of one block.
     """
     while True:
         succ = [[] for _ in range(3 * bl.count)]

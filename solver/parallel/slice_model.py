@@ -54,7 +54,7 @@ from pesto.plan import Plan
 
 from ..common import rank
 from .pipelines import StepPlan, pipeline_plan, staged_plan
-from .schedules import SCHEDULES
+from .schedules import SCHEDULES, unit_run
 from .slice_cpsat import GridAnswer, GridModel
 from .slice_grid import GRID_TASKS, GridError, SliceGrid, slice_grid
 
@@ -152,6 +152,12 @@ def _hints(graph: OpGraph, cluster: Cluster, m: int, loss, hints, split_backward
     return out
 
 
+def _held(sp: StepPlan) -> float:
+    """The most slices a device of ``sp``'s schedule holds activations of at
+    once (:func:`solver.parallel.schedules.unit_run`'s peak, held to ``W``)."""
+    return max(unit_run(sp.schedule, sp.stages, sp.micro_batches).peak)
+
+
 def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: str | None = None,
                  time_limit: float = 10.0, workers: int | None = None, seed: int = 0,
                  deadline: Deadline | None = None, hints: Sequence[StepPlan] | None = None,
@@ -159,7 +165,8 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
     """The slice model's plan of ``graph`` (marked) in ``micro_batches`` slices (module doc).
 
     ``hints``: pipeline plans of this ``M`` to start from (the best one of a
-    schedule the grid runs hints CP-SAT); None computes them. ``tasks``: the
+    schedule the grid runs hints CP-SAT, one within ``in_flight`` first);
+    None computes them. ``tasks``: the
     grid's size (:func:`solver.parallel.slice_grid.grid_blocks`).
     ``weight_tasks``: weight gradients as ``W`` tasks of their own (False:
     inside ``B``, the model of schedules that do not split the backward).
@@ -177,7 +184,7 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
     t0 = time.perf_counter()
     split = split_step(graph, micro_batches)
     pool = sorted(_hints(graph, cluster, split.micro_batches, loss, hints, weight_tasks),
-                  key=lambda h: rank(h.plan))
+                  key=lambda h: (in_flight is not None and _held(h) > in_flight, rank(h.plan)))
     grid = slice_grid(split, cluster, loss=loss, tasks=tasks, blocking=pool[0].blocking if pool else None,
                       weight_tasks=weight_tasks)
     model = GridModel(grid, cluster, in_flight=in_flight)
