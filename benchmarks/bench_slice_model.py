@@ -78,6 +78,10 @@ def summary(lines) -> str:
             f"started from it alone beats them in {polish}.")
 
 
+def _gib(plan) -> str:
+    return f"{max(plan.peak_memory.values()) / 2**30:.2f} GiB"
+
+
 def uniform_section(limit: float, keys=("uniform-m8-1x", "uniform-m8-2x")) -> list[str]:
     """Issue 30's uniform-stage step (``p = 4``, ``M = 8``, ``T_F = T_B = T_W``,
     GPU memory 1F1B's peak or twice its activations: ``bench_parallel``'s
@@ -87,7 +91,7 @@ def uniform_section(limit: float, keys=("uniform-m8-1x", "uniform-m8-2x")) -> li
     lines = [UNIFORM_HEADER, "",
              f"`python -m benchmarks.bench_slice_model --uniform --time-limit {limit:g}` (workers=1, the slice "
              "model hinted with the pipelines' plans). Steps in ms (simulated; `*`: over memory); grid: the slice "
-             "model's grid makespan / CP-SAT's bound of it, status, seconds.", "",
+             "model's grid makespan / CP-SAT's bound of it, status, seconds; GiB: the plan's peak (pesto.memory).", "",
              "| case | GPU memory GiB | 1f1b | zb-h1 | zb-h2 | slice F/B | slice F/B/W | slice F/B/W in_flight=4 |",
              "|---|---|---|---|---|---|---|---|"]
     for key in keys:
@@ -96,13 +100,13 @@ def uniform_section(limit: float, keys=("uniform-m8-1x", "uniform-m8-2x")) -> li
         c = cluster_of(case, g)
         p, m = len(c.gpus), case.micro
         pipes = {s: pipeline_plan(g, c, schedule=s, micro_batches=m, stages=p) for s in ("1f1b", "zb-h1", "zb-h2")}
-        cells = [_ms(x.plan) for x in pipes.values()]
+        cells = [f"{_ms(x.plan)}, {_gib(x.plan)}" for x in pipes.values()]
         for weights, k in ((False, None), (True, None), (True, p)):
             r = solve_slices(g, c, micro_batches=m, time_limit=limit, workers=1, hints=list(pipes.values()),
                              weight_tasks=weights, in_flight=k)
-            cells.append("-" if r.plan is None else
-                         f"{_ms(r.plan)} (grid {r.objective / 1e3:.1f} / {r.grid_bound / 1e3:.1f}, {r.status}, "
-                         f"{r.wall:.0f} s)")
+            cells.append(f"- (grid {r.status}, {r.wall:.0f} s)" if r.plan is None else
+                         f"{_ms(r.plan)}, {_gib(r.plan)} (grid {r.objective / 1e3:.1f} / {r.grid_bound / 1e3:.1f}, "
+                         f"{r.status}, {r.wall:.0f} s)")
         lines.append(f"| {key} | {c.gpus[0].memory / 2**30:.2f} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
     return lines

@@ -28,7 +28,8 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
   block's backward reads) from the end of the task that made it (its start
   within the block) to the end of the last task reading it, so a deferred
   ``W`` keeps its slice's activations and input gradient; each task's own
-  outputs while it runs. The simulator's liveness holds a little more or
+  outputs while it runs; the running sum of the block's gradients
+  (``summed``) from its first slice's last backward task to the update's end. The simulator's liveness holds a little more or
   less (an output until its transfer ends), so the fine plan is judged by
   :mod:`pesto.memory` (its ``peak_memory``);
 * an activation limit per device (``in_flight=k``): a second cumulative, per
@@ -274,7 +275,7 @@ class GridModel:
         holds = [(bu, pu, bv, pv, math.ceil(n / KIB)) for bu, pu, bv, pv, n in g.holds]
         wts = [math.ceil(w / KIB) for w in g.weight]
         caps = [self.cluster.device(d).memory // KIB for d in g.devices]
-        self.memory_active = sum(wts) + self.m * sum(h[-1] for h in holds) > min(caps)
+        self.memory_active = sum(wts) + sum(g.summed) / KIB + self.m * sum(h[-1] for h in holds) > min(caps)
         self.life: dict = {}   # (first task, last task, device) -> lifetime var of what a slice holds
         self.limit: dict = {}   # device -> its in_flight limit (KiB) var
         if not self.memory_active and self.in_flight is None:
@@ -296,7 +297,9 @@ class GridModel:
                     if (bv, d) in self.x for s in range(self.m)]
             made = [(self.interval[(b, p, s), d], math.ceil(g.output[b, p] / KIB)) for b in held
                     for p in (F, B, W) if g.output[b, p] >= KIB for s in range(self.m) if ((b, p, s), d) in self.interval]
-            both = weights + kept + made
+            sums = [(self._life((b, g.last(b), 0), False, (b, U, 0), d), math.ceil(g.summed[b] / KIB))
+                    for b in held if g.summed[b] >= KIB]
+            both = weights + kept + made + sums
             if both:
                 self.cp.add_cumulative([iv for iv, _ in both], [a for _, a in both], caps[d])
 

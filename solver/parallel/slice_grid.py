@@ -115,7 +115,9 @@ class SliceGrid:
         Bytes one slice keeps alive for the block from ``F`` start to the end
         of its last backward task (``W`` when the block has one, else ``B``).
     weight : ndarray (blocks,)
-        Persistent bytes of the block's once-per-step ops.
+        Bytes the block's once-per-step ops hold all step: their persistent
+        bytes (weights, optimizer state) and the tensors of theirs the
+        slices read (a weight's read).
     step_block : tuple of int
         Per op of the source, the block of a once-per-step op.
     step_edges : tuple of (int, int, int)
@@ -135,6 +137,10 @@ class SliceGrid:
     output : ndarray (blocks, 3)
         Bytes of one slice's tensors made by task ``(block, phase)``: held
         while it runs (what a task adds to its device's memory at least).
+    summed : ndarray (blocks,)
+        Bytes of the block's gradients summed over the slices for the update
+        (a running sum, whole size): held from its first slice's last
+        backward task to the update's end.
     """
 
     split: Transformed
@@ -153,6 +159,7 @@ class SliceGrid:
     has_w: tuple = ()
     holds: tuple = ()
     output: np.ndarray | None = None
+    summed: np.ndarray | None = None
 
     @property
     def blocks(self) -> int:
@@ -232,6 +239,7 @@ def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
     dur = np.asarray(prob.dur, dtype=float)[:, [prob.dev_index[d] for d in devices]]
     step_block = step_stages(g, bl.block)
     after = _after_batched(g)
+    read = _read_by_slices(g)
     tdur = np.zeros((bl.count, 3, m, len(devices)))
     update = np.zeros((bl.count, len(devices)))
     weight = np.zeros(bl.count)
@@ -239,7 +247,7 @@ def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
         o = split.origin[name]
         i = g.index[o.op]
         if o.role == "step":
-            weight[step_block[i]] += g.ops[i].persistent_bytes
+            weight[step_block[i]] += g.ops[i].persistent_bytes + read[i]
             if after[i]:   # the optimizer's work; reads and constants are free at time 0
                 update[step_block[i]] += dur[k]
         else:
@@ -252,7 +260,7 @@ def slice_grid(split: Transformed, cluster: Cluster, *, loss: str | None = None,
     has_w = tuple(any(bl.block[i] == b for i in wops) for b in range(bl.count))
     return SliceGrid(split, ph, bl, devices, allowed, tdur, update, _quotient(bl, phase, links),
                      _activation(split, ph, bl), weight, tuple(step_block), _step_edges(g, bl, step_block),
-                     phase, has_w, _holds(g, phase, bl, links), _output(split, phase, bl))
+                     phase, has_w, _holds(g, phase, bl, links), _output(split, phase, bl), _summed(split, bl))
 
 
 def _step_edges(g: OpGraph, bl: Blocking, step_block) -> tuple:
@@ -363,10 +371,32 @@ def _holds(g: OpGraph, phase, bl: Blocking, links) -> tuple:
 
 def _output(split: Transformed, phase, bl: Blocking) -> np.ndarray:
     """Per ``(block, phase)``, the bytes of one slice's tensors its ops make
-    (but those a backward task of the block reads: ``holds`` has them)."""
+    (but those a backward task of the block reads: ``holds`` has them); a
+    tensor summed over the slices for the step twice (the slice's and the
+    new running sum its accumulate op makes)."""
     g, sg = split.source, split.graph
     out = np.zeros((bl.count, 3))
     for name, src, _, cons in g.tensor_table():
         if phase[src] >= 0 and not any(bl.block[j] == bl.block[src] and phase[j] in (B, W) for j in cons):
-            out[bl.block[src], phase[src]] += sg.tensor(copy_name(name, 0)).bytes
+            twice = any(not g.ops[j].batch for j in cons)
+            out[bl.block[src], phase[src]] += (1 + twice) * sg.tensor(copy_name(name, 0)).bytes
+    return out
+
+
+def _summed(split: Transformed, bl: Blocking) -> np.ndarray:
+    """Per block, the bytes of its tensors a once-per-step op reads (summed over the slices)."""
+    g, sg = split.source, split.graph
+    out = np.zeros(bl.count)
+    for name, src, _, cons in g.tensor_table():
+        if g.ops[src].batch and any(not g.ops[j].batch for j in cons):
+            out[bl.block[src]] += sg.tensor(copy_name(name, 0)).bytes
+    return out
+
+
+def _read_by_slices(g: OpGraph) -> list[int]:
+    """Per once-per-step op, the bytes of its tensors some batched op reads (0 for batched ops)."""
+    out = [0] * g.num_ops
+    for _, src, nbytes, cons in g.tensor_table():
+        if not g.ops[src].batch and any(g.ops[j].batch for j in cons):
+            out[src] += nbytes
     return out
