@@ -28,7 +28,8 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
   block's backward reads) from the end of the task that made it (its start
   within the block) to the end of the last task reading it, so a deferred
   ``W`` keeps its slice's activations and input gradient; each task's own
-  outputs while it runs; the running sum of the block's gradients
+  outputs while it runs (a block's last task: less what its reads free
+  before its accumulate op runs); the running sum of the block's gradients
   (``summed``) from its first slice's last backward task to the update's end. The simulator's liveness holds a little more or
   less (an output until its transfer ends), so the fine plan is judged by
   :mod:`pesto.memory` (its ``peak_memory``);
@@ -275,6 +276,7 @@ class GridModel:
         holds = [(bu, pu, bv, pv, math.ceil(n / KIB)) for bu, pu, bv, pv, n in g.holds]
         wts = [math.ceil(w / KIB) for w in g.weight]
         caps = [self.cluster.device(d).memory // KIB for d in g.devices]
+        out = self._outputs()
         self.memory_active = sum(wts) + sum(g.summed) / KIB + self.m * sum(h[-1] for h in holds) > min(caps)
         self.life: dict = {}   # (first task, last task, device) -> lifetime var of what a slice holds
         self.limit: dict = {}   # device -> its in_flight limit (KiB) var
@@ -295,13 +297,27 @@ class GridModel:
                         wts[b]) for b in held if wts[b]]
             kept = [(self._life((bu, pu, s), bu != bv, (bv, pv, s), d), n) for bu, pu, bv, pv, n in holds
                     if (bv, d) in self.x for s in range(self.m)]
-            made = [(self.interval[(b, p, s), d], math.ceil(g.output[b, p] / KIB)) for b in held
-                    for p in (F, B, W) if g.output[b, p] >= KIB for s in range(self.m) if ((b, p, s), d) in self.interval]
+            made = [(self.interval[(b, p, s), d], math.ceil(out[b, p] / KIB)) for b in held
+                    for p in (F, B, W) if out[b, p] >= KIB for s in range(self.m) if ((b, p, s), d) in self.interval]
             sums = [(self._life((b, g.last(b), 0), False, (b, U, 0), d), math.ceil(g.summed[b] / KIB))
                     for b in held if g.summed[b] >= KIB]
             both = weights + kept + made + sums
             if both:
                 self.cp.add_cumulative([iv for iv, _ in both], [a for _, a in both], caps[d])
+
+    def _outputs(self) -> np.ndarray:
+        """``grid.output``, less, for a block's last task, what its reads free
+        before its accumulate op makes the new running sum (the sum's bytes
+        at most): the task runs its gradient ops first."""
+        g = self.grid
+        out = np.array(g.output, dtype=float)
+        into = np.zeros_like(out)
+        for _, _, bv, pv, n in g.holds:
+            into[bv, pv] += n
+        for b in range(self.nb):
+            last = g.last(b)
+            out[b, last] -= min(into[b, last], g.summed[b], out[b, last])
+        return out
 
     def _life(self, first: tuple, arrives: bool, last: tuple, d: int):
         """What a slice holds on device ``d`` (when block ``last[0]`` is there)
