@@ -16,9 +16,10 @@ Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
   every pair ``d1 != d2`` (``c``: the cluster's route, ``beta0 + beta1 * bytes``:
   heterogeneous links cost their own route); delays are shared by the slices;
   ``W[b, s]`` after ``B[b, s]`` (and whatever its ops read: the quotient
-  edges) and after ``W[b, s - 1]`` (its accumulate ops sum slice ``s`` into
-  slices ``0..s-1``: out of order, the chain and the gradients it holds wait
-  for the slice missing), ``U[b]`` after every ``B[b, s]`` and ``W[b, s]``:
+  edges); a block's last task (``W``, else ``B``) of slice ``s`` after that
+  of slice ``s - 1`` when the block has gradients summed over the slices (its
+  accumulate ops sum slice ``s`` into slices ``0..s-1``: out of order, the
+  chain and the gradients it holds wait for the slice missing); ``U[b]`` after every ``B[b, s]`` and ``W[b, s]``:
   a weight gradient waits for nothing else, and nothing but the update waits for it;
 * memory per device (a cumulative, when all weights and held tensors
   together could exceed the smallest device), within the device's memory:
@@ -211,8 +212,8 @@ class GridModel:
             for s in range(self.m):
                 if g.has_w[b]:
                     self.cp.add(self.start[b, W, s] >= self.end[b, B, s])
-                    if s:   # slice s's weight gradient is summed into slices 0..s-1's: W in slice order
-                        self.cp.add(self.start[b, W, s] >= self.end[b, W, s - 1])
+                if s and g.summed[b] > 0:   # slice s's gradient is summed into slices 0..s-1's: in slice order
+                    self.cp.add(self.start[b, g.last(b), s] >= self.end[b, g.last(b), s - 1])
                 self.cp.add(self.start[b, U, 0] >= self.end[b, g.last(b), s])
 
     def _links(self) -> dict:
@@ -381,9 +382,11 @@ class GridModel:
             for s in range(self.m):
                 preds[bv, pv, s].append(((bu, pu, s), delay))
         for b in range(self.nb):
-            if g.has_w[b]:
-                for s in range(self.m):
-                    preds[b, W, s] += [((b, B, s), 0)] + ([((b, W, s - 1), 0)] if s else [])
+            last = g.last(b)
+            for s in range(self.m):
+                if g.has_w[b]:
+                    preds[b, W, s].append(((b, B, s), 0))
+                preds[b, last, s] += [((b, last, s - 1), 0)] if s and g.summed[b] > 0 else []
             preds[b, U, 0] += [((b, g.last(b), s), 0) for s in range(self.m)]
         waiting = {k: len(v) for k, v in preds.items()}
         succs: dict = {k: [] for k in self.start}
