@@ -71,11 +71,13 @@ def summary(lines) -> str:
     """How often the slice plan, and the polish from it, beat both pipelines (from the table rows)."""
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ") and
             not line.startswith("| workload")]
-    num = [[float(x.rstrip("*")) for x in r[3:7]] for r in rows]
+    num = [[float(x.rstrip("*")) if x != "-" else float("inf") for x in r[3:7]] for r in rows]
     alone = sum(s < min(g, o) for g, o, s, _ in num)
     polish = sum(p < min(g, o) for g, o, _, p in num)
+    none = sum(s == float("inf") for _, _, s, _ in num)
     return (f"In {len(rows)} rows the slice plan alone beats both pipelines in {alone}, and the polish "
-            f"started from it alone beats them in {polish}.")
+            f"started from it alone beats them in {polish}" + (f"; in {none} the grid had no solution in time." if none
+                                                                 else "."))
 
 
 def _gib(plan) -> str:

@@ -288,3 +288,20 @@ def test_memory_limit_holds_on_the_realised_plan():
     r = solve_slices(g, c, micro_batches=m, time_limit=10, workers=1, in_flight=p, hints=[zb2])
     assert max(r.plan.peak_memory.values()) <= cap and r.plan.status != "infeasible"   # finalize's pesto.memory peak
     assert r.plan.makespan <= zb1.makespan + 1e-6
+
+
+def test_no_solution_in_time_falls_back_to_the_hint():
+    """Nothing found by CP-SAT in time: the hint's grid schedule is the answer (status "hint"), never
+    with an in_flight limit the hint may break."""
+    p, m = 2, 4
+    g, c = _uniform(p, m)
+    grid = slice_grid(split(g, m), c)
+    model = GridModel(grid, c)
+    model.hint([0] * (grid.blocks - 1) + [1], {})
+    ans = model._hinted_answer(0.0, 0.0)
+    best = GridModel(grid, c).solve(time_limit=5, workers=1)
+    assert ans.status == "hint" and ans.objective >= best.objective - 1e-6
+    assert set(ans.start) == set(model.start) and ans.block_device == (0,) * (grid.blocks - 1) + (1,)
+    limited = GridModel(grid, c, in_flight=2)
+    limited.hint([0] * (grid.blocks - 1) + [1], {})
+    assert limited._hinted_answer(0.0, 0.0) is None

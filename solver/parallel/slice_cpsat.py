@@ -81,7 +81,9 @@ class GridAnswer:
     Attributes
     ----------
     status : str
-        ``"optimal"``, ``"feasible"``, ``"infeasible"`` or ``"unknown"`` (nothing found).
+        ``"optimal"``, ``"feasible"``, ``"infeasible"``, ``"unknown"`` (nothing
+        found) or ``"hint"`` (nothing found in time: the hint's schedule,
+        without an ``in_flight`` limit).
     objective : float or None
         The grid model's makespan (µs).
     grid_bound : float
@@ -113,6 +115,7 @@ class GridModel:
         if in_flight is not None and in_flight < 1:
             raise ValueError(f"in_flight={in_flight}: a device must hold at least one slice's activations")
         self.grid, self.cluster, self.in_flight = grid, cluster, in_flight
+        self.hinted = None   # (block -> device, the hint's start per task in units), set by hint()
         self.cp = cp_model.CpModel()
         self.nb, self.m, self.nd = grid.blocks, grid.micro_batches, len(grid.devices)
         self.cost = self._routes()
@@ -340,6 +343,7 @@ class GridModel:
         for (b, d), lit in self.x.items():
             self.cp.add_hint(lit, block_device[b] == d)
         begin = self.list_schedule(block_device, start or {})
+        self.hinted = (tuple(block_device), begin)
         for key, t in begin.items():
             dur = self._units_on(key, block_device[key[0]])
             self.cp.add_hint(self.start[key], t)
@@ -410,6 +414,18 @@ class GridModel:
             ready.sort()
         return begin
 
+    def _hinted_answer(self, bound: float, wall: float) -> GridAnswer | None:
+        """The hint's grid schedule (:meth:`hint`) as the answer, status ``"hint"``,
+        when CP-SAT found nothing in time (None without a hint, or with an
+        ``in_flight`` limit the hint may break; the devices' memory is the fine
+        plan's to judge, :mod:`pesto.memory`)."""
+        if self.hinted is None or self.in_flight is not None:
+            return None
+        dev, begin = self.hinted
+        end = max(t + self._units_on(k, dev[k[0]]) for k, t in begin.items())
+        start = {k: t / self.scale for k, t in begin.items()}
+        return GridAnswer("hint", end / self.scale, bound, dev, start, wall)
+
     def solve(self, *, time_limit: float, workers: int | None = None, seed: int = 0,
               deadline: Deadline | None = None) -> GridAnswer:
         """Search for at most ``time_limit`` seconds (or the ``deadline``'s budget)."""
@@ -429,7 +445,8 @@ class GridModel:
         status = STATUS.get(code, "unknown")
         bound = max(0.0, solver.best_objective_bound) / self.scale if status != "infeasible" else math.inf
         if status not in ("optimal", "feasible"):
-            return GridAnswer(status, None, bound, (), {}, solver.wall_time)
+            return self._hinted_answer(bound, solver.wall_time) or GridAnswer(status, None, bound, (), {},
+                                                                              solver.wall_time)
         dev = tuple(next(d for d in self.grid.allowed[b] if solver.boolean_value(self.x[b, d]))
                     for b in range(self.nb))
         start = {k: solver.value(v) / self.scale for k, v in self.start.items()}

@@ -78,7 +78,8 @@ class SliceSolution:
         Per block its device (empty without a solution).
     status : str
         CP-SAT's status of the grid model: ``"optimal"``, ``"feasible"``,
-        ``"infeasible"`` or ``"unknown"``.
+        ``"infeasible"``, ``"unknown"`` or ``"hint"`` (nothing found in time:
+        the hint's grid schedule, :class:`~solver.parallel.slice_cpsat.GridAnswer`).
     objective : float or None
         The grid model's makespan (µs), not the fine plan's.
     grid_bound : float
