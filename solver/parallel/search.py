@@ -320,8 +320,9 @@ class _Screened:
     """One count after screening: the transform whose graph its exact passes
     place (the step itself for ``M = 1``, else the split), the plans they
     start from, the best screened step (``inf`` when no kind applied) and the
-    GPipe/1F1B results (the slice model's hints); ``weight_grads``: the
-    split's rule (a joined candidate's when one was best: its split and plans)."""
+    GPipe/1F1B results, and those of every one-chunk schedule (ZB-H1, ZB-H2
+    too: the slice model's hints); ``weight_grads``: the split's rule (a
+    joined candidate's when one was best: its split and plans)."""
 
     split: Transformed
     starts: list
@@ -329,6 +330,7 @@ class _Screened:
     pipes: list = field(default_factory=list)
     weight_grads: object = "separate"
     own: float = float("inf")   # the best fitting screened step on ``split.graph``
+    hints: list = field(default_factory=list)
 
     @property
     def graph(self) -> OpGraph:
@@ -559,46 +561,17 @@ class _Search:
     def screen_one(self, kind: Kind, strategy: Strategy, s: _Screened) -> None:
         """One candidate; a pipeline's plan kept in ``s`` (a start of the exact
         stages; a slice model hint when its schedule is one the slice grid runs:
-        one chunk, backward not split; a zero-bubble hint made its plan 3x worse)."""
+        one chunk, the zero-bubble ones too since its grid splits F, B and W)."""
         r = self.candidate(kind, strategy)
         if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
             sch = SCHEDULES[r.strategy.schedule]
-            if sch.chunks == 1 and not sch.split_backward:
-                s.pipes.append(r.detail)
+            if sch.chunks == 1:
+                s.hints.append(r.detail)
+                if not sch.split_backward:
+                    s.pipes.append(r.detail)
             for x in (r, self.joined(kind, strategy, r)):
                 if x is not None:
                     _keep_start(s, x)
-
-    def joined(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
-        """``strategy`` (a pipeline of one replica, realised as ``r`` with
-        ``"separate"`` weight gradients) with its joinable weight gradients
-        (:func:`pesto.step.marks.joinable_ops`) run whole, where that does
-        less work: all of them, or when that plan does not fit memory and
-        ``r`` does, those whose held bytes (:class:`pesto.step.slicing.WeightGradCost`
-        ``whole_bytes``) fit what ``r`` leaves free on their GPU, most time
-        saved first. Offered as its own candidate (``"zb-h1 M=8 whole(4)"``);
-        None when nothing can be joined."""
-        m = strategy.micro_batches
-        if not self.joinable or m < 2 or strategy.weight_grads != "separate" or r.strategy.replicas != 1:
-            return None
-        costs = [c for c in weight_grad_costs(self.marked, m) if c.op in self.joinable
-                 and c.whole_us is not None and c.whole_us < c.separate_us]
-        if not costs:
-            return None
-        w = self.realised(kind, replace(strategy, weight_grads={c.op: "whole" for c in costs}))
-        if w is None or w.plan.status != "infeasible" or r.plan.status == "infeasible":
-            return w
-        free = {d: self.cluster.device(d).memory - used for d, used in r.plan.peak_memory.items()}
-        chosen = {}
-        for c in sorted(costs, key=lambda c: (c.whole_us - c.separate_us, c.op)):
-            d = r.plan.placement.get(copy_name(c.op, 0))
-            if d is not None and c.whole_bytes <= free.get(d, 0):
-                free[d] -= c.whole_bytes
-                chosen[c.op] = "whole"
-        if not chosen or len(chosen) == len(costs):
-            return w
-        part = self.realised(kind, replace(strategy, weight_grads=chosen))
-        return part if part is not None and part.plan.status != "infeasible" else w
 
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
         """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
@@ -782,7 +755,7 @@ class _Search:
         self.say(f"slice model M={m}: start ({share:.1f} s)")
         try:
             r = solve_slices(self.marked, self.cluster, micro_batches=m, time_limit=share, workers=self.slice_workers,
-                             seed=self.options.seed, hints=s.pipes, deadline=grant.sub(share))
+                             seed=self.options.seed, hints=s.hints, deadline=grant.sub(share))
         except PestoError as exc:
             self.pool.skipped[name] = str(exc)
             self.say(f"slice model M={m}: skipped ({exc})")

@@ -3,20 +3,44 @@
 Variables and constraints (µs scaled to integer units, horizon <= ~10^6):
 
 * ``x[b, d]``: block ``b`` on device ``d``, exactly one per block, **shared by
-  every slice and both phases** (a stage holds all copies of its layers; any
+  every slice and phase** (a stage holds all copies of its layers; any
   block -> device map is allowed, not only contiguous ones);
-* per task (``F[b, s]``, ``B[b, s]``, ``U[b]``) and allowed device an optional
-  interval present iff ``x[b, d]``; one no-overlap per device over all of them:
-  the order of slice tasks per device is the pipeline schedule chosen;
+* per task (``F[b, s]``, ``B[b, s]``, ``W[b, s]`` where the block has weight
+  gradients of its own, ``U[b]``) and allowed device an optional interval
+  present iff ``x[b, d]``; one no-overlap per device over all of them: the
+  order of F, B and W tasks per device is the pipeline schedule chosen
+  (1F1B, ZB-H1, ZB-H2 are points of this space, and so are the schedules that
+  beat them on uneven stages or costly links);
 * per quotient edge ``u -> v`` and slice ``s``: ``start[v, s] >= end[u, s] +
   delay[u, v]``, with ``delay >= c(d1, d2) * (x[u, d1] + x[v, d2] - 1)`` for
   every pair ``d1 != d2`` (``c``: the cluster's route, ``beta0 + beta1 * bytes``:
   heterogeneous links cost their own route); delays are shared by the slices;
-  ``U[b]`` after every ``B[b, s]``;
-* memory per device (a cumulative, when all weights and activations together
-  could exceed the smallest device): each block's weights over the whole
-  horizon, and per slice its activations from the start of ``F[b, s]`` to the
-  end of ``B[b, s]``;
+  ``W[b, s]`` after ``B[b, s]`` (and whatever its ops read: the quotient
+  edges); a block's last task (``W``, else ``B``) of slice ``s`` after that
+  of slice ``s - 1`` when the block has gradients summed over the slices (its
+  accumulate ops sum slice ``s`` into slices ``0..s-1``: out of order, the
+  chain and the gradients it holds wait for the slice missing); ``U[b]`` after every ``B[b, s]`` and ``W[b, s]``:
+  a weight gradient waits for nothing else, and nothing but the update waits for it;
+* memory per device (a cumulative, when all weights and held tensors
+  together could exceed the smallest device), within the device's memory:
+  each block's weights and optimizer state over the whole horizon (its
+  persistent bytes, as :func:`solver.parallel.cut.block_memory`); per slice
+  each tensor of ``SliceGrid.holds`` (the activations and input gradients a
+  block's backward reads) from the end of the task that made it (its start
+  within the block) to the end of the last task reading it, so a deferred
+  ``W`` keeps its slice's activations and input gradient; each task's own
+  outputs while it runs (a block's last task: less what its reads free
+  before its accumulate op runs); the running sum of the block's gradients
+  (``summed``) from its first slice's last backward task to the update's end. The simulator's liveness holds a little more or
+  less (an output until its transfer ends), so the fine plan is judged by
+  :mod:`pesto.memory` (its ``peak_memory``);
+* an activation limit per device (``in_flight=k``): a second cumulative, per
+  slice and block the interval from ``F[b, s]``'s start to the end of its
+  last backward task (``W[b, s]``, else ``B[b, s]``) with the block's
+  ``activation`` bytes, within ``k`` slices' activations of the blocks the
+  device holds (``k`` times the sum of ``activation[b] x[b, d]``): the count
+  of :func:`solver.parallel.cut.in_flight` (1F1B holds ``p`` slices on its
+  first stage, ZB-H1 too, ZB-H2 ``2p - 1``);
 * per link (a GPU's PCIe lane, a host's NIC, an NVLink), the bytes crossing it (every slice's edge bytes
   and the once-per-step weight and gradient bytes) at its per-byte time fit
   in the makespan: a valid relaxation of link contention;
@@ -41,7 +65,7 @@ from pesto.deadline import Deadline
 
 from ..cpsat_model import symmetric_groups
 from ..cpsat_solve import STATUS, deterministic_parameters, search
-from .slice_grid import SliceGrid
+from .slice_grid import B, F, U, W, SliceGrid
 
 __all__ = ["GridModel", "GridAnswer", "HORIZON_UNITS"]
 
@@ -57,7 +81,9 @@ class GridAnswer:
     Attributes
     ----------
     status : str
-        ``"optimal"``, ``"feasible"``, ``"infeasible"`` or ``"unknown"`` (nothing found).
+        ``"optimal"``, ``"feasible"``, ``"infeasible"``, ``"unknown"`` (nothing
+        found) or ``"hint"`` (nothing found in time: the hint's schedule,
+        without an ``in_flight`` limit).
     objective : float or None
         The grid model's makespan (µs).
     grid_bound : float
@@ -65,7 +91,7 @@ class GridAnswer:
     block_device : tuple of int
         Per block, an index into ``grid.devices`` (empty when nothing was found).
     start : mapping (block, phase, slice) -> µs
-        Start of each F (phase 0) / B (phase 1) task.
+        Start of each F (phase 0), B (phase 1) and W (phase 2) task.
     wall : float
         Seconds CP-SAT searched.
     """
@@ -79,10 +105,17 @@ class GridAnswer:
 
 
 class GridModel:
-    """The CP-SAT model of a :class:`~solver.parallel.slice_grid.SliceGrid` on ``cluster`` (module doc)."""
+    """The CP-SAT model of a :class:`~solver.parallel.slice_grid.SliceGrid` on ``cluster`` (module doc).
 
-    def __init__(self, grid: SliceGrid, cluster: Cluster):
-        self.grid, self.cluster = grid, cluster
+    ``in_flight``: at most that many slices' activations per device (module
+    doc); None: the devices' memory alone bounds them.
+    """
+
+    def __init__(self, grid: SliceGrid, cluster: Cluster, *, in_flight: int | None = None):
+        if in_flight is not None and in_flight < 1:
+            raise ValueError(f"in_flight={in_flight}: a device must hold at least one slice's activations")
+        self.grid, self.cluster, self.in_flight = grid, cluster, in_flight
+        self.hinted = None   # (block -> device, the hint's start per task in units), set by hint()
         self.cp = cp_model.CpModel()
         self.nb, self.m, self.nd = grid.blocks, grid.micro_batches, len(grid.devices)
         self.cost = self._routes()
@@ -141,10 +174,11 @@ class GridModel:
     def _tasks(self) -> None:
         """Start/end per task, an optional interval per allowed device, no-overlap per device."""
         g = self.grid
-        self.start, self.end = {}, {}
+        self.start, self.end, self.interval = {}, {}, {}
         per_dev: dict[int, list] = {d: [] for d in range(self.nd)}
-        tasks = [((b, p, s), g.dur[b, p, s]) for b in range(self.nb) for p in (0, 1) for s in range(self.m)]
-        tasks += [((b, 2, 0), g.update[b]) for b in range(self.nb)]
+        tasks = [((b, p, s), g.dur[b, p, s]) for b in range(self.nb) for p in (F, B, W) for s in range(self.m)
+                 if p != W or g.has_w[b]]
+        tasks += [((b, U, 0), g.update[b]) for b in range(self.nb)]
         for key, dur in tasks:
             b = key[0]
             st = self.cp.new_int_var(0, self.horizon, f"s{key}")
@@ -153,6 +187,7 @@ class GridModel:
             for d in g.allowed[b]:
                 size = self.units(float(dur[d]))
                 iv = self.cp.new_optional_interval_var(st, size, en, self.x[b, d], f"i{key}_{d}")
+                self.interval[key, d] = iv
                 if size > 0:
                     per_dev[d].append(iv)
         for ivs in per_dev.values():
@@ -178,7 +213,11 @@ class GridModel:
                 self.cp.add(self.start[bv, pv, s] >= self.end[bu, pu, s] + delay)
         for b in range(self.nb):
             for s in range(self.m):
-                self.cp.add(self.start[b, 2, 0] >= self.end[b, 1, s])
+                if g.has_w[b]:
+                    self.cp.add(self.start[b, W, s] >= self.end[b, B, s])
+                if s and g.summed[b] > 0:   # slice s's gradient is summed into slices 0..s-1's: in slice order
+                    self.cp.add(self.start[b, g.last(b), s] >= self.end[b, g.last(b), s - 1])
+                self.cp.add(self.start[b, U, 0] >= self.end[b, g.last(b), s])
 
     def _links(self) -> dict:
         """``link -> (pairs, least µs per byte of a route over it)``: the
@@ -234,32 +273,66 @@ class GridModel:
                 self.cross.append(terms)
 
     def _memory(self) -> None:
-        """The cumulative per device (module doc), when memory could bind at all."""
+        """The cumulatives per device (module doc): the devices' memory when it
+        could bind at all, the ``in_flight`` limit when given."""
         g = self.grid
         act = [math.ceil(a / KIB) for a in g.activation]
+        holds = [(bu, pu, bv, pv, math.ceil(n / KIB)) for bu, pu, bv, pv, n in g.holds]
         wts = [math.ceil(w / KIB) for w in g.weight]
         caps = [self.cluster.device(d).memory // KIB for d in g.devices]
-        self.memory_active = sum(wts) + self.m * sum(act) > min(caps)
-        self.life: dict = {}   # (block, slice, device) -> activation lifetime var
-        if not self.memory_active:
+        out = self._outputs()
+        self.memory_active = sum(wts) + sum(g.summed) / KIB + self.m * sum(h[-1] for h in holds) > min(caps)
+        self.life: dict = {}   # (first task, last task, device) -> lifetime var of what a slice holds
+        self.limit: dict = {}   # device -> its in_flight limit (KiB) var
+        if not self.memory_active and self.in_flight is None:
             return
         for d in range(self.nd):
-            ivs, demand = [], []
-            for b in range(self.nb):
-                if (b, d) not in self.x:
-                    continue
-                if wts[b]:
-                    ivs.append(self.cp.new_optional_fixed_size_interval_var(0, self.horizon, self.x[b, d],
-                                                                            f"w{b}_{d}"))
-                    demand.append(wts[b])
-                for s in range(self.m if act[b] else 0):
-                    life = self.cp.new_int_var(0, self.horizon, f"life{b}_{s}_{d}")
-                    self.life[b, s, d] = life
-                    ivs.append(self.cp.new_optional_interval_var(self.start[b, 0, s], life, self.end[b, 1, s],
-                                                                 self.x[b, d], f"a{b}_{s}_{d}"))
-                    demand.append(act[b])
-            if ivs:
-                self.cp.add_cumulative(ivs, demand, caps[d])
+            held = [b for b in range(self.nb) if (b, d) in self.x]
+            lives = [(self._life((b, F, s), False, (b, g.last(b), s), d), act[b]) for b in held if act[b]
+                     for s in range(self.m)]
+            if self.in_flight is not None and lives:
+                limit = self.cp.new_int_var(0, self.in_flight * sum(act), f"limit{d}")   # affine for CP-SAT
+                self.cp.add(limit == sum(self.in_flight * act[b] * self.x[b, d] for b in held if act[b]))
+                self.limit[d] = (limit, {b: self.in_flight * act[b] for b in held})
+                self.cp.add_cumulative([iv for iv, _ in lives], [a for _, a in lives], limit)
+            if not self.memory_active:
+                continue
+            weights = [(self.cp.new_optional_fixed_size_interval_var(0, self.horizon, self.x[b, d], f"w{b}_{d}"),
+                        wts[b]) for b in held if wts[b]]
+            kept = [(self._life((bu, pu, s), bu != bv, (bv, pv, s), d), n) for bu, pu, bv, pv, n in holds
+                    if (bv, d) in self.x for s in range(self.m)]
+            made = [(self.interval[(b, p, s), d], math.ceil(out[b, p] / KIB)) for b in held
+                    for p in (F, B, W) if out[b, p] >= KIB for s in range(self.m) if ((b, p, s), d) in self.interval]
+            sums = [(self._life((b, g.last(b), 0), False, (b, U, 0), d), math.ceil(g.summed[b] / KIB))
+                    for b in held if g.summed[b] >= KIB]
+            both = weights + kept + made + sums
+            if both:
+                self.cp.add_cumulative([iv for iv, _ in both], [a for _, a in both], caps[d])
+
+    def _outputs(self) -> np.ndarray:
+        """``grid.output``, less, for a block's last task, what its reads free
+        before its accumulate op makes the new running sum (the sum's bytes
+        at most): the task runs its gradient ops first."""
+        g = self.grid
+        out = np.array(g.output, dtype=float)
+        into = np.zeros_like(out)
+        for _, _, bv, pv, n in g.holds:
+            into[bv, pv] += n
+        for b in range(self.nb):
+            last = g.last(b)
+            out[b, last] -= min(into[b, last], g.summed[b], out[b, last])
+        return out
+
+    def _life(self, first: tuple, arrives: bool, last: tuple, d: int):
+        """What a slice holds on device ``d`` (when block ``last[0]`` is there)
+        from task ``first``'s start (its end when ``arrives``: made elsewhere)
+        to task ``last``'s end: an optional interval."""
+        key = (first, arrives, last, d)
+        if key not in self.life:
+            self.life[key] = self.cp.new_int_var(0, self.horizon, f"life{first}_{arrives}_{last}_{d}")
+        begin = self.end[first] if arrives else self.start[first]
+        return self.cp.new_optional_interval_var(begin, self.life[key], self.end[last], self.x[last[0], d],
+                                                 f"held{first}_{arrives}_{last}_{d}")
 
     def hint(self, block_device: Sequence[int], start: Mapping | None = None) -> None:
         """A complete start for the search: the block -> device map and the
@@ -270,15 +343,19 @@ class GridModel:
         for (b, d), lit in self.x.items():
             self.cp.add_hint(lit, block_device[b] == d)
         begin = self.list_schedule(block_device, start or {})
+        self.hinted = (tuple(block_device), begin)
         for key, t in begin.items():
             dur = self._units_on(key, block_device[key[0]])
             self.cp.add_hint(self.start[key], t)
             self.cp.add_hint(self.end[key], t + dur)
         for k, (var, bu, bv) in self.delay.items():
             self.cp.add_hint(var, self._delay_units(bu, bv, k, block_device))
-        for (b, s, d), var in self.life.items():
-            on = block_device[b] == d
-            self.cp.add_hint(var, begin[b, 1, s] + self._units_on((b, 1, s), d) - begin[b, 0, s] if on else 0)
+        for (first, arrives, last, d), var in self.life.items():
+            on = block_device[last[0]] == d
+            t0 = begin[first] + (self._units_on(first, block_device[first[0]]) if arrives else 0)
+            self.cp.add_hint(var, begin[last] + self._units_on(last, d) - t0 if on else 0)
+        for d, (var, per_block) in self.limit.items():
+            self.cp.add_hint(var, sum(k for b, k in per_block.items() if block_device[b] == d))
         loads = [0]
         for terms in self.cross:
             on = [(lit, u) for lit, u, bu, bv, src, dst in terms if block_device[bu] in src and block_device[bv] in dst]
@@ -290,7 +367,7 @@ class GridModel:
 
     def _units_on(self, key, d: int) -> int:
         b, p, s = key
-        return self.units(float(self.grid.update[b, d] if p == 2 else self.grid.dur[b, p, s, d]))
+        return self.units(float(self.grid.update[b, d] if p == U else self.grid.dur[b, p, s, d]))
 
     def _delay_units(self, bu: int, bv: int, k: int, block_device: Sequence[int]) -> int:
         a, c = block_device[bu], block_device[bv]
@@ -309,7 +386,12 @@ class GridModel:
             for s in range(self.m):
                 preds[bv, pv, s].append(((bu, pu, s), delay))
         for b in range(self.nb):
-            preds[b, 2, 0] += [((b, 1, s), 0) for s in range(self.m)]
+            last = g.last(b)
+            for s in range(self.m):
+                if g.has_w[b]:
+                    preds[b, W, s].append(((b, B, s), 0))
+                preds[b, last, s] += [((b, last, s - 1), 0)] if s and g.summed[b] > 0 else []
+            preds[b, U, 0] += [((b, g.last(b), s), 0) for s in range(self.m)]
         waiting = {k: len(v) for k, v in preds.items()}
         succs: dict = {k: [] for k in self.start}
         for k, ps in preds.items():
@@ -332,6 +414,18 @@ class GridModel:
             ready.sort()
         return begin
 
+    def _hinted_answer(self, bound: float, wall: float) -> GridAnswer | None:
+        """The hint's grid schedule (:meth:`hint`) as the answer, status ``"hint"``,
+        when CP-SAT found nothing in time (None without a hint, or with an
+        ``in_flight`` limit the hint may break; the devices' memory is the fine
+        plan's to judge, :mod:`pesto.memory`)."""
+        if self.hinted is None or self.in_flight is not None:
+            return None
+        dev, begin = self.hinted
+        end = max(t + self._units_on(k, dev[k[0]]) for k, t in begin.items())
+        start = {k: t / self.scale for k, t in begin.items()}
+        return GridAnswer("hint", end / self.scale, bound, dev, start, wall)
+
     def solve(self, *, time_limit: float, workers: int | None = None, seed: int = 0,
               deadline: Deadline | None = None) -> GridAnswer:
         """Search for at most ``time_limit`` seconds (or the ``deadline``'s budget)."""
@@ -351,7 +445,8 @@ class GridModel:
         status = STATUS.get(code, "unknown")
         bound = max(0.0, solver.best_objective_bound) / self.scale if status != "infeasible" else math.inf
         if status not in ("optimal", "feasible"):
-            return GridAnswer(status, None, bound, (), {}, solver.wall_time)
+            return self._hinted_answer(bound, solver.wall_time) or GridAnswer(status, None, bound, (), {},
+                                                                              solver.wall_time)
         dev = tuple(next(d for d in self.grid.allowed[b] if solver.boolean_value(self.x[b, d]))
                     for b in range(self.nb))
         start = {k: solver.value(v) / self.scale for k, v in self.start.items()}

@@ -2,18 +2,23 @@
 
 :func:`solve_slices` splits the step into ``M`` slices
 (:func:`pesto.step.split`), builds the block x slice grid
-(:func:`solver.parallel.slice_grid.slice_grid`), lets CP-SAT choose the stage of every
-block -- shared by all slices and both phases -- together with the order of
-the slice tasks on each device (:class:`solver.parallel.slice_cpsat.GridModel`, hinted
-with the better of the GPipe and 1F1B plans of that ``M``), and turns the
-answer into a fine plan of the split graph:
+(:func:`solver.parallel.slice_grid.slice_grid`: forward ``F``, input-gradient
+``B`` and weight-gradient ``W`` tasks), lets CP-SAT choose the stage of every
+block -- shared by all slices and phases -- together with the order of
+the slice tasks on each device under the devices' memory and, optionally, a
+limit of slices in flight (:class:`solver.parallel.slice_cpsat.GridModel`,
+hinted with the best plan of a one-chunk schedule of
+:data:`~solver.parallel.schedules.SCHEDULES` of that ``M``: GPipe, 1F1B,
+ZB-H1, ZB-H2), and turns the answer into a fine plan of the split graph:
 
 * every copy of an op on its block's device; once-per-step ops with their
   first reader's block (variable reads), else the last producer's (the
   update), colocation groups kept
   (:func:`solver.parallel.pipelines.staged_plan`, the rule GPipe and 1F1B use);
 * per device, copies in the order of their task's solved start, then
-  topologically; the simulator judges the plan (:func:`pesto.finalize.finalize`).
+  topologically, the weight-gradient ops and their accumulate ops in their
+  ``W`` task's place (``staged_plan(weight_tasks=True)``, as for the Zero
+  Bubble schedules); the simulator judges the plan (:func:`pesto.finalize.finalize`).
 
 The grid model ignores link contention and the parallelism inside a task:
 its objective and bound (:attr:`SliceSolution.grid_bound`) are those of the
@@ -49,7 +54,7 @@ from pesto.plan import Plan
 
 from ..common import rank
 from .pipelines import StepPlan, pipeline_plan, staged_plan
-from .schedules import SCHEDULES
+from .schedules import SCHEDULES, unit_run
 from .slice_cpsat import GridAnswer, GridModel
 from .slice_grid import GRID_TASKS, GridError, SliceGrid, slice_grid
 
@@ -73,13 +78,15 @@ class SliceSolution:
         Per block its device (empty without a solution).
     status : str
         CP-SAT's status of the grid model: ``"optimal"``, ``"feasible"``,
-        ``"infeasible"`` or ``"unknown"``.
+        ``"infeasible"``, ``"unknown"`` or ``"hint"`` (nothing found in time:
+        the hint's grid schedule, :class:`~solver.parallel.slice_cpsat.GridAnswer`).
     objective : float or None
         The grid model's makespan (µs), not the fine plan's.
     grid_bound : float
         A lower bound of the grid model's makespan (µs), not of the fine step.
     hint : str
-        The plan that hinted the search (``"gpipe"``, ``"1f1b"``, ``"none"``).
+        The schedule of the plan that hinted the search (``"gpipe"``,
+        ``"1f1b"``, ``"zb-h1"``, ``"zb-h2"``, ``"none"``).
     wall : float
         Seconds in all (grid, hint, CP-SAT, fine plan).
     """
@@ -104,7 +111,8 @@ class SliceSolution:
 
 def grid_hint(grid: SliceGrid, sp: StepPlan) -> tuple[list[int], dict]:
     """A plan of the split step seen on the grid: per block the device most of
-    its copies' compute is on, per task the earliest start of its copies (µs).
+    its copies' compute is on, per task ``(block, phase, slice)`` the earliest
+    start of its copies (µs; phase as ``grid.task_phase``).
 
     ``sp``'s graph must be ``grid.split.graph`` (same names).
     """
@@ -116,7 +124,7 @@ def grid_hint(grid: SliceGrid, sp: StepPlan) -> tuple[list[int], dict]:
         if o.role != "copy":
             continue
         i = g.index[o.op]
-        b, p = grid.blocking.block[i], 1 if i in grid.phases.backward else 0
+        b, p = grid.blocking.block[i], grid.task_phase[i]
         d = index.get(plan.placement.get(name))
         if d is not None:
             votes[b][d] += min(g.ops[i].compute.values()) + 1e-9
@@ -127,11 +135,17 @@ def grid_hint(grid: SliceGrid, sp: StepPlan) -> tuple[list[int], dict]:
     return dev, start
 
 
-def _hints(graph: OpGraph, cluster: Cluster, m: int, loss, hints) -> list[StepPlan]:
+def _hints(graph: OpGraph, cluster: Cluster, m: int, loss, hints, split_backward: bool) -> list[StepPlan]:
+    """The plans that may hint the grid: of ``m`` slices, a schedule of one
+    chunk (the grid has no virtual stages), its backward split only when the
+    grid's is (``split_backward``); None: computed."""
+    def fits(name: str) -> bool:
+        sch = SCHEDULES.get(name)
+        return sch is not None and sch.chunks == 1 and (split_backward or not sch.split_backward)
     if hints is not None:
-        return [h for h in hints if h.micro_batches == m and h.schedule in SCHEDULES]
+        return [h for h in hints if h.micro_batches == m and fits(h.schedule)]
     out = []
-    for schedule in (n for n, x in SCHEDULES.items() if x.plain):
+    for schedule in filter(fits, SCHEDULES):
         try:
             out.append(pipeline_plan(graph, cluster, schedule=schedule, micro_batches=m, loss=loss))
         except PestoError:
@@ -139,15 +153,27 @@ def _hints(graph: OpGraph, cluster: Cluster, m: int, loss, hints) -> list[StepPl
     return out
 
 
+def _held(sp: StepPlan) -> float:
+    """The most slices a device of ``sp``'s schedule holds activations of at
+    once (:func:`solver.parallel.schedules.unit_run`'s peak, held to ``W``)."""
+    return max(unit_run(sp.schedule, sp.stages, sp.micro_batches).peak)
+
+
 def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: str | None = None,
                  time_limit: float = 10.0, workers: int | None = None, seed: int = 0,
                  deadline: Deadline | None = None, hints: Sequence[StepPlan] | None = None,
-                 tasks: int = GRID_TASKS) -> SliceSolution:
+                 tasks: int = GRID_TASKS, weight_tasks: bool = True, in_flight: int | None = None) -> SliceSolution:
     """The slice model's plan of ``graph`` (marked) in ``micro_batches`` slices (module doc).
 
-    ``hints``: GPipe / 1F1B plans of this ``M`` to start from (the best one
-    hints CP-SAT); None computes them. ``tasks``: the grid's size
-    (:func:`solver.parallel.slice_grid.grid_blocks`).
+    ``hints``: pipeline plans of this ``M`` to start from (the best one of a
+    schedule the grid runs hints CP-SAT, one within ``in_flight`` first);
+    None computes them. ``tasks``: the
+    grid's size (:func:`solver.parallel.slice_grid.grid_blocks`).
+    ``weight_tasks``: weight gradients as ``W`` tasks of their own (False:
+    inside ``B``, the model of schedules that do not split the backward).
+    ``in_flight``: at most that many slices' activations held per device
+    (:class:`~solver.parallel.slice_cpsat.GridModel`; 1F1B's and ZB-H1's is
+    the stages).
 
     Raises
     ------
@@ -158,10 +184,11 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
     """
     t0 = time.perf_counter()
     split = split_step(graph, micro_batches)
-    pool = sorted(_hints(graph, cluster, split.micro_batches, loss, hints),
-                  key=lambda h: rank(h.plan))
-    grid = slice_grid(split, cluster, loss=loss, tasks=tasks, blocking=pool[0].blocking if pool else None)
-    model = GridModel(grid, cluster)
+    pool = sorted(_hints(graph, cluster, split.micro_batches, loss, hints, weight_tasks),
+                  key=lambda h: (in_flight is not None and _held(h) > in_flight, rank(h.plan)))
+    grid = slice_grid(split, cluster, loss=loss, tasks=tasks, blocking=pool[0].blocking if pool else None,
+                      weight_tasks=weight_tasks)
+    model = GridModel(grid, cluster, in_flight=in_flight)
     if pool:
         model.hint(*grid_hint(grid, pool[0]))
     # deterministic: the work clock's budget alone (the wall time spent building the grid is no input)
@@ -175,14 +202,14 @@ def solve_slices(graph: OpGraph, cluster: Cluster, *, micro_batches: int, loss: 
 
 def _fine_plan(grid: SliceGrid, cluster: Cluster, ans: GridAnswer, t0: float, scale: float) -> Plan:
     """The split step placed by blocks, copies ordered by their task's start (module doc)."""
-    block = grid.blocking.block
+    block, phase = grid.blocking.block, grid.task_phase
     unit = 1.0 / scale   # starts are multiples of it: rank them as integers
 
-    def key(i: int, phase: str, s: int) -> float:
-        return round(ans.start[block[i], 1 if phase == "B" else 0, s] / unit)
+    def key(i: int, _: str, s: int) -> float:   # the grid's phase of op i (a weight gradient it keeps in B)
+        return round(ans.start[block[i], phase[i], s] / unit)
 
     return staged_plan(grid.split, cluster, block, [grid.devices[d] for d in ans.block_device], grid.phases,
-                       key, placer="slice-cpsat", t0=t0,
+                       key, placer="slice-cpsat", t0=t0, weight_tasks=any(grid.has_w),
                        stats={"micro_batches": grid.micro_batches, "blocks": grid.blocks,
                               "grid_status": ans.status, "grid_makespan": ans.objective,
                               "grid_bound": ans.grid_bound})
