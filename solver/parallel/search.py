@@ -573,6 +573,37 @@ class _Search:
                 if x is not None:
                     _keep_start(s, x)
 
+    def joined(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
+        """``strategy`` (a pipeline of one replica, realised as ``r`` with
+        ``"separate"`` weight gradients) with its joinable weight gradients
+        (:func:`pesto.step.marks.joinable_ops`) run whole, where that does
+        less work: all of them, or when that plan does not fit memory and
+        ``r`` does, those whose held bytes (:class:`pesto.step.slicing.WeightGradCost`
+        ``whole_bytes``) fit what ``r`` leaves free on their GPU, most time
+        saved first. Offered as its own candidate (``"zb-h1 M=8 whole(4)"``);
+        None when nothing can be joined."""
+        m = strategy.micro_batches
+        if not self.joinable or m < 2 or strategy.weight_grads != "separate" or r.strategy.replicas != 1:
+            return None
+        costs = [c for c in weight_grad_costs(self.marked, m) if c.op in self.joinable
+                 and c.whole_us is not None and c.whole_us < c.separate_us]
+        if not costs:
+            return None
+        w = self.realised(kind, replace(strategy, weight_grads={c.op: "whole" for c in costs}))
+        if w is None or w.plan.status != "infeasible" or r.plan.status == "infeasible":
+            return w
+        free = {d: self.cluster.device(d).memory - used for d, used in r.plan.peak_memory.items()}
+        chosen = {}
+        for c in sorted(costs, key=lambda c: (c.whole_us - c.separate_us, c.op)):
+            d = r.plan.placement.get(copy_name(c.op, 0))
+            if d is not None and c.whole_bytes <= free.get(d, 0):
+                free[d] -= c.whole_bytes
+                chosen[c.op] = "whole"
+        if not chosen or len(chosen) == len(costs):
+            return w
+        part = self.realised(kind, replace(strategy, weight_grads=chosen))
+        return part if part is not None and part.plan.status != "infeasible" else w
+
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
         """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
         schedules), after every count's other kinds, on :data:`LATE_SHARE` of
