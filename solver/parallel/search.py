@@ -550,17 +550,18 @@ class _Search:
     def predicted_memory(self, strategy: Strategy) -> int:
         """A rough per-GPU peak of ``strategy`` (an ordering key and a
         forecast, not a bound): :meth:`spread` of the slices the first stage
-        holds at once (:func:`solver.parallel.cut.in_flight` of its schedule;
-        one slice without a pipeline schedule), of the recomputed step's
+        holds at once (:func:`solver.parallel.cut.in_flight` of its schedule
+        over its chunks per device; one slice without a pipeline schedule), of the recomputed step's
         activations for a strategy with ``recompute``. It errs high (stage 0
         holds the most slices; the cutter gives it fewer layers): GPT-2.7B's
         1F1B M=16 on 8 V100s is forecast at 21.8 GiB and peaks at 17.4 GiB."""
         k = max(1, self.gpus // strategy.replicas)
         held = 1
-        if strategy.schedule in SCHEDULES:
+        if strategy.schedule in SCHEDULES:   # a chunk holds 1 / chunks of a stage's activations
             try:
-                held = in_flight(strategy.schedule, 0, min(strategy.stages, k), strategy.micro_batches)
-            except ValueError:   # a schedule of several chunks: as many as a pipeline's stages
+                held = -(-in_flight(strategy.schedule, 0, min(strategy.stages, k), strategy.micro_batches)
+                         // SCHEDULES[strategy.schedule].chunks)
+            except ValueError:   # a count the schedule refuses: as many as a pipeline's stages
                 held = min(strategy.stages, k)
         return self.spread(strategy.replicas, strategy.micro_batches, held, strategy.recompute)[0]
 
