@@ -569,17 +569,20 @@ class _Search:
         """A memory-bound step's candidates of ``m`` slices in screening order
         (every kind at once, the zero-bubble schedules included): those
         :meth:`predicted_memory` forecasts to fit first, the plain ones before
-        their savers, the leanest first (1F1B and ZB-H1 before GPipe); then
-        those forecast not to fit. A candidate's savers
-        (:func:`~solver.parallel.kinds.savers`) are candidates of their own
-        here, so a plan that recomputation makes fit is screened as soon as the
-        forecast says only it fits (GPT-2.7B on 8 V100s: 1F1B M=16 recompute
-        first, not after the plain 1F1B's 17.4 GiB plan), and the first count
-        screened (the most slices) may be the only one with time."""
+        their savers, the leanest first (1F1B, ZB-H1 and ZB-V before GPipe),
+        of equal forecasts the cheapest to build first (:attr:`Kind.sims`:
+        ZB-H1's one stage split before 1F1B's four); then those forecast not
+        to fit. A candidate's savers (:func:`~solver.parallel.kinds.savers`)
+        are candidates of their own here, so a plan that recomputation makes
+        fit is screened as soon as the forecast says only it fits (GPT-2.7B on
+        8 V100s: ZB-H1 M=16 recompute first, not after the plain 1F1B's
+        17.4 GiB plan, whose four stage splits took 38 s of a busy machine),
+        and the first count screened (the most slices) may be the only one
+        with time."""
         pairs = [(kind, x) for kind in KINDS.values() for st in kind.candidates(self.marked, self.cluster, m)
                  for x in (st, *savers(st))]
         keyed = [((self.predicted_memory(st) > self.capacity, bool(st.savers), self.predicted_memory(st),
-                   kind.fill_only), n) for n, (kind, st) in enumerate(pairs)]
+                   kind.sims), n) for n, (kind, st) in enumerate(pairs)]
         return [pairs[n] for _, n in sorted(keyed)]
 
     def screen_kind(self, kind: Kind, s: _Screened, m: int) -> None:
