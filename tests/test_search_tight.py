@@ -78,3 +78,24 @@ def test_floor_and_forecast_are_one_rule(tight):
     order = [st.name for k, st in s.tight_order(8) if k.name != "data-parallel"]   # (the batch refuses it)
     assert order[:3] == ["zb-h1 K=2 M=8 recompute", "zb-v K=2 M=8 recompute", "1f1b K=2 M=8 recompute"], order
     assert all(n.endswith("recompute") for n in order[:5]) and "1f1b K=2 M=8" in order[5:]   # forecast over: later
+
+
+def test_candidates_screening_had_no_time_for_are_built_later(tight, monkeypatch):
+    import solver.parallel.search as ss
+    first, calls = ss._Search.screen_tight, []
+
+    def expired_first(self, m, s):   # screening's window spent: every candidate skipped for time
+        outer, self.window = self.window, (self.deadline.sub(0.0) if not calls else self.window)
+        calls.append(m)
+        try:
+            return first(self, m, s)
+        finally:
+            self.window = outer
+
+    monkeypatch.setattr(ss._Search, "screen_tight", expired_first)
+    g, cluster = tight
+    r, said = _solve(g, cluster, time_limit=5)
+    assert r.plan.status != "infeasible" and r.strategy.recompute
+    assert any(ln.startswith("zb-h1 M=8 recompute: skipped (time limit)") for ln in said)
+    assert "zb-h1 M=8 recompute" in r.plan.log.steps   # built later (before the exact passes: none fit)
+    assert not set(r.plan.log.steps) & set(r.plan.log.skipped)

@@ -56,7 +56,9 @@ step):
   (:meth:`_Search.predicted_memory`) first, plain before savers, leanest
   first; a saver is not built once its plain strategy or an earlier saver
   fits; its exact passes are skipped (named) when a plan fits and the
-  recipe's first plan of the split is predicted past the grant;
+  recipe's first plan of the split is predicted past the grant; the time
+  they leave (or, while no plan fits, the time before them) screens the
+  candidates not built yet (:meth:`_Search.screen_rest`);
 * exact passes, for the counts :func:`_exact_counts` picks: the slice
   model's plan (:func:`solver.parallel.slice_model.solve_slices`, :data:`SLICE_SHARE`
   of that count's grant) and the recipe (:func:`solver.recipes.run_recipe`)
@@ -322,13 +324,15 @@ class _Pace:
 class _Screened:
     """One count after screening: the transform whose graph its exact passes
     place (the step itself for ``M = 1``, else the split), the plans they
-    start from, the best screened step (``inf`` when no kind applied) and the
-    GPipe/1F1B results (the slice model's hints)."""
+    start from, the best screened step (``inf`` when no kind applied), the
+    GPipe/1F1B results (the slice model's hints) and, for a memory-bound
+    step, the strategies one of whose variants fits (their savers not built)."""
 
     split: Transformed
     starts: list
     step: float
     pipes: list = field(default_factory=list)
+    fit: set = field(default_factory=set)   # memory-bound: plain strategies one of whose variants fits
 
     @property
     def graph(self) -> OpGraph:
@@ -464,7 +468,12 @@ class _Search:
             self.screen_late(screened)
         if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
             self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
+        rest = self.tight and not self.deadline.deterministic
+        if rest and not self.have_fit():   # the exact passes place the split as it is: it did not fit
+            self.screen_rest(screened)
         self.exact_all(screened)
+        if rest:
+            self.screen_rest(screened)
 
     def note_hint(self) -> None:
         """A hint plan (``options.hint``) of the step as given starts the
@@ -534,13 +543,7 @@ class _Search:
             return None
         s = _Screened(split, [], float("inf"))
         if self.tight:   # memory-bound: every kind and saver at once, in tight_order
-            fit = set()   # the plain strategies one of whose variants fits: their other savers are not built
-            for kind, strategy in self.tight_order(m):
-                plain = replace(strategy, recompute=False, shard_optimizer=0)
-                if plain not in fit:
-                    r = self.screen_one(kind, strategy, s, chase=False)
-                    if r is not None and r.plan.status != "infeasible":
-                        fit.add(plain)
+            self.screen_tight(m, s)
             return s
         for kind, strategy in ((k, st) for k in KINDS.values() if not k.fill_only
                                for st in k.candidates(self.marked, self.cluster, m)):
@@ -564,6 +567,33 @@ class _Search:
             except ValueError:   # a count the schedule refuses: as many as a pipeline's stages
                 held = min(strategy.stages, k)
         return self.spread(strategy.replicas, strategy.micro_batches, held, strategy.recompute)[0]
+
+    def screen_tight(self, m: int, s: _Screened) -> None:
+        """A memory-bound step's candidates of ``m`` in :meth:`tight_order`, but
+        those already built (a second call: :meth:`screen_rest`) and the savers
+        of a strategy one of whose variants fits (``s.fit``)."""
+        for kind, strategy in self.tight_order(m):
+            plain = replace(strategy, recompute=False, shard_optimizer=0)
+            name = kind.label(strategy) + (f" {strategy.savers}" if strategy.savers else "")
+            if plain not in s.fit and name not in self.pool.steps:
+                r = self.screen_one(kind, strategy, s, chase=False)
+                if r is not None and r.plan.status != "infeasible":
+                    s.fit.add(plain)
+
+    def screen_rest(self, screened: Mapping[int, _Screened]) -> None:
+        """A memory-bound step: the time the exact passes left (they skip a split
+        whose first plan outlasts its grant, :meth:`outlasts`), or before them
+        while no plan fits memory, screens the counts' candidates not built yet,
+        most slices first, less the bound's time when it fits in what is left
+        (GPT-2.7B on a busy machine: 21 s were left unused, the bound predicted
+        at 36 s)."""
+        dl = self.deadline
+        keep = self.budget.wants.get("bound", 0.0)
+        self.window = dl.sub(max(0.0, dl.left() - (keep if keep <= dl.left() else 0.0)))
+        for m in sorted(screened, reverse=True):
+            if self.window.left() <= 0:
+                return
+            self.screen_tight(m, screened[m])
 
     def tight_order(self, m: int) -> list[tuple[Kind, Strategy]]:
         """A memory-bound step's candidates of ``m`` slices in screening order
@@ -705,6 +735,7 @@ class _Search:
             self.pool.skipped[name] = str(exc)
             return None
         self.pool.offer_solved(name, r)
+        self.pool.skipped.pop(name, None)   # skipped for time once, built on a later pass
         self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
         return r
 
