@@ -1,11 +1,14 @@
 """Where data parallelism cannot fit or scale: Pesto against the baselines a user would pick (issue 30).
 
 Run: ``python -m benchmarks.bench_parallel [--only KEY,KEY] [--time-limit S]
-[--quick] [--out DIR] [--from-csv]``. Writes ``parallel.csv`` (one line per
+[--quick] [--out DIR] [--from-csv] [--keep-baselines]``. Writes ``parallel.csv`` (one line per
 case) and ``parallel.md`` in ``--out`` (default ``benchmarks/results``).
 Resumable: each case is written as soon as it is done, a run merges its rows
 into the CSV already there (a case run again replaces its row), and
-``--only`` runs the named cases (:data:`CASES` keys) only.
+``--only`` runs the named cases (:data:`CASES` keys) only;
+``--keep-baselines`` keeps the baseline columns of a case's row already in
+the CSV and runs Pesto alone (the GPT baselines simulate dozens of 100k-op
+plans: 7-12 min of a 2-core machine).
 
 Cases (:data:`CASES`): GPT-1.3B and GPT-2.7B (``benchmarks/graphs``, batch
 16) on ``v100x8_nvlink`` and ``hosts(4, 2, "ib_hdr")`` (8 V100-16GB); the
@@ -28,9 +31,12 @@ Every plan is scored by the same simulator (link contention). Columns:
 * ``pesto``: ``pesto.solve(graph, cluster=..., micro_batches="auto",
   batch_size=B, time_limit=60, workers=1, seed=0)`` (the uniform cases: their
   fixed ``M``), its step, memory fit, wall time, its speed-up over the best
-  baseline that fits, its gap to the bound: the larger of the plan's own
-  ``lower_bound`` and :func:`solver.parallel.bound.sample_bound` of the graph
-  it places.
+  baseline that fits, its gap to the bound: the largest of the plan's own
+  ``lower_bound``, :func:`solver.parallel.bound.sample_bound` of the split
+  step it places (without its savers' recomputed ops: the step's own work) and,
+  when a pipeline schedule of one chunk won, :func:`solver.parallel.bound.pipeline_bound`
+  of that split (fill and drain; valid for every contiguous-stage pipeline:
+  what the search computes itself when it has the time).
 
 The uniform cases add ``ideal`` (the step's work over ``p``, no accumulation),
 ZB-H1's step ``W/p + (p-1)(T_F + T_B - T_W)`` and the accumulation the
@@ -55,8 +61,9 @@ from pesto.cluster import GiB, gpus, hosts, v100x4_pcie, v100x8_nvlink
 from pesto.errors import PestoError
 from pesto.step import split
 from solver.practitioners import place_single
-from solver.parallel.bound import sample_bound
+from solver.parallel.bound import pipeline_bound, sample_bound
 from solver.parallel.pipelines import pipeline_plan
+from solver.parallel.schedules import SCHEDULES
 from solver.parallel.user_baselines import PLANS
 
 from .bench_microbatch import auto_split
@@ -194,8 +201,14 @@ def _pesto(row: Row, graph, c, case: Case, time_limit: float, say) -> tuple:
     log = plan.log
     row.pesto_ms, row.pesto_fits = plan.makespan / 1e3, "no" if plan.status == "infeasible" else "yes"
     row.pesto_config = f"M={log.micro_batches} {log.graph_kind} R={log.replicas}; {log.winner}" + (
+        f"; {log.savers}" if log.savers else "") + (
         f"; {len(log.joined)} weight gradients whole" if log.joined else "")
-    bound = sample_bound(auto_split(graph, log), c, batch=case.batch).step
+    parts = auto_split(graph, log)
+    bound = sample_bound(parts, c, batch=case.batch).step
+    if log.winner in SCHEDULES and SCHEDULES[log.winner].chunks == 1 and log.replicas == 1 \
+            and log.graph_kind == "micro-batched":   # a pipeline of contiguous stages won
+        pb = pipeline_bound(parts, c)
+        bound = max(bound, pb.step if pb is not None else 0.0)
     row.bound_ms = max(bound, plan.lower_bound or 0.0) / 1e3
     row.gap = max(0.0, (row.pesto_ms - row.bound_ms) / row.pesto_ms) if row.pesto_ms else 0.0
     say(f"  pesto: {row.pesto_ms:.1f} ms ({row.pesto_config}) in {row.wall_s:.0f} s")
@@ -214,9 +227,16 @@ def _uniform_facts(row: Row, graph, case: Case, joined=()) -> None:
     row.t_w_ms = t / 1e3
 
 
-def run_case(case: Case, time_limit: float, baselines=BASELINES, say=print, save=None) -> Row:
+#: The columns of the baselines (and ``single``), kept from the CSV by ``--keep-baselines``.
+BASELINE_FIELDS = ("single_ms", *(f"{b.replace('-', '_')}_{x}" for b in BASELINES for x in ("ms", "fits", "config")),
+                   "tried")
+
+
+def run_case(case: Case, time_limit: float, baselines=BASELINES, say=print, save=None, kept: Row | None = None) -> Row:
     """Every column of one case (module doc); ``save(row)`` after each column
-    (a run stopped part way keeps what it has, its note saying so)."""
+    (a run stopped part way keeps what it has, its note saying so). ``kept``:
+    a row of this case whose baseline columns are taken as they are
+    (:data:`BASELINE_FIELDS`; ``--keep-baselines``): Pesto alone runs."""
     graph = _graph(case)
     c = cluster_of(case, graph)
     row = Row(case.key, case.workload, case.cluster, len(c.gpus), case.batch, str(case.micro or "auto"))
@@ -224,7 +244,12 @@ def run_case(case: Case, time_limit: float, baselines=BASELINES, say=print, save
         row.note = f"GPU memory {c.gpus[0].memory / GiB:.2f} GiB ({case.memory}x: module doc)"
         _uniform_facts(row, graph, case)
     say(f"{case.key}: {graph.num_ops} ops on {case.cluster}", flush=True)
-    row.single_ms = place_single(graph, c).makespan / 1e3
+    if kept is not None:
+        for f in BASELINE_FIELDS:
+            setattr(row, f, getattr(kept, f))
+        baselines = ()
+    else:
+        row.single_ms = place_single(graph, c).makespan / 1e3
     joined = _pesto(row, graph, c, case, time_limit, say)   # first: its wall time is the solve's alone
     if case.memory:
         _uniform_facts(row, graph, case, joined)
@@ -301,7 +326,7 @@ def targets(rows: list[Row], time_limit: float) -> list[Target]:
                               "none when the plan runs it whole"))
         if ran:
             out.append(Target(f"gap <= {GAP:.0%}", r.key, r.gap <= GAP, f"{100 * r.gap:.1f} %",
-                              f"bound {r.bound_ms:.1f} ms (per-sample bound or the plan's lower_bound)"))
+                              f"bound {r.bound_ms:.1f} ms (per-sample or pipeline bound, or the plan's lower_bound)"))
             out.append(Target("never slower than a baseline", r.key, best is None or r.pesto_ms <= best[1] * (1 + 1e-9),
                               f"{r.pesto_ms:.1f} ms" + (f"; best baseline {best[0]} {best[1]:.1f} ms" if best else ""),
                               _config_of(r, best[0]) if best else ""))
@@ -403,6 +428,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two tiny uniform cases on 2 GPUs, 3 s solves")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--from-csv", action="store_true", help="rewrite parallel.md from --out's CSV (no run)")
+    ap.add_argument("--keep-baselines", action="store_true",
+                    help="keep the baseline columns of a case's row already in the CSV (Pesto alone runs)")
     ap.add_argument("--settings", default="", help="the settings line (default: this run's)")
     a = ap.parse_args(argv)
     cases = QUICK if a.quick else CASES
@@ -425,7 +452,8 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {list(cases)}")
     for key in todo:
-        rows[key] = run_case(cases[key], a.time_limit,
+        kept = rows.get(key) if a.keep_baselines and key in rows and rows[key].megatron_config else None
+        rows[key] = run_case(cases[key], a.time_limit, kept=kept,
                              save=lambda r: write([*(x for k, x in rows.items() if k != r.key), r], out, settings,
                                                   a.time_limit))
     md = write(list(rows.values()), out, settings, a.time_limit)

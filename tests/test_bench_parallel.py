@@ -57,3 +57,15 @@ def test_a_case_is_saved_after_each_column():
         "stopped before megatron, zero-dp, best-pipeline ended", "stopped before zero-dp, best-pipeline ended",
         "stopped before best-pipeline ended"]
     assert all(ran for _, ran in notes) and "incomplete" not in row.note
+
+
+def test_keep_baselines_runs_pesto_alone(tmp_path, monkeypatch):
+    assert bp.main(["--quick", "--out", str(tmp_path), "--only", "uniform-m4-1x"]) == 0
+    before = bp.read(tmp_path)[0]
+    ran = []
+    monkeypatch.setitem(bp.PLANS, "megatron", lambda *a, **k: ran.append("megatron"))
+    assert bp.main(["--quick", "--out", str(tmp_path), "--only", "uniform-m4-1x", "--keep-baselines"]) == 0
+    after = bp.read(tmp_path)[0]
+    assert not ran and after.pesto_ms > 0
+    assert all(getattr(after, f) == getattr(before, f) for f in bp.BASELINE_FIELDS)
+    assert after.speedup > 0
