@@ -301,10 +301,14 @@ def _megatron_config(graph, cluster, found, tried, conf, cuts, loss) -> None:
     sp = _record(found, tried, name, lambda: fn(graph, cluster, **opts))
     if sp is None or sp.plan.status != "infeasible":
         return
-    rc = recompute(graph)
-    if opts.get("op_stages") is not None:   # a recomputed copy on its original's stage
-        opts = {**opts, "op_stages": [cuts[graph.index[rc.origin[n].op]] for n in rc.graph.names]}
-    _record(found, tried, name + " recompute", lambda: fn(rc.graph, cluster, **opts))
+
+    def recomputed():   # refused (a Tried note) where nothing would be recomputed
+        rc = recompute(graph)
+        more = {} if opts.get("op_stages") is None else {   # a recomputed copy on its original's stage
+            "op_stages": [cuts[graph.index[rc.origin[n].op]] for n in rc.graph.names]}
+        return fn(rc.graph, cluster, **{**opts, **more})
+
+    _record(found, tried, name + " recompute", recomputed)
 
 
 def zero_plan(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None, max_micro: int = MAX_MICRO,
