@@ -62,6 +62,10 @@ __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPla
            "GRADIENT_ROOTS", "ResultView", "result_view", "split_candidates", "Rescored", "Rescoring",
            "rescore_split"]
 
+#: The memory savers (``plan.log.savers`` words) tf_patch builds in TensorFlow: the sharded
+#: optimizer (:func:`tf_patch.replicastep.replicate_graph`).
+TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2"})
+
 #: First name components of graph-mode and tape gradient scopes.
 GRADIENT_ROOTS = ("gradients", "gradient_tape")
 
@@ -103,8 +107,8 @@ class ResultView:
 def result_view(result) -> ResultView:
     """The one place tf_patch reads ``pesto.solve_step``'s result (so a change
     of its type is adapted here only). A plan with memory savers
-    (``plan.log.savers``) raises :class:`~pesto.errors.MicroBatchError`: its
-    TensorFlow step is not built yet.
+    (``plan.log.savers``) other than :data:`TF_SAVERS` raises
+    :class:`~pesto.errors.MicroBatchError`: its TensorFlow step is not built yet.
 
     >>> class R: plan, graph, micro_batches, replicas, graph_kind = None, None, 2, 1, "micro-batched"
     >>> result_view(R()).graph_kind
@@ -114,7 +118,7 @@ def result_view(result) -> ResultView:
         return result
     log = getattr(result.plan, "log", None)
     savers = getattr(log, "savers", "")
-    if savers:   # the search chose them because nothing else fit memory
+    if set(savers.split()) - TF_SAVERS:   # the search chose them because nothing else fit memory
         raise MicroBatchError(f"the plan uses memory savers ({savers}: recomputation or a sharded optimizer) "
                               f"that tf_patch does not build in TensorFlow yet; no plan without them fits memory",
                               culprit=savers)
