@@ -28,6 +28,20 @@ devices and the order):
   sparse gradient (``IndexedSlices``: rows and indices concatenated) cannot be
   summed: every replica gathers all replicas' rows (``allgather/<k>/r<r>/``),
   which the optimizer sums per row as for one batch;
+* a **sharded optimizer** (ZeRO-1/2, :func:`shard_level` of the plan's
+  graph: Pesto's :func:`pesto.step.replicate` with ``shard_optimizer``):
+  the bucket's chunk ``j`` packs piece ``j`` of every gradient
+  (``r<r>/pieces_<i>``, ``r<r>/chunk_<j>``), so after the reduce-scatter
+  replica ``r`` holds piece ``(r + 1) mod R`` of each summed gradient
+  (``r<r>/shard``) and runs the variable's ``ResourceApply*`` update on it
+  only (``r<r>/<variable>/update``, on piece variables ``param`` and
+  ``slot_<q>``: the optimizer state ``1 / R`` per replica, no whole slots);
+  the updated pieces (``r<r>/updated``) go round the ring (``ag<s>/r<r>``)
+  and each replica writes its whole variables from them
+  (``r<r>/<variable>/assign``); the update op ``rep<r>/<update>`` becomes a
+  ``NoOp`` waiting for both. TensorFlow frees the gradient outside the shard
+  after the reduce-scatter either way: ZeRO-1 and ZeRO-2 build the same step.
+  A sparse gradient is gathered and updated whole as without sharding;
 * the input splits (``microbatch/<input>``) and the loss sum
   (``microbatch/loss``) stay single: the loss is the sum of the replicas'
   scaled losses, the whole batch's mean;
@@ -51,7 +65,11 @@ The naming rule (Pesto op -> TF ops)
   ``t@ag<s>@r<r>`` -> ``allreduce/<k>/ag<s>/r<r>``, ``t@allreduce@r<r>`` ->
   the unpack of replica ``r`` (and the gathers of its sparse members);
 * a hybrid's accumulation ``c@acc<i>`` of replica ``r``'s chunk ``c`` ->
-  replica ``r``'s ``acc_<i>`` adds of that bucket.
+  replica ``r``'s ``acc_<i>`` adds of that bucket;
+* sharded: ``t@allgather@r<r>`` -> replica ``r``'s writes of the gathered
+  parameters; an update ``u@r<r>`` -> replica ``r``'s update of its piece
+  (and the piece's read), an optimizer slot ``s@r<r>`` -> replica ``r``'s
+  piece slots (:attr:`ReplicaGraph.sharded`).
 
 When the update equals the un-split step's: as for :mod:`tf_patch.microstep`
 (a per-sample mean loss; batch norm, dropout and batch-level losses differ
