@@ -191,7 +191,8 @@ def _pesto(row: Row, graph, c, case: Case, time_limit: float, say) -> None:
     row.wall_s = time.perf_counter() - t0
     log = plan.log
     row.pesto_ms, row.pesto_fits = plan.makespan / 1e3, "no" if plan.status == "infeasible" else "yes"
-    row.pesto_config = f"M={log.micro_batches} {log.graph_kind} R={log.replicas}; {log.winner}"
+    savers = f" {log.savers}" if log.savers else ""
+    row.pesto_config = f"M={log.micro_batches} {log.graph_kind} R={log.replicas}{savers}; {log.winner}"
     bound = sample_bound(auto_split(graph, log), c, batch=case.batch).step
     row.bound_ms = max(bound, plan.lower_bound or 0.0) / 1e3
     row.gap = max(0.0, (row.pesto_ms - row.bound_ms) / row.pesto_ms) if row.pesto_ms else 0.0
