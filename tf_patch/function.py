@@ -49,7 +49,7 @@ from .workflow import trace_check
 from .profile import estimate, measure
 from .recompute import carried_graph, recompute_graph, with_copies
 from .replicastep import (mapped_plan, one_replica, pesto_buckets, replica_map, replica_zero, replicate_graph,
-                          replicated_plan)
+                          replicated_plan, shard_level)
 from .slicemap import RECOMPUTE, SliceMap, place_split, recomputed_op, recomputes, result_view, slice_map
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
@@ -408,9 +408,9 @@ class FunctionStep:
     def _replicate(self, result):
         """This split step rebuilt as ``result``'s replicas; the plan of it."""
         fetches = self._fetches()
-        buckets, _ = pesto_buckets(result.graph, self.tf_graph, fetches)
+        buckets, _ = pesto_buckets(result.graph, self.tf_graph, fetches, result.origin)
         rg = replicate_graph(self.tf_graph, fetches, result.replicas, result.micro_batches, values=self._values,
-                             buckets=list(buckets.values()))
+                             buckets=list(buckets.values()), shard_optimizer=shard_level(result.graph.names))
         self._initial = rg.copies(self._initial)
         self.tf_graph, self._init, self._reads, self._values = rg.graph, dict(rg.init), dict(rg.reads), dict(rg.values)
         self.loss, self.updates, self.replicas = rg.loss, list(rg.updates), result.replicas

@@ -28,6 +28,20 @@ devices and the order):
   sparse gradient (``IndexedSlices``: rows and indices concatenated) cannot be
   summed: every replica gathers all replicas' rows (``allgather/<k>/r<r>/``),
   which the optimizer sums per row as for one batch;
+* a **sharded optimizer** (ZeRO-1/2, :func:`shard_level` of the plan's
+  graph: Pesto's :func:`pesto.step.replicate` with ``shard_optimizer``):
+  the bucket's chunk ``j`` packs piece ``j`` of every gradient
+  (``r<r>/pieces_<i>``, ``r<r>/chunk_<j>``), so after the reduce-scatter
+  replica ``r`` holds piece ``(r + 1) mod R`` of each summed gradient
+  (``r<r>/shard``) and runs the variable's ``ResourceApply*`` update on it
+  only (``r<r>/<variable>/update``, on piece variables ``param`` and
+  ``slot_<q>``: the optimizer state ``1 / R`` per replica, no whole slots);
+  the updated pieces (``r<r>/updated``) go round the ring (``ag<s>/r<r>``)
+  and each replica writes its whole variables from them
+  (``r<r>/<variable>/assign``); the update op ``rep<r>/<update>`` becomes a
+  ``NoOp`` waiting for both. TensorFlow frees the gradient outside the shard
+  after the reduce-scatter either way: ZeRO-1 and ZeRO-2 build the same step.
+  A sparse gradient is gathered and updated whole as without sharding;
 * the input splits (``microbatch/<input>``) and the loss sum
   (``microbatch/loss``) stay single: the loss is the sum of the replicas'
   scaled losses, the whole batch's mean;
@@ -51,7 +65,11 @@ The naming rule (Pesto op -> TF ops)
   ``t@ag<s>@r<r>`` -> ``allreduce/<k>/ag<s>/r<r>``, ``t@allreduce@r<r>`` ->
   the unpack of replica ``r`` (and the gathers of its sparse members);
 * a hybrid's accumulation ``c@acc<i>`` of replica ``r``'s chunk ``c`` ->
-  replica ``r``'s ``acc_<i>`` adds of that bucket.
+  replica ``r``'s ``acc_<i>`` adds of that bucket;
+* sharded: ``t@allgather@r<r>`` -> replica ``r``'s writes of the gathered
+  parameters; an update ``u@r<r>`` -> replica ``r``'s update of its piece
+  (and the piece's read), an optimizer slot ``s@r<r>`` -> replica ``r``'s
+  piece slots (:attr:`ReplicaGraph.sharded`).
 
 When the update equals the un-split step's: as for :mod:`tf_patch.microstep`
 (a per-sample mean loss; batch norm, dropout and batch-level losses differ
@@ -69,7 +87,7 @@ from __future__ import annotations
 
 from . import needs_tf  # noqa: F401  (an ImportError naming the tf extra without TensorFlow)
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
@@ -84,13 +102,13 @@ from .slicemap import SliceMap, mapped_hint, slice_candidates
 from .zoo.common import ZooModel
 
 __all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "one_replica",
-           "replica_zero", "pesto_buckets", "ring_steps",
+           "replica_zero", "pesto_buckets", "ring_steps", "shard_level", "origin_of",
            "chunk_sizes", "ReplicaMap", "REPLICA"]
 
 #: Scope of replica ``r``'s copy of a once-per-step op.
 REPLICA = "rep{}/"
 _RING = re.compile(r"^(.*)@(rs|ag)(\d+)@r(\d+)$")
-_GATHER = re.compile(r"^(.*)@allreduce@r(\d+)$")
+_GATHER = re.compile(r"^(.*)@(?:allreduce|allgather)@r(\d+)$")
 _COPY = re.compile(r"^(.*)@r(\d+)$")
 _CHUNK = re.compile(r"^(.*)@r(\d+)/chunk\d+$")
 _REP = re.compile(r"^rep\d+/")
@@ -133,7 +151,12 @@ class ReplicaGraph:
         The ``accumulate/<variable>`` scopes all-reduced together, one tuple
         per ring, in the plan's bucket order.
     ring : mapping (bucket index, part, replica) -> tuple of TF ops
-        ``part``: ``"pack"``, ``"rs<s>"``, ``"ag<s>"``, ``"unpack"``, ``"acc<i>"``.
+        ``part``: ``"pack"``, ``"rs<s>"``, ``"ag<s>"``, ``"unpack"``, ``"acc<i>"``
+        (sharded: ``"update"``, and ``"unpack"`` the writes of the gathered parameters).
+    sharded : mapping (update op or optimizer slot, replica) -> tuple of TF ops
+        Sharded (ZeRO): replica ``r``'s update of its piece and its piece slots.
+    pieces : mapping piece variable handle -> (variable handle, start, stop)
+        Sharded: the flat elements of a variable (or slot) a piece variable holds.
     """
 
     graph: object
@@ -146,6 +169,8 @@ class ReplicaGraph:
     values: Mapping[str, object]
     buckets: tuple
     ring: Mapping[tuple, tuple]
+    sharded: Mapping[tuple, tuple] = field(default_factory=lambda: MappingProxyType({}))
+    pieces: Mapping[str, tuple] = field(default_factory=lambda: MappingProxyType({}))
 
     def init_feed(self) -> dict:
         """Placeholder -> value, for running the assigns of :attr:`init`."""
@@ -153,8 +178,14 @@ class ReplicaGraph:
 
     def copies(self, values: Mapping[str, object]) -> dict:
         """Values of the split step's variables (by handle) -> values of every
-        replica's copy (by handle of this graph)."""
-        return {h: values[_REP.sub("", h)] for h in self.init}
+        replica's copy (by handle of this graph; a piece variable its elements)."""
+        import numpy as np
+
+        out = {}
+        for h in self.init:
+            src, a, b = self.pieces.get(h, (_REP.sub("", h), None, None))
+            out[h] = values[src] if a is None else np.reshape(values[src], [-1])[a:b]
+        return out
 
 
 @dataclass(frozen=True)
@@ -305,13 +336,13 @@ def _joined(graph, nodes, remap: Mapping[str, str], library, versions):
 class _Ring:
     """The all-reduce ops of one bucket (:func:`replicate_graph`), built in the new graph."""
 
-    def __init__(self, k: int, groups: list, replicas: int, micro_batches: int):
-        self.k, self.groups, self.n, self.m = k, groups, replicas, micro_batches
+    def __init__(self, k: int, groups: list, replicas: int, micro_batches: int, zero: "_Zero | None" = None):
+        self.k, self.groups, self.n, self.m, self.zero = k, groups, replicas, micro_batches, zero
         self.ops: dict[tuple, list] = {}
         self.out: dict[str, str] = {}   # "__allreduced__/r<r>/<tensor>" -> the tensor replacing it
 
     def _mark(self, part: str, r: int, *tensors) -> None:
-        self.ops.setdefault((self.k, part, r), []).extend(t.op.name for t in tensors)
+        self.ops.setdefault((self.k, part, r), []).extend(getattr(t, "op", t).name for t in tensors)
 
     def own(self, graph, group: _Group, r: int, j: int | None = None):
         """Replica ``r``'s gradient of ``group`` (its slices summed, hybrid),
@@ -366,6 +397,9 @@ class _Ring:
         chunks = []
         for r in range(n):
             flat = [tf.reshape(t, [-1], name=f"{scope}/r{r}/flat_{i}") for i, t in enumerate(own[r])]
+            if self.zero is not None:   # chunk j: piece j of every gradient (the shards each replica updates)
+                chunks.append(self.zero.pack(flat, sizes, f"{scope}/r{r}", lambda *ts, r=r: self._mark("pack", r, *ts)))
+                continue
             pack = flat[0] if len(flat) == 1 else tf.concat(flat, 0, name=f"{scope}/r{r}/pack")
             parts = tf.split(pack, chunk_sizes(sum(sizes), n), 0, name=f"{scope}/r{r}/chunks")
             self._mark("pack", r, *flat, pack, parts[0])
@@ -377,6 +411,9 @@ class _Ring:
                          name=f"{scope}/rs{s}/r{r}") for r, (_, j) in ((r, ring_steps(n, r)[s]) for r in range(n))]
             for r in range(n):
                 self._mark(f"rs{s}", r, rs[r])
+        if self.zero is not None:   # each replica updates its shard, then the parameters are all-gathered
+            rs = [self.zero.update(graph, groups, sizes, rs[r], r, f"{scope}/r{r}",
+                                   lambda *ts, r=r: self._mark("update", r, *ts)) for r in range(n)]
         ag = rs
         for r in range(n):   # after the reduce-scatter replica r holds chunk r + 1 summed
             held[r][(r + 1) % n] = rs[r]
@@ -385,6 +422,10 @@ class _Ring:
             for r in range(n):
                 self._mark(f"ag{s}", r, ag[r])
                 held[r][(r - s) % n] = ag[r]
+        if self.zero is not None:
+            for r in range(n):
+                self.zero.write(groups, held[r], sizes, r, f"{scope}/r{r}", lambda *ts, r=r: self._mark("unpack", r, *ts))
+            return
         self._unpack(groups, held, sizes)
 
     def _unpack(self, groups, held, sizes) -> None:
@@ -402,13 +443,180 @@ class _Ring:
                 self.out[f"__allreduced__/r{r}/{src}:{idx}"] = grad.name
 
 
+@dataclass(frozen=True)
+class _Update:
+    """A dense gradient's update in the split step (ZeRO, :class:`_Zero`): the
+    one ``ResourceApply*`` op reading the accumulated gradient, its NodeDef,
+    its resource inputs ``(position, variable handle)`` (the variable first,
+    then the optimizer's slots) and the gradient's input position."""
+
+    op: str
+    node: object
+    resources: tuple
+    grad: int
+
+
+def _zero_updates(graph, groups: Mapping[str, _Group], nodes: Mapping[str, object]) -> dict[str, _Update]:
+    """``{accumulate scope: its update}`` for every dense group (ZeRO); a sparse
+    group is gathered and updated whole by every replica, as without sharding.
+
+    Raises
+    ------
+    MicroBatchError
+        A dense gradient read by anything but one element-wise ``ResourceApply*``
+        op whose other inputs are the variable, its slots and scalars (a Keras 3
+        optimizer's update of several ops, a gradient clipped by a global norm).
+    """
+    out = {}
+    for scope, g in groups.items():
+        if g.sparse:
+            continue
+        t = graph.get_tensor_by_name(g.outs[0])
+        users = [c for c in t.consumers() if c.name in nodes]
+        op = users[0] if len(users) == 1 else None
+        ins = list(op.inputs) if op is not None else []
+        res = tuple((i, x.op.name) for i, x in enumerate(ins) if x.dtype.name == "resource")
+        grad = [i for i, x in enumerate(ins) if x.name == t.name]
+        ok = (op is not None and op.type.startswith("ResourceApply") and len(grad) == 1 and res and res[0][0] == 0
+              and all(x.op.type == "VarHandleOp" for x in ins if x.dtype.name == "resource")
+              and all(x.shape.rank == 0 for i, x in enumerate(ins) if x.dtype.name != "resource" and i != grad[0]))
+        if not ok:
+            raise MicroBatchError(f"a sharded optimizer (ZeRO) needs each dense gradient read by one element-wise "
+                                  f"ResourceApply* update; {_label(scope)}'s is read by "
+                                  f"{sorted((c.name, c.type) for c in users)}", culprit=_label(scope))
+        out[scope] = _Update(op.name, nodes[op.name], res, grad[0])
+    return out
+
+
+class _Zero:
+    """The sharded optimizer of the replicated TF step (ZeRO-1/2, :func:`replicate_graph`),
+    mirroring :mod:`pesto.step.replication`'s: the bucket's chunk ``j`` packs
+    piece ``j`` of every gradient (:meth:`pack`), so after the reduce-scatter
+    replica ``r`` holds piece ``(r + 1) mod R`` of each gradient summed and
+    updates only that piece (:meth:`update`: the variable's ``ResourceApply*``
+    op on a piece variable ``param`` and piece slots ``slot_<q>``, the
+    optimizer state ``1 / R`` per replica); the updated pieces go round the
+    ring (``ag<s>``) and every replica writes its whole variables from them
+    (:meth:`write`). The original update op of replica ``r`` becomes a
+    ``NoOp`` of its name that waits for both (:meth:`noops`)."""
+
+    def __init__(self, updates: Mapping[str, _Update], values: Mapping[str, object], rw: "_Rewrite", replicas: int):
+        self.updates, self.values, self.rw, self.n = updates, values, rw, replicas
+        self.pieces: dict[str, tuple] = {}    # piece variable handle -> (variable handle, start, stop)
+        self.sharded: dict[tuple, tuple] = {}  # (update op or slot handle, replica) -> its TF ops
+        self.done: dict[tuple, list] = {}     # (update op, replica) -> the ops its NoOp waits for
+
+    def skipped(self, nodes) -> set:
+        """The split step's ops not copied: the updates and the slots only they read."""
+        ups = {u.op for u in self.updates.values()}
+        readers: dict[str, set] = {}
+        for node in nodes.values():
+            for text in node.input:
+                readers.setdefault(_split_input(text)[0], set()).add(node.name)
+        slots = {h for u in self.updates.values() for _, h in u.resources[1:] if readers.get(h, set()) <= ups}
+        return ups | slots
+
+    def pack(self, flat, sizes, scope: str, mark) -> list:
+        """Replica's chunks: chunk ``j`` the ``j``-th pieces of every flat gradient."""
+        import tensorflow as tf
+
+        pieces = [tf.split(f, chunk_sizes(size, self.n), 0, name=f"{scope}/pieces_{i}")
+                  for i, (f, size) in enumerate(zip(flat, sizes))]
+        chunks = [tf.concat([p[j] for p in pieces], 0, name=f"{scope}/chunk_{j}") for j in range(self.n)]
+        mark(*flat, *(p[0] for p in pieces), *chunks)
+        return chunks
+
+    def update(self, graph, groups, sizes, shard, r: int, scope: str, mark):
+        """Replica ``r``'s updates of its pieces (its summed ``shard``); the updated pieces, packed."""
+        import tensorflow as tf
+
+        c = (r + 1) % self.n
+        grads = tf.split(shard, [chunk_sizes(s, self.n)[c] for s in sizes], 0, name=f"{scope}/shard")
+        mark(grads[0])
+        out = [self._apply(graph, self.updates[g.scope], grad, r, c, size, f"{scope}/{_label(g.scope)}", mark)
+               for g, grad, size in zip(groups, grads, sizes)]
+        own = tf.concat(out, 0, name=f"{scope}/updated")
+        mark(own)
+        return own
+
+    def _apply(self, graph, up: _Update, grad, r: int, c: int, size: int, scope: str, mark):
+        """One variable's update on piece ``c`` (elements ``[a, b)``) in replica ``r``; the piece after it."""
+        import numpy as np
+        import tensorflow as tf
+
+        step = -(-size // self.n)
+        a = min(size, c * step)
+        b = min(size, a + step)
+        self.done.setdefault((up.op, r), [])
+        if a == b:   # fewer elements than replicas: nothing of it here
+            return grad
+        handles = {}
+        for q, (pos, h) in enumerate(up.resources):
+            value = np.reshape(self.values[h], [-1])[a:b]
+            name = f"{scope}/param" if q == 0 else f"{scope}/slot_{q}"
+            handles[pos] = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(value.dtype), shape=[b - a], shared_name=name,
+                                                  name=name)
+            self.pieces[handles[pos].op.name] = (h, a, b)
+            if q:
+                self.sharded[(h, r)] = self.sharded.get((h, r), ()) + (handles[pos].op.name,)
+        inputs = []
+        for pos, text in enumerate(t for t in up.node.input if not t.startswith("^")):
+            src, idx = _split_input(text)
+            inputs.append(handles[pos] if pos in handles else grad if pos == up.grad
+                          else graph.get_tensor_by_name(f"{self.rw.name(src, r)}:{idx}"))
+        attrs = {k: v for k, v in up.node.attr.items() if not k.startswith("_")}
+        op = graph._create_op_internal(up.node.op, inputs, dtypes=[], attrs=attrs, name=f"{scope}/update")
+        with tf.control_dependencies([op]):
+            piece = tf.raw_ops.ReadVariableOp(resource=handles[0], dtype=grad.dtype, name=f"{scope}/updated")
+        mark(op, piece)
+        self.sharded[(up.op, r)] = (op.name, piece.op.name)
+        self.done[(up.op, r)].append(op.name)
+        return piece
+
+    def write(self, groups, held, sizes, r: int, scope: str, mark) -> None:
+        """Replica ``r``'s variables written whole from the gathered pieces (``held[j]``: chunk ``j``)."""
+        import tensorflow as tf
+
+        n = self.n
+        parts = [tf.split(held[j], [chunk_sizes(s, n)[j] for s in sizes], 0, name=f"{scope}/gathered_{j}")
+                 for j in range(n)]
+        mark(*(p[0] for p in parts))
+        graph = held[0].graph
+        for i, g in enumerate(groups):
+            up = self.updates[g.scope]
+            label = f"{scope}/{_label(g.scope)}"
+            value = tf.reshape(tf.concat([parts[j][i] for j in range(n)], 0, name=f"{label}/whole"), g.shape,
+                               name=f"{label}/value")
+            var = graph.get_tensor_by_name(f"{self.rw.name(up.resources[0][1], r)}:0")
+            assign = tf.raw_ops.AssignVariableOp(resource=var, value=value, name=f"{label}/assign")
+            mark(value, assign)
+            self.done[(up.op, r)].append(assign.name)
+
+    def noops(self) -> list:
+        """``rep<r>/<update>``: a NoOp per replaced update, waiting for its piece's update and its write."""
+        import tensorflow as tf
+
+        out = []
+        for (op, r), waits in self.done.items():
+            node = tf.compat.v1.NodeDef(name=self.rw.name(op, r), op="NoOp")
+            node.input.extend(f"^{w}" for w in waits)
+            out.append(node)
+        return out
+
+    def piece_values(self) -> dict:
+        """Initial values of the piece variables (slices of their variables')."""
+        import numpy as np
+
+        return {h: np.reshape(self.values[src], [-1])[a:b] for h, (src, a, b) in self.pieces.items()}
+
+
 def _label(scope: str) -> str:
     """``accumulate/<variable>`` -> ``<variable>`` (a scope name for the ring's ops)."""
     return scope.removeprefix("accumulate/")
 
 
 def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, values: Mapping[str, object],
-                    buckets=None) -> ReplicaGraph:
+                    buckets=None, shard_optimizer: int = 0) -> ReplicaGraph:
     """The split step ``graph`` of ``replicas * micro_batches`` slices as
     ``replicas`` data-parallel replicas (module doc).
 
@@ -423,6 +631,12 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     buckets : list of lists of ``accumulate/<variable>`` scopes, or None
         The rings (:func:`pesto_buckets` gives the plan's); a scope in none
         is a ring alone; None: one ring per variable.
+    shard_optimizer : int
+        ``1`` or ``2``: ZeRO (:class:`_Zero`: each replica updates its
+        ``1 / R`` piece of every dense gradient's variable and slots, the
+        updated pieces all-gathered); TensorFlow frees the gradient outside
+        the shard after the reduce-scatter in both, so ZeRO-1 and ZeRO-2 build
+        the same step. ``0``: every replica updates everything.
 
     Returns
     -------
@@ -431,7 +645,8 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     Raises
     ------
     MicroBatchError
-        The graph has not ``replicas * micro_batches`` slices, or a bucket cannot be packed.
+        The graph has not ``replicas * micro_batches`` slices, or a bucket cannot be packed;
+        sharded, a dense gradient not read by one element-wise update (:func:`_zero_updates`).
     """
     ops = step_ops(graph, list(fetches))
     names = {op.name for op in ops}
@@ -442,14 +657,17 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
         raise MicroBatchError(f"{replicas} replicas of {micro_batches} micro-batch(es) need the step split into "
                               f"{want} slices with its gradients accumulated; this graph has slices "
                               f"{sorted(set(sliced.values()))}", culprit=want)
-    rings = [_Ring(k, [groups[s] for s in b if s in groups], replicas, micro_batches)
-             for k, b in enumerate(_complete(buckets, groups))]
     outs = {t for g in groups.values() for t in g.outs}
     gd = graph.as_graph_def()
     rw = _Rewrite(gd, names, sliced, per_rep, micro_batches, outs)
+    zero = (_Zero(_zero_updates(graph, groups, rw.nodes), values, rw, replicas)
+            if shard_optimizer and replicas > 1 else None)
+    skip = zero.skipped(rw.nodes) if zero is not None else set()
+    rings = [_Ring(k, [groups[s] for s in b if s in groups], replicas, micro_batches, zero)
+             for k, b in enumerate(_complete(buckets, groups))]
     late = _reach(_successors(ops), [n for n in names if n.startswith("accumulate/")])
     first, second = [], []
-    for op in (o.name for o in ops if not o.name.startswith("accumulate/")):
+    for op in (o.name for o in ops if not o.name.startswith("accumulate/") and o.name not in skip):
         copies = ([rw.copy(op, r, replicas) for r in range(replicas)] if op in per_rep
                   else [rw.copy(op, rw.replica_of(op), replicas)])
         (second if op in late else first).extend(copies)
@@ -459,8 +677,11 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
         for ring in rings:
             ring.build(new)
             remap.update(ring.out)
+    if zero is not None:
+        second += zero.noops()
+        values = {**values, **zero.piece_values()}
     new = _joined(new, second, remap, gd.library, gd.versions)
-    return _finish(new, fetches, per_rep, rings, values, replicas, micro_batches)
+    return _finish(new, fetches, per_rep, rings, values, replicas, micro_batches, zero)
 
 
 def _complete(buckets, groups: Mapping[str, _Group]) -> list[list[str]]:
@@ -474,7 +695,7 @@ def _complete(buckets, groups: Mapping[str, _Group]) -> list[list[str]]:
     return out + [[s] for s in groups if s not in seen]
 
 
-def _finish(graph, fetches, per_rep, rings, values, replicas, micro_batches) -> ReplicaGraph:
+def _finish(graph, fetches, per_rep, rings, values, replicas, micro_batches, zero=None) -> ReplicaGraph:
     """The fetches (a copied fetch op: a group of its copies under its name),
     the variables' initialisers and reads."""
     import tensorflow as tf
@@ -502,15 +723,18 @@ def _finish(graph, fetches, per_rep, rings, values, replicas, micro_batches) -> 
     ring = {key: tuple(v) for r in rings for key, v in r.ops.items()}
     return ReplicaGraph(graph, replicas, micro_batches, loss, tuple(out), MappingProxyType(init),
                         MappingProxyType(reads), MappingProxyType(vals),
-                        tuple(tuple(g.scope for g in r.groups) for r in rings), MappingProxyType(ring))
+                        tuple(tuple(g.scope for g in r.groups) for r in rings), MappingProxyType(ring),
+                        MappingProxyType(dict(zero.sharded) if zero else {}),
+                        MappingProxyType(dict(zero.pieces) if zero else {}))
 
 
-def pesto_buckets(pesto_graph, graph, fetches) -> tuple[dict, list]:
+def pesto_buckets(pesto_graph, graph, fetches, origin=None) -> tuple[dict, list]:
     """``({first member: [accumulate scopes]}, members not found)``: the
     plan's gradient buckets (the tensors replica 0's ``t@allreduce@r0``
-    outputs) as the accumulations of the TF split step ``graph`` (a member's
-    slice-0 copy is the first part an ``accumulate/<variable>`` sums), in the
-    plan's order."""
+    outputs; sharded, where no gather outputs them, the members ``origin``
+    gives replica 0's first reduce-scatter step) as the accumulations of the
+    TF split step ``graph`` (a member's slice-0 copy is the first part an
+    ``accumulate/<variable>`` sums), in the plan's order."""
     names = {op.name for op in step_ops(graph, list(fetches))}
     scope_of = {}
     for g in _groups(graph, names).values():
@@ -520,6 +744,11 @@ def pesto_buckets(pesto_graph, graph, fetches) -> tuple[dict, list]:
         m = _GATHER.match(t.src)
         if m and m.group(2) == "0" and t.name.endswith("@allreduce@r0"):
             firsts.setdefault(m.group(1), []).append(t.name[:-len("@allreduce@r0")])
+    if not firsts and origin is not None:
+        for name in pesto_graph.names:
+            m = _RING.match(name)
+            if m and m.group(2, 3, 4) == ("rs", "0", "0") and name in origin:
+                firsts[m.group(1)] = list(origin[name].members)
     out, missing = {}, []
     for first, members in firsts.items():
         out[first] = []
@@ -585,6 +814,8 @@ def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) 
     if copy is None:
         return []
     op, r = copy.group(1), int(copy.group(2))
+    if (op, r) in rg.sharded:   # ZeRO: replica r's update of its piece, its piece slots
+        return list(rg.sharded[(op, r)])
     slices = [r * m + micro] if micro is not None else list(range(r * m, (r + 1) * m))
     if micro is not None or m == 1:
         found = next((c for c in slice_candidates(op, slices[0]) if c in have), None)
@@ -597,6 +828,23 @@ def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) 
     if split in have:
         return [op, split] if r == 0 and op in have else [split] if r == 0 else []
     return [c for s in slices if (c := next((c for c in slice_candidates(op, s) if c in have), None))]
+
+
+def shard_level(pesto_names) -> int:
+    """``1`` when Pesto's replicated graph (its op names) shards the optimizer
+    (ZeRO-1 or -2: it all-gathers parameters, ``t@allgather@r<r>``), else ``0``:
+    TensorFlow builds both levels alike (:func:`replicate_graph`).
+
+    >>> shard_level(["w@r0", "g:0@allgather@r1"]), shard_level(["g:0@allreduce@r0"])
+    (1, 0)
+    """
+    return int(any("@allgather@r" in n for n in pesto_names))
+
+
+def origin_of(result):
+    """The origins a ``pesto.solve_step`` result (or its :class:`tf_patch.slicemap.ResultView`) kept, or None."""
+    origin = getattr(result, "origin", None)
+    return origin if origin is not None else getattr(getattr(result, "transformed", None), "origin", None)
 
 
 def replicated_plan(result, rg: ReplicaGraph, buckets: Mapping[str, list]) -> tuple[Plan, ReplicaMap]:
@@ -691,16 +939,16 @@ def replicate_model(model, result):
     """``(replicated ZooModel, its plan, the map)``: a zoo model built split in
     ``result.replicas * result.micro_batches`` slices (``build_model(...,
     micro_batches=R * M)``), replicated for ``pesto.solve_step``'s replicated
-    ``result`` (:func:`replicate_graph` with the plan's buckets,
-    :func:`replicated_plan`); it trains as the model does (same feed, same
+    ``result`` (:func:`replicate_graph` with the plan's buckets and its
+    sharded optimizer, :func:`shard_level`; :func:`replicated_plan`); it trains as the model does (same feed, same
     initial values) and ``PlacedRun`` takes it with the plan."""
     import tensorflow as tf
 
     fetches = [model.loss.name, model.train_op.name]
     values = variable_values(model.graph, model.init_op, fetches)
-    buckets, _ = pesto_buckets(result.graph, model.graph, fetches)
+    buckets, _ = pesto_buckets(result.graph, model.graph, fetches, origin_of(result))
     rg = replicate_graph(model.graph, fetches, result.replicas, result.micro_batches, values=values,
-                         buckets=list(buckets.values()))
+                         buckets=list(buckets.values()), shard_optimizer=shard_level(result.graph.names))
     plan, rmap = replicated_plan(result, rg, buckets)
     g = rg.graph
 

@@ -74,8 +74,10 @@ __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPla
 GRADIENT_ROOTS = ("gradients", "gradient_tape")
 #: Scope of the TF copy of op ``t`` that a recomputed Pesto copy runs (:mod:`tf_patch.recompute`).
 RECOMPUTE = "recompute/"
-#: The memory savers (:attr:`Strategy.savers` words) whose TF step tf_patch builds.
-TF_SAVERS = frozenset({"recompute"})
+#: The memory savers (:attr:`Strategy.savers` words) whose TF step tf_patch builds: the sharded
+#: optimizer (:func:`tf_patch.replicastep.replicate_graph`) and recomputation (:mod:`tf_patch.recompute`),
+#: each alone (not both in one plan yet).
+TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "recompute"})
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,9 @@ class ResultView:
 def result_view(result) -> ResultView:
     """The one place tf_patch reads ``pesto.solve_step``'s result (so a change
     of its type is adapted here only). A plan with memory savers
-    (``plan.log.savers``) other than :data:`TF_SAVERS` (recomputation,
-    :mod:`tf_patch.recompute`) raises :class:`~pesto.errors.MicroBatchError`
+    (``plan.log.savers``) other than :data:`TF_SAVERS` (a sharded optimizer,
+    :mod:`tf_patch.replicastep`; recomputation, :mod:`tf_patch.recompute`),
+    or both in one plan, raises :class:`~pesto.errors.MicroBatchError`
     naming them: their TensorFlow step is not built yet.
 
     >>> class R: plan, graph, micro_batches, replicas, graph_kind = None, None, 2, 1, "micro-batched"
@@ -132,10 +135,14 @@ def result_view(result) -> ResultView:
         return result
     log = getattr(result.plan, "log", None)
     savers = getattr(log, "savers", "")
-    unbuilt = " ".join(w for w in (savers or "").split() if w not in TF_SAVERS)
+    words = (savers or "").split()
+    unbuilt = " ".join(w for w in words if w not in TF_SAVERS)
+    if not unbuilt and "recompute" in words and len(words) > 1:   # each alone is built, not both together
+        unbuilt = " ".join(words)
     if unbuilt:   # the search chose them because nothing else fit memory
-        raise MicroBatchError(f"the plan uses memory savers ({unbuilt}: a sharded optimizer) that tf_patch does "
-                              f"not build in TensorFlow yet; no plan without them fits memory", culprit=unbuilt)
+        raise MicroBatchError(f"the plan uses memory savers ({unbuilt}) that tf_patch does not build together in "
+                              f"TensorFlow yet (it builds {', '.join(sorted(TF_SAVERS))}, each alone); no plan "
+                              f"without them fits memory", culprit=unbuilt)
     steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
     kept = getattr(result, "transformed", None)
     joined = getattr(getattr(result, "strategy", None), "joined", None) or getattr(log, "joined", ())

@@ -22,7 +22,8 @@ write its module and add its entry.
 The memory savers (:func:`savers`) are screened for a candidate whose plan
 does not fit memory: the same strategy with ZeRO-1, ZeRO-2, then ZeRO-2 and
 recomputation (data parallelism), or with recomputation (pipelines,
-hybrids), until one fits.
+hybrids), until one fits. (ZeRO-1 can also be faster: the search's ``"auto"``
+first plan, data parallelism of the step, screens it whether or not memory is short.)
 
 >>> [s.savers for s in savers(Strategy(replicas=4))]
 ['ZeRO-1', 'ZeRO-2', 'ZeRO-2 recompute']

@@ -27,7 +27,9 @@ The candidates, all scored by the same simulator (``finalize``), ranked by
 step):
 
 * ``"auto"`` only: the data-parallel plan (one replica per GPU, ring
-  all-reduce), not split;
+  all-reduce), not split, and the same with ZeRO-1 (reduce-scatter, each
+  replica updating ``1 / R`` of the weights, all-gather: the same bytes, a
+  ``1 / R`` of the update's work, so it wins where the update weighs);
 * screening, for each ``M`` tried: the GPipe and 1F1B plans of that ``M``
   (``M > 1``; :func:`solver.parallel.pipelines.pipeline_plan`), the
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
@@ -531,7 +533,10 @@ class _Search:
         return out
 
     def first_plan(self) -> None:
-        """``"auto"``: the data-parallel plan of the step, not split."""
+        """``"auto"``: the data-parallel plan of the step, not split, and its
+        ZeRO-1 variant (each replica updates ``1 / R`` of the weights: faster
+        where the update weighs, as memory savers are screened otherwise only
+        when memory is short); over memory, its savers in turn."""
         name = "data-parallel"
         if self.gpus < 2 or self.too_large(name, self.gpus, 1) or self.short_of_memory(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
@@ -549,6 +554,8 @@ class _Search:
         self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
         if dp.plan.status == "infeasible":
             self.save(KINDS["data-parallel"], dp.strategy)
+        else:   # ZeRO-1 updates 1/R of the weights per replica: faster where the update weighs
+            self.realised(KINDS["data-parallel"], replace(dp.strategy, shard_optimizer=1))
 
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and kinds."""

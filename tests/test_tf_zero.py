@@ -1,0 +1,145 @@
+"""ZeRO plans run in TensorFlow (issue 30, item 4: sharded optimizer state).
+
+A data-parallel plan with a sharded optimizer (``Strategy(shard_optimizer=1|2)``,
+:func:`pesto.step.replicate`: reduce-scatter, each replica updates its ``1 / R``
+shard, the updated parameters all-gathered) is carried onto TF's replicated step
+(:func:`tf_patch.replicastep.replicate_graph` with ``shard_optimizer``): each
+replica runs the optimizer update on its piece of every variable only, with
+piece slots, and trains with the unsharded replicated step's losses and weights
+(and the single-device step's). Models are tiny; no timing is asserted.
+"""
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
+
+tf = pytest.importorskip("tensorflow")
+
+import pesto  # noqa: E402
+from keras_blocks import attention_block  # noqa: E402
+from pesto.api import marked as with_marks  # noqa: E402
+from pesto.errors import MicroBatchError  # noqa: E402
+from pesto.solvelog import SolveLog  # noqa: E402
+from solver.parallel.realise import realise  # noqa: E402
+from solver.parallel.strategy import Strategy  # noqa: E402
+from tf_patch.replicastep import replicate_model, replica_zero  # noqa: E402
+from tf_patch.slicemap import result_view  # noqa: E402
+from tf_patch.workflow import PlacedRun  # noqa: E402
+from tf_patch.zoo import build_model  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+TINY = dict(layers=1, units=16, batch=8, steps=3, vocab=50, optimizer="adam", lr=0.01)
+
+
+def _solved(graph, replicas, shard, cluster=None):
+    """The data-parallel plan (ZeRO-``shard``) as the search returns it (it won), its savers in the log."""
+    r = realise(with_marks(graph), cluster or pesto.gpus(replicas, beta=(0.0, 1e-9)),
+                Strategy(replicas=replicas, shard_optimizer=shard))
+    steps = {f"data-parallel M=1 {r.strategy.savers}".strip(): r.plan.makespan, "M=1": 2 * r.plan.makespan}
+    log = SolveLog(recipe="step search", graph_kind="replicated", replicas=replicas, savers=r.strategy.savers,
+                   steps=steps)
+    return dataclasses.replace(r, plan=r.plan.replace(log=log))
+
+
+def _train(model, plan, devices, steps=4):
+    with PlacedRun(lambda: model, plan, n_devices=devices) as run:
+        losses = run.train(steps)
+        seen = run.trace()
+        g = run.model.graph
+        with g.as_default():
+            reads = {h: tf.raw_ops.ReadVariableOp(resource=g.get_tensor_by_name(h + ":0"),
+                                                  dtype=g.get_operation_by_name(h).get_attr("dtype"))
+                     for h in _handles(g)}
+        values = run.sess.run(reads)
+    return losses, seen, values
+
+
+def _handles(graph):
+    return [op.name for op in graph.get_operations() if op.type == "VarHandleOp"]
+
+
+@pytest.mark.parametrize("replicas, level", [(2, 1), (4, 2)])
+def test_a_zero_plan_trains_as_the_unsharded_replicated_step(replicas, level):
+    """ZeRO-1 and ZeRO-2 build the same TF step (TF frees the gradient outside the shard either way)."""
+    whole = build_model("rnnlm", "small", **TINY)
+    graph, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
+    runs = {}
+    for shard in (0, level):
+        result = result_view(_solved(graph, replicas, shard))   # ZeRO is a saver TF builds
+        model, plan, rmap = replicate_model(build_model("rnnlm", "small", micro_batches=replicas, **TINY), result)
+        runs[shard] = (*_train(model, plan, replicas), model, rmap)
+    (plain, _, before, _, _), (losses, seen, after, model, rmap) = runs[0], runs[level]
+    with PlacedRun(lambda: build_model("rnnlm", "small", **TINY), None, n_devices=1) as run:
+        single = run.train(4)
+    np.testing.assert_allclose(losses, plain, rtol=1e-6)
+    np.testing.assert_allclose(losses, single, rtol=1e-5)
+    assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 100
+    assert set(seen["devices"].values()) == {f"/CPU:{k}" for k in range(replicas)}
+    # the weights after 4 steps: every replica's equal to the unsharded step's
+    weights = [h for h in before if h.startswith("rep") and h in after]
+    assert len(weights) >= replicas * len(whole.graph.get_collection("trainable_variables"))
+    for h in weights:
+        np.testing.assert_allclose(after[h], before[h], rtol=1e-5, atol=1e-7, err_msg=h)
+    ops = {op.name: op for op in model.graph.get_operations()}
+    # each replica updates a piece of each dense variable, with piece slots: no whole update, no whole slots
+    dense = [n for n, op in ops.items() if op.type == "ResourceApplyAdam"]
+    assert dense and all(n.startswith("allreduce/") and n.endswith("/update") for n in dense)
+    whole_slots = {n for n in ops if n.startswith("rep") and "/Adam" in n and ops[n].type == "VarHandleOp"}
+    assert whole_slots and all("/embed/" in n for n in whole_slots)   # the sparse gradient's: gathered, updated whole
+    kernel = before["rep0/rnn/layer_0/kernel"].size
+    pieces = [n for n in ops if n.endswith("rnn/layer_0/kernel/slot_1")]
+    assert len(pieces) == replicas
+    assert {after[n].size for n in pieces} <= {-(-kernel // replicas), kernel % replicas}
+    # Pesto's shard updates and slots map onto those pieces; only the inputs TF splits once stay unmapped
+    update = "train/update_rnn/layer_0/kernel/ResourceApplyAdam@r1"
+    assert rmap.ops[update][0].endswith("/update") and rmap.ops[update][0] in ops
+    assert {n.split("@")[0] for n in rmap.unmapped_pesto} <= {"inputs", "targets"}
+    assert any(n.endswith("@allgather@r0") for n in rmap.ops)
+    # replica 0 under the split step's names: what a later plan starts from
+    assert set(replica_zero(after)) >= {"rnn/layer_0/kernel", "softmax/w"}
+
+
+def test_result_view_accepts_a_sharded_optimizer_and_refuses_it_with_recomputation():
+    class R:
+        graph, micro_batches, replicas, graph_kind = None, 1, 2, "replicated"
+
+        def __init__(self, savers):
+            self.plan = type("P", (), {"log": SolveLog(recipe="step search", savers=savers)})()
+
+    assert result_view(R("ZeRO-1")).replicas == 2 and result_view(R("ZeRO-2")).replicas == 2
+    with pytest.raises(MicroBatchError, match="ZeRO-2 recompute"):
+        result_view(R("ZeRO-2 recompute"))
+
+
+def test_a_keras_optimizer_update_of_several_ops_cannot_be_sharded():
+    """A Keras 3 optimizer updates a variable with several ops (not one ResourceApply*):
+    refused, naming the variable, before anything is built."""
+    tf.keras.utils.set_random_seed(0)
+    model, x = attention_block(batch=8, seq=6, width=8, classes=3)
+    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.5), x, y, n_devices=2)
+    result = _solved(step.graph, 2, 1)
+    with pytest.raises(MicroBatchError, match="sharded optimizer \\(ZeRO\\) needs each dense gradient read by one"):
+        step.apply(result)
+    step.close()
+
+
+def test_demo_auto_trains_a_zero_winner(capsys, monkeypatch):
+    """The demo's ``auto`` path (profile, solve, carry, place, train) with a ZeRO-1 winner."""
+    from tf_patch import demo
+
+    def zero(graph, cluster, **_):
+        return _solved(graph, 2, 1, cluster)
+
+    monkeypatch.setattr(demo, "solve_step", zero)
+    assert demo.main(["--model", "rnnlm", "--preset", "small", "--micro-batches", "auto", "--time-limit", "1",
+                      "--steps", "2", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "carried onto TF's replicated step" in out and "trace: 0 ops off-plan, 0/" in out
+    assert out.count("equal within 1e-05 relative") == 2 and "NOT EQUAL" not in out
