@@ -87,7 +87,12 @@ def test_a_recompute_pipeline_trains_as_the_step_with_its_copies_mapped_one_to_o
         assert {r for r in readers if r.startswith("gradient_tape/")} <= pesto, c
     # a block's first copy waits (a control input) for its trigger: the TF op of Pesto's, a backward op
     triggers = [(e.src, e.dst) for e in result.graph.edges if e.dst in copies and not e.tensors]
-    assert len(triggers) >= 2 * micro_batches   # layer_0's and layer_1's (Pesto gives the last block none here)
+    # every block's, the last one's too: the tape's gradient is not downstream of the loss op, so its
+    # trigger is the gradient into it (the head's), not a forward-pass op
+    assert len(triggers) >= 3 * micro_batches
+    last = [src for src, c in triggers if "layer_2" in recomputed_op(c)]
+    assert len(last) == micro_batches and all(result.graph.op(s).phase in ("input-grad", "weight-grad")
+                                              for s in last), last
     for src, c in triggers:
         waits = {op.name for op in g.get_operation_by_name(tf_of[c][0]).control_inputs}
         assert set(tf_of[src]) <= waits and all(t.startswith("gradient_tape/") for t in tf_of[src]), (src, c)
