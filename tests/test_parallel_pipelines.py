@@ -131,7 +131,7 @@ def test_data_parallel_runs_weight_gradients_as_soon_as_ready_when_the_all_reduc
     g = deep_step(4, weight=20_000_000, t=2000.0, slots=0)
     cluster = v100x4_pcie(with_cpu=False)
     sp = P.data_parallel_plan(g, cluster)
-    assert sp.blocking == "weight gradients first"
+    assert sp.blocking == "weight-grad first"
     fifo = simulate(sp.transformed.graph, cluster, dict(sp.plan.placement), mode="fifo")
     assert sp.plan.makespan < fifo.makespan - 1000.0   # by more than one weight gradient's half
     ours = simulate(sp.transformed.graph, cluster, sp.plan)

@@ -106,7 +106,7 @@ class StepPlan:
     blocking : str
         The block order of the winning split (``"scope:2"``, ``"topological"``),
         the order rule for data parallelism (``"fifo"``, ``"all-reduce first"``,
-        ``"weight gradients first"``).
+        ``"weight-grad first"``).
     replicas : int
         Replicas of the step in ``graph`` (1: not replicated; data
         parallelism: ``stages``; :func:`solver.parallel.hybrid.hybrid_plan`: its groups).
@@ -410,7 +410,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     ran = simulate(g, cluster, dict(placement), mode="fifo", priority=prio, memory=False)
     plans = [(finalize(g, cluster, placement, order=o, placer="data-parallel", t0=t0, stats=stats), name)
              for o, name in ((None, "fifo"), (order_by_key(g, key), "all-reduce first"),
-                             (ran.order, "weight gradients first"))]
+                             (ran.order, "weight-grad first"))]
     plan, how = min(plans, key=lambda p: rank(p[0]))
     return StepPlan(plan, both, micro_batches, len(gpus), "data-parallel", how, len(gpus))
 
