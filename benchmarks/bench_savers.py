@@ -180,7 +180,7 @@ Limits of these figures:
 - With `M > 1` the slices' weight gradients are summed whole before the
   reduce-scatter (`pesto.step.split`'s accumulation); DeepSpeed's ZeRO-2
   reduce-scatters each micro-batch's gradient into the shard instead.
-- Data parallelism keeps the faster of its two device orders; memory decides
+- Data parallelism keeps the fastest of its device orders; memory decides
   only between an order that fits and one that does not, so a peak over 16 GiB
   is that order's, not the least any order could reach.
 - Pipelines are realised with one stage split (`candidates=1`), cut for time:

@@ -140,3 +140,31 @@ def test_the_search_does_not_screen_a_recompute_that_saves_nothing():
                          cluster=gpus(2, memory=300 * 2**20), micro_batches=4, batch_size=8, time_limit=3, workers=1)
     assert r.plan.log.steps
     assert not any("recompute" in name for name in r.plan.log.steps), r.plan.log.steps
+
+
+def test_the_last_block_waits_for_a_tape_gradient_that_does_not_read_the_loss():
+    """A GradientTape step's gradient starts from a seed that reads no forward op, so no
+    backward op is downstream of the loss: the last block's copies still wait for the
+    gradient into it (the head's gradient), not for a shape op of the forward pass."""
+    from pesto.graph import Edge, Tensor
+
+    g = deep_step(4)
+    ops = list(g.ops) + [Op("gradients/ones", {"GPU": 0.1}, output_bytes=4, batch=True, phase="input-grad",
+                            scope="gradients"),
+                         Op("gradients/loss_grad/Shape", {"GPU": 0.1}, output_bytes=8, batch=True,
+                            phase="input-grad", anchor="loss", scope="gradients/loss_grad")]
+    es = [e for e in g.edges if (e.src, e.dst) != ("loss", "gradients/loss_grad")]
+    es += [Edge("gradients/ones", "gradients/loss_grad", ("gradients/ones:0",)),
+           Edge("layer_3/c", "gradients/loss_grad/Shape", ("layer_3/c:0",)),
+           Edge("gradients/loss_grad/Shape", "gradients/loss_grad", ("gradients/loss_grad/Shape:0",))]
+    ts = list(g.tensors) + [Tensor("gradients/ones:0", "gradients/ones", 4),
+                            Tensor("gradients/loss_grad/Shape:0", "gradients/loss_grad/Shape", 8)]
+    tape = OpGraph(ops, es, ts, name="tape4")
+    assert not set(tape.successors("loss"))   # nothing downstream of the loss
+    r = recompute(tape)
+    waits = set(r.graph.predecessors("layer_3/a@rc"))
+    assert "gradients/loss_grad" in waits and "gradients/loss_grad/Shape" not in waits
+    s = simulate(r.graph, gpus(1, memory=10**12), {n: "/GPU:0" for n in r.graph.names})
+    for l in range(4):
+        assert s.start[f"layer_{l}/a@rc"] >= s.finish["gradients/loss_grad"] >= s.finish["loss"]
+    assert _one_gpu(r.graph)[1] < _one_gpu(tape)[1]

@@ -45,7 +45,12 @@ The transform (per block ``k``)
   topologically last forward op, the loss), so not a shape computation
   that runs in the forward pass -- and not for the block's own backward
   ops. So the copies run after the next block's backward has started, not
-  during the forward pass.
+  during the forward pass. When no such op exists (a ``GradientTape`` step:
+  its gradient starts from a seed that reads no forward op, so nothing is
+  downstream of the loss), the trigger is, of the backward ops anchored in
+  that region which the block's backward waits for (the gradient into the
+  block passes through them), the one downstream of the most backward ops
+  (a shape op reading only the forward pass is downstream of none).
 
 Costs: the step runs the needed forward ops twice (their compute again);
 the peak holds every block's inputs plus about two blocks' activations
@@ -263,7 +268,24 @@ class _Recompute:
         for i in self.topo:
             if self.back[i] and anchor[i] in region and i in late and i not in waits:
                 return i
-        return None
+        return self.feeder(region, readers, anchor, waits)
+
+    def feeder(self, region: set[int], readers: set[int], anchor: list, waits: set[int]) -> int | None:
+        """The trigger when no backward op of ``region`` descends from the loss (a
+        tape's gradient starts from a seed that does not read the loss op): of the
+        backward ops anchored in ``region`` that the block's readers wait for
+        (the gradient into the block passes through them), the one downstream of
+        the most backward ops (a shape op the gradient needs is downstream of
+        none), the topologically last on a tie."""
+        pred = self.g.pred_idx()
+        up = closure(pred, readers) - waits
+        best, key = None, (-1, -1)
+        for i in up:
+            if self.back[i] and anchor[i] in region:
+                k = (sum(1 for j in closure(pred, [i]) if self.back[j]), self.pos[i])
+                if k > key:
+                    best, key = i, k
+        return best
 
     def edges(self) -> dict[tuple[str, str], list[str]]:
         """Every edge: the originals (a block's backward reads moved to the copies) and the copies'."""

@@ -90,7 +90,7 @@ KINDS: dict[str, Kind] = {
     "hybrid": Kind("hybrid", _hybrids, realise, lambda s: f"hybrid R={s.replicas} M={s.micro_batches}", 2.0),
     "pipeline": Kind("pipeline", _pipelines, realise, lambda s: f"{s.schedule} M={s.micro_batches}", 5.0, 2.0),
     "data-parallel": Kind("data-parallel", _data_parallel, realise, lambda s: f"data-parallel M={s.micro_batches}",
-                          2.0),
+                          4.0),
     "zero-bubble": Kind("zero-bubble", _chunked_or_split, realise, lambda s: f"{s.schedule} M={s.micro_batches}",
                         2.0, fill_only=True, tries=1),
 }

@@ -25,8 +25,10 @@ or the replication composed with it, ``graph`` its graph);
 * ``data-parallel`` (:func:`place_data_parallel`): :func:`pesto.step.replicate`
   with one replica per GPU (replica ``r`` on GPU ``r``, the ring all-reduce as
   transfers on the cluster's links), each replica optionally split into
-  ``micro_batches``; the better of TensorFlow's FIFO order and an order that
-  runs the all-reduce as soon as it is ready.
+  ``micro_batches``; the best of TensorFlow's FIFO order, an order that
+  runs the all-reduce as soon as it is ready, and one that also runs each
+  weight gradient as soon as it is ready (before the input gradients beside
+  it, so the first bucket's all-reduce starts earlier).
 
 Stages (documented rule)
 ------------------------
@@ -68,6 +70,7 @@ from pesto.errors import CycleError
 from pesto.finalize import finalize
 from pesto.graph import OpGraph
 from pesto.plan import Plan
+from pesto.simulate import simulate
 from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
 
@@ -102,7 +105,8 @@ class StepPlan:
         ``"gpipe"``, ``"1f1b"`` or ``"data-parallel"``.
     blocking : str
         The block order of the winning split (``"scope:2"``, ``"topological"``),
-        the order rule for data parallelism (``"fifo"``, ``"all-reduce first"``).
+        the order rule for data parallelism (``"fifo"``, ``"all-reduce first"``,
+        ``"weight-grad first"``).
     replicas : int
         Replicas of the step in ``graph`` (1: not replicated; data
         parallelism: ``stages``; :func:`solver.parallel.hybrid.hybrid_plan`: its groups).
@@ -379,7 +383,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
                        weight_grads="separate", shard_optimizer: int = 0) -> StepPlan:
     """One replica per GPU (:func:`pesto.step.replicate`, ``shard_optimizer``:
     ZeRO-1/2 as it says), each split into ``micro_batches`` slices; the
-    better of two device orders (module doc). ``weight_grads``: the split's
+    best of three device orders (module doc). ``weight_grads``: the split's
     rule for the slices' weight gradients (:func:`pesto.step.split`).
 
     Raises
@@ -401,9 +405,14 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     stats = {"replicas": len(gpus), "micro_batches": micro_batches}
     pos = {i: k for k, i in enumerate(g.topo_idx())}
     key = [f * g.num_ops + pos[i] if f >= 0 else -1.0 for i, f in enumerate(first)]
-    plans = [(finalize(g, cluster, placement, order=None, placer="data-parallel", t0=t0, stats=stats), "fifo"),
-             (finalize(g, cluster, placement, order=order_by_key(g, key), placer="data-parallel", t0=t0,
-                       stats=stats), "all-reduce first")]
+    # the weight gradients as soon as they are ready: the all-reduce of the first bucket starts
+    # before the input gradients of its layer, not after them
+    # (a list schedule: a static order of these keys would hold a device for an op not yet ready)
+    prio = [2.0 if k < 0 else 1.0 if g.ops[i].phase == "weight-grad" else 0.0 for i, k in enumerate(key)]
+    ran = simulate(g, cluster, dict(placement), mode="fifo", priority=prio, memory=False)
+    plans = [(finalize(g, cluster, placement, order=o, placer="data-parallel", t0=t0, stats=stats), name)
+             for o, name in ((None, "fifo"), (order_by_key(g, key), "all-reduce first"),
+                             (ran.order, "weight-grad first"))]
     plan, how = min(plans, key=lambda p: rank(p[0]))
     return StepPlan(plan, both, micro_batches, len(gpus), "data-parallel", how, len(gpus))
 

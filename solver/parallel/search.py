@@ -160,7 +160,7 @@ SLICE_MAX_OPS = 100_000
 #: Simulations of its graph the first data-parallel plan costs (predicting its time), the
 #: per-sample bound's, and the recipe's mandatory passes' on a split step (its first heuristic and the
 #: final check: what the slice model leaves it) (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
-SIMS = {"data-parallel": 2.0, "bound": 3.0, "pipeline": 2.0}
+SIMS = {"data-parallel": 4.0, "bound": 3.0, "pipeline": 2.0}
 #: The search's passes under its :class:`~solver.budget.Budget`: screening and the exact
 #: stages are optional (the search has a plan without them), the bound is mandatory.
 PASSES = ("screening", "exact", "bound")
