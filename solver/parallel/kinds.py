@@ -20,13 +20,13 @@ write its module and add its entry.
 ['hybrid', 'pipeline', 'data-parallel', 'zero-bubble']
 
 The memory savers (:func:`savers`) are screened for a candidate whose plan
-does not fit memory: the same strategy with ZeRO-1, ZeRO-2, then ZeRO-2 and
+does not fit memory: the same strategy with ZeRO-1, ZeRO-2, recomputation, then ZeRO-2 and
 recomputation (data parallelism), or with recomputation (pipelines,
 hybrids), until one fits. (ZeRO-1 can also be faster: the search's ``"auto"``
 first plan, data parallelism of the step, screens it whether or not memory is short.)
 
 >>> [s.savers for s in savers(Strategy(replicas=4))]
-['ZeRO-1', 'ZeRO-2', 'ZeRO-2 recompute']
+['ZeRO-1', 'ZeRO-2', 'recompute', 'ZeRO-2 recompute']
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def savers(strategy: Strategy) -> list[Strategy]:
         return []
     if strategy.replicas > 1 and strategy.stages == 1 and strategy.schedule == "none":
         return [replace(strategy, shard_optimizer=1), replace(strategy, shard_optimizer=2),
-                replace(strategy, shard_optimizer=2, recompute=True)]
+                replace(strategy, recompute=True), replace(strategy, shard_optimizer=2, recompute=True)]
     if strategy.schedule in SCHEDULES:
         return [replace(strategy, recompute=True)]
     return []
