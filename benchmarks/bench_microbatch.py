@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pesto
 from pesto.cluster import GiB, hosts, v100x2_nvlink, v100x4_pcie
-from pesto.step import Transformed, replicate, split
+from pesto.step import Transformed, recompute, replicate, split
 from pesto.step.replication import gradient_buckets
 from tf_patch.marks import mark_step
 from solver.practitioners import place_single
@@ -178,12 +178,15 @@ def _timed(fn):
 
 def auto_split(graph, log) -> Transformed:
     """The split step a ``pesto auto`` plan places, rebuilt from its log
-    (``micro_batches``, ``graph_kind``, ``replicas``, ``joined``), for its bound: its
+    (``micro_batches``, ``graph_kind``, ``replicas``, ``savers``, ``joined``), for its bound: its
     ``graph`` is the plan's (:func:`pesto.step_graph`; under the copy names
     ``op@mb0`` when the plan's step is not split)."""
+    words = (log.savers or "").split()
+    base = recompute(graph).graph if "recompute" in words else graph
     if log.graph_kind == "replicated":   # its copies grouped per replica (the bound's rule), not composed
-        return split(replicate(graph, log.replicas).graph, log.micro_batches)
-    return split(graph, log.micro_batches if log.graph_kind == "micro-batched" else 1,
+        level = max((int(w[-1]) for w in words if w.startswith("ZeRO-")), default=0)
+        return split(replicate(base, log.replicas, shard_optimizer=level).graph, log.micro_batches)
+    return split(base, log.micro_batches if log.graph_kind == "micro-batched" else 1,
                  weight_grads=dict.fromkeys(log.joined, "whole"))
 
 
@@ -201,7 +204,8 @@ def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
     auto, wall = _timed(lambda: pesto.solve(graph, cluster=c, time_limit=a.time_limit, workers=1, seed=0,
                                             micro_batches="auto", batch_size=case.batch))
     log = auto.log
-    parts, placed = auto_split(graph, log), pesto.step_graph(graph, log.micro_batches, log.graph_kind, log.replicas)
+    parts, placed = auto_split(graph, log), pesto.step_graph(graph, log.micro_batches, log.graph_kind, log.replicas,
+                                                                  log.savers, log.joined)
     if set(placed.names) != set(auto.placement) or placed.num_ops != parts.graph.num_ops:
         raise RuntimeError(f"{name} on {cluster_name}: pesto auto's plan does not place the graph its log names "
                            f"(M={log.micro_batches}, {log.graph_kind}, replicas={log.replicas})")

@@ -390,6 +390,7 @@ class _Search:
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
+        self.one_device: float | None = None   # a recipe's one-device step (SolveLog.one_device), for any winner
         self._acts_rc: tuple | None = None   # (recomputed step's activations,), built when first asked
         self.window: Deadline = deadline  # what the running pass may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
@@ -887,6 +888,8 @@ class _Search:
             if self.pool.best is None or "before any plan" not in str(exc):
                 raise
             raise Stopped(self.deadline.reason) from None
+        if self.one_device is None and plan.log is not None:
+            self.one_device = plan.log.one_device
         if start is not None and rank(start) < rank(plan):
             plan = start
         self.pool.offer(f"M={m}", plan, s.split, Strategy(micro_batches=m, schedule="free" if m > 1 else "none",
@@ -954,7 +957,8 @@ class _Search:
         log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
                       savers=r.strategy.savers, joined=r.strategy.joined,
                       steps=dict(self.pool.steps), skipped={**log.skipped, **self.pool.skipped}, bound=bound,
-                      bound_source=source, stopped=dl.reason or log.stopped, deterministic=dl.deterministic)
+                      bound_source=source, stopped=dl.reason or log.stopped, deterministic=dl.deterministic,
+                      one_device=log.one_device if log.one_device is not None else self.one_device)
         return replace(r, plan=replace(r.plan, log=log, lower_bound=bound, status=status))
 
 
