@@ -25,8 +25,8 @@ Every plan is scored by the same simulator (link contention). Columns:
 * ``single``: the step on one GPU (:func:`solver.practitioners.place_single`);
 * the baselines of :mod:`solver.parallel.user_baselines`, each at its best
   ``M`` (divisors of the batch up to 16; the uniform cases at their ``M``): ``megatron`` (``PP x DP``, uniform layer split, 1F1B or
-  interleaved), ``zero-dp`` (skipped, with its reason, until sharded optimizer
-  state exists), ``best-pipeline`` (every schedule of ``SCHEDULES`` with the
+  interleaved, recomputation where a configuration does not fit), ``zero-dp``
+  (data parallelism with ZeRO-1 sharded optimizer state), ``best-pipeline`` (every schedule of ``SCHEDULES`` with the
   cutter's stages); step and whether it fits memory;
 * ``pesto``: ``pesto.solve(graph, cluster=..., micro_batches="auto",
   batch_size=B, time_limit=60, workers=1, seed=0)`` (the uniform cases: their
