@@ -553,10 +553,7 @@ class _Search:
             return
         self.pool.offer_solved(name, dp)
         self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
-        if dp.plan.status == "infeasible":
-            self.save(KINDS["data-parallel"], dp.strategy)
-        else:   # ZeRO-1 updates 1/R of the weights per replica: faster where the update weighs
-            self.realised(KINDS["data-parallel"], replace(dp.strategy, shard_optimizer=1))
+        self.follow(KINDS["data-parallel"], dp.strategy, dp)
 
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and kinds."""
@@ -772,9 +769,20 @@ class _Search:
         one fits, each a candidate of its own. The candidate's own result (None
         when skipped or failed)."""
         r = self.realised(kind, strategy)
-        if r is not None and r.plan.status == "infeasible":
-            self.save(kind, strategy)
+        if r is not None:
+            self.follow(kind, strategy, r)
         return r
+
+    def follow(self, kind: Kind, strategy: Strategy, r: Solved) -> None:
+        """After ``strategy``'s plan ``r``: over memory, its savers in turn
+        (:meth:`save`); a plain data-parallel plan that fits, its ZeRO-1 variant
+        too (each replica updates ``1 / R`` of the weights: faster where the
+        update weighs; Transformer-6 on 4 PCIe GPUs at M=2: 45.2 against 46.1 ms)."""
+        s = strategy
+        if r.plan.status == "infeasible":
+            self.save(kind, s)
+        elif s.replicas > 1 and s.stages == 1 and s.schedule == "none" and not s.savers:
+            self.realised(kind, replace(s, shard_optimizer=1))
 
     def save(self, kind: Kind, strategy: Strategy) -> None:
         """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits."""
