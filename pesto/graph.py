@@ -55,7 +55,7 @@ __all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION", "PHASES", "RO
 #: The values of :attr:`Op.phase` (besides ``None``, unknown).
 PHASES = ("forward", "input-grad", "weight-grad", "update", "recompute")
 #: The values of :attr:`Op.role`.
-ROLES = ("", "grad-sum", "joinable")
+ROLES = ("", "grad-sum", "joinable", "unshardable")
 
 #: The kind sets ops hold, shared (a graph has a handful of distinct ones; a
 #: frozenset of its own cost ~200 bytes per op). With ``slots=True`` on the

@@ -143,3 +143,25 @@ def test_demo_auto_trains_a_zero_winner(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "carried onto TF's replicated step" in out and "trace: 0 ops off-plan, 0/" in out
     assert out.count("equal within 1e-05 relative") == 2 and "NOT EQUAL" not in out
+
+
+def test_the_search_screens_no_zero_plan_for_a_keras_optimizer_tf_cannot_shard():
+    """A Keras 3 optimizer's update (several ops) is marked ``unshardable`` by the front end,
+    so the search keeps ZeRO out (every plan it picks runs in TF); a graph-mode zoo step's
+    ``ResourceApply*`` updates stay shardable."""
+    from pesto.step.marks import shardable
+    from tf_patch.marks import mark_step
+
+    tf.keras.utils.set_random_seed(0)
+    model, x = attention_block(batch=8, seq=6, width=8, classes=3)
+    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.5), x, y, n_devices=2)
+    assert not shardable(with_marks(step.graph))
+    r = pesto.solve_step(step.graph, cluster=pesto.gpus(2), micro_batches="auto", batch_size=8, time_limit=3,
+                         workers=1)
+    assert not any("ZeRO" in name for name in r.plan.log.steps), r.plan.log.steps
+    step.close()
+    from pathlib import Path
+    zoo = pesto.OpGraph.from_json(str(Path(__file__).resolve().parents[1] / "benchmarks/graphs/transformer_6.json.gz"))
+    assert shardable(mark_step(zoo))

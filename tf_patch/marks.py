@@ -71,7 +71,11 @@ The phase rule
   ``gradients/`` steps, the zoo, are built otherwise) whose anchor is a forward
   ``MatMul`` reading a once-per-step tensor (the weight: a ``Dense`` kernel's
   gradient). A ``MatMul`` against a weight outside a Keras ``Dense`` layer is
-  marked too; :meth:`tf_patch.FunctionStep.apply` refuses a plan joining one.
+  marked too; :meth:`tf_patch.FunctionStep.apply` refuses a plan joining one;
+* **role** ``"unshardable"`` (:func:`unshardable`): an elementwise update op
+  that reads a weight gradient (a Keras 3 optimizer's, not one
+  ``ResourceApply*``): ``tf_patch`` builds no sharded optimizer (ZeRO) for the step,
+  so the search does not screen one (:func:`pesto.step.marks.shardable`).
 
 Examples
 --------
@@ -102,7 +106,7 @@ from typing import Iterable
 from pesto.errors import BatchMarkError
 from pesto.graph import OpGraph
 
-__all__ = ["mark_step", "mark_batch", "mark_phases", "joinable", "input_ops", "optimizer_scopes", "update_ops",
+__all__ = ["mark_step", "mark_batch", "mark_phases", "joinable", "unshardable", "input_ops", "optimizer_scopes", "update_ops",
            "gradient_ops", "scope_root", "is_marked", "GRADIENT_ROOT", "INPUT_TYPES", "SUM_TYPES"]
 
 #: Op types a batch enters a TensorFlow step by.
@@ -265,11 +269,47 @@ def mark_phases(graph: OpGraph) -> OpGraph:
                    role=op.role or ("grad-sum" if op.type in SUM_TYPES else ""))
            for op, p, a in zip(ops, phase, anchor)]
     marked = OpGraph(out, graph.edges, graph.tensors, name=graph.name)
-    join = joinable(marked)
-    if not join:
+    join, unshard = joinable(marked), unshardable(marked)
+    if not join and not unshard:
         return marked
-    out = [replace(op, role="joinable") if op.name in join else op for op in out]
+    out = [replace(op, role="joinable") if op.name in join else replace(op, role="unshardable")
+           if op.name in unshard else op for op in out]
     return OpGraph(out, graph.edges, graph.tensors, name=graph.name)
+
+
+#: Op types a weight gradient passes through on its way to its update (not the update itself).
+PASS_TYPES = frozenset({"Identity", "IdentityN", "NoOp"})
+#: Op types of an update computed from a weight gradient op by op (a Keras 3 optimizer's:
+#: ``variable.assign_sub(gradient * lr)``, Adam's ``(gradient - m)``, ``square(gradient)``), which
+#: ``tf_patch.replicastep`` does not shard (it shards one ``ResourceApply*`` op per variable; a sparse
+#: gradient's ``Unique``/``UnsortedSegmentSum`` is gathered and updated whole, as without sharding).
+ELEMENTWISE_UPDATE = frozenset({"Mul", "Sub", "Square", "RealDiv", "Neg", "AssignSubVariableOp",
+                                "AssignAddVariableOp"})
+
+
+def unshardable(graph: OpGraph) -> frozenset:
+    """The ops the unshardable rule marks (role ``"unshardable"``, module doc),
+    among ops with no role yet: an ``"update"`` op of a type in
+    :data:`ELEMENTWISE_UPDATE` that reads a weight gradient (through
+    :data:`PASS_TYPES`; a Keras 3 optimizer's ``Mul`` of the gradient and the
+    learning rate): a sharded optimizer is not built for such a step
+    (:func:`pesto.step.marks.shardable`).
+
+    >>> from pesto.graph import Op, Edge, Tensor
+    >>> ops = [Op("dw", {"GPU": 1.0}, output_bytes=4, batch=True, phase="weight-grad"),
+    ...        Op("mul", {"GPU": 1.0}, output_bytes=4, batch=False, phase="update", type="Mul")]
+    >>> sorted(unshardable(OpGraph(ops, [Edge("dw", "mul", "dw:0")], [Tensor("dw:0", "dw", 4)])))
+    ['mul']
+    """
+    grads = {op.name for op in graph.ops if op.phase == "weight-grad"}
+    todo = list(grads)
+    while todo:   # through the pass-through ops after a weight gradient
+        for v in graph.successors(todo.pop()):
+            if graph.op(v).type in PASS_TYPES and v not in grads:
+                grads.add(v)
+                todo.append(v)
+    return frozenset(v for u in grads for v in graph.successors(u)
+                     if (op := graph.op(v)).phase == "update" and not op.role and op.type in ELEMENTWISE_UPDATE)
 
 
 def joinable(graph: OpGraph) -> frozenset:

@@ -27,7 +27,7 @@ from ..errors import InvalidGraphError
 from ..graph import OpGraph
 from .slicing import weight_grad_ops, whole_ops
 
-__all__ = ["forward_ops", "backward_ops", "anchors", "slice_constants", "joinable_ops", "BACKWARD"]
+__all__ = ["forward_ops", "backward_ops", "anchors", "slice_constants", "joinable_ops", "shardable", "BACKWARD"]
 
 #: The phases of the backward pass and of the update after it (``"recompute"``:
 #: a forward op re-run just before its block's backward, :func:`pesto.step.recompute`).
@@ -77,6 +77,19 @@ def anchors(graph: OpGraph) -> dict[str, str]:
     """Backward op -> the forward op it differentiates, for the ops whose
     anchor mark names an op of the graph."""
     return {op.name: op.anchor for op in graph.ops if op.anchor is not None and op.anchor in graph}
+
+
+def shardable(graph: OpGraph) -> bool:
+    """Whether a front end can build a sharded optimizer (ZeRO,
+    :func:`pesto.step.replicate`'s ``shard_optimizer``) for this step: no op
+    is marked ``role="unshardable"`` (``tf_patch`` marks an elementwise update
+    op that reads a weight gradient, as a Keras 3 optimizer's: not one ``ResourceApply*``). A graph without marks is shardable.
+
+    >>> from pesto.graph import Op
+    >>> shardable(OpGraph([Op("apply", {"GPU": 1.0})])), shardable(OpGraph([Op("mul", {"GPU": 1.0}, role="unshardable")]))
+    (True, False)
+    """
+    return not any(op.role == "unshardable" for op in graph.ops)
 
 
 def joinable_ops(graph: OpGraph) -> tuple[str, ...]:

@@ -107,7 +107,7 @@ from pesto.plan import Plan
 from pesto.problem import Problem
 from pesto.solvelog import PassLog, SolveLog
 from pesto.step import Transformed, identity, recompute, replicate, split as split_step
-from pesto.step.marks import joinable_ops, slice_constants
+from pesto.step.marks import joinable_ops, shardable, slice_constants
 from pesto.step.slicing import copy_name, weight_grad_costs
 from pesto.step.replication import gradient_buckets
 
@@ -391,6 +391,7 @@ class _Search:
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
         self.one_device: float | None = None   # a recipe's one-device step (SolveLog.one_device), for any winner
+        self.shardable = shardable(self.marked)   # the front end builds a sharded optimizer (ZeRO) for it
         self._acts_rc: tuple | None = None   # (recomputed step's activations,), built when first asked
         self.window: Deadline = deadline  # what the running pass may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
@@ -646,7 +647,7 @@ class _Search:
         and the first count screened (the most slices) may be the only one
         with time."""
         pairs = [(kind, x) for kind in KINDS.values() for st in kind.candidates(self.marked, self.cluster, m)
-                 for x in (st, *savers(st))]
+                 for x in (st, *self.savers(st))]
         keyed = [((self.predicted_memory(st) > self.capacity, bool(st.savers), self.predicted_memory(st),
                    kind.sims), n) for n, (kind, st) in enumerate(pairs)]
         return [pairs[n] for _, n in sorted(keyed)]
@@ -756,7 +757,7 @@ class _Search:
         fits = False
         for kind in KINDS.values():
             for strategy in kind.candidates(self.marked, self.cluster, m):
-                for s in savers(strategy):
+                for s in self.savers(strategy):
                     r = self.realised(kind, s)
                     if r is not None and r.plan.status != "infeasible":
                         fits = True
@@ -781,12 +782,17 @@ class _Search:
         s = strategy
         if r.plan.status == "infeasible":
             self.save(kind, s)
-        elif s.replicas > 1 and s.stages == 1 and s.schedule == "none" and not s.savers:
+        elif s.replicas > 1 and s.stages == 1 and s.schedule == "none" and not s.savers and self.shardable:
             self.realised(kind, replace(s, shard_optimizer=1))
+
+    def savers(self, strategy: Strategy) -> list[Strategy]:
+        """:func:`~solver.parallel.kinds.savers` of ``strategy``, those with a
+        sharded optimizer only when the front end builds one (:func:`pesto.step.marks.shardable`)."""
+        return [x for x in savers(strategy) if self.shardable or not x.shard_optimizer]
 
     def save(self, kind: Kind, strategy: Strategy) -> None:
         """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits."""
-        for s in savers(strategy):
+        for s in self.savers(strategy):
             r = self.realised(kind, s)
             if r is not None and r.plan.status != "infeasible":
                 return
