@@ -41,12 +41,14 @@ from pathlib import Path
 
 import pesto
 from pesto.cluster import GiB, hosts, v100x2_nvlink, v100x4_pcie
-from pesto.step import Transformed, recompute, replicate, split
+from pesto.step import Transformed, replicate, split
 from pesto.step.replication import gradient_buckets
 from tf_patch.marks import mark_step
 from solver.practitioners import place_single
 from solver.parallel.bound import sample_bound
 from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
+from solver.parallel.realise import with_savers
+from solver.parallel.search import savers_of
 
 from . import microbatch_report as report
 
@@ -181,11 +183,10 @@ def auto_split(graph, log) -> Transformed:
     (``micro_batches``, ``graph_kind``, ``replicas``, ``savers``, ``joined``), for its bound: its
     ``graph`` is the plan's (:func:`pesto.step_graph`; under the copy names
     ``op@mb0`` when the plan's step is not split)."""
-    words = (log.savers or "").split()
-    base = recompute(graph).graph if "recompute" in words else graph
+    saving = savers_of(log.savers or "")
+    base = with_savers(graph, saving).graph
     if log.graph_kind == "replicated":   # its copies grouped per replica (the bound's rule), not composed
-        level = max((int(w[-1]) for w in words if w.startswith("ZeRO-")), default=0)
-        return split(replicate(base, log.replicas, shard_optimizer=level).graph, log.micro_batches)
+        return split(replicate(base, log.replicas, shard_optimizer=saving.shard_optimizer).graph, log.micro_batches)
     return split(base, log.micro_batches if log.graph_kind == "micro-batched" else 1,
                  weight_grads=dict.fromkeys(log.joined, "whole"))
 

@@ -124,8 +124,8 @@ from .cut import in_flight
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy
 
-__all__ = ["solve_step", "step_graph", "micro_batch_counts", "with_marks", "memory_short", "winner_bound",
-           "replicated_ops", "check_batch", "AUTO_MAX", "PASSES"]
+__all__ = ["solve_step", "step_graph", "savers_of", "micro_batch_counts", "with_marks", "memory_short",
+           "winner_bound", "replicated_ops", "check_batch", "AUTO_MAX", "PASSES"]
 
 #: ``micro_batches="auto"`` tries counts up to this many slices.
 AUTO_MAX = 16
@@ -228,7 +228,7 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     """
     if graph_kind == "step" and not savers:
         return graph
-    zero = _savers(savers)
+    zero = savers_of(savers)
     marked = with_savers(with_marks(graph), zero).graph
     if graph_kind == "step":
         return marked
@@ -240,11 +240,11 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
 
 
-def _savers(words: str) -> Strategy:
+def savers_of(words: str) -> Strategy:
     """The savers named by :attr:`Strategy.savers` (``"ZeRO-2 recompute"``) as a
     strategy's fields (on two replicas: any count shards).
 
-    >>> _savers("ZeRO-1 recompute").shard_optimizer, _savers("").recompute
+    >>> savers_of("ZeRO-1 recompute").shard_optimizer, savers_of("").recompute
     (1, False)
     """
     known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
@@ -670,8 +670,8 @@ class _Search:
         (:meth:`joined`)."""
         r = self.candidate(kind, strategy) if chase else self.realised(kind, strategy)
         if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
-            s.step = min(s.step, r.plan.makespan)
             if r.strategy.savers:   # it places the recomputed split, not the one the exact passes place
+                s.step = min(s.step, r.plan.makespan)
                 return r
             sch = SCHEDULES[r.strategy.schedule]
             if sch.chunks == 1:
