@@ -36,11 +36,17 @@ group, so a stage boundary never falls inside a layer; with more than
 ``LAYERS`` groups, consecutive groups are merged into ``LAYERS`` blocks of
 about equal work (the cut programme is quadratic in the blocks).
 **Cuts.** A dynamic programme cuts the blocks into ``k`` contiguous stages.
-A stage's cost is its work per slice plus the transfer time (the cluster's
-mean GPU route) of the slice's activations and gradients crossing its two
-cuts; the programme minimises the step estimate of ``M`` slices, the sum of
-the stage costs (fill and drain) plus ``M - 1`` times the largest, exactly
-over the block boundaries. A stage is infeasible when its weights and
+A stage's cost is its work per slice plus the transfer time of the slice's
+activations and gradients crossing its two cuts, each cut priced on the
+route between the devices of the two stages it separates (one route per
+boundary: on a cluster of hosts a boundary inside a host is cheaper than
+one between hosts); the programme minimises the step estimate of ``M``
+slices, the sum of the stage costs (fill and drain) plus ``M - 1`` times
+the largest, exactly over the block boundaries. The realisers simulate
+the cuts of least estimate and, as more candidates, the least-largest-stage
+cuts on the mean route (:func:`solver.parallel.pipelines.pipeline_plan`):
+the estimate runs a slice's stages one after another, and a recurrent
+step's layers overlap as a wavefront. A stage is infeasible when its weights and
 optimizer state plus the activations of the slices the schedule holds at
 once there (1F1B: ``k - s`` on stage ``s``; GPipe: ``M``) exceed the least
 GPU memory.
@@ -59,7 +65,7 @@ from pesto.step.marks import backward_ops
 
 from .schedules import actions
 
-__all__ = ["split_stages", "largest_stage", "step_estimate", "Phases", "Blocking", "phases", "blockings",
+__all__ = ["split_stages", "largest_stage", "step_estimate", "cut_costs", "Phases", "Blocking", "phases", "blockings",
            "block_memory", "block_orders", "in_flight", "least_largest", "CHUNKS", "LAYERS"]
 
 CHUNKS = 64      # blocks per candidate order (equal work); the cut DP is quadratic in them
@@ -288,7 +294,11 @@ def split_stages(work, comm: Sequence[float], k: int, *, slices: int | None = No
     A stage of blocks ``i..j-1`` costs ``sum(work[i:j]) + comm[i] + comm[j]``
     (``comm[c]``: cost of cutting before block ``c``; ``comm[0]`` and
     ``comm[n]`` are not read). ``work`` is one vector, or one per stage
-    (``work[s][b]``: devices of different speeds). Without ``slices`` the
+    (``work[s][b]``: devices of different speeds); ``comm`` is one vector,
+    or one per boundary (``comm[s][c]``: the cost of cutting before block
+    ``c`` between stages ``s`` and ``s + 1``, priced on the route between
+    their devices: stage ``s`` of blocks ``i..j-1`` costs
+    ``comm[s-1][i] + comm[s][j]`` there). Without ``slices`` the
     split minimises the largest stage cost (:func:`largest_stage`); with
     ``slices = M`` it minimises :func:`step_estimate` exactly: the least
     largest cost ``B*`` first, then over the candidate largest costs ``B``
@@ -312,6 +322,11 @@ def split_stages(work, comm: Sequence[float], k: int, *, slices: int | None = No
     >>> # M = 2: 6 + 1 * 4 < 7 + 1 * 3.5; M = 8: 7 + 7 * 3.5 < 6 + 7 * 4
     >>> split_stages(w, c, 2, slices=2), split_stages(w, c, 2, slices=8)
     ((0, 1), (0, 2))
+    >>> # per boundary: cutting before block 1 is dear between stages 0 and 1 only
+    >>> split_stages([1, 1, 1, 1], [[0, 9, 0, 0, 0], [0, 0, 0, 0, 0]], 3)
+    (0, 2, 3)
+    >>> split_stages([1, 1, 1, 1], [[0, 0, 0, 0, 0], [0, 9, 0, 0, 0]], 3)
+    (0, 1, 2)
     """
     n = np.shape(work)[-1]
     k = max(1, min(k, n))
@@ -365,17 +380,30 @@ def _stage_costs(work, comm, k: int, memory, capacity: float):
     n = np.shape(work)[-1]
     w = _rows(work, k, n)
     pre = np.concatenate([np.zeros((k, 1)), np.cumsum(w, axis=1)], axis=1)
-    cut = np.concatenate([[0.0], np.asarray(comm, float)[1:n], [0.0]])
+    into, out = _cuts(comm, k, n)
     empty = np.tril(np.ones((n + 1, n + 1), bool))
     held = None
     if memory is not None:
         held = np.concatenate([np.zeros((k, 1)), np.cumsum(_rows(memory, k, n), axis=1)], axis=1)
 
     def seg(s: int) -> np.ndarray:
-        c = pre[s][None, :] - pre[s][:, None] + cut[:, None] + cut[None, :]
+        c = pre[s][None, :] - pre[s][:, None] + into[s][:, None] + out[s][None, :]
         over = empty if held is None else empty | (held[s][None, :] - held[s][:, None] > capacity)
         return np.where(over, np.inf, c)
     return seg
+
+
+def _cuts(comm, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per stage ``s`` of ``k``, the ``n + 1`` costs of its first cut (before
+    block ``i``, ``comm``'s row of boundary ``s - 1``) and of its last (before
+    block ``j``, boundary ``s``'s row); none before block 0 nor after block
+    ``n - 1``. ``comm``: one vector, or one per boundary (:func:`split_stages`)."""
+    a = np.atleast_2d(np.asarray(comm, float))
+    c = np.zeros((len(a), n + 1))
+    c[:, 1:n] = a[:, 1:n]
+    rows = np.broadcast_to(c, (max(k - 1, 1), n + 1)) if len(c) == 1 else c[:max(k - 1, 1)]
+    zero = np.zeros((1, n + 1))
+    return np.concatenate([zero, rows[:k - 1]]), np.concatenate([rows[:k - 1], zero])
 
 
 def _rows(x, k: int, n: int) -> np.ndarray:
@@ -452,12 +480,13 @@ def step_estimate(work, comm, starts, slices: int) -> float:
 def _costs(work, comm, starts) -> list[float]:
     n = len(work)
     ends = list(starts[1:]) + [n]
-    return [float(np.sum(work[i:j])) + (comm[i] if i else 0.0) + (comm[j] if j < n else 0.0)
-            for i, j in zip(starts, ends)]
+    into, out = _cuts(comm, len(starts), n)
+    return [float(np.sum(work[i:j]) + into[s][i] + out[s][j]) for s, (i, j) in enumerate(zip(starts, ends))]
 
 
 def _block_costs(graph: OpGraph, bl: Blocking, m: int, beta) -> tuple[np.ndarray, np.ndarray]:
-    """Per block its work per slice; per cut position the transfer time of a slice across it."""
+    """Per block its work per slice; per cut position the transfer time of a
+    slice across it (:func:`cut_costs` of the bytes crossing it)."""
     work = np.zeros(bl.count)
     for i, op in enumerate(graph.ops):
         if bl.block[i] >= 0:
@@ -468,8 +497,22 @@ def _block_costs(graph: OpGraph, bl: Blocking, m: int, beta) -> tuple[np.ndarray
         for bv in {bl.block[j] for j in cons} - {bu, -1}:
             if bu >= 0:
                 nbytes[min(bu, bv) + 1: max(bu, bv) + 1] += b / m
-    comm = np.where(nbytes > 0, beta[0] + beta[1] * nbytes, 0.0)
-    return work, comm
+    return work, cut_costs(nbytes, beta)
+
+
+def cut_costs(nbytes, beta) -> np.ndarray:
+    """The transfer time of ``nbytes`` (per cut position) on route ``beta =
+    (beta0, beta1)``: one vector; or, ``beta`` one route per boundary
+    (``beta[s]``: between stage ``s``'s device and stage ``s + 1``'s), one
+    row per boundary, :func:`split_stages`' ``comm``. No bytes, no cost.
+
+    >>> cut_costs([0, 10, 0], (1.0, 0.5)).tolist(), cut_costs([0, 10, 0], [(1.0, 0.5), (0.0, 0.0)]).tolist()
+    ([0.0, 6.0, 0.0], [[0.0, 6.0, 0.0], [0.0, 0.0, 0.0]])
+    """
+    nb = np.asarray(nbytes, float)[None, :]
+    b = np.asarray(beta, float).reshape(-1, 2)
+    comm = np.where(nb > 0, b[:, :1] + b[:, 1:] * nb, 0.0)
+    return comm[0] if np.ndim(beta) == 1 else comm
 
 
 def block_memory(graph: OpGraph, ph: Phases, bl: Blocking, m: int,

@@ -16,7 +16,9 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
 2. **Stages**: the best ``K``-stage pipeline of the *un-replicated* step on
    group 0 alone (:func:`~solver.parallel.pipelines.pipeline_plan` with
    ``stages=K`` on ``cluster.subset(group 0 + non-GPU devices)``: its block
-   orders, cut DP and simulated candidates); each op's stage is the
+   orders, cut DP and simulated candidates; each stage boundary priced on
+   the slowest route between the two stages' GPUs over the replicas'
+   groups, :func:`~solver.parallel.pipelines.route_matrix`); each op's stage is the
    position in the group of the device it got there (colocation already
    settled by that plan).
 3. **The step**: ``split(replicate(graph, R).graph, M)`` (``M = 1``: the
@@ -58,6 +60,8 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import numpy as np
+
 from pesto.cluster import Cluster
 from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
@@ -65,7 +69,7 @@ from pesto.step import Transformed, check_count, compose, replicate, split as sp
 from pesto.plan import Plan
 
 from .cut import Phases, phases
-from .pipelines import CANDIDATES, StepPlan, gpu_names, pipeline_plan, staged_plan, task_order
+from .pipelines import CANDIDATES, StepPlan, gpu_names, pipeline_plan, route_matrix, staged_plan, task_order
 from .schedules import SCHEDULES, get as get_schedule
 
 __all__ = ["hybrid_plan", "place_hybrid", "replica_groups"]
@@ -124,9 +128,10 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     groups = replica_groups(cluster, replicas)
     k = len(groups[0])
     rest = [d.name for d in cluster.devices if d.kind != "GPU"] if cluster.gpus else []
+    routes = np.max([route_matrix(cluster, g) for g in groups], axis=0)   # the slowest replica's, per boundary
     pipe = pipeline_plan(graph, cluster.subset(groups[0] + rest), schedule=schedule, micro_batches=m,
                          loss=loss, stages=k, candidates=candidates, weight_grads=weight_grads,
-                         op_stages=op_stages)
+                         op_stages=op_stages, routes=routes)
     stage = _op_stages(pipe, groups[0])
     rep = replicate(graph, len(groups))
     split = split_step(rep.graph, m, weight_grads=weight_grads)

@@ -75,12 +75,13 @@ from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
 
 from ..common import order_by_key, rank
-from .cut import (Blocking, Phases, _block_costs, block_memory, blockings, in_flight,
+from .cut import (Blocking, Phases, _block_costs, block_memory, blockings, cut_costs, in_flight,
                   largest_stage as _largest_stage, phases, split_stages, step_estimate)
 from .schedules import SCHEDULES, Action, Schedule, actions, get as get_schedule
 
 __all__ = ["place_gpipe", "place_1f1b", "place_data_parallel", "pipeline_plan", "data_parallel_plan",
            "StepPlan", "split_stages", "task_order", "CANDIDATES", "staged_plan", "step_stages", "gpu_names",
+           "route_matrix",
            "schedule_placer"]
 
 CANDIDATES = 8   # stage splits simulated per call (those of the smallest estimate)
@@ -153,7 +154,8 @@ def task_order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str
 
 def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", micro_batches: int = 4,
                   loss: str | None = None, stages: int | None = None, candidates: int = CANDIDATES,
-                  weight_grads="separate", op_stages: Sequence[int] | None = None) -> StepPlan:
+                  weight_grads="separate", op_stages: Sequence[int] | None = None,
+                  routes=None) -> StepPlan:
     """The best contiguous-stage pipeline of ``graph`` in ``micro_batches`` slices (module doc).
 
     ``weight_grads``: the split's rule for the slices' weight gradients
@@ -170,8 +172,13 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
     memory rule), virtual stage ``s`` on the device
     :meth:`~solver.parallel.schedules.Schedule.device` says, estimated
     ``(M v + k - 1)`` times the largest virtual stage's cost per slice.
+    Each stage boundary is priced on the route between the devices of its
+    two stages (``routes[a][b]``: the ``(beta0, beta1)`` between the GPUs
+    at positions ``a`` and ``b``; default :func:`route_matrix` of the
+    cluster's GPUs; a hybrid gives the slowest over its replicas' groups).
     ``candidates``: the stage splits simulated, those of least estimate
-    (:func:`solver.parallel.cut.step_estimate`).
+    (:func:`solver.parallel.cut.step_estimate`), then, half as many, the
+    balanced cuts on the mean route (:func:`_splits`).
     ``op_stages``: the stage split given instead of searched (a schedule of
     one chunk), per op of ``graph`` its stage (batched ops, ``0 .. k-1``;
     ``-1`` for unbatched ops, staged by :func:`step_stages`' rule), e.g. a
@@ -198,41 +205,69 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, *, schedule: str = "1f1b", m
         k = _given_stages(graph, op_stages, len(gpus))
         plan = _pipeline(split, cluster, gpus, tuple(op_stages), k, ph, sch, t0)
         return StepPlan(plan, split, split.micro_batches, k, schedule, "given")
-    beta = _mean_route(cluster, gpus)
-    m, v = split.micro_batches, sch.chunks
-    capacity = min(cluster.device(d).memory for d in gpus)
-    splits: dict[tuple, tuple] = {}   # (per-op virtual stages, devices) -> (estimate, block order)
+    route = route_matrix(cluster, gpus) if routes is None else np.asarray(routes, float)
+    best = None
+    for stage, k, name in _splits(graph, ph, sch, split.micro_batches, route, stages, len(gpus),
+                                  min(cluster.device(d).memory for d in gpus), candidates):
+        plan = _pipeline(split, cluster, gpus, stage, k, ph, sch, t0)
+        if best is None or rank(plan) < rank(best.plan):
+            best = StepPlan(plan, split, split.micro_batches, k, schedule, name)
+    return best
+
+
+def _splits(graph: OpGraph, ph: Phases, sch: Schedule, m: int, route: np.ndarray, stages: int | None,
+            n: int, capacity: float, candidates: int) -> list[tuple[tuple, int, str]]:
+    """The stage splits :func:`pipeline_plan` simulates, each ``(per-op
+    virtual stage, stages, block order)``. Per block order and stage count
+    ``k``: the cut of least step estimate (one chunk; else of least largest
+    virtual stage), each stage boundary priced on the route between its two
+    devices (``route[a][b]``); and, for one chunk, the least-largest-stage
+    cut with every boundary priced on the mean route of ``route`` (the
+    balanced cut of equal-work blocks the cutter made before its exact
+    programme). The ``candidates`` of least estimate first, then the
+    balanced cuts of least estimate ``(M + k - 1)`` times their largest
+    stage, ``candidates // 2`` of them (at least one), those not among the
+    first. The step estimate runs a slice's stages one after another and
+    charges a transfer to the stages on both sides; where a slice's stages
+    overlap (a recurrent step's layers run as a wavefront, at ``M = 1``
+    too) or a transfer hides behind compute, the balanced cut can be
+    faster, and the simulation decides."""
+    v = sch.chunks
+    est: tuple[dict, dict] = ({}, {})   # exact, balanced: (per-op virtual stages, devices) -> (estimate, order)
+    mean = route[~np.eye(len(route), dtype=bool)].mean(axis=0) if len(route) > 1 else np.zeros(2)
     refused = []
     for bl in blockings(graph, ph) or [Blocking("one", tuple(0 if op.batch else -1 for op in graph.ops), 1)]:
-        work, comm = _block_costs(graph, bl, m, beta)
+        work, nbytes = _block_costs(graph, bl, m, (0.0, 1.0))   # per cut position: the bytes crossing it
         static, act = block_memory(graph, ph, bl, m, step_stages(graph, bl.block)) if v == 1 else (0, 0)
-        for k in ([min(stages, len(gpus))] if stages else range(1, len(gpus) + 1)):
+        for k in ([min(stages, n)] if stages else range(1, n + 1)):
+            k = min(k, bl.count) if v == 1 else k
+            comm = cut_costs(nbytes, [_route_of(route, sch.device(s, k), sch.device(s + 1, k))
+                                      for s in range(max(k * v - 1, 1))])
+            memory = [static + in_flight(sch.name, s, k, m) * act for s in range(k)] if v == 1 else None
+            cuts = [(split_stages(work, comm, k, slices=m, memory=memory, capacity=capacity), comm)] if v == 1 else \
+                [(split_stages(work, comm, k * v), comm)]
             if v == 1:
-                k = min(k, bl.count)
-                memory = [static + in_flight(schedule, s, k, m) * act for s in range(k)]
-                starts = split_stages(work, comm, k, slices=m, memory=memory, capacity=capacity)
-            else:
-                starts = split_stages(work, comm, k * v)
-            why = sch.refuses(k, m) or ("" if v == 1 or len(starts) == k * v else
+                even = cut_costs(nbytes, tuple(mean))
+                cuts.append((split_stages(work, even, k, memory=memory, capacity=capacity), even))
+            why = sch.refuses(k, m) or ("" if v == 1 or len(cuts[0][0]) == k * v else
                                         f"{k * v} virtual stages need {k * v} blocks, the step has {bl.count}")
             if why:
                 refused.append(why)
                 continue
-            stage_of = np.searchsorted(np.asarray(starts), np.arange(bl.count), side="right") - 1
-            stage = tuple(int(stage_of[b]) if b >= 0 else -1 for b in bl.block)
-            k = len(starts) // v
-            est = (step_estimate(work, comm, starts, m) if v == 1
-                   else (m * v + k - 1) * _largest_stage(work, comm, starts))
-            if (stage, k) not in splits or est < splits[stage, k][0]:
-                splits[stage, k] = (est, bl.name)
-    if not splits:
-        raise ValueError(f"{schedule} M={m}: no stage split: " + "; ".join(dict.fromkeys(refused)))
-    best = None
-    for (stage, k), (_, name) in sorted(splits.items(), key=lambda kv: (kv[1][0], kv[0][1]))[:max(1, candidates)]:
-        plan = _pipeline(split, cluster, gpus, stage, k, ph, sch, t0)
-        if best is None or rank(plan) < rank(best.plan):
-            best = StepPlan(plan, split, m, k, schedule, name)
-    return best
+            for family, (starts, c) in enumerate(cuts):
+                stage_of = np.searchsorted(np.asarray(starts), np.arange(bl.count), side="right") - 1
+                key = (tuple(int(stage_of[b]) if b >= 0 else -1 for b in bl.block), len(starts) // v)
+                value = (step_estimate(work, c, starts, m) if v == 1 and family == 0
+                         else (m * v + key[1] - 1) * _largest_stage(work, c, starts))
+                if key not in est[family] or value < est[family][key][0]:
+                    est[family][key] = (value, bl.name)
+    if not est[0]:
+        raise ValueError(f"{sch.name} M={m}: no stage split: " + "; ".join(dict.fromkeys(refused)))
+    ranked = [sorted(e, key=lambda key: (e[key][0], key[1])) for e in est]
+    chosen = ranked[0][:max(1, candidates)]
+    chosen += [key for key in ranked[1][:max(1, candidates // 2)] if key not in chosen]
+    names = {**est[1], **est[0]}
+    return [(stage, k, names[stage, k][1]) for stage, k in chosen]
 
 
 def _given_stages(graph: OpGraph, op_stages: Sequence[int], gpus: int) -> int:
@@ -251,11 +286,32 @@ def gpu_names(cluster: Cluster) -> list[str]:
     return gpus or [d.name for d in cluster.devices]
 
 
-def _mean_route(cluster: Cluster, devs: Sequence[str]) -> tuple[float, float]:
-    routes = [cluster.route(a, b) for a in devs for b in devs if a != b]
-    if not routes:
-        return (0.0, 0.0)
-    return (float(np.mean([r.beta0 for r in routes])), float(np.mean([r.beta1 for r in routes])))
+def route_matrix(cluster: Cluster, devs: Sequence[str]) -> np.ndarray:
+    """``(n, n, 2)``: per pair of ``devs`` the ``(beta0, beta1)`` a stage
+    boundary between them is priced on, the mean of the two directions (a
+    slice's activations go one way, its gradients the other); 0 on the
+    diagonal.
+
+    >>> from pesto.cluster import hosts
+    >>> c = hosts(2, 1, "ib_hdr")
+    >>> m = route_matrix(c, gpu_names(c))
+    >>> m.shape, m[0, 0].tolist(), bool(m[0, 1, 1] > 0)
+    ((2, 2, 2), [0.0, 0.0], True)
+    """
+    n = len(devs)
+    out = np.zeros((n, n, 2))
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                r = cluster.route(devs[a], devs[b])
+                out[a, b] += (r.beta0 / 2, r.beta1 / 2)
+                out[b, a] += (r.beta0 / 2, r.beta1 / 2)
+    return out
+
+
+def _route_of(route: np.ndarray, a: int, b: int) -> tuple[float, float]:
+    """The route between device positions ``a`` and ``b`` (none past the matrix: one device)."""
+    return tuple(route[a, b]) if max(a, b) < len(route) else (0.0, 0.0)
 
 
 def _pipeline(split: Transformed, cluster: Cluster, gpus, stage, stages: int, ph: Phases,
