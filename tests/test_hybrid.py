@@ -133,3 +133,20 @@ def test_step_search_skips_hybrids_too_large(step, two_hosts, monkeypatch):
     plan = pesto.solve(step, cluster=two_hosts, micro_batches=2, time_limit=2, seed=0)
     assert "hybrid R=2 M=2" not in plan.log.steps
     assert "more than" in plan.log.skipped["hybrid R=2 M=2"]
+
+
+def test_step_search_screens_zero_bubble_hybrids(step, two_hosts):
+    """The hybrid kind offers each replica count with 1F1B and ZB-H1 pipelines,
+    named apart; the search logs the ZB-H1 hybrid's step as its realiser makes it."""
+    from solver.parallel.kinds import KINDS
+    from solver.parallel.search import SCREEN_CANDIDATES
+    from solver.parallel.strategy import Strategy
+    kind = KINDS["hybrid"]
+    got = kind.candidates(step, two_hosts, 2)
+    assert [(s.replicas, s.schedule) for s in got] == [(2, "1f1b"), (2, "zb-h1")]
+    assert [kind.label(s) for s in got] == ["hybrid R=2 M=2", "hybrid R=2 M=2 zb-h1"]
+    assert Strategy(replicas=2, stages=2, micro_batches=2, schedule="zb-h1").name == "hybrid R=2 K=2 M=2 zb-h1"
+    plan = pesto.solve(step, cluster=two_hosts, micro_batches=2, time_limit=3, seed=0)
+    zb = hybrid_plan(step, two_hosts, replicas=2, micro_batches=2, schedule="zb-h1", candidates=SCREEN_CANDIDATES).plan
+    assert plan.log.steps["hybrid R=2 M=2 zb-h1"] == pytest.approx(zb.makespan)
+    assert plan.makespan <= min(plan.log.steps.values()) + 1e-6

@@ -148,7 +148,8 @@ class Strategy:
 
     @property
     def name(self) -> str:
-        """A short name: ``"data-parallel R=4"``, ``"1f1b K=2 M=8"``, ``"hybrid R=2 K=2 M=4"``,
+        """A short name: ``"data-parallel R=4"``, ``"1f1b K=2 M=8"``, ``"hybrid R=2 K=2 M=4"``
+        (1F1B; another schedule after it: ``"hybrid R=2 K=2 M=4 zb-h1"``),
         the weight-gradient rule and the savers after it (``"data-parallel R=4 ZeRO-1"``,
         ``"zb-h1 K=4 M=8 whole(4)"``)."""
         return " ".join(w for w in (self._base_name(), self.rule_words, self.savers) if w)
@@ -157,7 +158,8 @@ class Strategy:
         m = f" M={self.micro_batches}" if self.micro_batches > 1 else ""
         if self.replicas > 1:
             if self.stages > 1:
-                return f"hybrid R={self.replicas} K={self.stages}{m}"
+                return f"hybrid R={self.replicas} K={self.stages}{m}" + ("" if self.schedule in ("1f1b", "none")
+                                                                          else f" {self.schedule}")
             return f"data-parallel R={self.replicas}{m}"
         if self.schedule in SCHEDULES:
             return f"{self.schedule} K={self.stages}{m}"
