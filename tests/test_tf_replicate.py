@@ -112,6 +112,26 @@ def test_a_hybrid_plan_trains_on_four_devices_as_the_unsplit_step():
     step.close()
 
 
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_zero_bubble_hybrid_plan_trains_as_the_unsplit_step(micro_batches):
+    """A hybrid whose pipelines run ZB-H1 (weight gradients deferred, what the
+    search screens beside 1F1B): the same replicated step, ordered otherwise;
+    it trains as the un-split step, every op where the plan puts it."""
+    step = _keras("cnn", 4)
+    whole = step.run(3)
+    step.reset()
+    marked = with_marks(step.graph)
+    sp = hybrid_plan(marked, CLUSTER[4], replicas=2, micro_batches=micro_batches, schedule="zb-h1")
+    assert sp.stages == 2
+    result = Solved(sp.plan, sp.graph, Strategy(replicas=2, stages=2, micro_batches=micro_batches,
+                                                schedule="zb-h1"))
+    step.apply(result)
+    assert step.replicas == 2 and step.micro_batches == 2 * micro_batches
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    _assert_placed(step, result, 4)
+    step.close()
+
+
 @pytest.mark.parametrize("name, optimizer, micro_batches", [("rnnlm", "sgd", 1), ("rnnlm", "adam", 1),
                                                          ("nmt", "adam", 2)])
 def test_a_zoo_model_trains_replicated_as_mirrored_strategy(name, optimizer, micro_batches):
