@@ -150,3 +150,25 @@ def test_step_search_screens_zero_bubble_hybrids(step, two_hosts):
     zb = hybrid_plan(step, two_hosts, replicas=2, micro_batches=2, schedule="zb-h1", candidates=SCREEN_CANDIDATES).plan
     assert plan.log.steps["hybrid R=2 M=2 zb-h1"] == pytest.approx(zb.makespan)
     assert plan.makespan <= min(plan.log.steps.values()) + 1e-6
+
+
+def test_a_hybrids_cuts_are_priced_on_its_replicas_routes(step, monkeypatch):
+    """R=2 on 4 hosts of 2 GPUs: each replica's 4 stages span two hosts, so
+    its middle boundary crosses the network and the others stay on NVLink;
+    the cutter gets those routes per boundary (the slowest over the
+    replicas' groups), not their mean."""
+    import solver.parallel.hybrid as hybrid
+    seen = {}
+
+    def spy(*args, routes=None, **kw):
+        seen["routes"] = routes
+        return pipeline_plan(*args, routes=routes, **kw)
+    monkeypatch.setattr(hybrid, "pipeline_plan", spy)
+    c = hosts(4, 2, SLOW)
+    hybrid_plan(step, c, replicas=2, micro_batches=2, candidates=1)
+    r = seen["routes"]
+    g = replica_groups(c, 2)
+    net, nvlink = c.route(g[1][1], g[1][2]), c.route(g[1][0], g[1][1])
+    assert r.shape == (4, 4, 2)
+    assert r[1, 2].tolist() == pytest.approx([net.beta0, net.beta1])
+    assert r[0, 1].tolist() == pytest.approx([nvlink.beta0, nvlink.beta1]) and r[0, 1, 1] < r[1, 2, 1]
