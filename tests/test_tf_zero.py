@@ -104,7 +104,7 @@ def test_a_zero_plan_trains_as_the_unsharded_replicated_step(replicas, level):
     assert set(replica_zero(after)) >= {"rnn/layer_0/kernel", "softmax/w"}
 
 
-def test_result_view_accepts_a_sharded_optimizer_and_refuses_it_with_recomputation():
+def test_result_view_accepts_a_sharded_optimizer_alone_and_with_recomputation():
     class R:
         graph, micro_batches, replicas, graph_kind = None, 1, 2, "replicated"
 
@@ -112,8 +112,7 @@ def test_result_view_accepts_a_sharded_optimizer_and_refuses_it_with_recomputati
             self.plan = type("P", (), {"log": SolveLog(recipe="step search", savers=savers)})()
 
     assert result_view(R("ZeRO-1")).replicas == 2 and result_view(R("ZeRO-2")).replicas == 2
-    with pytest.raises(MicroBatchError, match="ZeRO-2 recompute"):
-        result_view(R("ZeRO-2 recompute"))
+    assert result_view(R("ZeRO-2 recompute")).replicas == 2   # built: tests/test_tf_savers.py
 
 
 def test_a_keras_optimizer_update_of_several_ops_cannot_be_sharded():
