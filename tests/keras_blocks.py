@@ -7,6 +7,19 @@ import tensorflow as tf
 L = tf.keras.layers
 
 
+def tanh_mlp():
+    """Three ``Dense(16, tanh)`` layers ``layer_<k>`` (recomputation's blocks) and a head of
+    3 logits, seeded; with its batch ``(x, y)`` of 8 samples."""
+    tf.keras.utils.set_random_seed(0)
+    inp = tf.keras.Input((8,))
+    h = inp
+    for k in range(3):
+        h = L.Dense(16, activation="tanh", name=f"layer_{k}")(h)
+    model = tf.keras.Model(inp, L.Dense(3, name="head")(h))
+    x = tf.random.normal((8, 8), seed=1)
+    return model, x, tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+
+
 def attention_block(batch: int, seq: int, width: int, classes: int):
     """A Transformer encoder block: 2-head self-attention (causal mask), residual +
     LayerNormalization, a GELU feed-forward, pooled into ``classes`` logits."""

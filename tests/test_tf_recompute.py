@@ -9,6 +9,7 @@ it. The plans come from the realiser (``Strategy(..., recompute=True)``), so the
 test does not depend on what a timed search picks. Models are tiny; no timing
 is asserted.
 """
+import dataclasses
 import doctest
 import os
 
@@ -21,6 +22,7 @@ import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
 tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
+from keras_blocks import tanh_mlp  # noqa: E402
 from pesto.api import marked  # noqa: E402
 from pesto.errors import MicroBatchError  # noqa: E402
 from pesto.solvelog import SolveLog  # noqa: E402
@@ -39,14 +41,7 @@ CLUSTER = pesto.gpus(2, beta=(0.0, 1e-9))
 
 def _mlp(n_devices=2):
     """Three Dense layers ``layer_<k>`` (the blocks) and a head, trained by SGD."""
-    tf.keras.utils.set_random_seed(0)
-    inp = tf.keras.Input((8,))
-    h = inp
-    for k in range(3):
-        h = L.Dense(16, activation="tanh", name=f"layer_{k}")(h)
-    model = tf.keras.Model(inp, L.Dense(3, name="head")(h))
-    x = tf.random.normal((8, 8), seed=1)
-    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    model, x, y = tanh_mlp()
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.5), x, y, n_devices=n_devices)
 
@@ -165,29 +160,38 @@ def test_a_zoo_model_runs_a_recompute_plan_placed_and_place_split_refuses_a_step
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 0
 
 
-def test_a_zoo_model_runs_a_recompute_hybrid_replicated_with_its_copies_placed():
-    """rnnlm as a hybrid R=2 x M=2 with recomputation on 4 devices (``replicate_model`` then
+@pytest.mark.parametrize("strategy, devices, optimizer", [
+    (Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b", recompute=True), 4, "sgd"),
+    (Strategy(replicas=2, shard_optimizer=2, recompute=True), 2, "adam")], ids=["hybrid", "zero-2"])
+def test_a_zoo_model_runs_a_recompute_plan_replicated_with_its_copies_placed(strategy, devices, optimizer):
+    """rnnlm as a hybrid R=2 x M=2 with recomputation on 4 devices, and data-parallel with
+    Adam sharded (ZeRO-2) and recomputation on 2 (``replicate_model`` then
     ``recompute_replicated``): each copy on the plan's device, the un-split step's losses."""
-    tiny = dict(layers=2, units=16, batch=8, steps=3, vocab=50, optimizer="sgd", lr=0.5)
+    tiny = dict(layers=2, units=16, batch=8, steps=3, vocab=50, optimizer=optimizer,
+                lr=0.5 if optimizer == "sgd" else 0.01)
     whole = build_model("rnnlm", "small", **tiny)
     step, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
-    cluster = pesto.gpus(4, beta=(0.0, 1e-9))
-    result = realise(marked(step), cluster, Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b",
-                                                     recompute=True))
-    built = tf_patch.replicate_model(build_model("rnnlm", "small", micro_batches=4, **tiny), result)
+    result = realise(marked(step), pesto.gpus(devices, beta=(0.0, 1e-9)), strategy)
+    log = SolveLog(recipe="step search", graph_kind="replicated", replicas=2, savers=result.strategy.savers)
+    result = dataclasses.replace(result, plan=result.plan.replace(log=log))   # as the search returns it
+    slices = strategy.replicas * strategy.micro_batches
+    built = tf_patch.replicate_model(build_model("rnnlm", "small", micro_batches=slices, **tiny), result)
     model, plan, rmap = recompute.recompute_replicated(built[0], result, built[2])
     copies = _copies(result)
     assert copies and all(len(rmap.ops[c]) == 1 and rmap.ops[c][0].startswith(RECOMPUTE) for c in copies)
     assert all(plan.placement[rmap.ops[c][0]] == result.plan.placement[c] for c in copies)
+    updates = [op.name for op in model.graph.get_operations() if op.type == "ResourceApplyAdam"]
+    assert all(n.startswith("allreduce/") and n.endswith("/update") for n in updates)   # ZeRO: pieces only
+    assert bool(updates) == bool(strategy.shard_optimizer)
     with tf.compat.v1.Session(graph=whole.graph) as sess:
         sess.run(whole.init_op)
-        expected = [float(sess.run(whole.fetches, whole.feed_fn(s))[1]) for s in range(2)]
-    with PlacedRun(lambda: model, plan, n_devices=4) as run:
-        losses = run.train(2)
+        expected = [float(sess.run(whole.fetches, whole.feed_fn(s))[1]) for s in range(3)]
+    with PlacedRun(lambda: model, plan, n_devices=devices) as run:
+        losses = run.train(3)
         seen = run.trace()
     np.testing.assert_allclose(losses, expected, rtol=1e-6)
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 100
-    assert {seen["devices"][rmap.ops[c][0]] for c in copies} == {f"/CPU:{k}" for k in range(4)}
+    assert {seen["devices"][rmap.ops[c][0]] for c in copies} == {f"/CPU:{k}" for k in range(devices)}
 
 
 def test_recompute_examples_run():

@@ -23,6 +23,7 @@ import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
 tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
+from keras_blocks import tanh_mlp  # noqa: E402
 from pesto.api import marked  # noqa: E402
 from pesto.errors import MicroBatchError  # noqa: E402
 from pesto.graph import OpGraph  # noqa: E402
@@ -31,15 +32,11 @@ from solver.parallel.kinds import KINDS, savers  # noqa: E402
 from solver.parallel.realise import realise  # noqa: E402
 from solver.parallel.search import savers_of  # noqa: E402
 from solver.parallel.strategy import Strategy  # noqa: E402
-from tf_patch import recompute  # noqa: E402
 from tf_patch.replicastep import unshard  # noqa: E402
 from tf_patch.slicemap import RECOMPUTE, TF_SAVERS, result_view  # noqa: E402
-from tf_patch.workflow import PlacedRun  # noqa: E402
-from tf_patch.zoo import build_model  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
-L = tf.keras.layers
 CLUSTER = pesto.gpus(2, beta=(0.0, 1e-9))
 
 
@@ -69,14 +66,7 @@ class RawAdam:
 
 def _mlp(n_devices=2):
     """Three Dense layers ``layer_<k>`` (the recomputed blocks) and a head, trained by :class:`RawAdam`."""
-    tf.keras.utils.set_random_seed(0)
-    inp = tf.keras.Input((8,))
-    h = inp
-    for k in range(3):
-        h = L.Dense(16, activation="tanh", name=f"layer_{k}")(h)
-    model = tf.keras.Model(inp, L.Dense(3, name="head")(h))
-    x = tf.random.normal((8, 8), seed=1)
-    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    model, x, y = tanh_mlp()
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     step = tf_patch.LossStep(lambda x, y: tf.reduce_mean(loss(y, model(x, training=True))),
                              lambda: model.trainable_variables, RawAdam(model.trainable_variables))
@@ -182,45 +172,3 @@ def test_unshard_joins_only_whole_pieces():
     pieces = {"p0": ("w", 0, 2), "p1": ("w", 2, 3), "s1": ("s", 2, 3)}
     joined = unshard({"p0": np.array([1.0, 2.0]), "p1": np.array([3.0]), "s1": np.array([9.0])}, pieces)
     assert list(joined) == ["w"] and joined["w"].tolist() == [1.0, 2.0, 3.0]   # s lacks its first piece
-
-
-def test_a_zoo_model_runs_a_zero_2_recompute_plan_replicated_with_its_copies_placed():
-    """rnnlm with Adam (graph mode, ``ResourceApplyAdam``): ``replicate_model`` shards the
-    optimizer, ``recompute_replicated`` builds the copies; the un-split step's losses."""
-    tiny = dict(layers=2, units=16, batch=8, steps=3, vocab=50, optimizer="adam", lr=0.01)
-    whole = build_model("rnnlm", "small", **tiny)
-    step, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
-    result = _searched(realise(marked(step), CLUSTER, Strategy(replicas=2, shard_optimizer=2, recompute=True)))
-    built = tf_patch.replicate_model(build_model("rnnlm", "small", micro_batches=2, **tiny), result)
-    model, plan, rmap = recompute.recompute_replicated(built[0], result, built[2])
-    copies = _copies(result)
-    assert copies and all(len(rmap.ops[c]) == 1 and rmap.ops[c][0].startswith(RECOMPUTE) for c in copies)
-    assert all(plan.placement[rmap.ops[c][0]] == result.plan.placement[c] for c in copies)
-    assert {n.split("@")[0] for n in rmap.unmapped_pesto} <= {"inputs", "targets"}
-    updates = [op.name for op in model.graph.get_operations() if op.type == "ResourceApplyAdam"]
-    assert updates and all(n.startswith("allreduce/") and n.endswith("/update") for n in updates)
-    with tf.compat.v1.Session(graph=whole.graph) as sess:
-        sess.run(whole.init_op)
-        expected = [float(sess.run(whole.fetches, whole.feed_fn(s))[1]) for s in range(3)]
-    with PlacedRun(lambda: model, plan, n_devices=2) as run:
-        losses = run.train(3)
-        seen = run.trace()
-    np.testing.assert_allclose(losses, expected, rtol=1e-6)
-    assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 100
-    assert {seen["devices"][rmap.ops[c][0]] for c in copies} == {"/CPU:0", "/CPU:1"}
-
-
-def test_demo_auto_trains_a_zero_2_recompute_winner(capsys, monkeypatch):
-    """The demo's ``auto`` path (profile, solve, carry, place, train) with a ZeRO-2 +
-    recomputation winner (forced: the zoo's presets fit memory): on-plan, equal losses."""
-    from tf_patch import demo
-
-    def saving(graph, cluster, **_):
-        return _searched(realise(marked(graph), cluster, Strategy(replicas=2, shard_optimizer=2, recompute=True)))
-
-    monkeypatch.setattr(demo, "solve_step", saving)
-    assert demo.main(["--model", "rnnlm", "--preset", "small", "--micro-batches", "auto", "--time-limit", "1",
-                      "--steps", "2", "--rounds", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "carried onto TF's replicated step" in out and "trace: 0 ops off-plan, 0/" in out
-    assert out.count("equal within 1e-05 relative") == 2 and "NOT EQUAL" not in out
