@@ -22,7 +22,7 @@ import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
 tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
-from keras_blocks import tanh_mlp  # noqa: E402
+from keras_blocks import tanh_mlp, wide_mlp  # noqa: E402
 from pesto.api import marked  # noqa: E402
 from pesto.errors import MicroBatchError  # noqa: E402
 from pesto.solvelog import SolveLog  # noqa: E402
@@ -35,7 +35,6 @@ from tf_patch.zoo import build_model  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
-L = tf.keras.layers
 CLUSTER = pesto.gpus(2, beta=(0.0, 1e-9))
 
 
@@ -249,23 +248,7 @@ def test_a_timed_search_picks_recomputation_where_only_it_fits_a_wide_keras_mlp(
     recomputation needs more (data-parallel M=2 about 10.2 MB, pipelines 15-21 MB; with
     recomputation 8.5 MB), so the timed search returns one that recomputes and fits (a Keras
     optimizer's update is not sharded, so no ZeRO saver is screened)."""
-
-    class Block(L.Layer):
-        def __init__(self, width, **kw):
-            super().__init__(**kw)
-            self.up, self.down = L.Dense(4 * width, activation="relu"), L.Dense(width)
-
-        def call(self, x):
-            return self.down(self.up(x))
-
-    tf.keras.utils.set_random_seed(0)
-    inp = tf.keras.Input((64,))
-    h = inp
-    for k in range(4):
-        h = Block(128, name=f"layer_{k}")(h)
-    model = tf.keras.Model(inp, L.Dense(4, name="head")(h))
-    x = tf.random.normal((1024, 64), seed=1)
-    y = tf.random.uniform((1024,), 0, 4, dtype=tf.int32, seed=2)
+    model, x, y = wide_mlp()
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.1), x, y, n_devices=2)
     cluster = pesto.gpus(2, memory=9_400_000)
