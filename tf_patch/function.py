@@ -307,7 +307,10 @@ class FunctionStep:
         self._values = dict(self._initial)
 
     def values(self) -> dict:
-        """Current variable values, by captured name (numpy arrays)."""
+        """Current variable values, by captured name (numpy arrays). After a sharded
+        (ZeRO) plan, an optimizer slot of a dense variable is only the replicas' piece
+        variables (``allreduce/<k>/r<r>/<variable>/slot_<q>``); the next plan
+        :meth:`apply` carries starts from them joined (:func:`tf_patch.replicastep.unshard`)."""
         if self._sess is None:
             return dict(self._values)
         return dict(zip(self._reads, self._sess.run(list(self._reads.values()))))
