@@ -7,6 +7,41 @@ import tensorflow as tf
 L = tf.keras.layers
 
 
+def tanh_mlp():
+    """Three ``Dense(16, tanh)`` layers ``layer_<k>`` (recomputation's blocks) and a head of
+    3 logits, seeded; with its batch ``(x, y)`` of 8 samples."""
+    tf.keras.utils.set_random_seed(0)
+    inp = tf.keras.Input((8,))
+    h = inp
+    for k in range(3):
+        h = L.Dense(16, activation="tanh", name=f"layer_{k}")(h)
+    model = tf.keras.Model(inp, L.Dense(3, name="head")(h))
+    x = tf.random.normal((8, 8), seed=1)
+    return model, x, tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+
+
+def wide_mlp(blocks: int = 4, width: int = 128, batch: int = 1024):
+    """``blocks`` blocks ``layer_<k>``, each ``Dense(4 width, relu) -> Dense(width)``
+    (a wide activation, small weights: what recomputation saves), on 64 features into 4
+    logits, seeded; with its batch ``(x, y)``."""
+    class Block(L.Layer):
+        def __init__(self, width, **kw):
+            super().__init__(**kw)
+            self.up, self.down = L.Dense(4 * width, activation="relu"), L.Dense(width)
+
+        def call(self, x):
+            return self.down(self.up(x))
+
+    tf.keras.utils.set_random_seed(0)
+    inp = tf.keras.Input((64,))
+    h = inp
+    for k in range(blocks):
+        h = Block(width, name=f"layer_{k}")(h)
+    model = tf.keras.Model(inp, L.Dense(4, name="head")(h))
+    x = tf.random.normal((batch, 64), seed=1)
+    return model, x, tf.random.uniform((batch,), 0, 4, dtype=tf.int32, seed=2)
+
+
 def attention_block(batch: int, seq: int, width: int, classes: int):
     """A Transformer encoder block: 2-head self-attention (causal mask), residual +
     LayerNormalization, a GELU feed-forward, pooled into ``classes`` logits."""

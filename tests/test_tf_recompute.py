@@ -9,6 +9,7 @@ it. The plans come from the realiser (``Strategy(..., recompute=True)``), so the
 test does not depend on what a timed search picks. Models are tiny; no timing
 is asserted.
 """
+import dataclasses
 import doctest
 import os
 
@@ -21,6 +22,7 @@ import tf_patch  # noqa: E402  (loads OR-Tools before TensorFlow)
 tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
+from keras_blocks import tanh_mlp, wide_mlp  # noqa: E402
 from pesto.api import marked  # noqa: E402
 from pesto.errors import MicroBatchError  # noqa: E402
 from pesto.solvelog import SolveLog  # noqa: E402
@@ -33,20 +35,12 @@ from tf_patch.zoo import build_model  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
-L = tf.keras.layers
 CLUSTER = pesto.gpus(2, beta=(0.0, 1e-9))
 
 
 def _mlp(n_devices=2):
     """Three Dense layers ``layer_<k>`` (the blocks) and a head, trained by SGD."""
-    tf.keras.utils.set_random_seed(0)
-    inp = tf.keras.Input((8,))
-    h = inp
-    for k in range(3):
-        h = L.Dense(16, activation="tanh", name=f"layer_{k}")(h)
-    model = tf.keras.Model(inp, L.Dense(3, name="head")(h))
-    x = tf.random.normal((8, 8), seed=1)
-    y = tf.random.uniform((8,), 0, 3, dtype=tf.int32, seed=2)
+    model, x, y = tanh_mlp()
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.5), x, y, n_devices=n_devices)
 
@@ -126,11 +120,11 @@ def test_result_view_takes_recompute_and_refuses_the_savers_tf_does_not_build_by
     ok = Result()
     ok.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="recompute"))
     assert result_view(ok).micro_batches == 2
-    sharded = Result()
-    sharded.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="ZeRO-2 recompute"))
-    with pytest.raises(MicroBatchError, match=r"memory savers \(ZeRO-2 recompute\).*together") as err:
-        result_view(sharded)   # each alone is built in TF, not both in one plan
-    assert err.value.culprit == "ZeRO-2 recompute"
+    unknown = Result()
+    unknown.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="recompute offload"))
+    with pytest.raises(MicroBatchError, match=r"memory savers \(offload\) that tf_patch does not build") as err:
+        result_view(unknown)   # ZeRO with recomputation is built (tests/test_tf_savers.py), an unknown saver not
+    assert err.value.culprit == "offload"
 
 
 @pytest.mark.parametrize("name, tiny", [
@@ -165,29 +159,38 @@ def test_a_zoo_model_runs_a_recompute_plan_placed_and_place_split_refuses_a_step
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 0
 
 
-def test_a_zoo_model_runs_a_recompute_hybrid_replicated_with_its_copies_placed():
-    """rnnlm as a hybrid R=2 x M=2 with recomputation on 4 devices (``replicate_model`` then
+@pytest.mark.parametrize("strategy, devices, optimizer", [
+    (Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b", recompute=True), 4, "sgd"),
+    (Strategy(replicas=2, shard_optimizer=2, recompute=True), 2, "adam")], ids=["hybrid", "zero-2"])
+def test_a_zoo_model_runs_a_recompute_plan_replicated_with_its_copies_placed(strategy, devices, optimizer):
+    """rnnlm as a hybrid R=2 x M=2 with recomputation on 4 devices, and data-parallel with
+    Adam sharded (ZeRO-2) and recomputation on 2 (``replicate_model`` then
     ``recompute_replicated``): each copy on the plan's device, the un-split step's losses."""
-    tiny = dict(layers=2, units=16, batch=8, steps=3, vocab=50, optimizer="sgd", lr=0.5)
+    tiny = dict(layers=2, units=16, batch=8, steps=3, vocab=50, optimizer=optimizer,
+                lr=0.5 if optimizer == "sgd" else 0.01)
     whole = build_model("rnnlm", "small", **tiny)
     step, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
-    cluster = pesto.gpus(4, beta=(0.0, 1e-9))
-    result = realise(marked(step), cluster, Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b",
-                                                     recompute=True))
-    built = tf_patch.replicate_model(build_model("rnnlm", "small", micro_batches=4, **tiny), result)
+    result = realise(marked(step), pesto.gpus(devices, beta=(0.0, 1e-9)), strategy)
+    log = SolveLog(recipe="step search", graph_kind="replicated", replicas=2, savers=result.strategy.savers)
+    result = dataclasses.replace(result, plan=result.plan.replace(log=log))   # as the search returns it
+    slices = strategy.replicas * strategy.micro_batches
+    built = tf_patch.replicate_model(build_model("rnnlm", "small", micro_batches=slices, **tiny), result)
     model, plan, rmap = recompute.recompute_replicated(built[0], result, built[2])
     copies = _copies(result)
     assert copies and all(len(rmap.ops[c]) == 1 and rmap.ops[c][0].startswith(RECOMPUTE) for c in copies)
     assert all(plan.placement[rmap.ops[c][0]] == result.plan.placement[c] for c in copies)
+    updates = [op.name for op in model.graph.get_operations() if op.type == "ResourceApplyAdam"]
+    assert all(n.startswith("allreduce/") and n.endswith("/update") for n in updates)   # ZeRO: pieces only
+    assert bool(updates) == bool(strategy.shard_optimizer)
     with tf.compat.v1.Session(graph=whole.graph) as sess:
         sess.run(whole.init_op)
-        expected = [float(sess.run(whole.fetches, whole.feed_fn(s))[1]) for s in range(2)]
-    with PlacedRun(lambda: model, plan, n_devices=4) as run:
-        losses = run.train(2)
+        expected = [float(sess.run(whole.fetches, whole.feed_fn(s))[1]) for s in range(3)]
+    with PlacedRun(lambda: model, plan, n_devices=devices) as run:
+        losses = run.train(3)
         seen = run.trace()
     np.testing.assert_allclose(losses, expected, rtol=1e-6)
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 100
-    assert {seen["devices"][rmap.ops[c][0]] for c in copies} == {f"/CPU:{k}" for k in range(4)}
+    assert {seen["devices"][rmap.ops[c][0]] for c in copies} == {f"/CPU:{k}" for k in range(devices)}
 
 
 def test_recompute_examples_run():
@@ -243,26 +246,9 @@ def test_a_timed_search_picks_recomputation_where_only_it_fits_a_wide_keras_mlp(
     """Four blocks Dense(512, relu) -> Dense(128) at batch 1024 (the 512-wide activation is
     recomputed, the weights are small), 2 GPUs of 9.4 MB, M=2: every plan without
     recomputation needs more (data-parallel M=2 about 10.2 MB, pipelines 15-21 MB; with
-    recomputation 8.5 MB), so the timed search returns one that recomputes and fits. (Its
-    data-parallel saver also shards the optimizer, ZeRO-2, which tf_patch does not build yet:
-    the plan is checked in Pesto's simulator only.)"""
-
-    class Block(L.Layer):
-        def __init__(self, width, **kw):
-            super().__init__(**kw)
-            self.up, self.down = L.Dense(4 * width, activation="relu"), L.Dense(width)
-
-        def call(self, x):
-            return self.down(self.up(x))
-
-    tf.keras.utils.set_random_seed(0)
-    inp = tf.keras.Input((64,))
-    h = inp
-    for k in range(4):
-        h = Block(128, name=f"layer_{k}")(h)
-    model = tf.keras.Model(inp, L.Dense(4, name="head")(h))
-    x = tf.random.normal((1024, 64), seed=1)
-    y = tf.random.uniform((1024,), 0, 4, dtype=tf.int32, seed=2)
+    recomputation 8.5 MB), so the timed search returns one that recomputes and fits (a Keras
+    optimizer's update is not sharded, so no ZeRO saver is screened)."""
+    model, x, y = wide_mlp()
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     step = tf_patch.keras_step(model, loss, tf.keras.optimizers.SGD(0.1), x, y, n_devices=2)
     cluster = pesto.gpus(2, memory=9_400_000)

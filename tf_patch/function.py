@@ -49,7 +49,7 @@ from .workflow import trace_check
 from .profile import estimate, measure
 from .recompute import carried_graph, recompute_graph, with_copies
 from .replicastep import (mapped_plan, one_replica, pesto_buckets, replica_map, replica_zero, replicate_graph,
-                          replicated_plan, shard_level)
+                          replicated_plan, shard_level, unshard)
 from .slicemap import RECOMPUTE, SliceMap, place_split, recomputed_op, recomputes, result_view, slice_map
 
 __all__ = ["function_opgraph", "keras_opgraph", "train_step", "keras_loss_step", "function_step", "keras_step",
@@ -247,6 +247,7 @@ class FunctionStep:
                              warmup=warmup)
         self.micro_batches = source.micro_batches if source is not None else 1
         self.replicas, self.mapping, self.placed, self.recomputed = 1, None, None, None
+        self._pieces: dict = {}   # replicated with ZeRO: piece variable -> (the split step's handle, start, stop)
         fetches = list(concrete.outputs) + list(concrete.graph.control_outputs)
         self.loss = concrete.outputs[0].name if concrete.outputs else None
         self.updates = [op.name for op in concrete.graph.control_outputs]
@@ -306,7 +307,10 @@ class FunctionStep:
         self._values = dict(self._initial)
 
     def values(self) -> dict:
-        """Current variable values, by captured name (numpy arrays)."""
+        """Current variable values, by captured name (numpy arrays). After a sharded
+        (ZeRO) plan, an optimizer slot of a dense variable is only the replicas' piece
+        variables (``allreduce/<k>/r<r>/<variable>/slot_<q>``); the next plan
+        :meth:`apply` carries starts from them joined (:func:`tf_patch.replicastep.unshard`)."""
         if self._sess is None:
             return dict(self._values)
         return dict(zip(self._reads, self._sess.run(list(self._reads.values()))))
@@ -411,7 +415,7 @@ class FunctionStep:
         buckets, _ = pesto_buckets(result.graph, self.tf_graph, fetches, result.origin)
         rg = replicate_graph(self.tf_graph, fetches, result.replicas, result.micro_batches, values=self._values,
                              buckets=list(buckets.values()), shard_optimizer=shard_level(result.graph.names))
-        self._initial = rg.copies(self._initial)
+        self._initial, self._pieces = rg.copies(self._initial), dict(rg.pieces)
         self.tf_graph, self._init, self._reads, self._values = rg.graph, dict(rg.init), dict(rg.reads), dict(rg.values)
         self.loss, self.updates, self.replicas = rg.loss, list(rg.updates), result.replicas
         if recomputes(result.origin):   # the plan's copies on the replicated step, then mapped as the rest
@@ -447,6 +451,8 @@ class FunctionStep:
     def _retrace(self, slices: int, kernels=()) -> None:
         """This step traced again in ``slices`` slices (grappler's costs), from
         the current values; the gradients of ``kernels`` run whole (:meth:`LossStep.with_whole`)."""
+        import numpy as np
+
         if self._source is None:
             raise ValueError(f"this step was given as a whole tf.function: it cannot be traced again in {slices} "
                              "slices for a split or replicated plan; build it with tf_patch.keras_step or from a "
@@ -454,12 +460,14 @@ class FunctionStep:
         fn = self._source.with_micro_batches(slices).with_whole(kernels)
         fn.check(self._args)
         other = FunctionStep(_concrete(fn, self._args), self._args, source=fn, **self._options)
-        values, initial = replica_zero(self._values), replica_zero(self._initial)   # replicated: replica 0's
+        # replicated: replica 0's values; sharded (ZeRO), the variables and slots joined from their pieces
+        values, initial = ({**replica_zero(x), **unshard(x, self._pieces)} for x in (self._values, self._initial))
         now = {id(v): values[n] for n, v in self._captured.items() if n in values}
         first = {id(v): initial[n] for n, v in self._captured.items() if n in initial}
         for n, v in other._captured.items():
-            other._values[n] = now.get(id(v), other._values[n])
-            other._initial[n] = first.get(id(v), other._initial[n])
+            shape = np.shape(other._values[n])
+            other._values[n] = np.reshape(now.get(id(v), other._values[n]), shape)
+            other._initial[n] = np.reshape(first.get(id(v), other._initial[n]), shape)
         unsplit = self._unsplit
         self.__dict__.update(other.__dict__)
         self._unsplit = unsplit

@@ -102,7 +102,7 @@ from .slicemap import SliceMap, mapped_hint, slice_candidates
 from .zoo.common import ZooModel
 
 __all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "one_replica",
-           "replica_zero", "pesto_buckets", "ring_steps", "shard_level", "origin_of",
+           "replica_zero", "unshard", "pesto_buckets", "ring_steps", "shard_level", "origin_of",
            "chunk_sizes", "ReplicaMap", "REPLICA"]
 
 #: Scope of replica ``r``'s copy of a once-per-step op.
@@ -919,6 +919,30 @@ def replica_zero(values: Mapping[str, object]) -> dict:
     {'w': 1, 'v': 3}
     """
     return {_REP.sub("", h): v for h, v in values.items() if not _REP.match(h) or h.startswith(REPLICA.format(0))}
+
+
+def unshard(values: Mapping[str, object], pieces: Mapping[str, tuple]) -> dict:
+    """Values of a sharded step's variables and optimizer slots (ZeRO) joined
+    from their pieces: ``{split step's handle: flat array}`` for each one whose
+    piece variables (:attr:`ReplicaGraph.pieces`: piece -> ``(handle, start,
+    stop)``) ``values`` holds, every element covered (the whole slots exist in
+    no replica: what a later plan starts from).
+
+    >>> unshard({"p1": [3, 4], "p0": [1, 2], "q0": [5]}, {"p0": ("w", 0, 2), "p1": ("w", 2, 4), "q0": ("s", 1, 2)})
+    {'w': array([1, 2, 3, 4])}
+    """
+    import numpy as np
+
+    parts: dict[str, list] = {}
+    for p, (h, a, b) in pieces.items():
+        if p in values:
+            parts.setdefault(h, []).append((a, b, np.reshape(values[p], [-1])))
+    out = {}
+    for h, got in parts.items():
+        got.sort(key=lambda x: x[0])
+        if got[0][0] == 0 and all(x[1] == y[0] for x, y in zip(got, got[1:])):
+            out[h] = np.concatenate([v for _, _, v in got])
+    return out
 
 
 def variable_values(graph, init_op, fetches) -> dict:

@@ -76,7 +76,8 @@ GRADIENT_ROOTS = ("gradients", "gradient_tape")
 RECOMPUTE = "recompute/"
 #: The memory savers (:attr:`Strategy.savers` words) whose TF step tf_patch builds: the sharded
 #: optimizer (:func:`tf_patch.replicastep.replicate_graph`) and recomputation (:mod:`tf_patch.recompute`),
-#: each alone (not both in one plan yet).
+#: alone or together (the copies built on the sharded replicated step). Every combination the search can
+#: pick is among them (``tests/test_tf_savers.py``).
 TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "recompute"})
 
 
@@ -123,9 +124,9 @@ def result_view(result) -> ResultView:
     """The one place tf_patch reads ``pesto.solve_step``'s result (so a change
     of its type is adapted here only). A plan with memory savers
     (``plan.log.savers``) other than :data:`TF_SAVERS` (a sharded optimizer,
-    :mod:`tf_patch.replicastep`; recomputation, :mod:`tf_patch.recompute`),
-    or both in one plan, raises :class:`~pesto.errors.MicroBatchError`
-    naming them: their TensorFlow step is not built yet.
+    :mod:`tf_patch.replicastep`; recomputation, :mod:`tf_patch.recompute`;
+    both) raises :class:`~pesto.errors.MicroBatchError` naming them: their
+    TensorFlow step is not built.
 
     >>> class R: plan, graph, micro_batches, replicas, graph_kind = None, None, 2, 1, "micro-batched"
     >>> result_view(R()).graph_kind
@@ -137,11 +138,9 @@ def result_view(result) -> ResultView:
     savers = getattr(log, "savers", "")
     words = (savers or "").split()
     unbuilt = " ".join(w for w in words if w not in TF_SAVERS)
-    if not unbuilt and "recompute" in words and len(words) > 1:   # each alone is built, not both together
-        unbuilt = " ".join(words)
     if unbuilt:   # the search chose them because nothing else fit memory
-        raise MicroBatchError(f"the plan uses memory savers ({unbuilt}) that tf_patch does not build together in "
-                              f"TensorFlow yet (it builds {', '.join(sorted(TF_SAVERS))}, each alone); no plan "
+        raise MicroBatchError(f"the plan uses memory savers ({unbuilt}) that tf_patch does not build in "
+                              f"TensorFlow (it builds {', '.join(sorted(TF_SAVERS))}); no plan "
                               f"without them fits memory", culprit=unbuilt)
     steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
     kept = getattr(result, "transformed", None)
