@@ -116,3 +116,75 @@ def test_with_whole_refuses_a_kernel_of_no_joinable_layer():
     assert step.with_whole([]) is step
     with pytest.raises(ValueError, match="no Keras Dense layer of this step"):
         step.with_whole([dense[1].kernel])
+
+
+@pytest.mark.parametrize("rule", ["accumulate", "mix"])
+def test_a_plan_summing_weight_gradients_in_place_runs_with_the_unsplit_losses(rule):
+    """A plan whose split sums the weight gradients in place (weight_grads="accumulate",
+    or the search's mix: the kernels whole, the rest in place) runs on TF's split step:
+    each copy op@mb<k> (k >= 1) maps to its TF copy and to the add_<k> of TF's
+    accumulate/<variable>/ chain that sums it, both on the copy's device; every TF op
+    is placed and the step trains as the un-split one."""
+    import pesto
+    import tf_patch
+    from pesto.api import marked
+    from pesto.step.marks import joinable_ops
+    from pesto.step.slicing import weight_grad_ops
+    from solver.parallel.realise import realise
+    from solver.parallel.strategy import Strategy
+    from tf_patch.slicemap import result_view
+
+    tf.keras.utils.set_random_seed(0)
+    model = _model()
+    rng = np.random.default_rng(1)
+    x, y = (tf.constant(rng.normal(size=s).astype(np.float32)) for s in ((32, 4), (32, 1)))
+    step = tf_patch.keras_step(model, "mse", tf.keras.optimizers.SGD(0.1), x, y)
+    unsplit = step.run(3)
+    step.reset()
+    g = marked(step.graph)
+    ops, joined = weight_grad_ops(g), joinable_ops(g)
+    rules = "accumulate" if rule == "accumulate" else {op: "whole" if op in joined else "accumulate" for op in ops}
+    cluster = pesto.gpus(2, beta=(0.0, 1e-9))
+    result = realise(g, cluster, Strategy(stages=2, micro_batches=2, schedule="zb-h1", weight_grads=rules))
+    view = result_view(result)
+    summed = tuple(sorted(set(ops) - (set(joined) if rule == "mix" else set())))
+    assert view.in_place == summed and not [n for n in result.graph.names if "@acc" in n]
+    step.apply(result, cluster=cluster, time_limit=2)
+    adds = {p: ts for p, ts in step.mapping.ops.items() if any("/add_" in t for t in ts)}
+    # not the loss metric's Mean (no chain), nor an op the re-traced whole step names otherwise (unmapped)
+    chained = [op for op in summed if op.startswith("gradient_tape/") and f"{op}@mb1" in step.mapping.ops]
+    assert len(chained) == (6 if rule == "accumulate" else 2)
+    assert sorted({p.rsplit("@", 1)[0] for p in adds}) == chained and all(p.endswith("@mb1") for p in adds)
+    assert all(len(ts) == 2 and ts[1].startswith("accumulate/") and ts[1].endswith("/add_1") for ts in adds.values())
+    hint = step.placed.hint.placement
+    assert all(hint[ts[0]] == hint[ts[1]] for ts in adds.values())       # the add on its copy's device
+    assert set(step.placed.plan.placement) == set(step.graph.names)
+    np.testing.assert_allclose(step.run(3), unsplit, rtol=1e-5)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    step.close()
+
+
+def test_a_data_parallel_plan_accumulating_in_place_runs_with_the_unsplit_losses():
+    """Data parallelism with gradient accumulation in place (R=2, M=2,
+    weight_grads="accumulate": no Pesto accumulate op) on TF's replicated step:
+    each copy of slice 1 maps to its TF copy and its replica's acc_1 add, every op is
+    where the plan puts it, and the losses are the un-split step's."""
+    from pesto.api import marked
+    from solver.parallel.pipelines import data_parallel_plan
+    from solver.parallel.strategy import Solved, Strategy
+    from test_tf_replicate import CLUSTER, _assert_placed, _keras
+
+    step = _keras("cnn", 2)
+    unsplit = step.run(3)
+    step.reset()
+    sp = data_parallel_plan(marked(step.graph), CLUSTER[2], micro_batches=2, weight_grads="accumulate")
+    assert not [n for n in sp.graph.names if "@acc" in n]
+    result = Solved(sp.plan, sp.graph, Strategy(replicas=2, micro_batches=2, weight_grads="accumulate"),
+                    sp.transformed)
+    step.apply(result)
+    adds = {p: ts for p, ts in step.mapping.ops.items() if any("/acc_1" in t for t in ts)}
+    assert len(adds) == 12 and all(p.endswith("@mb1") and len(ts) == 2 for p, ts in adds.items())  # 6 per replica
+    np.testing.assert_allclose(step.run(3), unsplit, rtol=1e-6)
+    _assert_placed(step, result, 2)
+    step.close()

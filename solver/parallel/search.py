@@ -730,9 +730,11 @@ class _Search:
         return part if part is not None and part.plan.status != "infeasible" else w
 
     def wg_costs(self, m: int) -> tuple:
-        """:func:`pesto.step.slicing.weight_grad_costs` of the step at ``m`` slices (kept per count)."""
+        """:func:`pesto.step.slicing.weight_grad_costs` of the step at ``m`` slices on the
+        parallel placers' devices' kind (kept per count)."""
         if m not in self._wg_costs:
-            self._wg_costs[m] = weight_grad_costs(self.marked, m)
+            kind = self.cluster.device(gpu_names(self.cluster)[0]).kind
+            self._wg_costs[m] = weight_grad_costs(self.marked, m, kind=kind)
         return self._wg_costs[m]
 
     def summed_in_place(self, kind: Kind, strategy: Strategy, r: Solved) -> list[Solved]:
