@@ -43,7 +43,10 @@ def test_in_place_beats_separate_and_zb_h1_reaches_its_formula(four):
     deferral intact, the copies of one op chained in slice order as its W
     tasks run anyway: ZB-H1 in place is M (T_F + T_B + T_W) + (p - 1) T
     = 4 x 6 + 3 x 2 = 30 ms (plus the 11 µs of data and loss ops), 1F1B's
-    (p - 1)(T_F + T_B) fill and drain not."""
+    (p - 1)(T_F + T_B) fill and drain not. (On bench_parallel's uniform-m8-1x
+    both are 120.2 ms: a slice's 128 MiB activation takes 2.8 ms per NVLink hop,
+    about T_F, and stage 0, whose order ZB-H1 and 1F1B share, waits on the round
+    trip of its p slices in flight: communication, not the W deferral.)"""
     g, c = four
     step = {(sch, wg): pipeline_plan(g, c, schedule=sch, micro_batches=4, weight_grads=wg).plan.makespan
             for sch in ("1f1b", "zb-h1") for wg in ("separate", "accumulate")}
@@ -112,3 +115,21 @@ def test_the_mix_joins_where_it_saves_and_fits_else_sums_in_place(monkeypatch):
     assert search.summed_in_place(KINDS["pipeline"], replace(strategy, weight_grads="accumulate"), r) == []
     assert search.in_place_of(Strategy(replicas=2, micro_batches=4, weight_grads="accumulate")) == \
         weight_grad_ops(search.marked)
+
+
+def test_the_exact_pass_never_returns_worse_than_its_best_start(monkeypatch):
+    """A split of at most target_vertices ops runs the paper recipe, which starts from
+    none of the screened plans (uniform-m8-1x: 107.0 ms from a 92.2 ms ZB-H2 start):
+    the best start, re-ordered, is kept instead; the slice model (separate weight
+    gradients only) is skipped, named, for an in-place split."""
+    import solver.parallel.search as ss
+
+    c = gpus(2, memory=64 << 30)
+    search = _Search(_step(), c, SolveOptions(micro_batches=4, deterministic=True), Deadline(30, deterministic=True))
+    r = realise(search.marked, c, Strategy(stages=2, micro_batches=4, schedule="zb-h2", weight_grads="accumulate"))
+    monkeypatch.setattr(ss, "run_recipe", lambda *a, **k: r.plan.replace(makespan=2 * r.plan.makespan))
+    s = ss._Screened(r.transformed, [r.plan], r.plan.makespan, weight_grads=r.strategy.weight_grads)
+    out = search.exact(s, 4, Deadline(5, deterministic=True))
+    assert out.makespan <= r.plan.makespan and out.placement == r.plan.placement
+    assert search.pool.steps["M=4"] == out.makespan
+    assert "sums them separately" in search.pool.skipped["slice M=4"]

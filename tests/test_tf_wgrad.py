@@ -70,18 +70,8 @@ def test_whole_refuses_what_it_cannot_concatenate():
         twice(x, y)
 
 
-def test_a_plan_joining_dense_kernels_runs_them_whole_with_the_unsplit_losses():
-    """A plan whose split runs the Dense kernels' gradients whole (weight_grads="whole"
-    for the ops tf_patch marked joinable) is carried onto TF's split step built with
-    LossStep(whole=those layers): the joined ops map to whole/<kernel>/MatMul, every TF op
-    is placed, and the step trains as the un-split one (logical devices)."""
-    import pesto
-    import tf_patch
-    from pesto.api import marked
-    from pesto.step.marks import joinable_ops
-    from solver.parallel.realise import realise
-    from solver.parallel.strategy import Strategy
-
+def _keras_step():
+    """The model's Keras step (tf_patch.keras_step, SGD) and its un-split losses over 3 steps, reset."""
     tf.keras.utils.set_random_seed(0)
     model = _model()
     rng = np.random.default_rng(1)
@@ -89,6 +79,30 @@ def test_a_plan_joining_dense_kernels_runs_them_whole_with_the_unsplit_losses():
     step = tf_patch.keras_step(model, "mse", tf.keras.optimizers.SGD(0.1), x, y)
     unsplit = step.run(3)
     step.reset()
+    return step, unsplit
+
+
+def _trains_as_unsplit(step, unsplit):
+    """Every TF op of the applied split step placed, its losses the un-split ones, nothing misplaced."""
+    assert set(step.placed.plan.placement) == set(step.graph.names)
+    np.testing.assert_allclose(step.run(3), unsplit, rtol=1e-5)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    step.close()
+
+
+def test_a_plan_joining_dense_kernels_runs_them_whole_with_the_unsplit_losses():
+    """A plan whose split runs the Dense kernels' gradients whole (weight_grads="whole"
+    for the ops tf_patch marked joinable) is carried onto TF's split step built with
+    LossStep(whole=those layers): the joined ops map to whole/<kernel>/MatMul, every TF op
+    is placed, and the step trains as the un-split one (logical devices)."""
+    import pesto
+    from pesto.api import marked
+    from pesto.step.marks import joinable_ops
+    from solver.parallel.realise import realise
+    from solver.parallel.strategy import Strategy
+
+    step, unsplit = _keras_step()
     joined = joinable_ops(marked(step.graph))
     assert len(joined) == 3 and all(step.graph.op(n).type == "MatMul" for n in joined)   # the 3 kernels, no bias
     cluster = pesto.gpus(2, beta=(0.0, 1e-9))
@@ -100,11 +114,7 @@ def test_a_plan_joining_dense_kernels_runs_them_whole_with_the_unsplit_losses():
     mapped = {p: ts for p, ts in step.mapping.ops.items() if p.endswith("@all")}
     assert len(mapped) == 3 and all(len(ts) == 1 and ts[0].startswith("whole/") and ts[0].endswith("/MatMul")
                                     for ts in mapped.values())
-    assert set(step.placed.plan.placement) == set(step.graph.names)
-    np.testing.assert_allclose(step.run(3), unsplit, rtol=1e-5)
-    seen = step.check()
-    assert seen["misplaced"] == [] and seen["order_violations"] == []
-    step.close()
+    _trains_as_unsplit(step, unsplit)
 
 
 def test_with_whole_refuses_a_kernel_of_no_joinable_layer():
@@ -126,7 +136,6 @@ def test_a_plan_summing_weight_gradients_in_place_runs_with_the_unsplit_losses(r
     accumulate/<variable>/ chain that sums it, both on the copy's device; every TF op
     is placed and the step trains as the un-split one."""
     import pesto
-    import tf_patch
     from pesto.api import marked
     from pesto.step.marks import joinable_ops
     from pesto.step.slicing import weight_grad_ops
@@ -134,13 +143,7 @@ def test_a_plan_summing_weight_gradients_in_place_runs_with_the_unsplit_losses(r
     from solver.parallel.strategy import Strategy
     from tf_patch.slicemap import result_view
 
-    tf.keras.utils.set_random_seed(0)
-    model = _model()
-    rng = np.random.default_rng(1)
-    x, y = (tf.constant(rng.normal(size=s).astype(np.float32)) for s in ((32, 4), (32, 1)))
-    step = tf_patch.keras_step(model, "mse", tf.keras.optimizers.SGD(0.1), x, y)
-    unsplit = step.run(3)
-    step.reset()
+    step, unsplit = _keras_step()
     g = marked(step.graph)
     ops, joined = weight_grad_ops(g), joinable_ops(g)
     rules = "accumulate" if rule == "accumulate" else {op: "whole" if op in joined else "accumulate" for op in ops}
@@ -158,11 +161,7 @@ def test_a_plan_summing_weight_gradients_in_place_runs_with_the_unsplit_losses(r
     assert all(len(ts) == 2 and ts[1].startswith("accumulate/") and ts[1].endswith("/add_1") for ts in adds.values())
     hint = step.placed.hint.placement
     assert all(hint[ts[0]] == hint[ts[1]] for ts in adds.values())       # the add on its copy's device
-    assert set(step.placed.plan.placement) == set(step.graph.names)
-    np.testing.assert_allclose(step.run(3), unsplit, rtol=1e-5)
-    seen = step.check()
-    assert seen["misplaced"] == [] and seen["order_violations"] == []
-    step.close()
+    _trains_as_unsplit(step, unsplit)
 
 
 def test_a_data_parallel_plan_accumulating_in_place_runs_with_the_unsplit_losses():
