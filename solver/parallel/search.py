@@ -1002,8 +1002,8 @@ class _Search:
             return []
         if s.weight_grads != "separate":   # its grid sums them separately: its plan places another split
             words = Strategy(weight_grads=s.weight_grads).rule_words
-            self.pool.skipped[name] = (f"the count's best split runs its weight gradients {words} (the slice "
-                                       f"model's grid sums them separately)")
+            self.pool.skipped[name] = (f"the count's best split is {words} (the slice model's grid sums "
+                                       f"every weight-grad op's slices separately)")
             return []
         keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the recipe's own first plan
         share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
