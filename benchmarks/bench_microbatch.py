@@ -180,15 +180,15 @@ def _timed(fn):
 
 def auto_split(graph, log) -> Transformed:
     """The split step a ``pesto auto`` plan places, rebuilt from its log
-    (``micro_batches``, ``graph_kind``, ``replicas``, ``savers``, ``joined``), for its bound: its
+    (``micro_batches``, ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``), for its bound: its
     ``graph`` is the plan's (:func:`pesto.step_graph`; under the copy names
     ``op@mb0`` when the plan's step is not split)."""
     saving = savers_of(log.savers or "")
     base = with_savers(graph, saving).graph
     if log.graph_kind == "replicated":   # its copies grouped per replica (the bound's rule), not composed
-        return split(replicate(base, log.replicas, shard_optimizer=saving.shard_optimizer).graph, log.micro_batches)
-    return split(base, log.micro_batches if log.graph_kind == "micro-batched" else 1,
-                 weight_grads=dict.fromkeys(log.joined, "whole"))
+        return split(replicate(base, log.replicas, shard_optimizer=saving.shard_optimizer).graph, log.micro_batches,
+                     weight_grads="accumulate" if log.in_place else "separate")
+    return split(base, log.micro_batches if log.graph_kind == "micro-batched" else 1, weight_grads=log.split_rule)
 
 
 def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
@@ -206,7 +206,7 @@ def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
                                             micro_batches="auto", batch_size=case.batch))
     log = auto.log
     parts, placed = auto_split(graph, log), pesto.step_graph(graph, log.micro_batches, log.graph_kind, log.replicas,
-                                                                  log.savers, log.joined)
+                                                                  log.savers, log.joined, log.in_place)
     if set(placed.names) != set(auto.placement) or placed.num_ops != parts.graph.num_ops:
         raise RuntimeError(f"{name} on {cluster_name}: pesto auto's plan does not place the graph its log names "
                            f"(M={log.micro_batches}, {log.graph_kind}, replicas={log.replicas})")

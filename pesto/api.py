@@ -291,9 +291,9 @@ def marked(graph: OpGraph) -> OpGraph:
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
-               savers: str = "", joined=()) -> OpGraph:
+               savers: str = "", joined=(), in_place=()) -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
-    ``graph_kind``, ``replicas``, ``savers``, ``joined``), rebuilt from the step ``graph``
+    ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``), rebuilt from the step ``graph``
     (:func:`marked` first: :func:`solver.parallel.search.step_graph`).
 
     Raises
@@ -304,7 +304,7 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
         As :func:`marked`.
     """
     return _step_graph(graph if graph_kind == "step" and not savers else marked(graph), micro_batches, graph_kind,
-                       replicas, savers, joined)
+                       replicas, savers, joined, in_place)
 
 
 def _check_hint(graph: OpGraph, hint) -> None:

@@ -437,6 +437,7 @@ def describe_step(plan, placed) -> str:
     kind = log.graph_kind if log is not None else ("replicated" if "replicas" in stats else "micro-batched")
     savers = f", memory savers: {log.savers}" if log is not None and log.savers else ""
     savers += f", {len(log.joined)} weight gradient(s) run whole" if log is not None and log.joined else ""
+    savers += f", {len(log.in_place)} summed in place" if log is not None and log.in_place else ""
     lines = [f"  plan of the {kind} step {placed.name}: {m} micro-batch(es), {placed.num_ops} ops{savers}"]
     if log is not None and log.steps:
         lines.append("  steps compared: " + ", ".join(f"{k} {v / 1000:.3f} ms" for k, v in log.steps.items()))

@@ -108,8 +108,15 @@ class SolveLog:
     joined : tuple of str
         The step's weight-gradient ops the plan's split runs once over every
         slice (:func:`pesto.step.split`'s ``weight_grads="whole"``, the others
-        ``"separate"``: :attr:`solver.parallel.strategy.Strategy.joined`);
+        ``"separate"`` or :attr:`in_place`: :attr:`solver.parallel.strategy.Strategy.joined`);
         empty for none (then omitted from JSON).
+    in_place : tuple of str
+        The step's weight-gradient ops the plan's split sums in place
+        (``weight_grads="accumulate"``, Megatron-LM's GEMM with ``beta = 1``:
+        :attr:`solver.parallel.strategy.Strategy.in_place`; a replicated
+        plan's rule is one for all: its step's weight-gradient ops); empty
+        for none (then omitted from JSON). :attr:`split_rule` gives both as
+        :func:`pesto.step.split`'s mapping.
     steps : mapping name -> µs
         With ``micro_batches`` "auto" or above 1: the step time of each plan
         compared across graphs (``"M=4"``: Pesto's best with 4 slices,
@@ -138,14 +145,27 @@ class SolveLog:
     replicas: int = 1
     savers: str = ""
     joined: tuple = ()
+    in_place: tuple = ()
     steps: Mapping[str, float] = field(default_factory=dict)
     one_device: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "passes", tuple(self.passes))
         object.__setattr__(self, "joined", tuple(self.joined))
+        object.__setattr__(self, "in_place", tuple(self.in_place))
         for key in ("candidates", "coarse", "skipped", "steps"):
             object.__setattr__(self, key, _frozen(getattr(self, key)))
+
+    @property
+    def split_rule(self) -> dict:
+        """The weight-gradient rules of the plan's split (:func:`pesto.step.split`'s
+        mapping: :attr:`joined` ``"whole"``, :attr:`in_place` ``"accumulate"``, the
+        others ``"separate"``).
+
+        >>> SolveLog("x", joined=("a",), in_place=("b",)).split_rule
+        {'a': 'whole', 'b': 'accumulate'}
+        """
+        return {**dict.fromkeys(self.joined, "whole"), **dict.fromkeys(self.in_place, "accumulate")}
 
     def pass_named(self, name: str) -> PassLog | None:
         """The last pass called ``name``, or None if it did not run."""
@@ -168,7 +188,8 @@ class SolveLog:
             return {}
         return {"micro_batches": self.micro_batches, "graph_kind": self.graph_kind, "replicas": self.replicas,
                 **({"savers": self.savers} if self.savers else {}),
-                **({"joined": list(self.joined)} if self.joined else {}), "steps": dict(self.steps)}
+                **({"joined": list(self.joined)} if self.joined else {}),
+                **({"in_place": list(self.in_place)} if self.in_place else {}), "steps": dict(self.steps)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SolveLog":

@@ -71,19 +71,29 @@ def test_a_whole_op_runs_after_its_stages_last_slice():
         assert dx and p.start[w] >= max(p.finish[n] for n in dx) - 1e-6
 
 
-def test_the_search_joins_them_when_faster_and_it_fits():
+def test_the_search_joins_them_or_sums_them_in_place_when_faster_and_it_fits():
+    """Joined and in place do the same work here (above the floor); the winner
+    runs neither the separate accumulate ops, its log says which, and the graph is
+    rebuilt from it."""
     g = _step()
     r = _solve(g, 64 << 30, deterministic=True)
+    log = r.plan.log
     assert r.plan.status != "infeasible" and check_plan(r, gpus(2, memory=64 << 30)).ok
-    assert r.strategy.joined == DW and r.plan.log.joined == DW
-    assert [n for n in r.graph.names if n.endswith("@all")] == [f"{d}@all" for d in reversed(DW)]
-    steps = r.plan.log.steps
+    assert sorted(log.joined + log.in_place) == sorted(DW) and not [n for n in r.graph.names if "@acc" in n]
+    assert log.joined == r.strategy.joined and log.in_place == r.strategy.in_place
+    steps = log.steps
     assert "gpipe M=4 whole(2)" in steps and steps["gpipe M=4 whole(2)"] < steps["gpipe M=4"]
-    assert SolveLog.from_dict(r.plan.log.to_dict()).joined == DW and r.plan.log.to_dict()["joined"] == list(DW)
-    assert step_graph(g, r.micro_batches, r.graph_kind, r.replicas, joined=r.plan.log.joined).names == r.graph.names
-    assert pesto.step_graph(g, 4, "micro-batched", joined=DW).names == r.graph.names
+    back = SolveLog.from_dict(log.to_dict())
+    assert (back.joined, back.in_place) == (log.joined, log.in_place)
+    assert step_graph(g, r.micro_batches, r.graph_kind, r.replicas, joined=log.joined,
+                      in_place=log.in_place).names == r.graph.names
+    assert pesto.step_graph(g, 4, "micro-batched", joined=DW).names == \
+        split(g, 4, weight_grads=dict.fromkeys(DW, "whole")).graph.names
+    assert [n for n in pesto.step_graph(g, 4, "micro-batched", joined=DW).names if n.endswith("@all")] == \
+        [f"{d}@all" for d in reversed(DW)]
     from pesto.cli import describe_step
-    assert "2 weight gradient(s) run whole" in describe_step(r.plan, r.graph)   # what `pesto place` prints
+    words = "2 weight gradient(s) run whole" if log.joined else "2 summed in place"
+    assert words in describe_step(r.plan, r.graph)   # what `pesto place` prints
     again = _solve(g, 64 << 30, deterministic=True)
     assert again.plan.placement == r.plan.placement and again.plan.log.steps == steps
 
@@ -107,7 +117,8 @@ def test_no_marks_no_joined_candidates():
     (TensorFlow could not build them), whatever the work saved."""
     r = _solve(_step(marked=False), 64 << 30)
     assert r.strategy.joined == () and not [n for n in r.plan.log.steps if "whole" in n]
-    assert split(_step(marked=False), 4).graph.names == r.graph.names or r.graph_kind != "micro-batched"
+    assert split(_step(marked=False), 4, weight_grads=r.plan.log.split_rule).graph.names == r.graph.names \
+        or r.graph_kind != "micro-batched"
 
 
 def test_tf_marks_join_only_what_loss_step_builds():

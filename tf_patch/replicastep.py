@@ -103,7 +103,7 @@ from .zoo.common import ZooModel
 
 __all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "one_replica",
            "replica_zero", "unshard", "pesto_buckets", "ring_steps", "shard_level", "origin_of",
-           "chunk_sizes", "ReplicaMap", "REPLICA"]
+           "chunk_sizes", "ReplicaMap", "REPLICA", "slice_adds"]
 
 #: Scope of replica ``r``'s copy of a once-per-step op.
 REPLICA = "rep{}/"
@@ -775,21 +775,40 @@ class ReplicaMap(SliceMap):
         return f"replicated step ({self.micro_batches} slices)"
 
 
-def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_names) -> ReplicaMap:
+def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_names,
+                adds: Mapping[str, tuple] | None = None) -> ReplicaMap:
     """Map the ops of Pesto's replicated graph (``pesto_names``) onto the
     replicated TF step ``rg`` (the module's naming rule); ``buckets``:
-    :func:`pesto_buckets`'s first member -> scopes; ``tf_names``: the TF step's ops."""
+    :func:`pesto_buckets`'s first member -> scopes; ``tf_names``: the TF step's ops;
+    ``adds``: for a plan that sums the slices' weight gradients in place
+    (``weight_grads="accumulate"``), :func:`slice_adds` of the TF step: a copy
+    of slice ``i >= 1`` maps to its TF copy and the ``acc_<i>`` add summing it
+    (:mod:`tf_patch.slicemap`'s rule for a split step)."""
     have = set(tf_names)
     ring_of = {b[0]: k for k, b in enumerate(rg.buckets) if b}
     bucket = {first: ring_of[scopes[0]] for first, scopes in buckets.items() if scopes and scopes[0] in ring_of}
     ops: dict[str, tuple] = {}
     for name in pesto_names:
         found = _map_one(name, rg, bucket, have)
+        if adds and len(found) == 1 and parse_name(name).role == "copy" and parse_name(name).slice:
+            found = [*found, *adds.get(found[0], ())]
         if found:
             ops[name] = tuple(dict.fromkeys(t for t in found if t in have))
     hit = {t for ts in ops.values() for t in ts}
     return ReplicaMap(rg.replicas * rg.micro_batches, MappingProxyType(ops), tuple(sorted(have - hit)),
                       tuple(n for n in pesto_names if not ops.get(n)))
+
+
+def slice_adds(tfg) -> dict:
+    """``{TF op: the accumulation adds (``.../acc_<i>``) that read it}`` of an
+    extracted replicated TF step: a slice's weight-gradient copy and the add of
+    its replica's chain that sums it (:func:`replica_map`'s ``adds``)."""
+    out: dict[str, tuple] = {}
+    for op in tfg.ops:
+        if op.name.startswith("allreduce/") and re.search(r"/acc_\d+$", op.name):
+            for p in tfg.predecessors(op.name):
+                out[p] = (*out.get(p, ()), op.name)
+    return out
 
 
 def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) -> list:
@@ -851,7 +870,8 @@ def replicated_plan(result, rg: ReplicaGraph, buckets: Mapping[str, list]) -> tu
     """``(plan of the replicated TF step, the map)`` from ``pesto.solve_step``'s
     replicated ``result`` (module doc; :func:`mapped_plan`)."""
     tfg = extract(rg.graph, [rg.loss, *rg.updates], on_unknown="ignore")
-    rmap = replica_map(result.graph.names, rg, buckets, tfg.names)
+    rmap = replica_map(result.graph.names, rg, buckets, tfg.names,
+                       slice_adds(tfg) if getattr(result, "in_place", ()) else None)
     return mapped_plan(result.plan, rmap, tfg), rmap
 
 

@@ -35,6 +35,17 @@ first that exists with ``op``'s type is the one):
   maps to ``accumulate/<variable>/add_<k>`` (the dense chain, which sums
   slices ``0..k`` as Pesto's does) or, when there is no such op (a sparse
   gradient: rows concatenated once), to the op ``c`` reads.
+* slice ``k``'s copy ``op@mb<k>`` of a weight gradient the plan sums in
+  place (``weight_grads="accumulate"``, :attr:`ResultView.in_place`: copy
+  ``k`` reads copy ``k - 1``'s partial and adds its own into it): its TF
+  copy and, for ``k >= 1``, the chain's ``accumulate/<variable>/add_<k>``
+  that reads that copy (both on the copy's device; a sparse gradient's
+  concatenation or a partial no chain sums: the copy alone). The cost rule
+  (:func:`pesto.step.split`): the sum costs nothing beyond the copy. That
+  holds on a GPU where the add fuses into the GEMM (XLA's GEMM rewriter
+  folds an addend into cuBLAS's ``beta = 1``; Megatron-LM calls the GEMM so
+  by hand); TensorFlow without XLA runs the ``AddV2`` after the ``MatMul``,
+  which the TF step's own costs (the re-solve of :func:`place_split`) charge;
 * a weight gradient run whole ``op@all`` (a plan's ``weight_grads="whole"``,
   :attr:`ResultView.joined`): the op TF's split step runs it as,
   ``whole/<variable>/MatMul`` (``tf_patch.LossStep(whole=...)``), which the
@@ -64,11 +75,11 @@ from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
 from pesto.step import Origin
 from pesto.step.recompute import RESERVED
-from pesto.step.slicing import parse_name
+from pesto.step.slicing import copy_name, parse_name
 
 __all__ = ["SliceMap", "slice_map", "slice_candidates", "mapped_hint", "SplitPlacement", "place_split",
            "GRADIENT_ROOTS", "ResultView", "result_view", "split_candidates", "Rescored", "Rescoring",
-           "rescore_split", "RECOMPUTE", "TF_SAVERS", "recomputes", "recomputed_op"]
+           "rescore_split", "RECOMPUTE", "TF_SAVERS", "recomputes", "recomputed_op", "summed_in_place"]
 
 #: First name components of graph-mode and tape gradient scopes.
 GRADIENT_ROOTS = ("gradients", "gradient_tape")
@@ -107,6 +118,11 @@ class ResultView:
         The step's weight-gradient ops the plan runs once over every slice
         (``Strategy.joined``, else ``plan.log.joined``): TF's split step
         builds them so (``LossStep(whole=...)``, :meth:`tf_patch.FunctionStep.apply`).
+    in_place : tuple of str
+        The step's weight-gradient ops the plan sums in place
+        (``plan.log.in_place``, else read from ``graph``: a copy ``op@mb1``
+        that reads ``op@mb0``): each copy maps with the add of TF's
+        accumulation chain that sums it (:func:`slice_map`).
     """
 
     plan: object
@@ -118,6 +134,7 @@ class ResultView:
     skipped: Mapping[str, str] = field(default_factory=dict)
     origin: Mapping[str, Origin] | None = None
     joined: tuple = ()
+    in_place: tuple = ()
 
 
 def result_view(result) -> ResultView:
@@ -145,10 +162,30 @@ def result_view(result) -> ResultView:
     steps = getattr(log, "steps", None) or getattr(result, "steps", None) or {}
     kept = getattr(result, "transformed", None)
     joined = getattr(getattr(result, "strategy", None), "joined", None) or getattr(log, "joined", ())
+    in_place = getattr(log, "in_place", ()) or summed_in_place(result.graph)
     return ResultView(result.plan, result.graph, int(result.micro_batches), int(result.replicas),
                       str(result.graph_kind), MappingProxyType(dict(steps)),
                       MappingProxyType(dict(getattr(log, "skipped", None) or {})),
-                      None if kept is None else kept.origin, tuple(joined or ()))
+                      None if kept is None else kept.origin, tuple(joined or ()), tuple(in_place))
+
+
+def summed_in_place(graph) -> tuple:
+    """The step ops whose slices a split graph sums in place (:func:`pesto.step.split`'s
+    ``"accumulate"``: copy ``op@mb1`` reads copy ``op@mb0``, nothing else joins two slices'
+    copies of one op), sorted; () for a graph without edges (names only).
+
+    >>> from pesto.graph import OpGraph
+    >>> summed_in_place(OpGraph.from_edges({"w@mb0": 1, "w@mb1": 1, "x@mb1": 1}, [("w@mb0", "w@mb1")]))
+    ('w',)
+    """
+    if not hasattr(graph, "predecessors"):
+        return ()
+    out = set()
+    for name in graph.names:
+        o = parse_name(name)
+        if o.role == "copy" and o.slice == 1 and copy_name(o.op, 0) in graph.predecessors(name):
+            out.add(o.op)
+    return tuple(sorted(out))
 
 
 def recomputes(origin: Mapping | None) -> bool:
@@ -223,7 +260,7 @@ class SliceMap:
 
 
 def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int,
-              whole: Mapping[str, str] | None = None) -> SliceMap:
+              whole: Mapping[str, str] | None = None, in_place=()) -> SliceMap:
     """Map the ops of Pesto's split of ``step`` onto TF's split step.
 
     Parameters
@@ -244,6 +281,10 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int,
         role ``"whole"``), the TF op that does (``whole/<variable>/MatMul``,
         :meth:`tf_patch.FunctionStep.apply` knows it from the variable); a
         whole op not in it maps to nothing (listed).
+    in_place : iterable of str, optional
+        The step ops whose slices the split sums in place
+        (:attr:`ResultView.in_place`): copy ``k >= 1`` maps to its TF copy and
+        the ``add_<k>`` of TF's chain that sums it (module doc).
 
     Returns
     -------
@@ -259,13 +300,16 @@ def slice_map(step: OpGraph, split_names, tf_split: OpGraph, micro_batches: int,
     >>> dict(m.ops), m.unmapped_tf
     ({'x@mb0': ('mb0/x',), 'x@mb1': ('mb1/x',), 'w': ('w',)}, ('microbatch/in',))
     """
-    have = set(tf_split.names)
+    have, in_place = set(tf_split.names), frozenset(in_place)
     ops: dict[str, tuple] = {}
     origins = split_names if isinstance(split_names, Mapping) else {n: parse_name(n) for n in split_names}
     for name, origin in origins.items():
         if origin.role == "copy":
             found = _copy(step, tf_split, have, origin.op, origin.slice)
             found = (found,) if found is not None else _input(have, origin.op, origin.slice)
+            if origin.op in in_place and origin.slice and found:   # the add summing it, fused into its GEMM
+                found += tuple(a for a in tf_split.successors(found[0])
+                               if a.startswith("accumulate/") and a.endswith(f"/add_{origin.slice}"))
         elif origin.role == "accumulate":
             found = _accumulation(step, tf_split, have, origin.tensor, origin.slice)
         elif origin.role == "recompute":   # the TF copy of the op it runs again (tf_patch.recompute)
@@ -418,7 +462,8 @@ def place_split(result, step: OpGraph, tf_split: OpGraph, cluster, *, time_limit
         raise ValueError("the plan recomputes activations: place the TF step with its copies, "
                          "tf_patch.recompute_model(model, result, step, tf_split) for a zoo model "
                          "(FunctionStep.apply(result) builds them itself)")
-    slices = slice_map(step, result.origin or result.graph.names, tf_split, result.micro_batches, whole)
+    slices = slice_map(step, result.origin or result.graph.names, tf_split, result.micro_batches, whole,
+                       result.in_place)
     placement = result.plan.placement
     if result.graph_kind == "step":  # M = 1: the names are the TF step's own
         own = {n: n if recomputed_op(n) is None else RECOMPUTE + recomputed_op(n) for n in placement}

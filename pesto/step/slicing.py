@@ -101,7 +101,12 @@ unbatched op reads, the producers of the partials) sum the slices by one of
   another device than the previous one receives the buffer); the consumers
   read the last copy's. Memory: the running sum's bytes; the liveness model
   sees the input and output of a copy at once (one buffer more than in place,
-  while the copy runs);
+  while the copy runs). "Plus nothing" is what a GPU runs: the add fuses into
+  the weight-gradient GEMM (XLA's GEMM rewriter folds an addend into cuBLAS's
+  ``beta = 1``; Megatron-LM calls the GEMM so by hand); TensorFlow without
+  XLA runs an ``AddV2`` after the ``MatMul`` (its split step's
+  ``accumulate/<variable>/add_k``, which :mod:`tf_patch.slicemap` places with
+  copy ``k``);
 * ``"whole"`` (the deferred weight gradient of zero-bubble schedules): the op
   runs once, ``op@all``, with the un-split op's time and bytes, reading every
   slice's copy of its inputs (an edge from each ``x@mb{i}``: the

@@ -51,6 +51,15 @@ step):
   its free memory per GPU; a joined plan that fits and beats the count's
   separate ones makes its split the one the count's exact passes place
   (``plan.log.joined`` names the winner's joined ops);
+* weight gradients summed in place (:meth:`_Search.summed_in_place`): each
+  such candidate again with ``weight_grads="accumulate"`` for every weight
+  gradient whose accumulate ops it drops (``"zb-h2 M=8 accumulate(4)"``), and,
+  when that plan fits and some are joinable, the mix of
+  :func:`pesto.step.slicing.choose_weight_grads` (whole where the held bytes
+  fit its free memory per GPU, else in place: ``"1f1b M=8 whole(2)
+  accumulate(2)"``), kept as the joined twins are (``plan.log.in_place``);
+  a data-parallel plan of ``M > 1`` slices (gradient accumulation) with the
+  rule ``"accumulate"`` for all too;
 * memory savers (:func:`solver.parallel.kinds.savers`): for a screened
   candidate whose plan does not fit memory, the same strategy with ZeRO-1,
   ZeRO-2, ZeRO-2 and recomputation (data parallelism) or recomputation
@@ -108,13 +117,14 @@ from pesto.problem import Problem
 from pesto.solvelog import PassLog, SolveLog
 from pesto.step import Transformed, identity, recompute, replicate, split as split_step
 from pesto.step.marks import joinable_ops, shardable, slice_constants
-from pesto.step.slicing import copy_name, weight_grad_costs
+from pesto.step.slicing import choose_weight_grads, copy_name, weight_grad_costs, weight_grad_ops
 from pesto.step.replication import gradient_buckets
 
 from ..budget import Budget, Cost, Skip
 from ..common import rank
 from ..options import SolveOptions
 from ..recipes import RECIPES, run_recipe
+from ..search import reschedule
 from .pipelines import gpu_names
 from .slice_model import solve_slices
 from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
@@ -215,11 +225,12 @@ def with_marks(graph: OpGraph) -> OpGraph:
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
-               savers: str = "", joined=()) -> OpGraph:
+               savers: str = "", joined=(), in_place=()) -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
-    ``graph_kind``, ``replicas``, ``savers``, ``joined``), rebuilt from the step ``graph``
-    (a pipeline's: the split step, ``joined`` ops run whole; data parallelism's and a hybrid's: the
-    replicated step, split).
+    ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``), rebuilt from the step ``graph``
+    (a pipeline's: the split step, ``joined`` ops run whole, ``in_place`` ones summed in place; data
+    parallelism's and a hybrid's: the replicated step, split, every weight gradient summed in place when
+    ``in_place`` names any: its rule is one for all).
 
     Raises
     ------
@@ -233,10 +244,11 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     if graph_kind == "step":
         return marked
     if graph_kind == "micro-batched":
-        return split_step(marked, micro_batches, weight_grads=dict.fromkeys(joined, "whole")).graph
+        rule = {**dict.fromkeys(joined, "whole"), **dict.fromkeys(in_place, "accumulate")}
+        return split_step(marked, micro_batches, weight_grads=rule).graph
     if graph_kind == "replicated":
         rep = replicate(marked, replicas, shard_optimizer=zero.shard_optimizer).graph
-        return split_step(rep, micro_batches).graph
+        return split_step(rep, micro_batches, weight_grads="accumulate" if in_place else "separate").graph
     raise ValueError(f"unknown graph_kind {graph_kind!r}; known: step, micro-batched, replicated")
 
 
@@ -390,6 +402,7 @@ class _Search:
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
+        self._wg_costs: dict[int, tuple] = {}   # weight_grad_costs per count (:meth:`wg_costs`)
         self.one_device: float | None = None   # a recipe's one-device step (SolveLog.one_device), for any winner
         self.shardable = shardable(self.marked)   # the front end builds a sharded optimizer (ZeRO) for it
         self._acts_rc: tuple | None = None   # (recomputed step's activations,), built when first asked
@@ -666,8 +679,9 @@ class _Search:
         kept in ``s``, and without savers its plan (a start of the exact stages,
         which place the split without recomputation; a slice model hint when
         its schedule is one the slice grid runs: one chunk, the zero-bubble
-        ones too since its grid splits F, B and W) and its joined twin
-        (:meth:`joined`)."""
+        ones too since its grid splits F, B and W) and its twins, joined
+        (:meth:`joined`) and summed in place (:meth:`summed_in_place`): a
+        GPipe/1F1B twin's step is one :meth:`no_gain` reads too."""
         r = self.candidate(kind, strategy) if chase else self.realised(kind, strategy)
         if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
             if r.strategy.savers:   # it places the recomputed split, not the one the exact passes place
@@ -678,9 +692,11 @@ class _Search:
                 s.hints.append(r.detail)
                 if not sch.split_backward:
                     s.pipes.append(r.detail)
-            for x in (r, self.joined(kind, strategy, r)):
+            for x in (r, self.joined(kind, strategy, r), *self.summed_in_place(kind, strategy, r)):
                 if x is not None:
                     _keep_start(s, x)
+                    if x is not r and sch.chunks == 1 and not sch.split_backward:   # what no_gain reads
+                        s.pipes.append(x.detail)
         return r
 
     def joined(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
@@ -695,7 +711,7 @@ class _Search:
         m = strategy.micro_batches
         if not self.joinable or m < 2 or strategy.weight_grads != "separate" or r.strategy.replicas != 1:
             return None
-        costs = [c for c in weight_grad_costs(self.marked, m) if c.op in self.joinable
+        costs = [c for c in self.wg_costs(m) if c.op in self.joinable
                  and c.whole_us is not None and c.whole_us < c.separate_us]
         if not costs:
             return None
@@ -713,6 +729,47 @@ class _Search:
             return w
         part = self.realised(kind, replace(strategy, weight_grads=chosen))
         return part if part is not None and part.plan.status != "infeasible" else w
+
+    def wg_costs(self, m: int) -> tuple:
+        """:func:`pesto.step.slicing.weight_grad_costs` of the step at ``m`` slices on the
+        parallel placers' devices' kind (kept per count)."""
+        if m not in self._wg_costs:
+            kind = self.cluster.device(gpu_names(self.cluster)[0]).kind
+            self._wg_costs[m] = weight_grad_costs(self.marked, m, kind=kind)
+        return self._wg_costs[m]
+
+    def summed_in_place(self, kind: Kind, strategy: Strategy, r: Solved) -> list[Solved]:
+        """``strategy`` (a pipeline of one replica, realised as ``r`` with
+        ``"separate"`` weight gradients) with its weight gradients summed in
+        place (``weight_grads="accumulate"``, :func:`pesto.step.split`: the
+        ``M - 1`` accumulate ops per gradient gone, the copies of one op
+        chained), every one where that does less work
+        (``"zb-h2 M=8 accumulate(4)"``); and, where the front end can join
+        some (:func:`pesto.step.marks.joinable_ops`) and the in-place plan
+        fits memory, the mix of :func:`pesto.step.slicing.choose_weight_grads`:
+        whole where it does less work and its held bytes
+        (``WeightGradCost.whole_bytes``) fit what the in-place plan leaves free
+        on its GPU (most time saved first), else in place
+        (``"1f1b M=8 whole(2) accumulate(2)"``). Each its own candidate; []
+        when nothing is summed in place."""
+        m = strategy.micro_batches
+        if m < 2 or strategy.weight_grads != "separate" or r.strategy.replicas != 1:
+            return []
+        costs = [c for c in self.wg_costs(m) if c.accumulate_us < c.separate_us]
+        a = self.realised(kind, replace(strategy, weight_grads={c.op: "accumulate" for c in costs})) \
+            if costs else None
+        if a is None or a.plan.status == "infeasible" or not self.joinable:
+            return [a] if a is not None else []
+        free = {d: self.cluster.device(d).memory - used for d, used in a.plan.peak_memory.items()}
+        chosen = {c.op: "accumulate" for c in costs}
+        for c in sorted((c for c in costs if c.op in self.joinable), key=lambda c: ((c.whole_us or c.accumulate_us) - c.accumulate_us, c.op)):
+            d = a.plan.placement.get(copy_name(c.op, 0))
+            if d is not None and choose_weight_grads([c], whole_bytes=free.get(d, 0))[c.op] == "whole":
+                free[d] -= c.whole_bytes
+                chosen[c.op] = "whole"
+        if "whole" not in chosen.values():
+            return [a]
+        return [a, *filter(None, [self.realised(kind, replace(strategy, weight_grads=chosen))])]
 
     def screen_late(self, screened: Mapping[int, _Screened]) -> None:
         """The ``fill_only`` kinds (interleaved 1F1B, the zero-bubble
@@ -735,7 +792,7 @@ class _Search:
 
     def no_gain(self, kind: Kind, s: _Screened, m: int) -> bool:
         """Whether a ``fill_only`` kind cannot beat the best plan so far: the
-        count's best GPipe/1F1B step over ``k`` stages, less its whole fill and
+        count's best GPipe/1F1B step (its twins' included) over ``k`` stages, less its whole fill and
         drain (``M / (M + k - 1)`` of it), is no better. Its candidates are then
         skipped, named ``"zero-bubble M=8"`` in ``plan.log.skipped``."""
         best = self.pool.best
@@ -778,12 +835,25 @@ class _Search:
         """After ``strategy``'s plan ``r``: over memory, its savers in turn
         (:meth:`save`); a plain data-parallel plan that fits, its ZeRO-1 variant
         too (each replica updates ``1 / R`` of the weights: faster where the
-        update weighs; Transformer-6 on 4 PCIe GPUs at M=2: 45.2 against 46.1 ms)."""
+        update weighs; Transformer-6 on 4 PCIe GPUs at M=2: 45.2 against 46.1 ms);
+        a plain data-parallel plan of ``M > 1`` slices (gradient accumulation),
+        its weight gradients summed in place too (``"data-parallel R=4 M=2
+        accumulate"``: no accumulate ops, :func:`pesto.step.split`)."""
         s = strategy
+        dp = s.replicas > 1 and s.stages == 1 and s.schedule == "none" and not s.savers
+        if dp and s.micro_batches > 1 and s.weight_grads == "separate":   # gradient accumulation in place
+            self.realised(kind, replace(s, weight_grads="accumulate"))
         if r.plan.status == "infeasible":
             self.save(kind, s)
-        elif s.replicas > 1 and s.stages == 1 and s.schedule == "none" and not s.savers and self.shardable:
+        elif dp and self.shardable:
             self.realised(kind, replace(s, shard_optimizer=1))
+
+    def in_place_of(self, strategy: Strategy) -> tuple:
+        """The step's weight-gradient ops ``strategy`` sums in place (:attr:`SolveLog.in_place`):
+        its mapping's, or every one for the rule ``"accumulate"`` given for all."""
+        if strategy.weight_grads == "accumulate":
+            return weight_grad_ops(self.marked)
+        return strategy.in_place
 
     def savers(self, strategy: Strategy) -> list[Strategy]:
         """:func:`~solver.parallel.kinds.savers` of ``strategy``, those with a
@@ -883,14 +953,19 @@ class _Search:
 
     def exact(self, s: _Screened, m: int, grant: Deadline, start: Plan | None = None) -> Plan:
         """Offer (as ``M=m``) and return the recipe's plan of ``s.graph`` on
-        ``grant``, started from the slice model's plan (``m > 1``) and the
-        screened plans; with ``start`` (an earlier plan of this ``m``: the
-        search continued), from it and the screened plans, no slice model."""
+        ``grant``, started from the slice model's plan (``m > 1``, weight
+        gradients separate: the slice grid's) and the screened plans; with
+        ``start`` (an earlier plan of this ``m``: the search continued), from it
+        and the screened plans, no slice model. Never worse than its best
+        start: a start the recipe's plan does not beat is returned re-ordered
+        (:func:`solver.search.reschedule`; the paper recipe, which a split of
+        at most ``target_vertices`` ops runs, starts from none: uniform-m8-1x's
+        in-place split of 124 ops came back at 107.0 ms from a 92.2 ms start)."""
         before = set(self.pool.steps)
         self.say(f"exact M={m}: start ({grant.left():.1f} s granted)")
         starts = ([start] if start is not None else []) + list(s.starts)
-        if start is None and m > 1:   # the slice model's plan (weight gradients separate) starts that split only
-            starts[:0] = [p for p in self.slice_start(s, m, grant) if s.weight_grads == "separate"]
+        if start is None and m > 1:   # the slice model's plan
+            starts[:0] = self.slice_start(s, m, grant)
         self.stop_if_interrupted()
         inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
                                      batch_size=None, progress=None)
@@ -904,8 +979,9 @@ class _Search:
             raise Stopped(self.deadline.reason) from None
         if self.one_device is None and plan.log is not None:
             self.one_device = plan.log.one_device
-        if start is not None and rank(start) < rank(plan):
-            plan = start
+        ahead = min(starts, key=rank, default=None)
+        if ahead is not None and rank(ahead) < rank(plan):   # a split of at most target_vertices ops runs the
+            plan = reschedule(s.graph, self.cluster, ahead, deadline=self.deadline)   # paper recipe: no starts
         self.pool.offer(f"M={m}", plan, s.split, Strategy(micro_batches=m, schedule="free" if m > 1 else "none",
                                                           weight_grads=s.weight_grads))
         mine = {n: v for n, v in self.pool.steps.items() if n not in before}
@@ -917,11 +993,17 @@ class _Search:
         """The slice model's plan of ``m`` slices (:func:`solver.parallel.slice_model.solve_slices`)
         on :data:`SLICE_SHARE` of ``grant``, at most what leaves the pipeline the predicted time of
         its first plan (``SIMS["pipeline"]`` simulations of the split), skipped below
-        :data:`MIN_SECONDS` on the wall clock; offered as ``slice M=m``; [] when skipped."""
+        :data:`MIN_SECONDS` on the wall clock, or when the count's split sums its weight gradients
+        otherwise than separately; offered as ``slice M=m``; [] when skipped."""
         name = f"slice M={m}"
         if s.graph.num_ops > SLICE_MAX_OPS:
             self.pool.skipped[name] = (f"the split step has {s.graph.num_ops} ops, more than {SLICE_MAX_OPS}: "
                                        f"the slice model's split and grid alone outlast its share")
+            return []
+        if s.weight_grads != "separate":   # its grid sums them separately: its plan places another split
+            words = Strategy(weight_grads=s.weight_grads).rule_words
+            self.pool.skipped[name] = (f"the count's best split is {words} (the slice model's grid sums "
+                                       f"every weight-grad op's slices separately)")
             return []
         keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the recipe's own first plan
         share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
@@ -969,7 +1051,7 @@ class _Search:
         if dl.interrupted and status not in ("infeasible", "optimal"):
             status = "interrupted"
         log = replace(log, micro_batches=r.micro_batches, graph_kind=r.graph_kind, replicas=r.replicas,
-                      savers=r.strategy.savers, joined=r.strategy.joined,
+                      savers=r.strategy.savers, joined=r.strategy.joined, in_place=self.in_place_of(r.strategy),
                       steps=dict(self.pool.steps), skipped={**log.skipped, **self.pool.skipped}, bound=bound,
                       bound_source=source, stopped=dl.reason or log.stopped, deterministic=dl.deterministic,
                       one_device=log.one_device if log.one_device is not None else self.one_device)

@@ -70,7 +70,8 @@ class Strategy:
     :attr:`split_rule` gives the split's form, :attr:`joined` the ops run
     whole), passed by the realisers to the split (the slice model takes
     ``"separate"`` only); a rule other than ``"separate"`` shows in the name
-    (``"zb-h1 K=4 M=8 whole(4)"``: four ops joined). ``recompute`` and
+    (``"zb-h1 K=4 M=8 whole(4)"``: four ops joined; ``"zb-h2 K=4 M=8
+    accumulate(4)"``: four summed in place, :attr:`in_place`). ``recompute`` and
     ``shard_optimizer``: the memory savers (module doc). ``split_backward``
     is reserved (a schedule says itself whether it splits the backward:
     :attr:`solver.parallel.schedules.Schedule.split_backward`) and must keep
@@ -135,16 +136,26 @@ class Strategy:
         return () if isinstance(self.weight_grads, str) else tuple(op for op, r in self.weight_grads if r == "whole")
 
     @property
+    def in_place(self) -> tuple:
+        """The weight-gradient ops a mapping accumulates in place, sorted (() for a rule given for all)."""
+        return () if isinstance(self.weight_grads, str) else tuple(op for op, r in self.weight_grads
+                                                                   if r == "accumulate")
+
+    @property
     def rule_words(self) -> str:
         """The weight-gradient rule in words: ``""`` (``"separate"``), ``"whole"``,
-        ``"accumulate"``, or ``"whole(k)"`` for a mapping joining ``k`` ops.
+        ``"accumulate"``, or for a mapping ``"whole(k)"`` (``k`` ops joined) and
+        ``"accumulate(j)"`` (``j`` ops summed in place).
 
         >>> Strategy(weight_grads={"b": "whole", "a": "whole"}).rule_words, Strategy().rule_words
         ('whole(2)', '')
+        >>> Strategy(weight_grads={"a": "whole", "b": "accumulate", "c": "accumulate"}).rule_words
+        'whole(1) accumulate(2)'
         """
         if isinstance(self.weight_grads, str):
             return "" if self.weight_grads == "separate" else self.weight_grads
-        return f"whole({len(self.joined)})" if self.joined else ""
+        return " ".join(f"{w}({len(ops)})" for w, ops in (("whole", self.joined), ("accumulate", self.in_place))
+                        if ops)
 
     @property
     def name(self) -> str:
