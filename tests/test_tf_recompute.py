@@ -107,6 +107,29 @@ def test_a_recompute_pipeline_trains_as_the_step_with_its_copies_mapped_one_to_o
     step.close()
 
 
+def test_a_plan_recomputing_some_blocks_trains_as_the_step_with_those_copies_only():
+    """Strategy.recompute names blocks 0 and 2 of the three (per-block recomputation):
+    TF builds the copies of those blocks alone, each block's trigger still the next
+    layer's backward, and trains with the un-recomputed step's losses."""
+    step = _mlp()
+    whole = step.run(3)
+    step.reset()
+    result = realise(marked(step.graph), CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b",
+                                                           recompute=(True, False, True)))
+    assert result.strategy.savers == "recompute(2/3:0,2)" and result.plan.status != "infeasible"
+    copies = _copies(result)
+    assert len(copies) == 6 * 2 and not any("layer_1" in c for c in copies)   # 3 ops of 2 layers, per slice
+    step.apply(result, cluster=CLUSTER)
+    assert step.recomputed.left_out == () and len(step.recomputed.copies) == len(copies)
+    assert not any(n.startswith(RECOMPUTE) and "layer_1" in n for n in step.graph.names)
+    grads = [op for op in step.tf_graph.get_operations() if op.type == "TanhGrad"]
+    assert sum(op.inputs[0].op.name.startswith(RECOMPUTE) for op in grads) == 2 * 2   # layer_1 reads its own Tanh
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    step.close()
+
+
 def test_a_step_recomputed_once_takes_a_plain_plan_without_the_copies():
     step = _mlp()
     result = realise(marked(step.graph), CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b",
@@ -128,6 +151,9 @@ def test_result_view_takes_recompute_and_refuses_the_savers_tf_does_not_build_by
     assert result_view(ok).micro_batches == 2
     sharded = Result()
     sharded.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="ZeRO-2 recompute"))
+    some = Result()
+    some.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="recompute(2/3:0,2)"))
+    assert result_view(some).micro_batches == 2   # some blocks recomputed: built as recompute is
     with pytest.raises(MicroBatchError, match=r"memory savers \(ZeRO-2 recompute\).*together") as err:
         result_view(sharded)   # each alone is built in TF, not both in one plan
     assert err.value.culprit == "ZeRO-2 recompute"

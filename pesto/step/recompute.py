@@ -19,7 +19,9 @@ where two or more scope prefixes of ``d`` parts have the same *pattern*
 prefix of a repeated pattern is a block: its forward ops. Blocks are in the
 order of their ops' mean topological position. Ops under no such prefix
 (the embedding, the head, the loss) are not recomputed. ``blocks=`` gives
-the blocks instead (lists of forward op names).
+the blocks instead (lists of forward op names); ``chosen=`` recomputes only
+those blocks (their indices), the others kept as they are (each still the
+"next block" whose backward triggers the copies of the block before it).
 
 The transform (per block ``k``)
 -------------------------------
@@ -83,7 +85,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from ..dag import closure
 from ..errors import BatchMarkError, InvalidGraphError
@@ -160,28 +162,48 @@ def _check(graph: OpGraph, blocks: Sequence[Iterable[str]]) -> list[set[int]]:
     return out
 
 
-def recompute(graph: OpGraph, blocks: Sequence[Iterable[str]] | None = None) -> Transformed:
-    """``graph`` with each block's activations recomputed before its backward (module doc).
+def recompute(graph: OpGraph, blocks: Sequence[Iterable[str]] | None = None,
+              chosen: Collection[int] | None = None) -> Transformed:
+    """``graph`` with each block's activations recomputed before its backward (module doc);
+    ``chosen``: the indices of the blocks recomputed (default all).
+
+    >>> from pesto.graph import Op
+    >>> def op(name, phase, anchor=None):
+    ...     return Op(name, {"GPU": 1.0}, batch=True, phase=phase, anchor=anchor)
+    >>> ops = [op("l0/a", "forward"), op("l1/a", "forward"), op("l1/da", "input-grad", "l1/a"),
+    ...        op("l0/da", "input-grad", "l0/a")]
+    >>> es = [Edge("l0/a", "l1/a", "l0/a:0"), Edge("l1/a", "l1/da", "l1/a:0"), Edge("l1/da", "l0/da", "l1/da:0"),
+    ...       Edge("l0/a", "l0/da", "l0/a:0")]
+    >>> g = OpGraph(ops, es, [Tensor(f"{o.name}:0", o.name, 8) for o in ops])
+    >>> r = recompute(g, chosen=[0])   # layer 0 only; layer 1's backward still triggers it
+    >>> sorted(n for n, o in r.origin.items() if o.role == "recompute"), r.graph.predecessors("l0/a@rc")
+    (['l0/a@rc'], ['l1/da'])
 
     Raises
     ------
     InvalidGraphError
         No block (no layer-like scopes and none given); a block op that is not
-        a batched forward op, or in two blocks; no block whose backward reads
-        an activation from inside it (nothing to recompute).
+        a batched forward op, or in two blocks; a chosen index that is no
+        block's; no chosen block whose backward reads an activation from
+        inside it (nothing to recompute).
     BatchMarkError
         Names that look like the copies' (``@rc``).
     """
-    chosen = _check(graph, layer_blocks(graph) if blocks is None else blocks)
-    if not chosen:
+    sets = _check(graph, layer_blocks(graph) if blocks is None else blocks)
+    if not sets:
         raise InvalidGraphError(f"recompute: graph {graph.name!r} has no layer-like blocks (no scope depth "
                                 f"with a repeated pattern such as layer_0, layer_1); pass blocks=")
-    b = _Recompute(graph, chosen)
-    for k in range(len(chosen)):
+    picked = range(len(sets)) if chosen is None else list(dict.fromkeys(chosen))
+    bad = [k for k in picked if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(sets)]
+    if bad:
+        raise InvalidGraphError(f"recompute: chosen blocks {bad[:5]} are not block indices of graph {graph.name!r} "
+                                f"(0 to {len(sets) - 1})")
+    b = _Recompute(graph, sets)
+    for k in sorted(picked):
         b.block(k)
     if not b.ops:
         raise InvalidGraphError(f"recompute: nothing to recompute in graph {graph.name!r}: no backward op reads "
-                                f"an activation from inside its block ({len(chosen)} blocks; a block's input is "
+                                f"an activation from inside its block ({len(picked)} blocks; a block's input is "
                                 "kept anyway), so recomputation would save no memory")
     ops = list(graph.ops) + b.ops
     tensors = list(graph.tensors) + b.tensors

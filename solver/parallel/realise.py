@@ -10,8 +10,8 @@ is one more realiser. The exact pipeline (``schedule="free"``) is not a
 realiser: it is a search stage (:mod:`solver.parallel.search`).
 
 The memory savers compose with the kinds: ``recompute`` realises the kind
-on :func:`pesto.step.recompute` of the step (:func:`with_savers`; every
-kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2
+on :func:`pesto.step.recompute` of the step, every layer block or those it
+names (:func:`with_savers`; every kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2
 (data parallelism only: a hybrid's rings follow its stages, not shards).
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import replace
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
 from pesto.step import Transformed, compose, identity, recompute
+from pesto.step.recompute import layer_blocks
 
 from .hybrid import hybrid_plan
 from .pipelines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
@@ -46,8 +47,24 @@ def solved_of(sp: StepPlan, weight_grads="separate") -> Solved:
 
 def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
     """The step a kind realises ``strategy`` on (its ``graph``): :func:`pesto.step.recompute`
-    of ``step`` when ``strategy.recompute``, else ``step`` itself (:func:`pesto.step.identity`)."""
-    return recompute(step) if strategy.recompute else identity(step)
+    of ``step`` when ``strategy.recompute`` (its blocks, :attr:`Strategy.recomputed`, when
+    it names them), else ``step`` itself (:func:`pesto.step.identity`).
+
+    Raises
+    ------
+    ValueError
+        ``strategy.recompute`` names a count of blocks other than ``step``'s
+        (:func:`pesto.step.recompute.layer_blocks`).
+    """
+    if not strategy.recompute:
+        return identity(step)
+    if strategy.recomputed is None:
+        return recompute(step)
+    blocks = layer_blocks(step)
+    if len(blocks) != len(strategy.recompute):
+        raise ValueError(f"{strategy.name}: recompute names {len(strategy.recompute)} layer blocks, "
+                         f"the step {step.name!r} has {len(blocks)}")
+    return recompute(step, blocks, chosen=strategy.recomputed)
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,

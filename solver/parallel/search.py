@@ -108,6 +108,7 @@ from pesto.problem import Problem
 from pesto.solvelog import PassLog, SolveLog
 from pesto.step import Transformed, identity, recompute, replicate, split as split_step
 from pesto.step.marks import joinable_ops, shardable, slice_constants
+from pesto.step.recompute import layer_blocks
 from pesto.step.slicing import copy_name, weight_grad_costs
 from pesto.step.replication import gradient_buckets
 
@@ -121,8 +122,9 @@ from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
 from .kinds import KINDS, Kind, savers
 from .realise import realise, with_savers
 from .cut import in_flight
+from .partial import block_savings, next_mask
 from .schedules import SCHEDULES
-from .strategy import Solved, Strategy
+from .strategy import Solved, Strategy, recompute_mask
 
 __all__ = ["solve_step", "step_graph", "savers_of", "micro_batch_counts", "with_marks", "memory_short",
            "winner_bound", "replicated_ops", "check_batch", "AUTO_MAX", "PASSES"]
@@ -137,6 +139,9 @@ SCREEN_SHARE = 0.35
 #: screening: its plans come from screening every kind with its savers (GPT-1.3B's and 2.7B's
 #: winners on 8 V100s); the exact passes on a 100k-op split that does not fit rarely beat them.
 TIGHT_SCREEN_SHARE = 0.7
+#: Plans of a pipeline recomputing some layer blocks (:mod:`solver.parallel.partial`) simulated after
+#: its plan recomputing every block fits.
+PARTIAL_TRIES = 3
 #: Stage splits each pipeline schedule simulates per count when screening.
 SCREEN_CANDIDATES = 4
 #: Share of the exact phase's time every count gets first (equal parts); the
@@ -246,10 +251,15 @@ def savers_of(words: str) -> Strategy:
 
     >>> savers_of("ZeRO-1 recompute").shard_optimizer, savers_of("").recompute
     (1, False)
+    >>> savers_of("recompute(1/2:1)").recompute
+    (False, True)
     """
     known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
     fields: dict = {}
     for w in words.split():
+        if w.startswith("recompute("):
+            fields["recompute"] = recompute_mask(w)
+            continue
         if w not in known:
             raise ValueError(f"unknown memory saver {w!r} in {words!r}; known: {', '.join(known)}")
         fields.update(known[w])
@@ -616,6 +626,8 @@ class _Search:
                 r = self.screen_one(kind, strategy, s, chase=False)
                 if r is not None and r.plan.status != "infeasible":
                     s.fit.add(plain)
+                    p = self.partial(kind, strategy, r)
+                    s.step = min(s.step, p.plan.makespan if p is not None else s.step)
 
     def screen_rest(self, screened: Mapping[int, _Screened]) -> None:
         """A memory-bound step: the time the exact passes left (they skip a split
@@ -761,6 +773,7 @@ class _Search:
                     r = self.realised(kind, s)
                     if r is not None and r.plan.status != "infeasible":
                         fits = True
+                        self.partial(kind, s, r)
                         break
         return fits
 
@@ -791,11 +804,44 @@ class _Search:
         return [x for x in savers(strategy) if self.shardable or not x.shard_optimizer]
 
     def save(self, kind: Kind, strategy: Strategy) -> None:
-        """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits."""
+        """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits
+        (recomputation that fits: then only the blocks it needs, :meth:`partial`)."""
         for s in self.savers(strategy):
             r = self.realised(kind, s)
             if r is not None and r.plan.status != "infeasible":
+                self.partial(kind, s, r)
                 return
+
+    def partial(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
+        """After ``strategy`` (every layer block recomputed, a pipeline of one
+        replica) fits as ``r``: the same recomputing only the blocks its GPUs
+        need (:func:`solver.parallel.partial.next_mask`: a stage holding few
+        slices keeps its activations), simulated and asked again, at most
+        :data:`PARTIAL_TRIES` plans, each a candidate of its own
+        (``"zb-h1 M=16 recompute(20/32:0-11,16-18,21,22,25,26,29)"``). The
+        fastest that fits, None when none does or none was built."""
+        if (r.plan.status == "infeasible" or strategy.recompute is not True or strategy.replicas != 1
+                or strategy.schedule not in SCHEDULES or not r.plan.peak_memory or self.acts is None):
+            return None
+        blocks = layer_blocks(self.marked)
+        saved = max(0, self.acts.batched - self.recomputed_acts().batched)
+        if len(blocks) < 2 or not saved:
+            return None
+        savings = block_savings(self.marked, blocks, saved)
+        memory = {d: self.cluster.device(d).memory for d in r.plan.peak_memory}
+        mask, x, best, seen = (True,) * len(blocks), r, None, set()
+        for _ in range(PARTIAL_TRIES):
+            seen.add(mask)
+            mask = next_mask(mask, blocks, savings, x.plan.placement, x.plan.peak_memory, memory,
+                             strategy.schedule, strategy.micro_batches)
+            if mask in seen or not any(mask):   # nothing to spare, or the plain strategy (screened as such)
+                break
+            x = self.realised(kind, replace(strategy, recompute=mask))
+            if x is None:
+                break
+            if x.plan.status != "infeasible" and (best is None or rank(x.plan) < rank(best.plan)):
+                best = x
+        return best
 
     def have_fit(self) -> bool:
         """Whether the pool holds a plan that fits memory."""
