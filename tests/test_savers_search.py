@@ -68,7 +68,7 @@ def test_savers_order():
         "data-parallel R=4 M=2 ZeRO-1", "data-parallel R=4 M=2 ZeRO-2",
         "data-parallel R=4 M=2 recompute", "data-parallel R=4 M=2 ZeRO-2 recompute"]
     assert [s.name for s in savers(Strategy(stages=4, micro_batches=8, schedule="1f1b"))] == [
-        "1f1b K=4 M=8 recompute"]
+        "1f1b K=4 M=8 recompute-cheap", "1f1b K=4 M=8 recompute"]
     assert savers(Strategy(micro_batches=4, schedule="slice")) == [] == savers(Strategy(replicas=2, recompute=True))
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
 from pesto.step import Transformed, compose, identity, recompute
-from pesto.step.recompute import layer_blocks
+from pesto.step.recompute import cheap_ops, layer_blocks
 
 from .hybrid import hybrid_plan
 from .pipelines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
@@ -48,7 +48,8 @@ def solved_of(sp: StepPlan, weight_grads="separate") -> Solved:
 def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
     """The step a kind realises ``strategy`` on (its ``graph``): :func:`pesto.step.recompute`
     of ``step`` when ``strategy.recompute`` (its blocks, :attr:`Strategy.recomputed`, when
-    it names them), else ``step`` itself (:func:`pesto.step.identity`).
+    it names them; their cheap ops only, :func:`pesto.step.recompute.cheap_ops`, when
+    ``strategy.selective``), else ``step`` itself (:func:`pesto.step.identity`).
 
     Raises
     ------
@@ -58,13 +59,14 @@ def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
     """
     if not strategy.recompute:
         return identity(step)
-    if strategy.recomputed is None:
+    if strategy.recomputed is None and not strategy.selective:
         return recompute(step)
     blocks = layer_blocks(step)
-    if len(blocks) != len(strategy.recompute):
+    if strategy.recomputed is not None and len(blocks) != len(strategy.recompute):
         raise ValueError(f"{strategy.name}: recompute names {len(strategy.recompute)} layer blocks, "
                          f"the step {step.name!r} has {len(blocks)}")
-    return recompute(step, blocks, chosen=strategy.recomputed)
+    return recompute(step, blocks, chosen=strategy.recomputed,
+                     only=cheap_ops(step, blocks) if strategy.selective else None)
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
@@ -124,4 +126,5 @@ def _saving(solved: Solved, strategy: Strategy, kept: Transformed) -> Solved:
     composed with ``kept`` (:func:`with_savers`: the recomputation) down to the step."""
     t = solved.transformed if kept.graph is kept.source else compose(solved.transformed, kept)
     return replace(solved, strategy=replace(solved.strategy, recompute=strategy.recompute,
+                                            selective=strategy.selective,
                                             shard_optimizer=strategy.shard_optimizer), transformed=t)

@@ -257,8 +257,8 @@ def savers_of(words: str) -> Strategy:
     known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
     fields: dict = {}
     for w in words.split():
-        if w.startswith("recompute("):
-            fields["recompute"] = recompute_mask(w)
+        if w.startswith("recompute(") or w.startswith("recompute-cheap"):
+            fields.update(recompute=recompute_mask(w), selective=w.startswith("recompute-cheap"))
             continue
         if w not in known:
             raise ValueError(f"unknown memory saver {w!r} in {words!r}; known: {', '.join(known)}")
@@ -402,7 +402,7 @@ class _Search:
         self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
         self.one_device: float | None = None   # a recipe's one-device step (SolveLog.one_device), for any winner
         self.shardable = shardable(self.marked)   # the front end builds a sharded optimizer (ZeRO) for it
-        self._acts_rc: tuple | None = None   # (recomputed step's activations,), built when first asked
+        self._acts_rc: dict = {}   # selective -> the recomputed step's activations, built when first asked
         self.window: Deadline = deadline  # what the running pass may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
@@ -428,32 +428,36 @@ class _Search:
         self.say(f"{name}: skipped (time limit)")
         return False
 
-    def spread(self, replicas: int, m: int, held: int = 1, recomputed: bool = False) -> tuple[int, int]:
+    def spread(self, replicas: int, m: int, held: int = 1, recomputed: bool = False,
+               selective: bool = False) -> tuple[int, int]:
         """``(bytes, k)``: a replica's weights and optimizer state plus ``held``
         slices' activations at the loss (:func:`pesto.memory.step_activations`:
         the batched bytes of a slice, ``1 / (replicas m)`` of the batch, the
         shared ones once), spread evenly over
         its ``k = GPUs / replicas`` GPUs; ``recomputed``: the activations of the
-        recomputed step (:func:`pesto.step.recompute`, :meth:`recomputed_acts`).
+        recomputed step (:func:`pesto.step.recompute`, :meth:`recomputed_acts`; ``selective``:
+        each block's cheap ops only).
         The one rule behind :meth:`floor` (``held = 1``: every plan holds it) and
         :meth:`predicted_memory` (the slices a schedule holds at once)."""
         k = max(1, self.gpus // replicas)
-        acts = self.recomputed_acts() if recomputed else self.acts
+        acts = self.recomputed_acts(selective) if recomputed else self.acts
         if acts is None:
             return 0, k
         per_slice = held * -(-acts.batched // max(1, replicas * m)) + acts.shared   # a slice: 1/(R M) of the batch
         return -(-(self.persistent + per_slice) // k), k
 
-    def recomputed_acts(self):
+    def recomputed_acts(self, selective: bool = False):
         """:func:`pesto.memory.step_activations` of the step with every layer
-        block recomputed (:func:`pesto.step.recompute`; built once, a fraction
-        of a second on GPT-2.7B); the step's own when it has no blocks."""
-        if self._acts_rc is None:
+        block recomputed (:func:`pesto.step.recompute`; ``selective``: their
+        cheap ops only, :func:`~solver.parallel.realise.with_savers`; built once,
+        a fraction of a second on GPT-2.7B); the step's own when it has no blocks."""
+        if selective not in self._acts_rc:
             try:
-                self._acts_rc = (step_activations(recompute(self.marked).graph),)
+                done = with_savers(self.marked, Strategy(recompute=True, selective=selective))
+                self._acts_rc[selective] = step_activations(done.graph)
             except PestoError:   # no layer blocks: nothing recomputed
-                self._acts_rc = (self.acts,)
-        return self._acts_rc[0]
+                self._acts_rc[selective] = self.acts
+        return self._acts_rc[selective]
 
     def floor(self, replicas: int, m: int) -> tuple[int, int]:
         """``(bytes, k)``: the least a GPU holds in every plan of ``replicas``
@@ -613,14 +617,15 @@ class _Search:
                          // SCHEDULES[strategy.schedule].chunks)
             except ValueError:   # a count the schedule refuses: as many as a pipeline's stages
                 held = min(strategy.stages, k)
-        return self.spread(strategy.replicas, strategy.micro_batches, held, strategy.recompute)[0]
+        return self.spread(strategy.replicas, strategy.micro_batches, held, bool(strategy.recompute),
+                           strategy.selective)[0]
 
     def screen_tight(self, m: int, s: _Screened) -> None:
         """A memory-bound step's candidates of ``m`` in :meth:`tight_order`, but
         those already built (a second call: :meth:`screen_rest`) and the savers
         of a strategy one of whose variants fits (``s.fit``)."""
         for kind, strategy in self.tight_order(m):
-            plain = replace(strategy, recompute=False, shard_optimizer=0)
+            plain = replace(strategy, recompute=False, shard_optimizer=0, selective=False)
             name = kind.label(strategy) + (f" {strategy.savers}" if strategy.savers else "")
             if plain not in s.fit and name not in self.pool.steps:
                 r = self.screen_one(kind, strategy, s, chase=False)
@@ -660,7 +665,8 @@ class _Search:
         with time."""
         pairs = [(kind, x) for kind in KINDS.values() for st in kind.candidates(self.marked, self.cluster, m)
                  for x in (st, *self.savers(st))]
-        keyed = [((self.predicted_memory(st) > self.capacity, bool(st.savers), self.predicted_memory(st),
+        cost = [0 if not st.savers else 2 if st.recompute and not st.selective else 1 for _, st in pairs]
+        keyed = [((self.predicted_memory(st) > self.capacity, cost[n], self.predicted_memory(st),
                    kind.sims), n) for n, (kind, st) in enumerate(pairs)]
         return [pairs[n] for _, n in sorted(keyed)]
 
@@ -824,7 +830,7 @@ class _Search:
                 or strategy.schedule not in SCHEDULES or not r.plan.peak_memory or self.acts is None):
             return None
         blocks = layer_blocks(self.marked)
-        saved = max(0, self.acts.batched - self.recomputed_acts().batched)
+        saved = max(0, self.acts.batched - self.recomputed_acts(strategy.selective).batched)
         if len(blocks) < 2 or not saved:
             return None
         savings = block_savings(self.marked, blocks, saved)

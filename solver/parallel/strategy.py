@@ -13,6 +13,10 @@ ZeRO-1 / ZeRO-2, each replica updating its shard of the optimizer state,
 :func:`pesto.step.replicate`; data parallelism only). Both show in the
 name (``"data-parallel R=8 M=2 ZeRO-2"``, ``"1f1b K=4 M=8 recompute"``,
 ``"zb-h1 K=4 M=8 recompute(3/4:0-1,3)"``: 3 of 4 blocks, blocks 0, 1 and 3).
+``selective`` recomputes only each block's cheap ops
+(:func:`pesto.step.recompute.cheap_ops`: a transformer layer's element-wise
+ops, softmax and attention scores, not its projections: most of the memory
+for a fifth of the forward time), ``"recompute-cheap"`` in the name.
 
 Schedules: those of :data:`solver.parallel.schedules.SCHEDULES` (``"gpipe"``,
 ``"1f1b"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-h2"``, ``"zb-v"``: fixed
@@ -38,6 +42,8 @@ ValueError: Strategy.micro_batches must be an integer >= 1, got 0
 'zb-h1 K=4 M=8 recompute(3/4:0-1,3)'
 >>> Strategy(recompute=(True, True)).recompute, Strategy(recompute=(False,)).recompute
 (True, False)
+>>> Strategy(stages=2, micro_batches=4, schedule="1f1b", recompute=(True, False), selective=True).name
+'1f1b K=2 M=4 recompute-cheap(1/2:0)'
 >>> Strategy(stages=2, micro_batches=4, schedule="1f1b", shard_optimizer=1)
 Traceback (most recent call last):
 ...
@@ -92,6 +98,7 @@ class Strategy:
     shard_optimizer: int = 0
     split_backward: bool = False
     weight_grads: str | tuple = "separate"
+    selective: bool = False
 
     def __post_init__(self):
         for name in ("replicas", "stages", "micro_batches"):
@@ -115,6 +122,10 @@ class Strategy:
                 raise ValueError(f"Strategy.recompute must be True, False or one bool per layer block "
                                  f"(a non-empty tuple), got {rc!r}")
             object.__setattr__(self, "recompute", all(rc) or (tuple(rc) if any(rc) else False))
+        if not isinstance(self.selective, bool) or (self.selective and not self.recompute):
+            raise ValueError(f"Strategy.selective (recompute a block's cheap ops only) must be a bool, and "
+                             f"True only with recompute, got selective={self.selective!r}, "
+                             f"recompute={self.recompute!r}")
         if isinstance(self.shard_optimizer, bool) or self.shard_optimizer not in SHARD_LEVELS:
             raise ValueError(f"Strategy.shard_optimizer must be one of {SHARD_LEVELS} (none, ZeRO-1, ZeRO-2), "
                              f"got {self.shard_optimizer!r}")
@@ -138,10 +149,11 @@ class Strategy:
     @property
     def recompute_words(self) -> str:
         """``recompute`` in words: ``""``, ``"recompute"`` (every block) or
-        ``"recompute(k/n:ranges)"`` (``k`` of ``n`` blocks; :func:`recompute_mask` reads it back)."""
-        rc = self.recompute
+        ``"recompute(k/n:ranges)"`` (``k`` of ``n`` blocks; :func:`recompute_mask` reads it back),
+        ``"recompute-cheap..."`` when :attr:`selective`."""
+        rc, word = self.recompute, "recompute-cheap" if self.selective else "recompute"
         if not isinstance(rc, tuple):
-            return "recompute" if rc else ""
+            return word if rc else ""
         on = [i for i, x in enumerate(rc) if x]
         runs: list[list[int]] = []
         for i in on:
@@ -150,7 +162,7 @@ class Strategy:
             else:
                 runs.append([i, i])
         ranges = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-        return f"recompute({len(on)}/{len(rc)}:{ranges})"
+        return f"{word}({len(on)}/{len(rc)}:{ranges})"
 
     @property
     def recomputed(self) -> tuple[int, ...] | None:
@@ -202,17 +214,17 @@ class Strategy:
 def recompute_mask(word: str) -> bool | tuple[bool, ...]:
     """:attr:`Strategy.recompute` from its word (:attr:`Strategy.recompute_words`).
 
-    >>> recompute_mask("recompute(3/4:0-1,3)"), recompute_mask("recompute")
-    ((True, True, False, True), True)
+    >>> recompute_mask("recompute(3/4:0-1,3)"), recompute_mask("recompute"), recompute_mask("recompute-cheap")
+    ((True, True, False, True), True, True)
 
     Raises
     ------
     ValueError
         Not a recompute word, or a block past the count, named.
     """
-    if word == "recompute":
+    if word in ("recompute", "recompute-cheap"):
         return True
-    found = re.fullmatch(r"recompute\((\d+)/(\d+):([\d,-]+)\)", word)
+    found = re.fullmatch(r"recompute(?:-cheap)?\((\d+)/(\d+):([\d,-]+)\)", word)
     if found is None:
         raise ValueError(f"{word!r} is not a recompute word ('recompute' or 'recompute(k/n:a-b,c)')")
     n, on = int(found.group(2)), set()
