@@ -12,6 +12,7 @@ from pesto.deadline import Deadline
 from pesto.errors import InvalidGraphError
 from pesto.plan import check_plan
 from pesto.step import recompute
+from pesto.step.recompute import cheap_ops, layer_blocks
 from solver.options import SolveOptions
 from solver.parallel.kinds import KINDS
 from solver.parallel.partial import next_mask
@@ -72,7 +73,6 @@ def test_partial_recompute_fits_and_beats_recomputing_every_block():
     assert part.plan.status != "infeasible" and check_plan(part, cluster).ok
     assert part.plan.makespan < full.plan.makespan
     # the first stage holds the most slices: it keeps recomputing, the last stages stop
-    from pesto.step.recompute import layer_blocks
     blocks = layer_blocks(g)
     mask = next_mask((True,) * 8, blocks, [1e6] * 8, full.plan.placement, full.plan.peak_memory,
                      {d: MEMORY for d in full.plan.peak_memory}, "1f1b", 8)
@@ -106,3 +106,26 @@ def test_no_partial_plan_for_a_plain_strategy_or_one_that_does_not_fit():
     assert short.plan.status == "infeasible"
     assert search.partial(KINDS["zero-bubble"], replace(short.strategy, stages=4), short) is None   # did not fit
     assert search.pool.steps == {}   # nothing built
+
+
+def test_selective_recomputation_copies_each_blocks_cheap_ops():
+    g = with_marks(deep_step(4))
+    cluster = gpus(2, memory=10**12)
+    assert cheap_ops(g, layer_blocks(g))[1] == ("layer_1/b", "layer_1/c")   # a: twice the time per byte
+    s = Strategy(stages=2, micro_batches=2, schedule="1f1b", recompute=True, selective=True)
+    assert s.name == "1f1b K=2 M=2 recompute-cheap" and savers_of(s.savers) == replace(s, stages=1,
+                                                                                        micro_batches=1,
+                                                                                        schedule="none")
+    r = realise(g, cluster, s)
+    copied = {r.origin_of(n).op for n in r.graph.names if r.origin_of(n).role == "recompute"}
+    assert copied == {f"layer_{k}/b" for k in range(4)}   # c: no backward reads it; a: kept
+    assert r.strategy.selective and check_plan(r, cluster).ok
+    assert step_graph(g, r.micro_batches, r.graph_kind, r.replicas, r.strategy.savers).names == r.graph.names
+    full = realise(g, cluster, replace(s, selective=False))
+    assert r.graph.total_work() < full.graph.total_work()
+    part = replace(s, recompute=(False, True, True, False))
+    assert part.name == "1f1b K=2 M=2 recompute-cheap(2/4:1-2)" and savers_of(part.savers).selective
+    with pytest.raises(ValueError, match="True only with recompute"):
+        Strategy(selective=True)
+    with pytest.raises(InvalidGraphError, match="a subset of its ops"):
+        recompute(g, only=[("layer_1/b",)])

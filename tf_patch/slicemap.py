@@ -135,7 +135,8 @@ def result_view(result) -> ResultView:
         return result
     log = getattr(result.plan, "log", None)
     savers = getattr(log, "savers", "")
-    words = [w.partition("(")[0] for w in (savers or "").split()]   # "recompute(3/4:0-1,3)": some blocks
+    # "recompute(3/4:0-1,3)": some blocks; "recompute-cheap": their cheap ops (all built as recompute is)
+    words = [w.partition("(")[0].removesuffix("-cheap") for w in (savers or "").split()]
     unbuilt = " ".join(w for w in words if w not in TF_SAVERS)
     if not unbuilt and "recompute" in words and len(words) > 1:   # each alone is built, not both together
         unbuilt = " ".join(words)
