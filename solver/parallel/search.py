@@ -53,8 +53,11 @@ step):
   (``plan.log.joined`` names the winner's joined ops);
 * memory savers (:func:`solver.parallel.kinds.savers`): for a screened
   candidate whose plan does not fit memory, the same strategy with ZeRO-1,
-  ZeRO-2, ZeRO-2 and recomputation (data parallelism) or recomputation
-  (pipelines, hybrids), until one fits; for a count whose memory floor does
+  ZeRO-2, ZeRO-2 and recomputation (data parallelism) or selective
+  recomputation (each layer block's cheap ops) then recomputation
+  (pipelines, hybrids), until one fits; a recomputing pipeline that fits is
+  followed by the same recomputing only the blocks its GPUs need
+  (:meth:`_Search.partial`, :mod:`solver.parallel.partial`); for a count whose memory floor does
   not fit (:func:`memory_short`: it counts a colocation unit's optimizer
   state whole, or the search's floor of weights and one slice's activations,
   which savers lower), every kind's savers, the count refused (fixed ``M``)
@@ -64,8 +67,8 @@ step):
   :data:`TIGHT_SCREEN_SHARE` of the time, and per count every kind (the
   zero-bubble ones too) with each candidate's savers as candidates of their
   own, in :meth:`_Search.tight_order`: those forecast to fit
-  (:meth:`_Search.predicted_memory`) first, plain before savers, leanest
-  first; a saver is not built once its plain strategy or an earlier saver
+  (:meth:`_Search.predicted_memory`) first, plain before savers (ZeRO and
+  selective recomputation before full recomputation), leanest first; a saver is not built once its plain strategy or an earlier saver
   fits; its exact passes are skipped (named) when a plan fits and the
   recipe's first plan of the split is predicted past the grant; the time
   they leave (or, while no plan fits, the time before them) screens the
@@ -653,7 +656,8 @@ class _Search:
         """A memory-bound step's candidates of ``m`` slices in screening order
         (every kind at once, the zero-bubble schedules included): those
         :meth:`predicted_memory` forecasts to fit first, the plain ones before
-        their savers, the leanest first (1F1B, ZB-H1 and ZB-V before GPipe),
+        their savers (ZeRO and selective recomputation, the cheaper in time,
+        before full recomputation), the leanest first (1F1B, ZB-H1 and ZB-V before GPipe),
         of equal forecasts the cheapest to build first (:attr:`Kind.sims`:
         ZB-H1's one stage split before 1F1B's four); then those forecast not
         to fit. A candidate's savers (:func:`~solver.parallel.kinds.savers`)
