@@ -129,3 +129,17 @@ def test_selective_recomputation_copies_each_blocks_cheap_ops():
         Strategy(selective=True)
     with pytest.raises(InvalidGraphError, match="a subset of its ops"):
         recompute(g, only=[("layer_1/b",)])
+
+
+def test_partial_keeps_the_cut_of_the_plan_recomputing_every_block():
+    g, cluster = deep_step(8, **HEAVY), gpus(4, memory=MEMORY)
+    search = _Search(g, cluster, SolveOptions(time_limit=60, micro_batches=8, deterministic=True),
+                     Deadline(60, deterministic=True))
+    full = realise(search.marked, cluster, _pipe(True))
+    part = search.partial(KINDS["pipeline"], _pipe(True), full)
+    assert part is not None and part.plan.status != "infeasible" and check_plan(part, cluster).ok
+    assert part.plan.makespan < full.plan.makespan and part.graph.total_work() < full.graph.total_work()
+    ops = [f"layer_{k}/{x}@mb{s}" for k in range(8) for x in "abc" for s in range(8)]
+    assert [part.plan.placement[n] for n in ops] == [full.plan.placement[n] for n in ops]
+    # the search's candidate, named with its blocks
+    assert search.pool.steps[f"1f1b M=8 {part.strategy.savers}"] == part.plan.makespan

@@ -17,6 +17,7 @@ names (:func:`with_savers`; every kind but the slice model), ``shard_optimizer``
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Mapping
 
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
@@ -70,11 +71,15 @@ def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
-            time_limit: float = 10.0, seed: int = 0, workers: int | None = None, deadline=None) -> Solved:
+            time_limit: float = 10.0, seed: int = 0, workers: int | None = None, deadline=None,
+            stage_of: Mapping[str, int] | None = None) -> Solved:
     """The plan of the marked ``step`` that ``strategy`` says (module doc).
 
     ``candidates``: the stage splits a pipeline simulates; ``time_limit``,
     ``seed``, ``workers``, ``deadline``: the slice model's search.
+    ``stage_of``: a pipeline of one chunk and one replica cut as given, per
+    batched op of ``step`` its stage (a recomputed copy's: its original's;
+    :func:`solver.parallel.pipelines.pipeline_plan`'s ``op_stages``), not searched.
 
     >>> from pesto.cluster import gpus
     >>> realise(OpGraph.from_edges({"a": 1.0}, []), gpus(4), Strategy(replicas=2))
@@ -111,10 +116,12 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
         return _saving(solved_of(data_parallel_plan(saved, cluster, micro_batches=m, weight_grads=wg,
                                                     shard_optimizer=s.shard_optimizer), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas == 1:
+        given = None if stage_of is None else [stage_of[kept.origin[op.name].op] if op.batch else -1
+                                               for op in saved.ops]
         return _saving(solved_of(pipeline_plan(saved, cluster, schedule=s.schedule, micro_batches=m,
                                                candidates=candidates,
                                                stages=None if s.stages >= len(gpu_names(cluster)) else s.stages,
-                                               weight_grads=wg), wg), s, kept)
+                                               weight_grads=wg, op_stages=given), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas > 1:
         return _saving(solved_of(hybrid_plan(saved, cluster, replicas=s.replicas, micro_batches=m,
                                              schedule=s.schedule, candidates=candidates, weight_grads=wg), wg), s, kept)

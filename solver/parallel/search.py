@@ -839,6 +839,11 @@ class _Search:
             return None
         savings = block_savings(self.marked, blocks, saved)
         memory = {d: self.cluster.device(d).memory for d in r.plan.peak_memory}
+        given = {}
+        if SCHEDULES[strategy.schedule].chunks == 1:   # r's cut kept: less recomputation, less work per stage
+            gpus = gpu_names(self.cluster)
+            given["stage_of"] = {r.transformed.origin[n].op: gpus.index(d) for n, d in r.plan.placement.items()
+                                 if r.transformed.origin[n].role == "copy" and d in gpus}
         mask, x, best, seen = (True,) * len(blocks), r, None, set()
         for _ in range(PARTIAL_TRIES):
             seen.add(mask)
@@ -846,7 +851,7 @@ class _Search:
                              strategy.schedule, strategy.micro_batches)
             if mask in seen or not any(mask):   # nothing to spare, or the plain strategy (screened as such)
                 break
-            x = self.realised(kind, replace(strategy, recompute=mask))
+            x = self.realised(kind, replace(strategy, recompute=mask), **given)
             if x is None:
                 break
             if x.plan.status != "infeasible" and (best is None or rank(x.plan) < rank(best.plan)):
@@ -857,12 +862,13 @@ class _Search:
         """Whether the pool holds a plan that fits memory."""
         return self.pool.best is not None and self.pool.best.plan.status != "infeasible"
 
-    def realised(self, kind: Kind, strategy: Strategy) -> Solved | None:
+    def realised(self, kind: Kind, strategy: Strategy, **given) -> Solved | None:
         """Realise a candidate unless it is too large (:func:`replicated_ops`
         above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
         (:meth:`fits`); timed (:class:`_Pace`) and offered as its kind's label
         (and its savers, :attr:`Strategy.savers`). None when skipped or failed
-        (named in ``plan.log.skipped``)."""
+        (named in ``plan.log.skipped``). ``given``: more arguments of ``kind.realise``
+        (:meth:`partial`'s stage cut)."""
         name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
         name += "".join(f" {w}" for w in (strategy.rule_words, strategy.savers) if w)
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
@@ -874,7 +880,7 @@ class _Search:
                 return None
             sims, tries = kind.cheap, 1
         try:
-            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries),
+            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries, **given),
                                 sims, lambda r: r.graph.num_ops)
         except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
             self.pool.skipped[name] = str(exc)
