@@ -143,3 +143,14 @@ def test_partial_keeps_the_cut_of_the_plan_recomputing_every_block():
     assert [part.plan.placement[n] for n in ops] == [full.plan.placement[n] for n in ops]
     # the search's candidate, named with its blocks
     assert search.pool.steps[f"1f1b M=8 {part.strategy.savers}"] == part.plan.makespan
+
+
+def test_a_partial_plan_skipped_for_time_is_built_on_the_time_left():
+    g, cluster = deep_step(8, **HEAVY), gpus(4, memory=MEMORY)
+    search = _Search(g, cluster, SolveOptions(time_limit=60, micro_batches=8), Deadline(60))
+    full = realise(search.marked, cluster, _pipe(True))
+    search.window = Deadline(60).sub(0.0)   # the screening window spent
+    assert search.partial(KINDS["pipeline"], _pipe(True), full) is None
+    assert len(search.pending) == 1 and any(v.startswith("not built") for v in search.pool.skipped.values())
+    search.screen_rest({})   # the time the exact passes leave: the pending plan first
+    assert search.pending == [] and any(k.startswith("1f1b M=8 recompute(") for k in search.pool.steps)

@@ -406,6 +406,7 @@ class _Search:
         self.one_device: float | None = None   # a recipe's one-device step (SolveLog.one_device), for any winner
         self.shardable = shardable(self.marked)   # the front end builds a sharded optimizer (ZeRO) for it
         self._acts_rc: dict = {}   # selective -> the recomputed step's activations, built when first asked
+        self.pending: list = []   # (kind, strategy, plan) whose partial recomputation was skipped for time
         self.window: Deadline = deadline  # what the running pass may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
@@ -640,13 +641,16 @@ class _Search:
     def screen_rest(self, screened: Mapping[int, _Screened]) -> None:
         """A memory-bound step: the time the exact passes left (they skip a split
         whose first plan outlasts its grant, :meth:`outlasts`), or before them
-        while no plan fits memory, screens the counts' candidates not built yet,
-        most slices first, less the bound's time when it fits in what is left
+        while no plan fits memory, refines the plans whose partial recomputation
+        was skipped for time (:meth:`partial`), then screens the counts'
+        candidates not built yet, most slices first, less the bound's time when it fits in what is left
         (GPT-2.7B on a busy machine: 21 s were left unused, the bound predicted
         at 36 s)."""
         dl = self.deadline
         keep = self.budget.wants.get("bound", 0.0)
         self.window = dl.sub(max(0.0, dl.left() - (keep if keep <= dl.left() else 0.0)))
+        while self.pending and self.window.left() > 0:   # a plan that fits, refined first
+            self.partial(*self.pending.pop(0))
         for m in sorted(screened, reverse=True):
             if self.window.left() <= 0:
                 return
@@ -829,7 +833,8 @@ class _Search:
         slices keeps its activations), simulated and asked again, at most
         :data:`PARTIAL_TRIES` plans, each a candidate of its own
         (``"zb-h1 M=16 recompute(20/32:0-11,16-18,21,22,25,26,29)"``). The
-        fastest that fits, None when none does or none was built."""
+        fastest that fits, None when none does or none was built (kept in
+        ``pending`` when skipped for time: :meth:`screen_rest` tries again)."""
         if (r.plan.status == "infeasible" or strategy.recompute is not True or strategy.replicas != 1
                 or strategy.schedule not in SCHEDULES or not r.plan.peak_memory or self.acts is None):
             return None
@@ -852,7 +857,10 @@ class _Search:
             if mask in seen or not any(mask):   # nothing to spare, or the plain strategy (screened as such)
                 break
             x = self.realised(kind, replace(strategy, recompute=mask), **given)
-            if x is None:
+            if x is None:   # skipped for time: screen_rest tries again on the time the exact passes leave
+                if self.pool.skipped.get(self.name_of(kind, replace(strategy, recompute=mask)), "").startswith(
+                        "not built"):
+                    self.pending.append((kind, strategy, r))
                 break
             if x.plan.status != "infeasible" and (best is None or rank(x.plan) < rank(best.plan)):
                 best = x
@@ -869,8 +877,7 @@ class _Search:
         (and its savers, :attr:`Strategy.savers`). None when skipped or failed
         (named in ``plan.log.skipped``). ``given``: more arguments of ``kind.realise``
         (:meth:`partial`'s stage cut)."""
-        name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
-        name += "".join(f" {w}" for w in (strategy.rule_words, strategy.savers) if w)
+        name, m, replicas = self.name_of(kind, strategy), strategy.micro_batches, strategy.replicas
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
         if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
@@ -889,6 +896,11 @@ class _Search:
         self.pool.skipped.pop(name, None)   # skipped for time once, built on a later pass
         self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
         return r
+
+    @staticmethod
+    def name_of(kind: Kind, strategy: Strategy) -> str:
+        """A candidate's name in ``plan.log.steps``: its kind's label, rule and savers."""
+        return kind.label(strategy) + "".join(f" {w}" for w in (strategy.rule_words, strategy.savers) if w)
 
     def exact_all(self, screened: Mapping[int, _Screened]) -> None:
         """The exact passes on :func:`_exact_counts`: each an equal part of
