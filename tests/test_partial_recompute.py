@@ -154,3 +154,13 @@ def test_a_partial_plan_skipped_for_time_is_built_on_the_time_left():
     assert len(search.pending) == 1 and any(v.startswith("not built") for v in search.pool.skipped.values())
     search.screen_rest({})   # the time the exact passes leave: the pending plan first
     assert search.pending == [] and any(k.startswith("1f1b M=8 recompute(") for k in search.pool.steps)
+
+
+def test_a_pending_partial_plan_skipped_again_is_kept_not_retried_forever():
+    g, cluster = deep_step(8, **HEAVY), gpus(4, memory=MEMORY)
+    search = _Search(g, cluster, SolveOptions(time_limit=60, micro_batches=8), Deadline(60))
+    full = realise(search.marked, cluster, _pipe(True))
+    search.pending = [(KINDS["pipeline"], _pipe(True), full)]
+    search.pace.predict = lambda ops, sims: 1e9   # every candidate outlasts any window
+    search.screen_rest({})
+    assert len(search.pending) == 1 and not any("recompute(" in k for k in search.pool.steps)

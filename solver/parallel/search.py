@@ -649,8 +649,10 @@ class _Search:
         dl = self.deadline
         keep = self.budget.wants.get("bound", 0.0)
         self.window = dl.sub(max(0.0, dl.left() - (keep if keep <= dl.left() else 0.0)))
-        while self.pending and self.window.left() > 0:   # a plan that fits, refined first
-            self.partial(*self.pending.pop(0))
+        pending, self.pending = self.pending, []   # a plan that fits, refined first (once per call)
+        for args in pending:
+            if self.window.left() > 0:
+                self.partial(*args)
         for m in sorted(screened, reverse=True):
             if self.window.left() <= 0:
                 return
