@@ -517,6 +517,8 @@ class _Search:
             s = self.screen(m)
             if s is not None:
                 screened[m] = s
+            if self.tight and self.pending:   # refine a plan that fits before fewer slices: on the whole limit
+                self.refine(self.deadline)
         if not self.tight:   # a memory-bound step screened them with the rest
             self.screen_late(screened)
         if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
@@ -649,10 +651,7 @@ class _Search:
         dl = self.deadline
         keep = self.budget.wants.get("bound", 0.0)
         self.window = dl.sub(max(0.0, dl.left() - (keep if keep <= dl.left() else 0.0)))
-        pending, self.pending = self.pending, []   # a plan that fits, refined first (once per call)
-        for args in pending:
-            if self.window.left() > 0:
-                self.partial(*args)
+        self.refine(self.window)   # a plan that fits, refined first
         for m in sorted(screened, reverse=True):
             if self.window.left() <= 0:
                 return
@@ -898,6 +897,18 @@ class _Search:
         self.pool.skipped.pop(name, None)   # skipped for time once, built on a later pass
         self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
         return r
+
+    def refine(self, window: Deadline) -> None:
+        """The partial recomputations skipped for time (:meth:`partial`), each
+        once, on ``window``; one skipped again stays pending."""
+        outer, self.window = self.window, window
+        pending, self.pending = self.pending, []
+        try:
+            for args in pending:
+                if self.window.left() > 0:
+                    self.partial(*args)
+        finally:
+            self.window = outer
 
     @staticmethod
     def name_of(kind: Kind, strategy: Strategy) -> str:
