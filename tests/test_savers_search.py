@@ -68,7 +68,7 @@ def test_savers_order():
         "data-parallel R=4 M=2 ZeRO-1", "data-parallel R=4 M=2 ZeRO-2",
         "data-parallel R=4 M=2 recompute", "data-parallel R=4 M=2 ZeRO-2 recompute"]
     assert [s.name for s in savers(Strategy(stages=4, micro_batches=8, schedule="1f1b"))] == [
-        "1f1b K=4 M=8 recompute"]
+        "1f1b K=4 M=8 recompute-cheap", "1f1b K=4 M=8 recompute"]
     assert savers(Strategy(micro_batches=4, schedule="slice")) == [] == savers(Strategy(replicas=2, recompute=True))
 
 
@@ -76,7 +76,9 @@ def test_savers_order():
     ({"shard_optimizer": 3, "replicas": 2}, "must be one of"),
     ({"shard_optimizer": True, "replicas": 2}, "must be one of"),
     ({"shard_optimizer": 1}, "needs replicas > 1"),
-    ({"recompute": 1}, "True or False"),
+    ({"recompute": 1}, "True, False or one bool per layer block"),
+    ({"recompute": ()}, "True, False or one bool per layer block"),
+    ({"recompute": (1, 0)}, "True, False or one bool per layer block"),
 ])
 def test_bad_savers_named(kw, words):
     with pytest.raises(ValueError, match=words):

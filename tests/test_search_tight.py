@@ -4,6 +4,7 @@ says it needs early (issue 30: GPT-2.7B on 8 V100s raised InfeasibleError after 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -16,8 +17,8 @@ from solver.parallel.search import _Search
 from solver.parallel.strategy import Strategy
 
 #: 4 three-op layers, 10 MB activations each; on 2 GPUs of 12 MB at M = 8 (batch 8: no data
-#: parallelism) only 1F1B with recomputation fits (11.3 MB; plain 1F1B 18.8 MB, ZB-H1 with
-#: recomputation 13.8 MB, GPipe 64 MB).
+#: parallelism) only 1F1B with recomputation fits (11.3 MB, or selective recomputation: each
+#: layer's cheap ops b and c; plain 1F1B 18.8 MB, ZB-H1 with recomputation 13.8 MB, GPipe 64 MB).
 CAPACITY = 12_000_000
 
 
@@ -37,15 +38,15 @@ def test_only_the_recomputed_plan_fits_and_the_search_finds_it_first(tight):
     t0 = time.perf_counter()
     r, said = _solve(g, cluster, time_limit=5)
     assert time.perf_counter() - t0 < 5 * 4   # generous: a 2-core machine shared with others
-    assert r.plan.status != "infeasible" and r.strategy.recompute and r.plan.log.savers == "recompute"
+    assert r.plan.status != "infeasible" and r.strategy.recompute and r.plan.log.savers.startswith("recompute-cheap")
     assert max(r.plan.peak_memory.values()) <= CAPACITY
     pesto.check_plan(r.graph, cluster, r.plan).raise_if_invalid()
     built = [ln.split(":")[0] for ln in said if ": step " in ln and not ln.startswith("micro-batches")]
-    # the forecast rules the plain schedules out (4 slices held at stage 0): the recomputed variants are
-    # built first (the cheapest to build first: ZB-H1's one split, 13.8 MB, then 1F1B's), and plain 1F1B
-    # is not built at all once its recomputed variant fits
-    assert built[:3] == ["zb-h1 M=8 recompute", "zb-v M=8 recompute", "1f1b M=8 recompute"], built
-    assert "1f1b M=8" not in built
+    # the forecast rules the plain schedules out (4 slices held at stage 0): the selectively recomputed
+    # variants are built first (the cheapest to build first: ZB-H1's one split, then 1F1B's), and plain
+    # 1F1B and its full recomputation are not built at all once its selective recomputation fits
+    assert built[:2] == ["zb-h1 M=8 recompute-cheap", "zb-v M=8 recompute-cheap"], built
+    assert "1f1b M=8 recompute-cheap" in built and "1f1b M=8" not in built and "1f1b M=8 recompute" not in built
 
 
 def test_deterministic_memory_bound_search_is_repeatable(tight):
@@ -75,9 +76,14 @@ def test_floor_and_forecast_are_one_rule(tight):
     assert s.predicted_memory(plain) == s.spread(1, 8, held=2)[0] > CAPACITY
     assert s.predicted_memory(saved) == s.spread(1, 8, held=2, recomputed=True)[0] < CAPACITY
     assert s.recomputed_acts().batched < acts.batched
+    cheap = replace(saved, selective=True)
+    assert s.predicted_memory(saved) < s.predicted_memory(cheap) == s.spread(1, 8, 2, True, True)[0] < CAPACITY
     order = [st.name for k, st in s.tight_order(8) if k.name != "data-parallel"]   # (the batch refuses it)
-    assert order[:3] == ["zb-h1 K=2 M=8 recompute", "zb-v K=2 M=8 recompute", "1f1b K=2 M=8 recompute"], order
-    assert all(n.endswith("recompute") for n in order[:5]) and "1f1b K=2 M=8" in order[5:]   # forecast over: later
+    # forecast to fit: selective recomputation (cheaper in time) before full, then those forecast over
+    assert order[:3] == ["zb-h1 K=2 M=8 recompute-cheap", "zb-v K=2 M=8 recompute-cheap",
+                         "1f1b K=2 M=8 recompute-cheap"], order
+    assert order.index("1f1b K=2 M=8 recompute") > order.index("1f1b K=2 M=8 recompute-cheap")
+    assert "1f1b K=2 M=8" in order[6:]
 
 
 def test_candidates_screening_had_no_time_for_are_built_later(tight, monkeypatch):
@@ -96,6 +102,6 @@ def test_candidates_screening_had_no_time_for_are_built_later(tight, monkeypatch
     g, cluster = tight
     r, said = _solve(g, cluster, time_limit=5)
     assert r.plan.status != "infeasible" and r.strategy.recompute
-    assert any(ln.startswith("zb-h1 M=8 recompute: skipped (time limit)") for ln in said)
-    assert "zb-h1 M=8 recompute" in r.plan.log.steps   # built later (before the exact passes: none fit)
+    assert any(ln.startswith("zb-h1 M=8 recompute-cheap: skipped (time limit)") for ln in said)
+    assert "zb-h1 M=8 recompute-cheap" in r.plan.log.steps   # built later (before the exact passes: none fit)
     assert not set(r.plan.log.steps) & set(r.plan.log.skipped)

@@ -101,6 +101,55 @@ def test_a_recompute_pipeline_trains_as_the_step_with_its_copies_mapped_one_to_o
     step.close()
 
 
+def test_a_plan_recomputing_some_blocks_trains_as_the_step_with_those_copies_only():
+    """Strategy.recompute names blocks 0 and 2 of the three (per-block recomputation):
+    TF builds the copies of those blocks alone, each block's trigger still the next
+    layer's backward, and trains with the un-recomputed step's losses."""
+    step = _mlp()
+    whole = step.run(3)
+    step.reset()
+    result = realise(marked(step.graph), CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b",
+                                                           recompute=(True, False, True)))
+    assert result.strategy.savers == "recompute(2/3:0,2)" and result.plan.status != "infeasible"
+    copies = _copies(result)
+    assert len(copies) == 6 * 2 and not any("layer_1" in c for c in copies)   # 3 ops of 2 layers, per slice
+    step.apply(result, cluster=CLUSTER)
+    assert step.recomputed.left_out == () and len(step.recomputed.copies) == len(copies)
+    assert not any(n.startswith(RECOMPUTE) and "layer_1" in n for n in step.graph.names)
+    grads = [op for op in step.tf_graph.get_operations() if op.type == "TanhGrad"]
+    assert sum(op.inputs[0].op.name.startswith(RECOMPUTE) for op in grads) == 2 * 2   # layer_1 reads its own Tanh
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    step.close()
+
+
+def test_a_selective_plan_copies_the_cheap_ops_only_and_trains_as_the_step():
+    """Strategy.selective: each Dense layer's cheap ops are copied
+    (pesto.step.recompute.cheap_ops), the others not; TanhGrad reads the copy,
+    the losses are the step's."""
+    from pesto.step.recompute import cheap_ops, layer_blocks
+    step = _mlp()
+    whole = step.run(3)
+    step.reset()
+    g = marked(step.graph)
+    cheap = {n for b in cheap_ops(g, layer_blocks(g)) for n in b}
+    result = realise(g, CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b", recompute=True,
+                                          selective=True))
+    assert result.strategy.savers == "recompute-cheap"
+    copies = _copies(result)
+    assert copies and {recomputed_op(c).rpartition("@mb")[0] for c in copies} <= cheap < {
+        n for b in layer_blocks(g) for n in b}
+    step.apply(result, cluster=CLUSTER)
+    assert step.recomputed.left_out == () and len(step.recomputed.copies) == len(copies)
+    grads = [op for op in step.tf_graph.get_operations() if op.type == "TanhGrad"]
+    assert grads and all(op.inputs[0].op.name.startswith(RECOMPUTE) for op in grads)
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
+    step.close()
+
+
 def test_a_step_recomputed_once_takes_a_plain_plan_without_the_copies():
     step = _mlp()
     result = realise(marked(step.graph), CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b",
@@ -122,6 +171,11 @@ def test_result_view_takes_recompute_and_refuses_the_savers_tf_does_not_build_by
     assert result_view(ok).micro_batches == 2
     unknown = Result()
     unknown.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="recompute offload"))
+    some = Result()
+    some.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="recompute(2/3:0,2)"))
+    assert result_view(some).micro_batches == 2   # some blocks recomputed: built as recompute is
+    some.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers="recompute-cheap(2/3:0,2)"))
+    assert result_view(some).micro_batches == 2   # their cheap ops only: likewise
     with pytest.raises(MicroBatchError, match=r"memory savers \(offload\) that tf_patch does not build") as err:
         result_view(unknown)   # ZeRO with recomputation is built (tests/test_tf_savers.py), an unknown saver not
     assert err.value.culprit == "offload"

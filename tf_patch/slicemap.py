@@ -153,7 +153,8 @@ def result_view(result) -> ResultView:
         return result
     log = getattr(result.plan, "log", None)
     savers = getattr(log, "savers", "")
-    words = (savers or "").split()
+    # "recompute(3/4:0-1,3)": some blocks; "recompute-cheap": their cheap ops (all built as recompute is)
+    words = [w.partition("(")[0].removesuffix("-cheap") for w in (savers or "").split()]
     unbuilt = " ".join(w for w in words if w not in TF_SAVERS)
     if unbuilt:   # the search chose them because nothing else fit memory
         raise MicroBatchError(f"the plan uses memory savers ({unbuilt}) that tf_patch does not build in "

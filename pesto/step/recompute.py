@@ -19,7 +19,9 @@ where two or more scope prefixes of ``d`` parts have the same *pattern*
 prefix of a repeated pattern is a block: its forward ops. Blocks are in the
 order of their ops' mean topological position. Ops under no such prefix
 (the embedding, the head, the loss) are not recomputed. ``blocks=`` gives
-the blocks instead (lists of forward op names).
+the blocks instead (lists of forward op names); ``chosen=`` recomputes only
+those blocks (their indices), the others kept as they are (each still the
+"next block" whose backward triggers the copies of the block before it).
 
 The transform (per block ``k``)
 -------------------------------
@@ -83,7 +85,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from ..dag import closure
 from ..errors import BatchMarkError, InvalidGraphError
@@ -91,7 +93,7 @@ from ..graph import Edge, OpGraph, Tensor
 from .marks import BACKWARD
 from .transform import Origin, Transformed
 
-__all__ = ["recompute", "layer_blocks", "recompute_name", "RESERVED", "MAX_DEPTH"]
+__all__ = ["recompute", "layer_blocks", "cheap_ops", "recompute_name", "RESERVED", "MAX_DEPTH"]
 
 #: Names :func:`recompute` makes: an original op or tensor may not look like them.
 RESERVED = re.compile(r"@rc(@|$)")
@@ -138,6 +140,33 @@ def layer_blocks(graph: OpGraph) -> list[tuple[str, ...]]:
     return []
 
 
+def cheap_ops(graph: OpGraph, blocks: Sequence[Iterable[str]]) -> list[tuple[str, ...]]:
+    """Per block, its **cheap** ops (selective recomputation): those whose
+    compute per output byte is at most the block's (its ops' compute over
+    their output bytes; an op's compute its largest over device kinds), ops
+    of no output bytes left out. In a transformer layer they are the
+    element-wise ops, the softmax and the attention scores' product (much
+    memory, little time), not the projections' and the MLP's matrix products,
+    whose outputs the copies then read (kept).
+
+    >>> from pesto.graph import Op
+    >>> g = OpGraph([Op("l0/mm", {"GPU": 90.0}, output_bytes=10, batch=True, phase="forward"),
+    ...              Op("l0/gelu", {"GPU": 5.0}, output_bytes=40, batch=True, phase="forward"),
+    ...              Op("l0/drop", {"GPU": 5.0}, output_bytes=40, batch=True, phase="forward")])
+    >>> cheap_ops(g, [("l0/mm", "l0/gelu", "l0/drop")])
+    [('l0/gelu', 'l0/drop')]
+    """
+    def work(n):
+        return max(graph.op(n).compute.values(), default=0.0)
+
+    out = []
+    for block in blocks:
+        names = [n for n in block if graph.op(n).output_bytes > 0]
+        rate = sum(map(work, names)) / max(1, sum(graph.op(n).output_bytes for n in names))
+        out.append(tuple(n for n in names if work(n) <= rate * graph.op(n).output_bytes))
+    return out
+
+
 def _check(graph: OpGraph, blocks: Sequence[Iterable[str]]) -> list[set[int]]:
     """The blocks as sets of op indices, refused (named) when an op is unknown,
     not a batched forward op, or in two blocks; names the rule makes refused."""
@@ -160,28 +189,54 @@ def _check(graph: OpGraph, blocks: Sequence[Iterable[str]]) -> list[set[int]]:
     return out
 
 
-def recompute(graph: OpGraph, blocks: Sequence[Iterable[str]] | None = None) -> Transformed:
-    """``graph`` with each block's activations recomputed before its backward (module doc).
+def recompute(graph: OpGraph, blocks: Sequence[Iterable[str]] | None = None,
+              chosen: Collection[int] | None = None, only: Sequence[Iterable[str]] | None = None) -> Transformed:
+    """``graph`` with each block's activations recomputed before its backward (module doc);
+    ``chosen``: the indices of the blocks recomputed (default all); ``only``:
+    per block, the ops that may be copied (selective recomputation, e.g.
+    :func:`cheap_ops`; default all): the block's backward reads their copies,
+    the copies read the other ops' originals (kept).
+
+    >>> from pesto.graph import Op
+    >>> def op(name, phase, anchor=None):
+    ...     return Op(name, {"GPU": 1.0}, batch=True, phase=phase, anchor=anchor)
+    >>> ops = [op("l0/a", "forward"), op("l1/a", "forward"), op("l1/da", "input-grad", "l1/a"),
+    ...        op("l0/da", "input-grad", "l0/a")]
+    >>> es = [Edge("l0/a", "l1/a", "l0/a:0"), Edge("l1/a", "l1/da", "l1/a:0"), Edge("l1/da", "l0/da", "l1/da:0"),
+    ...       Edge("l0/a", "l0/da", "l0/a:0")]
+    >>> g = OpGraph(ops, es, [Tensor(f"{o.name}:0", o.name, 8) for o in ops])
+    >>> r = recompute(g, chosen=[0])   # layer 0 only; layer 1's backward still triggers it
+    >>> sorted(n for n, o in r.origin.items() if o.role == "recompute"), r.graph.predecessors("l0/a@rc")
+    (['l0/a@rc'], ['l1/da'])
 
     Raises
     ------
     InvalidGraphError
         No block (no layer-like scopes and none given); a block op that is not
-        a batched forward op, or in two blocks; no block whose backward reads
-        an activation from inside it (nothing to recompute).
+        a batched forward op, or in two blocks; a chosen index that is no
+        block's; ``only`` not a subset per block; no chosen block whose backward reads an activation from
+        inside it (nothing to recompute).
     BatchMarkError
         Names that look like the copies' (``@rc``).
     """
-    chosen = _check(graph, layer_blocks(graph) if blocks is None else blocks)
-    if not chosen:
+    sets = _check(graph, layer_blocks(graph) if blocks is None else blocks)
+    if not sets:
         raise InvalidGraphError(f"recompute: graph {graph.name!r} has no layer-like blocks (no scope depth "
                                 f"with a repeated pattern such as layer_0, layer_1); pass blocks=")
-    b = _Recompute(graph, chosen)
-    for k in range(len(chosen)):
+    picked = range(len(sets)) if chosen is None else list(dict.fromkeys(chosen))
+    bad = [k for k in picked if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(sets)]
+    if bad:
+        raise InvalidGraphError(f"recompute: chosen blocks {bad[:5]} are not block indices of graph {graph.name!r} "
+                                f"(0 to {len(sets) - 1})")
+    subs = None if only is None else _check(graph, only)
+    if subs is not None and (len(subs) != len(sets) or any(not a <= b for a, b in zip(subs, sets))):
+        raise InvalidGraphError(f"recompute: only= must give, per block ({len(sets)}), a subset of its ops")
+    b = _Recompute(graph, sets, subs)
+    for k in sorted(picked):
         b.block(k)
     if not b.ops:
         raise InvalidGraphError(f"recompute: nothing to recompute in graph {graph.name!r}: no backward op reads "
-                                f"an activation from inside its block ({len(chosen)} blocks; a block's input is "
+                                f"an activation from inside its block ({len(picked)} blocks; a block's input is "
                                 "kept anyway), so recomputation would save no memory")
     ops = list(graph.ops) + b.ops
     tensors = list(graph.tensors) + b.tensors
@@ -195,8 +250,8 @@ def recompute(graph: OpGraph, blocks: Sequence[Iterable[str]] | None = None) -> 
 class _Recompute:
     """The copies, their edges and the redirected reads while they are built."""
 
-    def __init__(self, graph: OpGraph, blocks: list[set[int]]):
-        self.g, self.blocks = graph, blocks
+    def __init__(self, graph: OpGraph, blocks: list[set[int]], only: list[set[int]] | None = None):
+        self.g, self.blocks, self.only = graph, blocks, only or blocks
         self.topo = graph.topo_idx()
         self.pos = {i: p for p, i in enumerate(self.topo)}
         idx = graph.index
@@ -217,7 +272,7 @@ class _Recompute:
 
     def block(self, k: int) -> None:
         """Copy block ``k``'s needed ops, redirect its backward reads, add its trigger."""
-        g, blk = self.g, self.blocks[k]
+        g, blk = self.g, self.only[k]
         pred, succ = g.pred_idx(), g.succ_idx()
         readers = [(p, j) for p in blk for j in succ[p] if self.owner.get(j) == k]
         needed = {p for p, _ in readers}

@@ -21,7 +21,8 @@ write its module and add its entry.
 
 The memory savers (:func:`savers`) are screened for a candidate whose plan
 does not fit memory: the same strategy with ZeRO-1, ZeRO-2, recomputation, then ZeRO-2 and
-recomputation (data parallelism), or with recomputation (pipelines,
+recomputation (data parallelism), or with selective recomputation (each
+block's cheap ops, ``recompute-cheap``) then recomputation (pipelines,
 hybrids), until one fits. (ZeRO-1 can also be faster: the search's ``"auto"``
 first plan, data parallelism of the step, screens it whether or not memory is short.)
 
@@ -122,5 +123,5 @@ def savers(strategy: Strategy) -> list[Strategy]:
         return [replace(strategy, shard_optimizer=1), replace(strategy, shard_optimizer=2),
                 replace(strategy, recompute=True), replace(strategy, shard_optimizer=2, recompute=True)]
     if strategy.schedule in SCHEDULES:
-        return [replace(strategy, recompute=True)]
+        return [replace(strategy, recompute=True, selective=True), replace(strategy, recompute=True)]
     return []

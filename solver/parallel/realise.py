@@ -10,17 +10,19 @@ is one more realiser. The exact pipeline (``schedule="free"``) is not a
 realiser: it is a search stage (:mod:`solver.parallel.search`).
 
 The memory savers compose with the kinds: ``recompute`` realises the kind
-on :func:`pesto.step.recompute` of the step (:func:`with_savers`; every
-kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2
+on :func:`pesto.step.recompute` of the step, every layer block or those it
+names (:func:`with_savers`; every kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2
 (data parallelism only: a hybrid's rings follow its stages, not shards).
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Mapping
 
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph
 from pesto.step import Transformed, compose, identity, recompute
+from pesto.step.recompute import cheap_ops, layer_blocks
 
 from .hybrid import hybrid_plan
 from .pipelines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
@@ -46,16 +48,38 @@ def solved_of(sp: StepPlan, weight_grads="separate") -> Solved:
 
 def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
     """The step a kind realises ``strategy`` on (its ``graph``): :func:`pesto.step.recompute`
-    of ``step`` when ``strategy.recompute``, else ``step`` itself (:func:`pesto.step.identity`)."""
-    return recompute(step) if strategy.recompute else identity(step)
+    of ``step`` when ``strategy.recompute`` (its blocks, :attr:`Strategy.recomputed`, when
+    it names them; their cheap ops only, :func:`pesto.step.recompute.cheap_ops`, when
+    ``strategy.selective``), else ``step`` itself (:func:`pesto.step.identity`).
+
+    Raises
+    ------
+    ValueError
+        ``strategy.recompute`` names a count of blocks other than ``step``'s
+        (:func:`pesto.step.recompute.layer_blocks`).
+    """
+    if not strategy.recompute:
+        return identity(step)
+    if strategy.recomputed is None and not strategy.selective:
+        return recompute(step)
+    blocks = layer_blocks(step)
+    if strategy.recomputed is not None and len(blocks) != len(strategy.recompute):
+        raise ValueError(f"{strategy.name}: recompute names {len(strategy.recompute)} layer blocks, "
+                         f"the step {step.name!r} has {len(blocks)}")
+    return recompute(step, blocks, chosen=strategy.recomputed,
+                     only=cheap_ops(step, blocks) if strategy.selective else None)
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
-            time_limit: float = 10.0, seed: int = 0, workers: int | None = None, deadline=None) -> Solved:
+            time_limit: float = 10.0, seed: int = 0, workers: int | None = None, deadline=None,
+            stage_of: Mapping[str, int] | None = None) -> Solved:
     """The plan of the marked ``step`` that ``strategy`` says (module doc).
 
     ``candidates``: the stage splits a pipeline simulates; ``time_limit``,
     ``seed``, ``workers``, ``deadline``: the slice model's search.
+    ``stage_of``: a pipeline of one chunk and one replica cut as given, per
+    batched op of ``step`` its stage (a recomputed copy's: its original's;
+    :func:`solver.parallel.pipelines.pipeline_plan`'s ``op_stages``), not searched.
 
     >>> from pesto.cluster import gpus
     >>> realise(OpGraph.from_edges({"a": 1.0}, []), gpus(4), Strategy(replicas=2))
@@ -92,10 +116,12 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
         return _saving(solved_of(data_parallel_plan(saved, cluster, micro_batches=m, weight_grads=wg,
                                                     shard_optimizer=s.shard_optimizer), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas == 1:
+        given = None if stage_of is None else [stage_of[kept.origin[op.name].op] if op.batch else -1
+                                               for op in saved.ops]
         return _saving(solved_of(pipeline_plan(saved, cluster, schedule=s.schedule, micro_batches=m,
                                                candidates=candidates,
                                                stages=None if s.stages >= len(gpu_names(cluster)) else s.stages,
-                                               weight_grads=wg), wg), s, kept)
+                                               weight_grads=wg, op_stages=given), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas > 1:
         return _saving(solved_of(hybrid_plan(saved, cluster, replicas=s.replicas, micro_batches=m,
                                              schedule=s.schedule, candidates=candidates, weight_grads=wg), wg), s, kept)
@@ -107,4 +133,5 @@ def _saving(solved: Solved, strategy: Strategy, kept: Transformed) -> Solved:
     composed with ``kept`` (:func:`with_savers`: the recomputation) down to the step."""
     t = solved.transformed if kept.graph is kept.source else compose(solved.transformed, kept)
     return replace(solved, strategy=replace(solved.strategy, recompute=strategy.recompute,
+                                            selective=strategy.selective,
                                             shard_optimizer=strategy.shard_optimizer), transformed=t)

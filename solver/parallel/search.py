@@ -62,8 +62,11 @@ step):
   rule ``"accumulate"`` for all too;
 * memory savers (:func:`solver.parallel.kinds.savers`): for a screened
   candidate whose plan does not fit memory, the same strategy with ZeRO-1,
-  ZeRO-2, ZeRO-2 and recomputation (data parallelism) or recomputation
-  (pipelines, hybrids), until one fits; for a count whose memory floor does
+  ZeRO-2, ZeRO-2 and recomputation (data parallelism) or selective
+  recomputation (each layer block's cheap ops) then recomputation
+  (pipelines, hybrids), until one fits; a recomputing pipeline that fits is
+  followed by the same recomputing only the blocks its GPUs need
+  (:meth:`_Search.partial`, :mod:`solver.parallel.partial`); for a count whose memory floor does
   not fit (:func:`memory_short`: it counts a colocation unit's optimizer
   state whole, or the search's floor of weights and one slice's activations,
   which savers lower), every kind's savers, the count refused (fixed ``M``)
@@ -73,8 +76,8 @@ step):
   :data:`TIGHT_SCREEN_SHARE` of the time, and per count every kind (the
   zero-bubble ones too) with each candidate's savers as candidates of their
   own, in :meth:`_Search.tight_order`: those forecast to fit
-  (:meth:`_Search.predicted_memory`) first, plain before savers, leanest
-  first; a saver is not built once its plain strategy or an earlier saver
+  (:meth:`_Search.predicted_memory`) first, plain before savers (ZeRO and
+  selective recomputation before full recomputation), leanest first; a saver is not built once its plain strategy or an earlier saver
   fits; its exact passes are skipped (named) when a plan fits and the
   recipe's first plan of the split is predicted past the grant; the time
   they leave (or, while no plan fits, the time before them) screens the
@@ -117,6 +120,7 @@ from pesto.problem import Problem
 from pesto.solvelog import PassLog, SolveLog
 from pesto.step import Transformed, identity, recompute, replicate, split as split_step
 from pesto.step.marks import joinable_ops, shardable, slice_constants
+from pesto.step.recompute import layer_blocks
 from pesto.step.slicing import choose_weight_grads, copy_name, weight_grad_costs, weight_grad_ops
 from pesto.step.replication import gradient_buckets
 
@@ -131,8 +135,9 @@ from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
 from .kinds import KINDS, Kind, savers
 from .realise import realise, with_savers
 from .cut import in_flight
+from .partial import block_savings, next_mask
 from .schedules import SCHEDULES
-from .strategy import Solved, Strategy
+from .strategy import Solved, Strategy, recompute_mask
 
 __all__ = ["solve_step", "step_graph", "savers_of", "micro_batch_counts", "with_marks", "memory_short",
            "winner_bound", "replicated_ops", "check_batch", "AUTO_MAX", "PASSES"]
@@ -147,6 +152,9 @@ SCREEN_SHARE = 0.35
 #: screening: its plans come from screening every kind with its savers (GPT-1.3B's and 2.7B's
 #: winners on 8 V100s); the exact passes on a 100k-op split that does not fit rarely beat them.
 TIGHT_SCREEN_SHARE = 0.7
+#: Plans of a pipeline recomputing some layer blocks (:mod:`solver.parallel.partial`) simulated after
+#: its plan recomputing every block fits.
+PARTIAL_TRIES = 3
 #: Stage splits each pipeline schedule simulates per count when screening.
 SCREEN_CANDIDATES = 4
 #: Share of the exact phase's time every count gets first (equal parts); the
@@ -258,10 +266,15 @@ def savers_of(words: str) -> Strategy:
 
     >>> savers_of("ZeRO-1 recompute").shard_optimizer, savers_of("").recompute
     (1, False)
+    >>> savers_of("recompute(1/2:1)").recompute
+    (False, True)
     """
     known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
     fields: dict = {}
     for w in words.split():
+        if w.startswith("recompute(") or w.startswith("recompute-cheap"):
+            fields.update(recompute=recompute_mask(w), selective=w.startswith("recompute-cheap"))
+            continue
         if w not in known:
             raise ValueError(f"unknown memory saver {w!r} in {words!r}; known: {', '.join(known)}")
         fields.update(known[w])
@@ -405,7 +418,8 @@ class _Search:
         self._wg_costs: dict[int, tuple] = {}   # weight_grad_costs per count (:meth:`wg_costs`)
         self.one_device: float | None = None   # a recipe's one-device step (SolveLog.one_device), for any winner
         self.shardable = shardable(self.marked)   # the front end builds a sharded optimizer (ZeRO) for it
-        self._acts_rc: tuple | None = None   # (recomputed step's activations,), built when first asked
+        self._acts_rc: dict = {}   # selective -> the recomputed step's activations, built when first asked
+        self.pending: list = []   # (kind, strategy, plan) whose partial recomputation was skipped for time
         self.window: Deadline = deadline  # what the running pass may spend
         # deterministic: one CP-SAT worker unless told (its deterministic time then tracks the wall's,
         # so the wall-clock safety net of :func:`solver.cpsat_solve.deterministic_parameters` never cuts it)
@@ -431,32 +445,36 @@ class _Search:
         self.say(f"{name}: skipped (time limit)")
         return False
 
-    def spread(self, replicas: int, m: int, held: int = 1, recomputed: bool = False) -> tuple[int, int]:
+    def spread(self, replicas: int, m: int, held: int = 1, recomputed: bool = False,
+               selective: bool = False) -> tuple[int, int]:
         """``(bytes, k)``: a replica's weights and optimizer state plus ``held``
         slices' activations at the loss (:func:`pesto.memory.step_activations`:
         the batched bytes of a slice, ``1 / (replicas m)`` of the batch, the
         shared ones once), spread evenly over
         its ``k = GPUs / replicas`` GPUs; ``recomputed``: the activations of the
-        recomputed step (:func:`pesto.step.recompute`, :meth:`recomputed_acts`).
+        recomputed step (:func:`pesto.step.recompute`, :meth:`recomputed_acts`; ``selective``:
+        each block's cheap ops only).
         The one rule behind :meth:`floor` (``held = 1``: every plan holds it) and
         :meth:`predicted_memory` (the slices a schedule holds at once)."""
         k = max(1, self.gpus // replicas)
-        acts = self.recomputed_acts() if recomputed else self.acts
+        acts = self.recomputed_acts(selective) if recomputed else self.acts
         if acts is None:
             return 0, k
         per_slice = held * -(-acts.batched // max(1, replicas * m)) + acts.shared   # a slice: 1/(R M) of the batch
         return -(-(self.persistent + per_slice) // k), k
 
-    def recomputed_acts(self):
+    def recomputed_acts(self, selective: bool = False):
         """:func:`pesto.memory.step_activations` of the step with every layer
-        block recomputed (:func:`pesto.step.recompute`; built once, a fraction
-        of a second on GPT-2.7B); the step's own when it has no blocks."""
-        if self._acts_rc is None:
+        block recomputed (:func:`pesto.step.recompute`; ``selective``: their
+        cheap ops only, :func:`~solver.parallel.realise.with_savers`; built once,
+        a fraction of a second on GPT-2.7B); the step's own when it has no blocks."""
+        if selective not in self._acts_rc:
             try:
-                self._acts_rc = (step_activations(recompute(self.marked).graph),)
+                done = with_savers(self.marked, Strategy(recompute=True, selective=selective))
+                self._acts_rc[selective] = step_activations(done.graph)
             except PestoError:   # no layer blocks: nothing recomputed
-                self._acts_rc = (self.acts,)
-        return self._acts_rc[0]
+                self._acts_rc[selective] = self.acts
+        return self._acts_rc[selective]
 
     def floor(self, replicas: int, m: int) -> tuple[int, int]:
         """``(bytes, k)``: the least a GPU holds in every plan of ``replicas``
@@ -512,6 +530,8 @@ class _Search:
             s = self.screen(m)
             if s is not None:
                 screened[m] = s
+            if self.tight and self.pending:   # refine a plan that fits before fewer slices: on the whole limit
+                self.refine(self.deadline)
         if not self.tight:   # a memory-bound step screened them with the rest
             self.screen_late(screened)
         if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
@@ -616,30 +636,35 @@ class _Search:
                          // SCHEDULES[strategy.schedule].chunks)
             except ValueError:   # a count the schedule refuses: as many as a pipeline's stages
                 held = min(strategy.stages, k)
-        return self.spread(strategy.replicas, strategy.micro_batches, held, strategy.recompute)[0]
+        return self.spread(strategy.replicas, strategy.micro_batches, held, bool(strategy.recompute),
+                           strategy.selective)[0]
 
     def screen_tight(self, m: int, s: _Screened) -> None:
         """A memory-bound step's candidates of ``m`` in :meth:`tight_order`, but
         those already built (a second call: :meth:`screen_rest`) and the savers
         of a strategy one of whose variants fits (``s.fit``)."""
         for kind, strategy in self.tight_order(m):
-            plain = replace(strategy, recompute=False, shard_optimizer=0)
+            plain = replace(strategy, recompute=False, shard_optimizer=0, selective=False)
             name = kind.label(strategy) + (f" {strategy.savers}" if strategy.savers else "")
             if plain not in s.fit and name not in self.pool.steps:
                 r = self.screen_one(kind, strategy, s, chase=False)
                 if r is not None and r.plan.status != "infeasible":
                     s.fit.add(plain)
+                    p = self.partial(kind, strategy, r)
+                    s.step = min(s.step, p.plan.makespan if p is not None else s.step)
 
     def screen_rest(self, screened: Mapping[int, _Screened]) -> None:
         """A memory-bound step: the time the exact passes left (they skip a split
         whose first plan outlasts its grant, :meth:`outlasts`), or before them
-        while no plan fits memory, screens the counts' candidates not built yet,
-        most slices first, less the bound's time when it fits in what is left
+        while no plan fits memory, refines the plans whose partial recomputation
+        was skipped for time (:meth:`partial`), then screens the counts'
+        candidates not built yet, most slices first, less the bound's time when it fits in what is left
         (GPT-2.7B on a busy machine: 21 s were left unused, the bound predicted
         at 36 s)."""
         dl = self.deadline
         keep = self.budget.wants.get("bound", 0.0)
         self.window = dl.sub(max(0.0, dl.left() - (keep if keep <= dl.left() else 0.0)))
+        self.refine(self.window)   # a plan that fits, refined first
         for m in sorted(screened, reverse=True):
             if self.window.left() <= 0:
                 return
@@ -649,7 +674,8 @@ class _Search:
         """A memory-bound step's candidates of ``m`` slices in screening order
         (every kind at once, the zero-bubble schedules included): those
         :meth:`predicted_memory` forecasts to fit first, the plain ones before
-        their savers, the leanest first (1F1B, ZB-H1 and ZB-V before GPipe),
+        their savers (ZeRO and selective recomputation, the cheaper in time,
+        before full recomputation), the leanest first (1F1B, ZB-H1 and ZB-V before GPipe),
         of equal forecasts the cheapest to build first (:attr:`Kind.sims`:
         ZB-H1's one stage split before 1F1B's four); then those forecast not
         to fit. A candidate's savers (:func:`~solver.parallel.kinds.savers`)
@@ -661,7 +687,8 @@ class _Search:
         with time."""
         pairs = [(kind, x) for kind in KINDS.values() for st in kind.candidates(self.marked, self.cluster, m)
                  for x in (st, *self.savers(st))]
-        keyed = [((self.predicted_memory(st) > self.capacity, bool(st.savers), self.predicted_memory(st),
+        cost = [0 if not st.savers else 2 if st.recompute and not st.selective else 1 for _, st in pairs]
+        keyed = [((self.predicted_memory(st) > self.capacity, cost[n], self.predicted_memory(st),
                    kind.sims), n) for n, (kind, st) in enumerate(pairs)]
         return [pairs[n] for _, n in sorted(keyed)]
 
@@ -818,6 +845,7 @@ class _Search:
                     r = self.realised(kind, s)
                     if r is not None and r.plan.status != "infeasible":
                         fits = True
+                        self.partial(kind, s, r)
                         break
         return fits
 
@@ -861,24 +889,66 @@ class _Search:
         return [x for x in savers(strategy) if self.shardable or not x.shard_optimizer]
 
     def save(self, kind: Kind, strategy: Strategy) -> None:
-        """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits."""
+        """Screen the savers of ``strategy`` (its plan did not fit memory) until one fits
+        (recomputation that fits: then only the blocks it needs, :meth:`partial`)."""
         for s in self.savers(strategy):
             r = self.realised(kind, s)
             if r is not None and r.plan.status != "infeasible":
+                self.partial(kind, s, r)
                 return
+
+    def partial(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
+        """After ``strategy`` (every layer block recomputed, a pipeline of one
+        replica) fits as ``r``: the same recomputing only the blocks its GPUs
+        need (:func:`solver.parallel.partial.next_mask`: a stage holding few
+        slices keeps its activations), simulated and asked again, at most
+        :data:`PARTIAL_TRIES` plans, each a candidate of its own
+        (``"zb-h1 M=16 recompute(20/32:0-11,16-18,21,22,25,26,29)"``). The
+        fastest that fits, None when none does or none was built (kept in
+        ``pending`` when skipped for time: :meth:`screen_rest` tries again)."""
+        if (r.plan.status == "infeasible" or strategy.recompute is not True or strategy.replicas != 1
+                or strategy.schedule not in SCHEDULES or not r.plan.peak_memory or self.acts is None):
+            return None
+        blocks = layer_blocks(self.marked)
+        saved = max(0, self.acts.batched - self.recomputed_acts(strategy.selective).batched)
+        if len(blocks) < 2 or not saved:
+            return None
+        savings = block_savings(self.marked, blocks, saved)
+        memory = {d: self.cluster.device(d).memory for d in r.plan.peak_memory}
+        given = {}
+        if SCHEDULES[strategy.schedule].chunks == 1:   # r's cut kept: less recomputation, less work per stage
+            gpus = gpu_names(self.cluster)
+            given["stage_of"] = {r.transformed.origin[n].op: gpus.index(d) for n, d in r.plan.placement.items()
+                                 if r.transformed.origin[n].role == "copy" and d in gpus}
+        mask, x, best, seen = (True,) * len(blocks), r, None, set()
+        for _ in range(PARTIAL_TRIES):
+            seen.add(mask)
+            mask = next_mask(mask, blocks, savings, x.plan.placement, x.plan.peak_memory, memory,
+                             strategy.schedule, strategy.micro_batches)
+            if mask in seen or not any(mask):   # nothing to spare, or the plain strategy (screened as such)
+                break
+            x = self.realised(kind, replace(strategy, recompute=mask), **given)
+            if x is None:   # skipped for time: screen_rest tries again on the time the exact passes leave
+                if self.pool.skipped.get(self.name_of(kind, replace(strategy, recompute=mask)), "").startswith(
+                        "not built"):
+                    self.pending.append((kind, strategy, r))
+                break
+            if x.plan.status != "infeasible" and (best is None or rank(x.plan) < rank(best.plan)):
+                best = x
+        return best
 
     def have_fit(self) -> bool:
         """Whether the pool holds a plan that fits memory."""
         return self.pool.best is not None and self.pool.best.plan.status != "infeasible"
 
-    def realised(self, kind: Kind, strategy: Strategy) -> Solved | None:
+    def realised(self, kind: Kind, strategy: Strategy, **given) -> Solved | None:
         """Realise a candidate unless it is too large (:func:`replicated_ops`
         above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
         (:meth:`fits`); timed (:class:`_Pace`) and offered as its kind's label
         (and its savers, :attr:`Strategy.savers`). None when skipped or failed
-        (named in ``plan.log.skipped``)."""
-        name, m, replicas = kind.label(strategy), strategy.micro_batches, strategy.replicas
-        name += "".join(f" {w}" for w in (strategy.rule_words, strategy.savers) if w)
+        (named in ``plan.log.skipped``). ``given``: more arguments of ``kind.realise``
+        (:meth:`partial`'s stage cut)."""
+        name, m, replicas = self.name_of(kind, strategy), strategy.micro_batches, strategy.replicas
         ops = replicated_ops(self.marked, replicas, m, self.buckets)
         if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
@@ -888,7 +958,7 @@ class _Search:
                 return None
             sims, tries = kind.cheap, 1
         try:
-            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries),
+            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries, **given),
                                 sims, lambda r: r.graph.num_ops)
         except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
             self.pool.skipped[name] = str(exc)
@@ -897,6 +967,23 @@ class _Search:
         self.pool.skipped.pop(name, None)   # skipped for time once, built on a later pass
         self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
         return r
+
+    def refine(self, window: Deadline) -> None:
+        """The partial recomputations skipped for time (:meth:`partial`), each
+        once, on ``window``; one skipped again stays pending."""
+        outer, self.window = self.window, window
+        pending, self.pending = self.pending, []
+        try:
+            for args in pending:
+                if self.window.left() > 0:
+                    self.partial(*args)
+        finally:
+            self.window = outer
+
+    @staticmethod
+    def name_of(kind: Kind, strategy: Strategy) -> str:
+        """A candidate's name in ``plan.log.steps``: its kind's label, rule and savers."""
+        return kind.label(strategy) + "".join(f" {w}" for w in (strategy.rule_words, strategy.savers) if w)
 
     def exact_all(self, screened: Mapping[int, _Screened]) -> None:
         """The exact passes on :func:`_exact_counts`: each an equal part of

@@ -5,12 +5,18 @@ into ``stages`` pipeline stages and split into ``micro_batches`` slices,
 run by ``schedule``. Data parallelism is one stage, a pipeline one replica,
 a hybrid both; the plain step is ``Strategy()``.
 
-Memory savers, two more fields: ``recompute`` (every layer block's
-activations recomputed before its backward, :func:`pesto.step.recompute`;
-any kind but the slice model) and ``shard_optimizer`` (``1`` or ``2``:
+Memory savers, two more fields: ``recompute`` (``True``: every layer
+block's activations recomputed before its backward, :func:`pesto.step.recompute`;
+a tuple of bools, one per layer block of :func:`pesto.step.recompute.layer_blocks`:
+those blocks only; any kind but the slice model) and ``shard_optimizer`` (``1`` or ``2``:
 ZeRO-1 / ZeRO-2, each replica updating its shard of the optimizer state,
 :func:`pesto.step.replicate`; data parallelism only). Both show in the
-name (``"data-parallel R=8 M=2 ZeRO-2"``, ``"1f1b K=4 M=8 recompute"``).
+name (``"data-parallel R=8 M=2 ZeRO-2"``, ``"1f1b K=4 M=8 recompute"``,
+``"zb-h1 K=4 M=8 recompute(3/4:0-1,3)"``: 3 of 4 blocks, blocks 0, 1 and 3).
+``selective`` recomputes only each block's cheap ops
+(:func:`pesto.step.recompute.cheap_ops`: a transformer layer's element-wise
+ops, softmax and attention scores, not its projections: most of the memory
+for a fifth of the forward time), ``"recompute-cheap"`` in the name.
 
 Schedules: those of :data:`solver.parallel.schedules.SCHEDULES` (``"gpipe"``,
 ``"1f1b"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-h2"``, ``"zb-v"``: fixed
@@ -32,6 +38,12 @@ Traceback (most recent call last):
 ValueError: Strategy.micro_batches must be an integer >= 1, got 0
 >>> Strategy(replicas=8, shard_optimizer=2, recompute=True).name
 'data-parallel R=8 ZeRO-2 recompute'
+>>> Strategy(stages=4, micro_batches=8, schedule="zb-h1", recompute=(True, True, False, True)).name
+'zb-h1 K=4 M=8 recompute(3/4:0-1,3)'
+>>> Strategy(recompute=(True, True)).recompute, Strategy(recompute=(False,)).recompute
+(True, False)
+>>> Strategy(stages=2, micro_batches=4, schedule="1f1b", recompute=(True, False), selective=True).name
+'1f1b K=2 M=4 recompute-cheap(1/2:0)'
 >>> Strategy(stages=2, micro_batches=4, schedule="1f1b", shard_optimizer=1)
 Traceback (most recent call last):
 ...
@@ -39,6 +51,7 @@ ValueError: Strategy.shard_optimizer=1 shards the optimizer state over replicas:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -50,7 +63,7 @@ from pesto.step.slicing import WEIGHT_GRADS
 
 from .schedules import SCHEDULES
 
-__all__ = ["Strategy", "Solved", "SCHEDULE_NAMES"]
+__all__ = ["Strategy", "Solved", "SCHEDULE_NAMES", "recompute_mask"]
 
 #: The schedules a strategy may name (see the module doc).
 SCHEDULE_NAMES = ("none", "free", "slice", *SCHEDULES)
@@ -82,10 +95,11 @@ class Strategy:
     micro_batches: int = 1
     schedule: str = "none"
     bucket_bytes: int | None = BUCKET_BYTES
-    recompute: bool = False
+    recompute: bool | tuple = False
     shard_optimizer: int = 0
     split_backward: bool = False
     weight_grads: str | tuple = "separate"
+    selective: bool = False
 
     def __post_init__(self):
         for name in ("replicas", "stages", "micro_batches"):
@@ -103,8 +117,16 @@ class Strategy:
             bad = [] if wg in WEIGHT_GRADS else [wg]
         if bad:
             raise ValueError(f"Strategy.weight_grads {bad[0]!r} is unknown; known: {', '.join(WEIGHT_GRADS)}")
-        if not isinstance(self.recompute, bool):
-            raise ValueError(f"Strategy.recompute must be True or False, got {self.recompute!r}")
+        rc = self.recompute
+        if not isinstance(rc, bool):
+            if not isinstance(rc, (tuple, list)) or not rc or not all(isinstance(x, bool) for x in rc):
+                raise ValueError(f"Strategy.recompute must be True, False or one bool per layer block "
+                                 f"(a non-empty tuple), got {rc!r}")
+            object.__setattr__(self, "recompute", all(rc) or (tuple(rc) if any(rc) else False))
+        if not isinstance(self.selective, bool) or (self.selective and not self.recompute):
+            raise ValueError(f"Strategy.selective (recompute a block's cheap ops only) must be a bool, and "
+                             f"True only with recompute, got selective={self.selective!r}, "
+                             f"recompute={self.recompute!r}")
         if isinstance(self.shard_optimizer, bool) or self.shard_optimizer not in SHARD_LEVELS:
             raise ValueError(f"Strategy.shard_optimizer must be one of {SHARD_LEVELS} (none, ZeRO-1, ZeRO-2), "
                              f"got {self.shard_optimizer!r}")
@@ -123,7 +145,32 @@ class Strategy:
     def savers(self) -> str:
         """The memory savers in words: ``""``, ``"ZeRO-2"``, ``"recompute"``, ``"ZeRO-1 recompute"``."""
         return " ".join(w for w in (f"ZeRO-{self.shard_optimizer}" if self.shard_optimizer else "",
-                                    "recompute" if self.recompute else "") if w)
+                                    self.recompute_words) if w)
+
+    @property
+    def recompute_words(self) -> str:
+        """``recompute`` in words: ``""``, ``"recompute"`` (every block) or
+        ``"recompute(k/n:ranges)"`` (``k`` of ``n`` blocks; :func:`recompute_mask` reads it back),
+        ``"recompute-cheap..."`` when :attr:`selective`."""
+        rc, word = self.recompute, "recompute-cheap" if self.selective else "recompute"
+        if not isinstance(rc, tuple):
+            return word if rc else ""
+        on = [i for i, x in enumerate(rc) if x]
+        runs: list[list[int]] = []
+        for i in on:
+            if runs and runs[-1][1] == i - 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        ranges = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+        return f"{word}({len(on)}/{len(rc)}:{ranges})"
+
+    @property
+    def recomputed(self) -> tuple[int, ...] | None:
+        """The indices of the layer blocks recomputed: None for every block
+        (``recompute=True``), () for none."""
+        rc = self.recompute
+        return tuple(i for i, x in enumerate(rc) if x) if isinstance(rc, tuple) else (None if rc else ())
 
     @property
     def split_rule(self):
@@ -175,6 +222,31 @@ class Strategy:
         if self.schedule in SCHEDULES:
             return f"{self.schedule} K={self.stages}{m}"
         return ("step" if self.schedule == "none" else self.schedule) + m
+
+
+def recompute_mask(word: str) -> bool | tuple[bool, ...]:
+    """:attr:`Strategy.recompute` from its word (:attr:`Strategy.recompute_words`).
+
+    >>> recompute_mask("recompute(3/4:0-1,3)"), recompute_mask("recompute"), recompute_mask("recompute-cheap")
+    ((True, True, False, True), True, True)
+
+    Raises
+    ------
+    ValueError
+        Not a recompute word, or a block past the count, named.
+    """
+    if word in ("recompute", "recompute-cheap"):
+        return True
+    found = re.fullmatch(r"recompute(?:-cheap)?\((\d+)/(\d+):([\d,-]+)\)", word)
+    if found is None:
+        raise ValueError(f"{word!r} is not a recompute word ('recompute' or 'recompute(k/n:a-b,c)')")
+    n, on = int(found.group(2)), set()
+    for part in found.group(3).split(","):
+        a, _, b = part.partition("-")
+        on.update(range(int(a), int(b or a) + 1))
+    if max(on) >= n or len(on) != int(found.group(1)):
+        raise ValueError(f"{word!r}: blocks {sorted(on)} are not {found.group(1)} of {n} blocks")
+    return tuple(i in on for i in range(n))
 
 
 @dataclass(frozen=True)
