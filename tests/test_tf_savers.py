@@ -112,7 +112,7 @@ def test_result_view_accepts_every_saver_combination_the_search_can_pick():
     for words in sorted(picked):
         assert savers_of(words).savers == words   # one reading of the words, the search's
         assert result_view(Result(words)).replicas == 2, words
-    assert {w for words in picked for w in words.split()} <= TF_SAVERS
+    assert {w.partition("(")[0] for words in picked for w in words.split()} <= TF_SAVERS   # "recompute(2/3:0,2)": some blocks
     with pytest.raises(MicroBatchError, match=r"memory savers \(offload\)") as err:
         result_view(Result("ZeRO-2 offload"))   # a saver tf_patch does not build: refused, named
     assert err.value.culprit == "offload"

@@ -86,10 +86,11 @@ GRADIENT_ROOTS = ("gradients", "gradient_tape")
 #: Scope of the TF copy of op ``t`` that a recomputed Pesto copy runs (:mod:`tf_patch.recompute`).
 RECOMPUTE = "recompute/"
 #: The memory savers (:attr:`Strategy.savers` words) whose TF step tf_patch builds: the sharded
-#: optimizer (:func:`tf_patch.replicastep.replicate_graph`) and recomputation (:mod:`tf_patch.recompute`),
+#: optimizer (:func:`tf_patch.replicastep.replicate_graph`) and recomputation (:mod:`tf_patch.recompute`:
+#: every block or its cheap ops, "recompute(k/n:...)" some blocks, the word before the parenthesis),
 #: alone or together (the copies built on the sharded replicated step). Every combination the search can
 #: pick is among them (``tests/test_tf_savers.py``).
-TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "recompute"})
+TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "recompute", "recompute-cheap"})
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,8 @@ def result_view(result) -> ResultView:
         return result
     log = getattr(result.plan, "log", None)
     savers = getattr(log, "savers", "")
-    # "recompute(3/4:0-1,3)": some blocks; "recompute-cheap": their cheap ops (all built as recompute is)
-    words = [w.partition("(")[0].removesuffix("-cheap") for w in (savers or "").split()]
+    # "recompute(3/4:0-1,3)": some blocks; "recompute-cheap": their cheap ops (both built as recompute is)
+    words = [w.partition("(")[0] for w in (savers or "").split()]
     unbuilt = " ".join(w for w in words if w not in TF_SAVERS)
     if unbuilt:   # the search chose them because nothing else fit memory
         raise MicroBatchError(f"the plan uses memory savers ({unbuilt}) that tf_patch does not build in "
