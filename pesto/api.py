@@ -37,6 +37,7 @@ from .finalize import finalize
 from .graph import OpGraph
 from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan, check_plan
+from .solvelog import SolveLog
 from .step.marks import slice_constants
 
 __all__ = ["solve", "solve_step", "step_graph", "marked", "Solved", "Strategy", "evaluate", "load_placement",
@@ -291,10 +292,11 @@ def marked(graph: OpGraph) -> OpGraph:
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
-               savers: str = "", joined=(), in_place=()) -> OpGraph:
+               savers: str = "", joined=(), in_place=(), *, log: SolveLog | None = None) -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
     ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``), rebuilt from the step ``graph``
-    (:func:`marked` first: :func:`solver.parallel.search.step_graph`).
+    (:func:`marked` first: :func:`solver.parallel.search.step_graph`). ``log``: a plan's
+    log (``step_graph(graph, log=plan.log)``), whose fields are read instead of the others.
 
     Raises
     ------
@@ -303,6 +305,9 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     BatchMarkError
         As :func:`marked`.
     """
+    if log is not None:
+        micro_batches, graph_kind, replicas = log.micro_batches, log.graph_kind, log.replicas
+        savers, joined, in_place = log.savers, log.joined, log.in_place
     return _step_graph(graph if graph_kind == "step" and not savers else marked(graph), micro_batches, graph_kind,
                        replicas, savers, joined, in_place)
 

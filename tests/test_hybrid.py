@@ -123,9 +123,10 @@ def test_step_search_offers_hybrid_plans(step, two_hosts):
     assert "not a multiple of 2 replicas x 8" in plan.log.skipped["hybrid R=2 M=8"]
     assert plan.makespan <= min(steps.values()) + 1e-6
     assert plan.makespan <= steps["hybrid R=2 M=2"] < steps["data-parallel M=2"]
+    placed = pesto.step_graph(step, log=plan.log)   # every field of the log (savers, joined, in place)
     log = plan.log
-    placed = pesto.step_graph(step, log.micro_batches, log.graph_kind, log.replicas, log.savers,
-                              joined=log.joined, in_place=log.in_place)
+    assert placed.names == pesto.step_graph(step, log.micro_batches, log.graph_kind, log.replicas, log.savers,
+                                            joined=log.joined, in_place=log.in_place).names
     assert check_plan(placed, two_hosts, plan).ok
 
 
