@@ -75,7 +75,7 @@ from pesto.plan import Plan
 from pesto.problem import INF, Problem
 
 from .bounds import ChainHeads, chain_heads, energetic_bound, lower_bound, stopped
-from .cpsat_solve import search
+from .cpsat_solve import interleave, search
 
 __all__ = ["Bound", "RelaxedModel", "comm_bound", "colocation_bound", "edge_delay", "reduced_edges", "SIMPLE_SOURCE", "CHAIN_SOURCE",
            "ENERGY_SOURCE", "COLOCATION_SOURCE"]
@@ -448,11 +448,11 @@ class RelaxedModel:
         ``time_limit`` is CP-SAT's deterministic time (a wall limit ten times
         longer is the safety net); an interrupted ``deadline`` stops the search."""
         solver = cp_model.CpSolver()
+        solver.parameters.num_workers = max(1, workers)
         if deterministic:
             solver.parameters.max_deterministic_time = max(0.01, time_limit)
-            solver.parameters.interleave_search = True
+            interleave(solver.parameters)
         solver.parameters.max_time_in_seconds = max(0.01, time_limit) * (10 if deterministic else 1)
-        solver.parameters.num_workers = max(1, workers)
         solver.parameters.random_seed = seed
         solver.parameters.catch_sigint_signal = False  # else OR-Tools swallows Ctrl-C during and after it
         code = search(solver, self.m, deadline)  # in a worker thread: Ctrl-C reaches the solve's handler

@@ -25,7 +25,7 @@ from pesto.finalize import finalize
 
 from .bounds import greedy_plan
 
-__all__ = ["solve", "search", "colour_intervals", "deterministic_parameters", "STATUS"]
+__all__ = ["solve", "search", "colour_intervals", "deterministic_parameters", "interleave", "STATUS"]
 
 STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
           cp_model.INFEASIBLE: "infeasible", cp_model.MODEL_INVALID: "unknown",
@@ -154,7 +154,17 @@ def deterministic_parameters(p, budget: float) -> None:
     sweep 4, ``M_det_api_twice``)."""
     p.max_deterministic_time = float(budget)
     p.max_time_in_seconds = 10.0 * float(budget) + DETERMINISTIC_NET_SECONDS
-    p.interleave_search = True
+    interleave(p)
+
+
+def interleave(p) -> None:
+    """Workers in a fixed order (``interleave_search``), for parameters ``p``
+    whose ``num_workers`` is set: several workers (or ``0``, all cores) only.
+    One worker searches deterministically alone, and OR-Tools 9.15's
+    interleaved search of one worker corrupts memory on some models (a
+    segmentation fault or ``free(): invalid next size`` in the slice model's
+    deterministic solve: ``tests/test_cpsat_deterministic.py``)."""
+    p.interleave_search = p.num_workers != 1
 
 
 def _info(model, solver, code, hint: Plan, rejected: str | None) -> CpsatInfo:

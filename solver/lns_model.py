@@ -49,7 +49,7 @@ from ortools.sat.python import cp_model
 from pesto.deadline import Deadline
 from pesto.problem import Problem
 
-from .cpsat_solve import search
+from .cpsat_solve import interleave, search
 
 __all__ = ["WindowResult", "solve_window", "RESOLUTION"]
 
@@ -418,7 +418,7 @@ class _WindowModel:
         prm.log_search_progress = bool(log)
         prm.catch_sigint_signal = False
         if deadline is not None and deadline.deterministic:
-            prm.interleave_search = True  # several workers, one fixed schedule of them
+            interleave(prm)  # several workers, one fixed schedule of them
         code = search(solver, self.m, deadline)
         if deadline is not None:
             deadline.charge(solver.deterministic_time)
