@@ -1051,8 +1051,9 @@ class _Search:
         before = set(self.pool.steps)
         self.say(f"exact M={m}: start ({grant.left():.1f} s granted)")
         starts = ([start] if start is not None else []) + list(s.starts)
-        if start is None and m > 1:   # the slice model's plan
-            starts[:0] = self.slice_start(s, m, grant)
+        if start is None and m > 1:   # the slice model's plan: a start where it places s.graph (sums separate)
+            sliced = self.slice_start(s, m, grant)
+            starts[:0] = sliced if s.weight_grads == "separate" else []
         self.stop_if_interrupted()
         inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
                                      batch_size=None, progress=None)
@@ -1080,17 +1081,13 @@ class _Search:
         """The slice model's plan of ``m`` slices (:func:`solver.parallel.slice_model.solve_slices`)
         on :data:`SLICE_SHARE` of ``grant``, at most what leaves the pipeline the predicted time of
         its first plan (``SIMS["pipeline"]`` simulations of the split), skipped below
-        :data:`MIN_SECONDS` on the wall clock, or when the count's split sums its weight gradients
-        otherwise than separately; offered as ``slice M=m``; [] when skipped."""
+        :data:`MIN_SECONDS` on the wall clock; offered as ``slice M=m``, a candidate of its own (its
+        grid sums every weight gradient's slices separately, whatever the count's best split does);
+        [] when skipped."""
         name = f"slice M={m}"
         if s.graph.num_ops > SLICE_MAX_OPS:
             self.pool.skipped[name] = (f"the split step has {s.graph.num_ops} ops, more than {SLICE_MAX_OPS}: "
                                        f"the slice model's split and grid alone outlast its share")
-            return []
-        if s.weight_grads != "separate":   # its grid sums them separately: its plan places another split
-            words = Strategy(weight_grads=s.weight_grads).rule_words
-            self.pool.skipped[name] = (f"the count's best split is {words} (the slice model's grid sums "
-                                       f"every weight-grad op's slices separately)")
             return []
         keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the recipe's own first plan
         share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
