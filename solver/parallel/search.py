@@ -298,11 +298,13 @@ def replicated_ops(graph: OpGraph, replicas: int, m: int = 1, buckets: int | Non
 @dataclass
 class _Pool:
     """The candidates so far: the best (:func:`solver.common.rank`), every
-    candidate's step, the skipped ones with why, the memory errors per ``M``."""
+    candidate's step, the skipped ones with why (``late``: those skipped for
+    time, :meth:`_Search.fits`), the memory errors per ``M``."""
 
     best: Solved | None = None
     steps: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)
+    late: set = field(default_factory=set)
     short: dict = field(default_factory=dict)   # M -> MicroBatchMemoryError
 
     def offer(self, name: str, plan: Plan, transformed: Transformed, strategy: Strategy) -> None:
@@ -442,6 +444,7 @@ class _Search:
         if quiet:
             return False
         self.pool.skipped[name] = f"not built: about {need:.1f} s for {ops} ops, {self.window.left():.1f} s left"
+        self.pool.late.add(name)
         self.say(f"{name}: skipped (time limit)")
         return False
 
@@ -929,8 +932,7 @@ class _Search:
                 break
             x = self.realised(kind, replace(strategy, recompute=mask), **given)
             if x is None:   # skipped for time: screen_rest tries again on the time the exact passes leave
-                if self.pool.skipped.get(self.name_of(kind, replace(strategy, recompute=mask)), "").startswith(
-                        "not built"):
+                if self.name_of(kind, replace(strategy, recompute=mask)) in self.pool.late:
                     self.pending.append((kind, strategy, r))
                 break
             if x.plan.status != "infeasible" and (best is None or rank(x.plan) < rank(best.plan)):
@@ -965,6 +967,7 @@ class _Search:
             return None
         self.pool.offer_solved(name, r)
         self.pool.skipped.pop(name, None)   # skipped for time once, built on a later pass
+        self.pool.late.discard(name)
         self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
         return r
 
