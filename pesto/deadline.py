@@ -23,7 +23,12 @@ only the one running.
   :class:`WorkClock` that moves only by the work passes report (CP-SAT's
   deterministic time, a fixed cost per simulated move), so the same input
   gives the same plan on a busy or an idle machine; with the wall clock,
-  charging does nothing.
+  charging does nothing. A deterministic solve still has a wall-clock
+  safety net (:func:`wall_net`: ten times its limit plus
+  :data:`WALL_NET_SECONDS`): past it the solve is interrupted with the
+  reason :data:`WALL_NET_REASON` and returns its best plan (status
+  ``interrupted``), no longer reproducible, rather than run on for a
+  quarter of an hour on a loaded machine.
 
 Examples
 --------
@@ -49,7 +54,8 @@ from typing import Callable, Iterator
 
 from .errors import PestoError
 
-__all__ = ["Deadline", "WorkClock", "Stopped", "REPLAY_COST_PER_OP", "CHECK_EVERY"]
+__all__ = ["Deadline", "WorkClock", "Stopped", "REPLAY_COST_PER_OP", "CHECK_EVERY", "wall_net",
+           "WALL_NET_FACTOR", "WALL_NET_SECONDS", "WALL_NET_REASON"]
 
 #: Work charged per op for one replay of a plan in deterministic mode (seconds;
 #: about what the compiled engine takes, so charged time tracks wall time).
@@ -57,6 +63,24 @@ REPLAY_COST_PER_OP = 2e-7
 #: Steps (ops placed, moves tried) between two :meth:`Deadline.check` calls in
 #: a long loop: ~1 ms of work at the slowest loops, a clock read is ~50 ns.
 CHECK_EVERY = 1024
+#: A deterministic budget's wall-clock safety net: this many times the budget ...
+WALL_NET_FACTOR = 10.0
+#: ... plus this many seconds (:func:`wall_net`).
+WALL_NET_SECONDS = 30.0
+#: The reason a deterministic solve stopped by its wall-clock net gives (``plan.log.stopped``).
+WALL_NET_REASON = "wall-time net (deterministic limit not reached: not reproducible)"
+
+
+def wall_net(seconds: float) -> float:
+    """The wall seconds a deterministic budget of ``seconds`` may take at most
+    (the whole solve's, and each CP-SAT search's own ``max_time_in_seconds``).
+
+    >>> wall_net(60)
+    630.0
+    """
+    return WALL_NET_FACTOR * float(seconds) + WALL_NET_SECONDS
+
+
 #: Signals that stop a solve with its best plan: Ctrl-C, ``kill``, and the
 #: terminal closing (SIGHUP, where the platform has it).
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -111,15 +135,29 @@ class Deadline:
     start : float, optional
         When the time started on ``clock`` (default now): a solve counts from
         the user's call, pre-checks included. Ignored with ``deterministic``.
+    wall : callable, optional
+        The wall clock of the deterministic safety net (default
+        ``time.perf_counter``; tests pass a fake one): with a
+        :class:`WorkClock`, once it has run :func:`wall_net` of ``seconds``
+        the solve is interrupted (:data:`WALL_NET_REASON`).
+
+    >>> now = [0.0]
+    >>> d = Deadline(1.0, deterministic=True, wall=lambda: now[0])
+    >>> d.expired(); now[0] = 41.0; d.expired(), d.reason
+    False
+    (True, 'wall-time net (deterministic limit not reached: not reproducible)')
     """
 
     def __init__(self, seconds: float | None, *, clock: Callable[[], float] | None = None,
-                 deterministic: bool = False, start: float | None = None):
+                 deterministic: bool = False, start: float | None = None,
+                 wall: Callable[[], float] = time.perf_counter):
         if clock is None:
             clock = WorkClock() if deterministic else time.perf_counter
         self.clock = clock
         self.t0 = clock() if start is None or isinstance(clock, WorkClock) else min(float(start), clock())
         self.seconds = math.inf if seconds is None else float(seconds)
+        self._wall, self._wall0 = wall, wall()
+        self._net = wall_net(self.seconds) if isinstance(clock, WorkClock) else math.inf
         self._reason: str | None = None  # why it ended early: "SIGINT", "SIGTERM", ...
         self._root = self  # a pass's deadline shares its solve's interrupts (sub)
         self._stoppers: list[Callable[[], None]] = []
@@ -170,15 +208,23 @@ class Deadline:
 
     @property
     def interrupted(self) -> bool:
-        """True once :meth:`interrupt` was called."""
+        """True once :meth:`interrupt` was called (or the deterministic wall
+        net passed: :meth:`_past_net`; a running CP-SAT search polls this)."""
+        self._past_net()
         return self.reason is not None
+
+    def _past_net(self) -> None:
+        """Interrupt the solve once a deterministic deadline's wall net passed (module doc)."""
+        root = self._root
+        if root._net < math.inf and root._reason is None and root._wall() - root._wall0 > root._net:
+            self.interrupt(WALL_NET_REASON)
 
     def elapsed(self) -> float:
         return self.clock() - self.t0
 
     def left(self) -> float:
         """Seconds left (0 once interrupted; never negative)."""
-        if self.reason is not None:
+        if self.interrupted:
             return 0.0
         return max(0.0, self.seconds - self.elapsed())
 

@@ -16,7 +16,7 @@ import time
 
 from ortools.sat.python import cp_model
 
-from pesto.deadline import Deadline
+from pesto.deadline import Deadline, wall_net
 from pesto.errors import InfeasibleError
 from pesto.outcome import CpsatInfo
 from pesto.plan import Plan
@@ -140,20 +140,16 @@ def _parameters(p, model, *, time_limit, workers, seed, log) -> None:
         p.cp_model_probing_level = 0
 
 
-#: The wall-clock safety net's floor in deterministic mode (seconds; see :func:`deterministic_parameters`).
-DETERMINISTIC_NET_SECONDS = 30.0
-
-
 def deterministic_parameters(p, budget: float) -> None:
     """Reproducible search: CP-SAT's deterministic time (about a second of
     one core per unit) bounds it instead of the wall clock, and its workers
-    interleave in a fixed order. The wall limit stays as a safety net, at
-    ten times the budget plus :data:`DETERMINISTIC_NET_SECONDS`: if it ever
+    interleave in a fixed order. The wall limit stays as a safety net,
+    :func:`pesto.deadline.wall_net` of the budget: if it ever
     cuts the search, the run is no longer reproducible (with one second, a
     search of a tenth of a deterministic second was cut on a loaded machine:
     sweep 4, ``M_det_api_twice``)."""
     p.max_deterministic_time = float(budget)
-    p.max_time_in_seconds = 10.0 * float(budget) + DETERMINISTIC_NET_SECONDS
+    p.max_time_in_seconds = wall_net(budget)
     interleave(p)
 
 
