@@ -25,10 +25,10 @@ only the one running.
   gives the same plan on a busy or an idle machine; with the wall clock,
   charging does nothing. A deterministic solve still has a wall-clock
   safety net (:func:`wall_net`: ten times its limit plus
-  :data:`WALL_NET_SECONDS`): past it the solve is interrupted with the
-  reason :data:`WALL_NET_REASON` and returns its best plan (status
-  ``interrupted``), no longer reproducible, rather than run on for a
-  quarter of an hour on a loaded machine.
+  :data:`WALL_NET_SECONDS`): past it the solve ends as at its limit, with
+  its best plan and the reason :data:`WALL_NET_REASON` (``plan.log.stopped``:
+  no longer reproducible), rather than run on for a quarter of an hour on
+  a loaded machine.
 
 Examples
 --------
@@ -139,13 +139,13 @@ class Deadline:
         The wall clock of the deterministic safety net (default
         ``time.perf_counter``; tests pass a fake one): with a
         :class:`WorkClock`, once it has run :func:`wall_net` of ``seconds``
-        the solve is interrupted (:data:`WALL_NET_REASON`).
+        the deadline is expired (:meth:`net_passed`).
 
     >>> now = [0.0]
     >>> d = Deadline(1.0, deterministic=True, wall=lambda: now[0])
-    >>> d.expired(); now[0] = 41.0; d.expired(), d.reason
+    >>> d.expired(); now[0] = 41.0; d.expired(), d.reason, d.interrupted
     False
-    (True, 'wall-time net (deterministic limit not reached: not reproducible)')
+    (True, 'wall-time net (deterministic limit not reached: not reproducible)', False)
     """
 
     def __init__(self, seconds: float | None, *, clock: Callable[[], float] | None = None,
@@ -158,6 +158,7 @@ class Deadline:
         self.seconds = math.inf if seconds is None else float(seconds)
         self._wall, self._wall0 = wall, wall()
         self._net = wall_net(self.seconds) if isinstance(clock, WorkClock) else math.inf
+        self._net_hit = False
         self._reason: str | None = None  # why it ended early: "SIGINT", "SIGTERM", ...
         self._root = self  # a pass's deadline shares its solve's interrupts (sub)
         self._stoppers: list[Callable[[], None]] = []
@@ -190,8 +191,9 @@ class Deadline:
 
     @property
     def reason(self) -> str | None:
-        """Why the solve was stopped early, or None."""
-        return self._root._reason
+        """Why the solve was stopped early (an interrupt's, or the wall net's), or None."""
+        root = self._root
+        return root._reason or (WALL_NET_REASON if root._net_hit else None)
 
     def __repr__(self) -> str:
         return f"Deadline({self.seconds:g} s, {self.left():.2f} s left{', ' + self.reason if self.reason else ''})"
@@ -208,24 +210,31 @@ class Deadline:
 
     @property
     def interrupted(self) -> bool:
-        """True once :meth:`interrupt` was called (or the deterministic wall
-        net passed: :meth:`_past_net`; a running CP-SAT search polls this)."""
-        self._past_net()
-        return self.reason is not None
+        """True once :meth:`interrupt` was called."""
+        return self._root._reason is not None
 
-    def _past_net(self) -> None:
-        """Interrupt the solve once a deterministic deadline's wall net passed (module doc)."""
+    def net_passed(self) -> bool:
+        """True once a deterministic deadline's wall-clock net passed (module
+        doc): from then on it is expired, :attr:`reason` is
+        :data:`WALL_NET_REASON`, and the stoppers have run (a running CP-SAT
+        search polls this). Not an interrupt: the solve ends as at its limit."""
         root = self._root
-        if root._net < math.inf and root._reason is None and root._wall() - root._wall0 > root._net:
-            self.interrupt(WALL_NET_REASON)
+        if root._net_hit or root._net == math.inf or root._wall() - root._wall0 <= root._net:
+            return root._net_hit
+        with root._lock:
+            root._net_hit = True
+            stoppers = list(root._stoppers)
+        for stop in stoppers:
+            stop()
+        return True
 
     def elapsed(self) -> float:
         return self.clock() - self.t0
 
     def left(self) -> float:
         """Seconds left (0 once interrupted; never negative)."""
-        if self.interrupted:
-            return 0.0
+        if self.interrupted or (self.seconds < math.inf and self.net_passed()):
+            return 0.0   # (a deadline without a limit, as :meth:`interrupts_only`'s, ends on interrupts only)
         return max(0.0, self.seconds - self.elapsed())
 
     def expired(self) -> bool:
@@ -245,7 +254,7 @@ class Deadline:
         (the first call only; its ``reason`` stays)."""
         root = self._root
         with root._lock:
-            if root._reason is not None:  # the stoppers ran already
+            if root._reason is not None or root._net_hit:  # the stoppers ran already
                 return
             root._reason = reason
             stoppers = list(root._stoppers)
@@ -260,7 +269,7 @@ class Deadline:
         with root._lock:
             root._stoppers.append(stop)
         try:
-            if self.interrupted:
+            if self.interrupted or root._net_hit:
                 stop()
             yield
         finally:

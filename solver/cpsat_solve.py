@@ -92,7 +92,7 @@ def search(solver, cp: cp_model.CpModel, deadline: Deadline | None = None) -> in
         try:
             while worker.is_alive():
                 worker.join(0.05)
-                if deadline is not None and deadline.interrupted:
+                if deadline is not None and (deadline.interrupted or deadline.net_passed()):
                     # again each time: a stop_search before the worker's solve has begun is
                     # a no-op in OR-Tools (no search to stop yet), so an interrupt landing
                     # in that window was lost and the search ran its whole limit

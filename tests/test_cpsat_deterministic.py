@@ -47,8 +47,8 @@ def test_one_worker_deterministic_solves_repeat_exactly():
 def test_deterministic_solve_stops_at_its_wall_net(monkeypatch):
     """A deterministic solve's limit is work, not wall time; on a loaded machine it
     could run a quarter of an hour past a 60 s limit. Its wall-clock net (here made
-    0.5 s) interrupts it: the best plan comes back, marked ``interrupted`` and
-    saying why (it is no longer reproducible)."""
+    0.5 s) ends it as its limit would: the best plan comes back, saying why
+    (it is no longer reproducible), not marked ``interrupted`` (nobody interrupted it)."""
     import time
     import pesto
     import pesto.deadline
@@ -61,7 +61,7 @@ def test_deterministic_solve_stops_at_its_wall_net(monkeypatch):
     r = pesto.solve_step(deep_step(6, act=1_000_000, t=1000.0, weight=400_000), cluster=cluster,
                          micro_batches=4, deterministic=True, time_limit=60, workers=1)
     plan = r.plan
-    assert plan.status == "interrupted"
+    assert plan.status in ("feasible", "heuristic", "optimal")
     assert plan.log.stopped == pesto.deadline.WALL_NET_REASON
     pesto.check_plan(r, cluster)
     assert time.perf_counter() - t0 < 45.0   # far below the 60 s of deterministic work it was given
