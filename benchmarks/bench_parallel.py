@@ -357,9 +357,11 @@ def _config_of(r: Row, name: str) -> str:
 
 
 def _uniform_why(r: Row) -> str:
-    least = (f"no contiguous pipeline of this split below {r.pipeline_ms:.1f} ms with transfers "
-             f"({r.pipeline_free_ms:.1f} ms with free links; ZB-H1's formula counts no transfer), a bubble of "
-             f"{100 * (r.pipeline_ms - r.ideal_ms) / r.pipeline_ms:.1f} % or more; " if r.pipeline_ms else "")
+    beats = "pesto's plan, below it, is not such a pipeline; " if r.pesto_ms and r.pesto_ms < r.pipeline_ms else ""
+    least = (f"no contiguous-stage pipeline of this split below {r.pipeline_ms:.1f} ms with transfers, so none "
+             f"with a bubble under {100 * (r.pipeline_ms - r.ideal_ms) / r.pipeline_ms:.1f} % "
+             f"({r.pipeline_free_ms:.1f} ms with free links: ZB-H1's formula counts no transfer); {beats}"
+             if r.pipeline_ms else "")
     return (f"{least}ideal (work / p) {r.ideal_ms:.1f} ms; the split adds {r.accum_ms:.1f} ms of accumulation "
             f"per layer (T_W {r.t_w_ms:.1f} ms); pesto {r.pesto_config}")
 

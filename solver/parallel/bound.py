@@ -41,6 +41,11 @@ size when one is given. The bound is the *same step's*: every plan of
 random plans, against every pipeline placer's plan and against a brute-force
 optimum on tiny graphs).
 
+:func:`pipeline_bound` bounds a narrower class, the pipelines of contiguous
+stages (:func:`covers` says whether a plan is one), and so can charge what
+they cannot avoid: fill, drain and the transfers between stages, on the
+cluster's fastest route (:func:`least_transfer`).
+
 Examples
 --------
 >>> from pesto.graph import Op, OpGraph
