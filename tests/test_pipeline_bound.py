@@ -15,12 +15,14 @@ from solver.parallel.pipelines import pipeline_plan
 from test_oracle import oracle
 
 
-def _step(times, skips=(), nbytes=None, wgrad=False) -> OpGraph:
+def _step(times, skips=(), nbytes=None, wgrad=False, sources=()) -> OpGraph:
     """A training step of ``len(times)`` forward ops ``f<i>`` (a chain, plus
     ``skips`` edges ``f<i> -> f<j>``), input gradients ``b<i>`` mirroring
-    every forward edge, and with ``wgrad`` weight gradients ``w<i>`` (the
-    layer's input and the gradient from above); ``nbytes[i]``: ``f<i>``'s
-    and ``b<i>``'s output bytes."""
+    every forward edge, with ``wgrad`` weight gradients ``w<i>`` (the
+    layer's input and the gradient from above), and per ``i`` in
+    ``sources`` a batched forward op ``s<i>`` of no input read by ``f<i>``
+    (a mask, a position table: a path that starts late); ``nbytes[i]``:
+    ``f<i>``'s and ``b<i>``'s output bytes."""
     k = len(times)
     nbytes = nbytes or [1000] * k
     ops = [Op(f"f{i}", {"GPU": float(t)}, batch=True, phase="forward") for i, t in enumerate(times)]
@@ -34,7 +36,10 @@ def _step(times, skips=(), nbytes=None, wgrad=False) -> OpGraph:
     if wgrad:
         pairs += [(f"f{i - 1}", f"w{i}") for i in range(1, k)] + [(f"b{i + 1}", f"w{i}") for i in range(k - 1)]
         pairs += [(f"f{k - 1}", f"w{k - 1}")]
-    size = {f"{c}{i}": nbytes[i] for i in range(k) for c in "fbw"}
+    for i in sorted(set(sources)):
+        ops.append(Op(f"s{i}", {"GPU": 1.0}, batch=True, phase="forward"))
+        pairs.append((f"s{i}", f"f{i}"))
+    size = {f"{c}{i}": nbytes[i] for i in range(k) for c in "fbws"}
     return OpGraph(ops, [Edge(u, v, (f"{u}:0",)) for u, v in pairs],
                    [Tensor(f"{op.name}:0", op.name, size[op.name]) for op in ops])
 
@@ -58,7 +63,8 @@ def _steps(draw):
     times = draw(st.lists(st.integers(1, 60), min_size=k, max_size=k))
     skips = draw(st.lists(st.tuples(st.integers(0, k - 1), st.integers(0, k - 1)), max_size=2))
     nbytes = draw(st.lists(st.sampled_from([0, 10, 1000, 100_000, 10_000_000]), min_size=k, max_size=k))
-    return _step(times, skips, nbytes, wgrad=draw(st.booleans()))
+    sources = draw(st.lists(st.integers(1, k - 1), max_size=2))
+    return _step(times, skips, nbytes, wgrad=draw(st.booleans()), sources=sources)
 
 
 @settings(max_examples=25, deadline=None)

@@ -280,8 +280,8 @@ class PipelineBound:
     order : str
         The candidate order that gives it (:func:`solver.parallel.cut.block_orders`).
     free_links : float
-        The same bound with every transfer taken as free (fill and drain of
-        compute only; ``step`` when ``transfers=False``).
+        The same bound with every transfer taken as free (its charges 0;
+        ``step`` when ``transfers=False``).
     """
 
     step: float
@@ -302,8 +302,8 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     any schedule, any device order, with ``stages`` stages or fewer
     (default: any number up to the cluster's GPUs). Not covered: a plan with
     copies of one stage on two devices, or two stages on one device (the
-    chunked schedules: interleaved, ZB-V); ``transfers=False`` gives the
-    compute-only bound below, which charges no transfer. None without forward
+    chunked schedules: interleaved, ZB-V); ``transfers=False`` takes every
+    charge below as 0, as the compute-only proof allows. None without forward
     ops, without copies or with more than :data:`PIPELINE_ATOMS`.
 
     For a stage holding forward ops ``i..j-1`` of an order and a set ``S``
@@ -344,11 +344,13 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     ``lo(x)`` the least position on ``x``'s path. The charge of stage ``s`` at
     ``i`` for ``lo <= L`` is ``C(s, i, L) = kappa(i) + the s - 1 - L
     smallest kappa(b), L < b < i`` (0 for ``s = 0`` or ``i <= L``). The
-    bound is the largest of the compute-only ``c(S)`` and, for ``S`` all the
-    stage's copies or those not marked weight-grad and ``S_L`` those of
-    ``lo <= L`` on the head path (on both paths), ``c(S_L) + C_head`` (``+
-    C_tail``), ``L`` the least position whose copies hold half the copies'
-    work (per path).
+    bound takes, per stage, the largest of the compute-only sets' ``c(S)``
+    and, for ``S`` all the stage's copies or those not marked weight-grad and
+    ``S_L`` those of ``lo <= L`` on the head path (on both paths), ``c(S_L) +
+    C_head`` (``+ C_tail``), ``L`` the least position whose copies hold half
+    the copies' work (per path). ``free_links`` is the same with every
+    charge 0 (``S_L`` alone may start later than ``S``: the copies it leaves
+    out, of short paths, are often the ones of least head).
 
     *Proof (transfers).* Take a copy ``x`` of stage ``s`` with ``lo(x) <=
     L``. Its path visits positions ``lo(x)`` and ``x``'s own, at least ``i``,
@@ -391,7 +393,7 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     if not copies:
         return None
     k_of, a_of, wgrad = (np.array(x) for x in zip(*copies))
-    hops = _hops(prob, fast, head, tail, k_of) if transfers else None
+    hops = _hops(prob, fast, head, tail, k_of)
     h, p, t = (np.asarray(x, float)[k_of] for x in (head, fast, tail))
     sets = [np.ones(len(h), bool), ~wgrad]
     for x in (h, t):   # copies whose head (tail) is at least a quantile: a later start (end) for less work
@@ -406,9 +408,9 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
         k, pos = min(most, len(order)), np.full(g.num_ops, -1)
         pos[order] = np.arange(len(order))
         free = _stage_costs([_atom_terms(a_of[m], h[m], p[m], t[m], g.num_ops) for m in sets], order)
-        values, _ = least_largest(lambda s: free, k, len(order))
-        charged = values if hops is None else least_largest(
-            _charged(hops, pos[a_of], sets, (a_of, h, p, t, g.num_ops), order, k, free), k, len(order))[0]
+        groups = _charged(hops, pos[a_of], sets, (a_of, h, p, t, g.num_ops), order, k)
+        values, _ = least_largest(_segments(free, groups, charge=False), k, len(order))
+        charged = least_largest(_segments(free, groups), k, len(order))[0] if transfers else values
         for s, (v, vf) in enumerate(zip(charged, values), start=1):
             if stages is None or s <= stages:
                 free_least = min(free_least, vf)
@@ -544,9 +546,9 @@ def _nearest(link: np.ndarray, nbytes: np.ndarray, is_copy: np.ndarray) -> tuple
     return ptr, least
 
 
-def _charged(hops: _Hops, pos: np.ndarray, sets, copies, order, k: int, free: np.ndarray):
-    """``seg(s)`` of :func:`pipeline_bound` with transfers: ``free`` (the
-    compute-only costs) or a charged set's cost plus its stage's charges."""
+def _charged(hops: _Hops, pos: np.ndarray, sets, copies, order, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The charged sets of :func:`pipeline_bound`: per group, the largest of
+    its sets' costs and its charges ``C[s, i]``."""
     a_of, h, p, t, n_ops = copies
     n, terms = len(order), {}
     for path, (frm, cost) in (("head", (hops.head_from, hops.head_cost)), ("tail", (hops.tail_to, hops.tail_cost))):
@@ -562,11 +564,17 @@ def _charged(hops: _Hops, pos: np.ndarray, sets, copies, order, k: int, free: np
         if masks:
             cost = _stage_costs([_atom_terms(a_of[m], h[m], p[m], t[m], n_ops) for m in masks], order, empty=-np.inf)
             groups.append((cost, sum(terms[x][1] for x in paths)))
+    return groups
 
+
+def _segments(free: np.ndarray, groups, charge: bool = True):
+    """``seg(s)`` for :func:`solver.parallel.cut.least_largest`: the largest
+    of ``free`` (the uncharged sets' costs) and each charged group's cost
+    plus, with ``charge``, its stage's charges."""
     def seg(s: int) -> np.ndarray:
         out = free.copy()
-        for cost, charge in groups:
-            np.maximum(out, cost + charge[s][:, None], out=out)
+        for cost, charges in groups:
+            np.maximum(out, cost + charges[s][:, None] if charge else cost, out=out)
         return out
     return seg
 
