@@ -34,8 +34,8 @@ Every plan is scored by the same simulator (link contention). Columns:
   baseline that fits, its gap to the bound: the largest of the plan's own
   ``lower_bound``, :func:`solver.parallel.bound.sample_bound` of the split
   step it places and, when the plan is a pipeline of contiguous stages
-  (:func:`solver.parallel.bound.covers`: each stage's copies on a GPU of its
-  own), :func:`solver.parallel.bound.pipeline_bound` of that split (fill,
+  (:func:`solver.parallel.bound.covers`: each stage's copies on a device of
+  its own), :func:`solver.parallel.bound.pipeline_bound` of that split (fill,
   drain and the transfers between stages on the fastest route; valid for
   every contiguous-stage pipeline, whatever its schedule: what the search
   computes itself when it has the time). ``pipeline_ms`` (``pipeline_free_ms``)
@@ -151,7 +151,7 @@ class Row:
     #: the plan's split step: the least step of a contiguous-stage pipeline with transfers, and with free links
     pipeline_ms: float = 0.0
     pipeline_free_ms: float = 0.0
-    #: "pipeline" when the plan is such a pipeline and the gap's bound includes it
+    #: "pipeline" when the plan is such a pipeline and the gap's bound includes ``pipeline_ms``
     bound_source: str = ""
     note: str = ""
     #: every configuration each baseline tried: "megatron: CONFIG STEP ms [OOM], ...; best-pipeline: ..."
@@ -341,9 +341,9 @@ def targets(rows: list[Row], time_limit: float) -> list[Target]:
                               "none when the plan runs it whole or sums it in place"))
         if ran:
             out.append(Target(f"gap <= {GAP:.0%}", r.key, r.gap <= GAP, f"{100 * r.gap:.1f} %",
-                              f"bound {r.bound_ms:.1f} ms (" + ("the pipeline bound with transfers: the plan is a contiguous-stage "
-                              "pipeline" if r.bound_source == "pipeline" else "per-sample bound or the plan's "
-                              "lower_bound") + ")"))
+                              f"bound {r.bound_ms:.1f} ms (the per-sample bound or the plan's lower_bound" + (
+                                  ", or the pipeline bound with transfers: the plan is a contiguous-stage pipeline"
+                                  if r.bound_source == "pipeline" else "") + ")"))
             out.append(Target("never slower than a baseline", r.key, best is None or r.pesto_ms <= best[1] * (1 + 1e-9),
                               f"{r.pesto_ms:.1f} ms" + (f"; best baseline {best[0]} {best[1]:.1f} ms" if best else ""),
                               _config_of(r, best[0]) if best else ""))
