@@ -220,7 +220,7 @@ def _pesto(row: Row, graph, c, case: Case, time_limit: float, say) -> tuple:
     bound = sample_bound(parts, c, batch=case.batch).step
     pb = pipeline_bound(parts, c) if log.graph_kind == "micro-batched" and log.replicas == 1 else None
     if pb is not None:
-        row.pipeline_ms, row.pipeline_free_ms = pb.step / 1e3, pb.free_links / 1e3
+        row.pipeline_ms, row.pipeline_free_ms = pb.step / 1e3, pipeline_bound(parts, c, transfers=False).step / 1e3
         if covers(parts, plan.placement, stages=len(c.gpus)):   # the plan is a pipeline of contiguous stages
             bound = max(bound, pb.step)
             row.bound_source = "pipeline"

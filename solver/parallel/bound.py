@@ -59,7 +59,7 @@ Examples
 from __future__ import annotations
 
 from bisect import insort
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -279,15 +279,11 @@ class PipelineBound:
         The stage count that gives ``step``.
     order : str
         The candidate order that gives it (:func:`solver.parallel.cut.block_orders`).
-    free_links : float
-        The same bound with every transfer taken as free (its charges 0;
-        ``step`` when ``transfers=False``).
     """
 
     step: float
     stages: int
     order: str
-    free_links: float = 0.0
 
 
 def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None = None,
@@ -348,7 +344,7 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     and, for ``S`` all the stage's copies or those not marked weight-grad and
     ``S_L`` those of ``lo <= L`` on the head path (on both paths), ``c(S_L) +
     C_head`` (``+ C_tail``), ``L`` the least position whose copies hold half
-    the copies' work (per path). ``free_links`` is the same with every
+    the copies' work (per path). ``transfers=False`` keeps the sets, every
     charge 0 (``S_L`` alone may start later than ``S``: the copies it leaves
     out, of short paths, are often the ones of least head).
 
@@ -381,7 +377,9 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     >>> g = OpGraph(fw + bw, [Edge(u, v, (f"{u}:0",)) for u, v in zip(names, names[1:])],
     ...             [Tensor(f"{n}:0", n, 8) for n in names])
     >>> pipeline_bound(split(g, 4), gpus(2, beta=(3.0, 0.0)))   # (4 + 2 - 1) * (10 + 10) + 2 * 3
-    PipelineBound(step=106.0, stages=2, order='topological', free_links=100.0)
+    PipelineBound(step=106.0, stages=2, order='topological')
+    >>> pipeline_bound(split(g, 4), gpus(2, beta=(3.0, 0.0)), transfers=False).step
+    100.0
     """
     g = split.source
     ph = phases(g, loss=loss)
@@ -399,7 +397,7 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     for x in (h, t):   # copies whose head (tail) is at least a quantile: a later start (end) for less work
         sets += [x >= q for q in np.unique(np.quantile(x, np.linspace(0, 1, THRESHOLDS + 2)[1:-1]))]
     most, held = stages or len(cluster.gpus) or len(cluster.devices), set(a_of.tolist())
-    best, free_least, seen = None, np.inf, set()
+    best, seen = None, set()
     for name, order, _ in block_orders(g, ph):
         order = [a for a in order if a in held]   # the forward ops with copies
         if tuple(order) in seen:
@@ -409,14 +407,11 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
         pos[order] = np.arange(len(order))
         free = _stage_costs([_atom_terms(a_of[m], h[m], p[m], t[m], g.num_ops) for m in sets], order)
         groups = _charged(hops, pos[a_of], sets, (a_of, h, p, t, g.num_ops), order, k)
-        values, _ = least_largest(_segments(free, groups, charge=False), k, len(order))
-        charged = least_largest(_segments(free, groups), k, len(order))[0] if transfers else values
-        for s, (v, vf) in enumerate(zip(charged, values), start=1):
-            if stages is None or s <= stages:
-                free_least = min(free_least, vf)
-                if best is None or v < best.step:
-                    best = PipelineBound(v, s, name)
-    return None if best is None else replace(best, free_links=float(free_least))
+        values, _ = least_largest(_segments(free, groups, charge=transfers), k, len(order))
+        for s, v in enumerate(values, start=1):
+            if best is None or v < best.step:
+                best = PipelineBound(v, s, name)
+    return best
 
 
 def _stage_copies(split: Transformed, ph) -> list[tuple[str, int]]:
