@@ -343,7 +343,11 @@ def targets(rows: list[Row], time_limit: float) -> list[Target]:
             out.append(Target(f"gap <= {GAP:.0%}", r.key, r.gap <= GAP, f"{100 * r.gap:.1f} %",
                               f"bound {r.bound_ms:.1f} ms (the per-sample bound or the plan's lower_bound" + (
                                   ", or the pipeline bound with transfers: the plan is a contiguous-stage pipeline"
-                                  if r.bound_source == "pipeline" else "") + ")"))
+                                  if r.bound_source == "pipeline" else "") + ")" + (
+                                  f"; no contiguous-stage pipeline of this split below {r.pipeline_ms:.1f} ms "
+                                  f"with transfers (pesto's plan, not one, is {abs(r.pesto_ms / r.pipeline_ms - 1):.1%} "
+                                  f"{'above' if r.pesto_ms > r.pipeline_ms else 'below'} it)"
+                                  if r.bound_source != "pipeline" and r.pipeline_ms > r.bound_ms else "")))
             out.append(Target("never slower than a baseline", r.key, best is None or r.pesto_ms <= best[1] * (1 + 1e-9),
                               f"{r.pesto_ms:.1f} ms" + (f"; best baseline {best[0]} {best[1]:.1f} ms" if best else ""),
                               _config_of(r, best[0]) if best else ""))

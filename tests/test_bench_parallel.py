@@ -84,6 +84,8 @@ def test_the_uniform_targets_name_the_least_pipeline_with_transfers():
     assert "pesto's plan, below it, is not such a pipeline" in faster["bubble <= 1% at twice that memory"].why
     assert "the pipeline bound" in {t.target: t for t in bp.targets([replace(row, bound_source="pipeline")], 60.0)}[
         "gap <= 10%"].why
+    other = {t.target: t for t in bp.targets([replace(row, pesto_ms=100.0, bound_ms=80.0)], 60.0)}["gap <= 10%"]
+    assert "below 89.4 ms with transfers (pesto's plan, not one, is 11.9% above it)" in other.why
 
 
 def test_the_gap_charges_the_pipeline_bound_only_where_the_plan_is_such_a_pipeline(tmp_path):
