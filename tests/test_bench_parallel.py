@@ -69,3 +69,30 @@ def test_keep_baselines_runs_pesto_alone(tmp_path, monkeypatch):
     assert not ran and after.pesto_ms > 0
     assert all(getattr(after, f) == getattr(before, f) for f in bp.BASELINE_FIELDS)
     assert after.speedup > 0
+
+
+def test_the_uniform_targets_name_the_least_pipeline_with_transfers():
+    """A missed ZB-H1 or bubble target names the row's own least contiguous-stage
+    pipeline step (``pipeline_ms``: the bound with transfers) and the bubble it forces."""
+    row = replace(_row(), key="uniform-m8-1x", workload="uniform", note="GPU memory 9.00 GiB (1x: module doc)",
+                  pesto_ms=89.5, ideal_ms=72.0, zb_h1_ms=81.0, pipeline_ms=89.4, pipeline_free_ms=81.0, t_w_ms=3.0)
+    ts = {t.target: t for t in bp.targets([row], 60.0)}
+    why = ts["step <= ZB-H1 at 1F1B's memory"].why
+    assert "below 89.4 ms with transfers, so none with a bubble under 19.5 %" in why
+    assert "(81.0 ms with free links" in why and "not such a pipeline" not in why
+    faster = {t.target: t for t in bp.targets([replace(row, note="(2x", pesto_ms=80.0)], 60.0)}
+    assert "pesto's plan, below it, is not such a pipeline" in faster["bubble <= 1% at twice that memory"].why
+    assert "the pipeline bound" in {t.target: t for t in bp.targets([replace(row, bound_source="pipeline")], 60.0)}[
+        "gap <= 10%"].why
+    other = {t.target: t for t in bp.targets([replace(row, pesto_ms=100.0, bound_ms=80.0)], 60.0)}["gap <= 10%"]
+    assert "below 89.4 ms with transfers (pesto's plan, not one, is 11.9% above it)" in other.why
+
+
+def test_the_gap_charges_the_pipeline_bound_only_where_the_plan_is_such_a_pipeline(tmp_path):
+    assert bp.main(["--quick", "--out", str(tmp_path), "--only", "uniform-m4-1x", "--keep-baselines"]) == 0
+    r = bp.read(tmp_path)[0]
+    assert r.pipeline_free_ms <= r.pipeline_ms and r.pipeline_ms > 0
+    if r.bound_source == "pipeline":
+        assert r.bound_ms >= r.pipeline_ms - 1e-4
+    else:   # a plan of another kind: the pipeline bound may be above it, and is left out
+        assert r.bound_ms <= r.pesto_ms + 1e-6

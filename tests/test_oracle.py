@@ -50,8 +50,9 @@ def _reach(graph):
     return {(i, j) for i in range(n) for j in reach[i]}
 
 
-def oracle(graph: OpGraph, cluster: Cluster) -> float:
-    """Minimum left-shifted makespan over placements, device orders and link orders."""
+def oracle(graph: OpGraph, cluster: Cluster, keep=None) -> float:
+    """Minimum left-shifted makespan over placements, device orders and link
+    orders (``keep(placement)``: only the placements, op name -> device name, it accepts)."""
     n = graph.num_ops
     devs = cluster.devices
     kinds = [[k for k, d in enumerate(devs) if d.kind in op.kinds] for op in graph.ops]
@@ -60,6 +61,8 @@ def oracle(graph: OpGraph, cluster: Cluster) -> float:
     cons = graph.consumers()
     best = float("inf")
     for place in itertools.product(*kinds):
+        if keep is not None and not keep({op.name: devs[d].name for op, d in zip(graph.ops, place)}):
+            continue
         groups = {}
         if any(groups.setdefault(op.colocation_group, place[i]) != place[i]
                for i, op in enumerate(graph.ops) if op.colocation_group is not None):

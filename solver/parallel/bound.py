@@ -41,6 +41,11 @@ size when one is given. The bound is the *same step's*: every plan of
 random plans, against every pipeline placer's plan and against a brute-force
 optimum on tiny graphs).
 
+:func:`pipeline_bound` bounds a narrower class, the pipelines of contiguous
+stages (:func:`covers` says whether a plan is one), and so can charge what
+they cannot avoid: fill, drain and the transfers between stages, on the
+cluster's fastest route (:func:`least_transfer`).
+
 Examples
 --------
 >>> from pesto.graph import Op, OpGraph
@@ -53,6 +58,7 @@ Examples
 """
 from __future__ import annotations
 
+from bisect import insort
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,13 +66,13 @@ import numpy as np
 from pesto.cluster import Cluster
 from pesto.dag import bottom_levels, top_levels
 from pesto.step import Transformed
-from pesto.problem import INF, Problem
+from pesto.problem import INF, GraphArrays, Problem
 
 from ..bounds import lower_bound
 from .cut import block_orders, least_largest, phases
 
 __all__ = ["SampleBound", "sample_bound", "copies_bound", "colocation_bound", "memory_floor", "memory_need",
-           "op_memory", "PipelineBound", "pipeline_bound", "PIPELINE_ATOMS", "THRESHOLDS"]
+           "op_memory", "PipelineBound", "pipeline_bound", "least_transfer", "covers", "PIPELINE_ATOMS", "THRESHOLDS"]
 
 #: Most forward ops :func:`pipeline_bound` cuts between (its programme is quadratic in them).
 PIPELINE_ATOMS = 4096
@@ -281,43 +287,86 @@ class PipelineBound:
 
 
 def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None = None,
-                   loss: str | None = None) -> PipelineBound | None:
-    """A bound that charges a pipeline's fill and drain, valid for every plan
-    of ``split.graph`` whose stages are contiguous ranges of one candidate
-    order of the forward ops (:func:`solver.parallel.cut.block_orders`; a
-    backward op with the forward op it is anchored to), each stage's copies
-    on a device of its own: the plans of GPipe, 1F1B and every schedule of
-    :func:`solver.parallel.pipelines.pipeline_plan`, with ``stages`` stages
-    (default: any number up to the cluster's GPUs). None without forward
-    ops or with more than :data:`PIPELINE_ATOMS`.
+                   loss: str | None = None, transfers: bool = True) -> PipelineBound | None:
+    """A bound that charges a pipeline's fill and drain, and the transfers
+    between its stages, valid for every plan of ``split.graph`` whose stages
+    are contiguous ranges of one candidate order of the forward ops
+    (:func:`solver.parallel.cut.block_orders`; a backward op with the
+    forward op it is anchored to), each stage's copies on a device of its
+    own (no two stages on one device): the plans of GPipe, 1F1B, ZB-H1/H2
+    and every one-chunk schedule of :func:`solver.parallel.pipelines.pipeline_plan`,
+    any schedule, any device order, with ``stages`` stages or fewer
+    (default: any number up to the cluster's GPUs). Not covered: a plan with
+    copies of one stage on two devices, or two stages on one device (the
+    chunked schedules: interleaved, ZB-V); ``transfers=False`` takes every
+    charge below as 0, as the compute-only proof allows. None without forward
+    ops, without copies or with more than :data:`PIPELINE_ATOMS`.
 
     For a stage holding forward ops ``i..j-1`` of an order and a set ``S``
     of its copies, let ``c(S) = min head + sum p + min tail`` over ``S``
-    (heads, tails and times ``p`` as in the module doc). The bound is
-    ``min over orders, splits into k stages of max over stages of
+    (heads, tails and times ``p`` as in the module doc). The compute-only
+    bound is ``min over orders, splits into k stages of max over stages of
     max over sets S of c(S)``, the sets: all the stage's copies, those not
     marked weight-grad, and those whose head (tail) is at least each of
     :data:`THRESHOLDS` quantiles of the step's copies' heads (tails).
 
-    *Proof.* Take such a plan, its order and its stages. A stage's device
-    runs the copies of ``S`` one at a time; none starts before its head (the
-    ops before it each take at least their fastest time, transfers at least
-    0), so the first starts no earlier than the least head, the last ends no
-    earlier than that plus ``sum p``, and the step lasts at least that op's
-    tail more, at least the least tail: ``step >= c(S)`` for every stage and
-    every ``S``. The plan's stages are one of the splits of its order, so
-    its step is at least that split's largest ``c``, at least the least
+    *Proof (compute only).* Take such a plan, its order and its stages. A
+    stage's device runs the copies of ``S`` one at a time; none starts before
+    its head (the ops before it each take at least their fastest time,
+    transfers at least 0), so the first starts no earlier than the least
+    head, the last ends no earlier than that plus ``sum p``, and the step
+    lasts at least that op's tail more, at least the least tail: ``step >=
+    c(S)`` for every stage and every ``S``. The plan's stages are one of the
+    splits of its order (stages without copies dropped: they bind nothing),
+    so its step is at least that split's largest ``c``, at least the least
     over splits (:func:`solver.parallel.cut.least_largest`, exact), and at
-    least the least over the orders. With all copies, ``c`` is the fill
-    (one slice's path to the stage), ``M`` slices' work, and the drain;
-    weight gradients have no path to the step's end but the update, so the
-    second set keeps the drain of the input gradients; ops of tiny work and
-    an early head or a late tail (a shape op, a batch-norm parameter's
-    gradient) are left out by the quantile sets. ∎
+    least the least over the orders. With all copies, ``c`` is the fill (one
+    slice's path to the stage), ``M`` slices' work, and the drain; weight
+    gradients have no path to the step's end but the update, so the second
+    set keeps the drain of the input gradients; ops of tiny work and an early
+    head or a late tail (a shape op, a batch-norm parameter's gradient) are
+    left out by the quantile sets. ∎
+
+    *Transfers.* Positions are those of the forward ops with copies in the
+    order, cut ``b`` lies between positions ``b - 1`` and ``b``; stage ``s``
+    (from 0) starting at ``i`` has ``s`` cuts ``b_1 < ... < b_s = i`` before
+    it. Fix for every copy ``x`` one longest path ``P`` into it (its head
+    path: each op's heaviest predecessor) and one out of it (its tail path).
+    A *hop* of ``P`` joins two consecutive copies of ``P`` (ops between them
+    are not copies); its charge ``e`` is :func:`least_transfer` of the
+    fewest bytes among its edges' largest tensors, its span the distance of
+    its ends' positions. ``kappa(b)`` is the least ``e / span`` over the hops
+    of every head (tail) path that cross cut ``b``, 0 where none does, and
+    ``lo(x)`` the least position on ``x``'s path. The charge of stage ``s`` at
+    ``i`` for ``lo <= L`` is ``C(s, i, L) = kappa(i) + the s - 1 - L
+    smallest kappa(b), L < b < i`` (0 for ``s = 0`` or ``i <= L``). The
+    bound takes, per stage, the largest of the compute-only sets' ``c(S)``
+    and, for ``S`` all the stage's copies or those not marked weight-grad and
+    ``S_L`` those of ``lo <= L`` on the head path (on both paths), ``c(S_L) +
+    C_head`` (``+ C_tail``), ``L`` the least position whose copies hold half
+    the copies' work (per path). ``transfers=False`` keeps the sets, every
+    charge 0 (``S_L`` alone may start later than ``S``: the copies it leaves
+    out, of short paths, are often the ones of least head).
+
+    *Proof (transfers).* Take a copy ``x`` of stage ``s`` with ``lo(x) <=
+    L``. Its path visits positions ``lo(x)`` and ``x``'s own, at least ``i``,
+    so it crosses every cut ``b_t > lo(x)`` by some hop; a hop of span ``d``
+    crosses at most ``d`` cuts, so ``sum kappa(b_t)`` over those cuts is at
+    most the sum of the crossing hops' ``e``. A crossing hop joins copies of
+    two stages, on two devices, so one of its edges joins two devices: its
+    largest tensor goes over a route, no faster than ``least_transfer``, after
+    its producer ends (the engine sends a tensor when its producer ends, once
+    per remote device; the consumer waits for every tensor). The ops of the
+    path still take their fastest time, so ``x`` starts no earlier than its
+    head plus ``sum e`` over the crossing hops, at least its head plus
+    ``C(s, i, lo(x))``, at least its head plus ``C(s, i, L)`` (``C`` does not
+    grow with ``lo``: of the ``s`` cuts, those at most ``lo`` are free). The
+    tail path from ``x``'s end likewise. The compute-only proof with these
+    heads and tails gives ``step >= c(S_L) + C``. ∎
 
     On a uniform chain (``k`` layers of forward ``f`` and backward ``b`` per
-    slice, a stage each) the last stage gives ``(M + k - 1)(f + b)``, the
-    step of GPipe and 1F1B.
+    slice, a stage each, activations of ``e`` per hop) the last stage gives
+    ``(M + k - 1)(f + b) + 2 (k - 1) e``, the step of GPipe and 1F1B.
 
     >>> from pesto.graph import Op, OpGraph, Edge, Tensor
     >>> from pesto.cluster import gpus
@@ -327,37 +376,259 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     >>> names = ["f0", "f1", "b1", "b0"]
     >>> g = OpGraph(fw + bw, [Edge(u, v, (f"{u}:0",)) for u, v in zip(names, names[1:])],
     ...             [Tensor(f"{n}:0", n, 8) for n in names])
-    >>> pipeline_bound(split(g, 4), gpus(2))   # (4 + 2 - 1) * (10 + 10)
-    PipelineBound(step=100.0, stages=2, order='topological')
+    >>> pipeline_bound(split(g, 4), gpus(2, beta=(3.0, 0.0)))   # (4 + 2 - 1) * (10 + 10) + 2 * 3
+    PipelineBound(step=106.0, stages=2, order='topological')
+    >>> pipeline_bound(split(g, 4), gpus(2, beta=(3.0, 0.0)), transfers=False).step
+    100.0
     """
     g = split.source
     ph = phases(g, loss=loss)
     if not ph.forward or len(ph.forward) > PIPELINE_ATOMS:
         return None
     prob, fast, head, tail = _levels(split, cluster)
-    atom = {**{f: f for f in ph.forward}, **dict(ph.anchor)}
-    copies = [(prob.index[name], atom[g.index[o.op]], g.ops[g.index[o.op]].phase == "weight-grad")
-              for name, o in split.origin.items() if o.role == "copy" and g.index[o.op] in atom]
+    copies = [(prob.index[name], a, g.ops[g.index[split.origin[name].op]].phase == "weight-grad")
+              for name, a in _stage_copies(split, ph)]
+    if not copies:
+        return None
     k_of, a_of, wgrad = (np.array(x) for x in zip(*copies))
+    hops = _hops(prob, fast, head, tail, k_of)
     h, p, t = (np.asarray(x, float)[k_of] for x in (head, fast, tail))
     sets = [np.ones(len(h), bool), ~wgrad]
     for x in (h, t):   # copies whose head (tail) is at least a quantile: a later start (end) for less work
         sets += [x >= q for q in np.unique(np.quantile(x, np.linspace(0, 1, THRESHOLDS + 2)[1:-1]))]
-    terms = [_atom_terms(a_of[m], h[m], p[m], t[m], g.num_ops) for m in sets]
-    most = stages or len(cluster.gpus) or len(cluster.devices)
+    most, held = stages or len(cluster.gpus) or len(cluster.devices), set(a_of.tolist())
     best, seen = None, set()
     for name, order, _ in block_orders(g, ph):
+        order = [a for a in order if a in held]   # the forward ops with copies
         if tuple(order) in seen:
             continue
         seen.add(tuple(order))
-        cost = _set_costs(*terms[0][:, order])
-        for x in terms[1:]:
-            np.maximum(cost, _set_costs(*x[:, order]), out=cost)
-        values, _ = least_largest(lambda s: cost, min(most, len(order)), len(order))
-        for k, v in enumerate(values, start=1):
-            if (stages is None or k == stages) and (best is None or v < best.step):
-                best = PipelineBound(v, k, name)
+        k, pos = min(most, len(order)), np.full(g.num_ops, -1)
+        pos[order] = np.arange(len(order))
+        free = _stage_costs([_atom_terms(a_of[m], h[m], p[m], t[m], g.num_ops) for m in sets], order)
+        groups = _charged(hops, pos[a_of], sets, (a_of, h, p, t, g.num_ops), order, k)
+        values, _ = least_largest(_segments(free, groups, charge=transfers), k, len(order))
+        for s, v in enumerate(values, start=1):
+            if best is None or v < best.step:
+                best = PipelineBound(v, s, name)
     return best
+
+
+def _stage_copies(split: Transformed, ph) -> list[tuple[str, int]]:
+    """Every copy a pipeline stage holds and the forward op it is staged with
+    (its own op, or the one its op is anchored to)."""
+    g = split.source
+    atom = {**{f: f for f in ph.forward}, **dict(ph.anchor)}
+    return [(name, atom[g.index[o.op]]) for name, o in split.origin.items()
+            if o.role == "copy" and g.index[o.op] in atom]
+
+
+def covers(split: Transformed, placement, *, stages: int | None = None, loss: str | None = None) -> bool:
+    """Whether :func:`pipeline_bound` (of ``stages`` stages or fewer) covers a
+    plan of ``split.graph`` placed by ``placement`` (op name -> device): each
+    forward op's copies, and those staged with it, on one device, and along
+    some candidate order each device holds one contiguous range of them.
+
+    >>> from pesto.graph import Op, OpGraph, Edge
+    >>> from pesto.step import split
+    >>> ops = [Op(n, {"GPU": 1.0}, batch=True, phase="forward") for n in "ab"]
+    >>> ops += [Op(f"d{n}", {"GPU": 1.0}, batch=True, phase="input-grad", anchor=n) for n in "ab"]
+    >>> s = split(OpGraph(ops, [Edge("a", "b"), Edge("b", "db"), Edge("db", "da")]), 2)
+    >>> on = {f"{n}@mb{k}": "g0" if "a" in n else "g1" for n in ("a", "b", "da", "db") for k in (0, 1)}
+    >>> covers(s, on), covers(s, {**on, "da@mb1": "g1"}), covers(s, {**on, "b@mb0": "g0", "db@mb0": "g0"})
+    (True, False, False)
+    """
+    g = split.source
+    ph = phases(g, loss=loss)
+    where: dict[int, set] = {}
+    for name, a in _stage_copies(split, ph):
+        where.setdefault(a, set()).add(placement.get(name))
+    if not where or any(len(d) != 1 or None in d for d in where.values()):
+        return False
+    device = {a: next(iter(d)) for a, d in where.items()}
+    for _, order, _ in block_orders(g, ph):
+        runs = [device[a] for a in order if a in device]
+        runs = [d for k, d in enumerate(runs) if k == 0 or d != runs[k - 1]]
+        if len(runs) == len(set(runs)) and (stages is None or len(runs) <= stages):
+            return True
+    return False
+
+
+def least_transfer(prob: Problem, nbytes) -> np.ndarray:
+    """The least time a tensor of ``nbytes`` takes between two distinct
+    devices of ``prob``'s cluster: the least ``beta0 + beta1 * nbytes`` over
+    its routes (the engine's transfer time); 0 for 0 bytes or one device.
+
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.cluster import gpus
+    >>> least_transfer(Problem.of(OpGraph([Op("a", {"GPU": 1.0})]), gpus(2, beta=(2.0, 0.5))), [0, 10]).tolist()
+    [0.0, 7.0]
+    """
+    nb = np.asarray(nbytes, dtype=float)
+    pairs = [(prob.beta0[a][b], prob.beta1[a][b]) for a in range(prob.nd) for b in range(prob.nd) if a != b]
+    if not pairs or nb.size == 0:
+        return np.zeros(nb.shape)
+    b0, b1 = np.asarray(pairs, dtype=float).T
+    least = np.min(b0[:, None] + b1[:, None] * nb.ravel()[None, :], axis=0).reshape(nb.shape)
+    return np.where(nb > 0, least, 0.0)
+
+
+@dataclass(frozen=True)
+class _Hops:
+    """Per copy (index into the copies' list), the copy before it on its head
+    path and the one after it on its tail path (-1: none), each hop's charge
+    (:func:`pipeline_bound`'s proof)."""
+
+    head_from: np.ndarray
+    head_cost: np.ndarray
+    tail_to: np.ndarray
+    tail_cost: np.ndarray
+
+
+def _hops(prob: Problem, fast, head, tail, k_of: np.ndarray) -> _Hops:
+    """The head and tail paths' hops (:func:`pipeline_bound`): each op's
+    heaviest predecessor (successor) chains it to a source (sink)."""
+    ga = GraphArrays.of(prob.graph)
+    src, dst, n = ga.esrc, ga.edst, prob.n
+    ebytes = np.zeros(len(src))   # per edge its largest tensor, then per (producer, consumer) pair
+    np.maximum.at(ebytes, ga.pe, ga.tbytes[ga.pt].astype(float))
+    keys, at = np.unique(src * n + dst, return_inverse=True)
+    pair = np.zeros(len(keys))
+    np.maximum.at(pair, at, ebytes)
+    is_copy = np.zeros(n + 1, bool)   # index -1: no op
+    is_copy[k_of] = True
+    out = []
+    for level, frm, to in ((head, src, dst), (tail, dst, src)):
+        weight = np.asarray(level, float) + np.asarray(fast, float)
+        link, edge = _heaviest(frm, to, weight[frm], n)   # per op the op before it on its path, the edge
+        nbytes = np.where(edge >= 0, pair[at[np.maximum(edge, 0)]], 0.0)
+        near, least = _nearest(link, nbytes, is_copy)
+        cid = np.full(n + 1, -1)
+        cid[k_of] = np.arange(len(k_of))
+        out += [cid[near[k_of]], least_transfer(prob, least[k_of])]
+    return _Hops(*out)
+
+
+def _heaviest(frm: np.ndarray, to: np.ndarray, score: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per op ``v``, the ``frm`` end of its edge ``frm -> v`` of largest
+    ``score`` and that edge (-1, -1: none).
+
+    >>> [x.tolist() for x in _heaviest(np.array([0, 1]), np.array([2, 2]), np.array([5., 7]), 3)]
+    [[-1, -1, 1], [-1, -1, 1]]
+    """
+    link, edge = np.full(n, -1), np.full(n, -1)
+    if len(to):
+        order = np.lexsort((score, to))
+        last = order[np.r_[to[order][1:] != to[order][:-1], True]]
+        link[to[last]], edge[to[last]] = frm[last], last
+    return link, edge
+
+
+def _nearest(link: np.ndarray, nbytes: np.ndarray, is_copy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per op, the nearest copy along ``link`` (-1: none) and the fewest
+    ``nbytes`` (of the edge into each op) on the way, by pointer jumping.
+
+    >>> [x.tolist() for x in _nearest(np.array([-1, 0, 1]), np.array([0., 5, 3]), np.array([1, 0, 0, 0], bool))]
+    [[-1, 0, 0], [0.0, 5.0, 3.0]]
+    """
+    ptr, least = link.copy(), nbytes.astype(float)
+    done = is_copy[ptr]
+    done[ptr < 0] = True
+    while not done.all():
+        i = np.flatnonzero(~done)
+        a = ptr[i]
+        least[i], ptr[i], done[i] = np.minimum(least[i], least[a]), ptr[a], done[a]
+    return ptr, least
+
+
+def _charged(hops: _Hops, pos: np.ndarray, sets, copies, order, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The charged sets of :func:`pipeline_bound`: per group, the largest of
+    its sets' costs and its charges ``C[s, i]``."""
+    a_of, h, p, t, n_ops = copies
+    n, terms = len(order), {}
+    for path, (frm, cost) in (("head", (hops.head_from, hops.head_cost)), ("tail", (hops.tail_to, hops.tail_cost))):
+        lo = _lowest(pos, frm)
+        kappa = _cut_charges(n, pos, frm, cost)
+        w = np.bincount(lo, weights=p, minlength=n)
+        low = int(np.searchsorted(np.cumsum(w), w.sum() / 2))   # L: half the copies' work at lo <= L
+        terms[path] = (lo <= low, _stage_charges(kappa, low, k))
+    groups = []
+    for paths in (("head",), ("head", "tail")):
+        keep = np.logical_and.reduce([terms[x][0] for x in paths])
+        masks = [m for m in (s & keep for s in sets[:2]) if m.any()]   # all copies, all but weight gradients
+        if masks:
+            cost = _stage_costs([_atom_terms(a_of[m], h[m], p[m], t[m], n_ops) for m in masks], order, empty=-np.inf)
+            groups.append((cost, sum(terms[x][1] for x in paths)))
+    return groups
+
+
+def _segments(free: np.ndarray, groups, charge: bool = True):
+    """``seg(s)`` for :func:`solver.parallel.cut.least_largest`: the largest
+    of ``free`` (the uncharged sets' costs) and each charged group's cost
+    plus, with ``charge``, its stage's charges."""
+    def seg(s: int) -> np.ndarray:
+        out = free.copy()
+        for cost, charges in groups:
+            np.maximum(out, cost + charges[s][:, None] if charge else cost, out=out)
+        return out
+    return seg
+
+
+def _lowest(pos: np.ndarray, frm: np.ndarray) -> np.ndarray:
+    """Per copy, the least position on its path (``frm``: the copy before it,
+    -1: none), by pointer jumping.
+
+    >>> _lowest(np.array([2, 0, 5]), np.array([-1, -1, 0])).tolist()
+    [2, 0, 2]
+    """
+    lo, ptr = pos.copy(), frm.copy()
+    while (ptr >= 0).any():
+        i = np.flatnonzero(ptr >= 0)
+        a = ptr[i]
+        lo[i], ptr[i] = np.minimum(lo[i], lo[a]), ptr[a]
+    return lo
+
+
+def _cut_charges(n: int, pos: np.ndarray, frm: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """``kappa[b]`` (cut ``b`` between positions ``b - 1`` and ``b``): the
+    least ``cost / span`` of the hops across it, 0 where none is.
+
+    >>> _cut_charges(4, np.array([0, 1, 3]), np.array([-1, 0, 1]), np.array([0., 2, 4])).tolist()
+    [0.0, 2.0, 2.0, 2.0, 0.0]
+    """
+    has = frm >= 0
+    a, b = pos[has], pos[frm[has]]
+    lo, hi, c = np.minimum(a, b), np.maximum(a, b), cost[has]
+    cross = hi > lo
+    kappa = np.full(n + 1, np.inf)
+    if cross.any():
+        hops = np.unique(np.stack([lo[cross], hi[cross], c[cross] / (hi - lo)[cross]], axis=1), axis=0)
+        for l, r, v in sorted(hops.tolist(), key=lambda x: -x[2]):   # the least last
+            kappa[int(l) + 1:int(r) + 1] = v
+    return np.where(np.isfinite(kappa), kappa, 0.0)
+
+
+def _stage_charges(kappa: np.ndarray, low: int, k: int) -> np.ndarray:
+    """``C[s, i]``: the charge of stage ``s`` (of ``k``) starting at position
+    ``i`` for copies whose path reaches down to ``low`` (:func:`pipeline_bound`).
+
+    >>> _stage_charges(np.array([0., 1, 2, 3]), 0, 3)[:, 3].tolist()   # kappa(3), + kappa(1)
+    [0.0, 3.0, 4.0]
+    """
+    out = np.zeros((k, len(kappa)))
+    small: list[float] = []   # the k smallest kappa(b), low < b < i
+    for i in range(low + 1, len(kappa)):
+        sums = np.concatenate([[0.0], np.cumsum(small)])
+        for s in range(1, k):
+            out[s, i] = kappa[i] + sums[min(len(small), max(0, s - 1 - low))]
+        insort(small, float(kappa[i]))
+        del small[k:]
+    return out
+
+
+def _stage_costs(terms, order, empty: float = 0.0) -> np.ndarray:
+    """The largest of :func:`_set_costs` over ``terms`` (:func:`_atom_terms` per set) in ``order``."""
+    return _set_costs(*np.stack([x[:, order] for x in terms], axis=1), empty=empty)
 
 
 def _atom_terms(atom, head, work, tail, n: int) -> np.ndarray:
@@ -370,18 +641,20 @@ def _atom_terms(atom, head, work, tail, n: int) -> np.ndarray:
     return out
 
 
-def _set_costs(head: np.ndarray, work: np.ndarray, tail: np.ndarray) -> np.ndarray:
+def _set_costs(head: np.ndarray, work: np.ndarray, tail: np.ndarray, empty: float = 0.0) -> np.ndarray:
     """``c[i, j]``: least head + work + least tail of forward ops ``i..j-1``
-    (``inf`` for ``i >= j``; 0 when they hold no copy of the set).
+    (``inf`` for ``i >= j``; ``empty`` when they hold no copy of the set);
+    with one row per set (2-d arrays), the largest over the sets.
 
     >>> _set_costs(np.array([0., 5]), np.array([2., 3]), np.array([9., 1])).tolist()   # [0, 2): 0 + 5 + 1
     [[inf, 11.0, 6.0], [inf, inf, 9.0], [inf, inf, inf]]
     """
-    n = len(head)
+    head, work, tail = (np.atleast_2d(x) for x in (head, work, tail))
+    n = head.shape[1]
     c = np.full((n + 1, n + 1), np.inf)
-    pre = np.concatenate([[0.0], np.cumsum(work)])
+    pre = np.concatenate([np.zeros((len(work), 1)), np.cumsum(work, axis=1)], axis=1)
     for i in range(n):   # row i: blocks i..j-1 for j > i
-        low_head = np.minimum.accumulate(head[i:])
-        row = low_head + (pre[i + 1:] - pre[i]) + np.minimum.accumulate(tail[i:])
-        c[i, i + 1:] = np.where(np.isfinite(low_head), row, 0.0)
+        low_head = np.minimum.accumulate(head[:, i:], axis=1)
+        row = low_head + (pre[:, i + 1:] - pre[:, i:i + 1]) + np.minimum.accumulate(tail[:, i:], axis=1)
+        c[i, i + 1:] = np.max(np.where(np.isfinite(low_head), row, empty), axis=0)
     return c

@@ -1233,13 +1233,14 @@ def winner_bound(cluster: Cluster, r: Solved, batch: int | None = None) -> Sampl
     (then the recipe's bound stands). For a pipeline winner (one replica, a
     schedule of :data:`~solver.parallel.schedules.SCHEDULES`) the larger of
     that and :func:`~solver.parallel.bound.pipeline_bound` (fill and drain,
-    valid for every contiguous-stage pipeline on the cluster's GPUs: source
+    valid for every contiguous-stage pipeline on the cluster's GPUs; for a
+    one-chunk schedule also the transfers between its stages: source
     ``"pipeline"``)."""
     if r.transformed is None:
         return None
     sb = sample_bound(r.transformed, cluster, batch=batch)
     if r.strategy.schedule in SCHEDULES and r.replicas == 1:
-        pb = pipeline_bound(r.transformed, cluster)
+        pb = pipeline_bound(r.transformed, cluster, transfers=SCHEDULES[r.strategy.schedule].chunks == 1)
         if pb is not None and pb.step > sb.step:
             sb = replace(sb, step=pb.step, per_sample=None if not batch else pb.step / batch, pipeline=pb.step,
                          source="pipeline")
