@@ -110,3 +110,21 @@ def test_covers_only_pipelines_of_contiguous_stages():
     assert covers(s, on) and covers(s, on, stages=2) and not covers(s, on, stages=1)
     assert not covers(s, {**on, "f2@mb1": "/GPU:0"})   # one stage's copies on two devices
     assert not covers(s, {**on, **{f"{c}{i}@mb{k}": "/GPU:0" for c in "fb" for i in (2,) for k in range(2)}})
+
+
+@pytest.mark.parametrize("schedule, covered", [("1f1b", True), ("zb-h1", True), ("zb-v", False)])
+def test_winner_bound_charges_the_pipeline_bound_only_where_it_covers_the_plan(schedule, covered):
+    """A chunked schedule (ZB-V: two stages on one device) is not a contiguous-stage
+    pipeline, so the pipeline bound proves nothing about it: its winner keeps the
+    per-sample bound (it had taken the pipeline bound by its schedule's name)."""
+    from mb_strategies import deep_step
+    from solver.parallel.realise import realise
+    from solver.parallel.search import winner_bound
+    from solver.parallel.strategy import Strategy
+    c = gpus(4)
+    r = realise(deep_step(6, act=1_000_000, t=1000.0, weight=400_000), c,
+                Strategy(stages=4, micro_batches=4, schedule=schedule))
+    b = winner_bound(c, r)
+    assert covers(r.transformed, r.plan.placement) is covered
+    assert (b.source == "pipeline") is covered
+    assert b.step <= r.plan.makespan + 1e-6

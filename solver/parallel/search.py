@@ -131,7 +131,7 @@ from ..recipes import RECIPES, run_recipe
 from ..search import reschedule
 from .pipelines import gpu_names
 from .slice_model import solve_slices
-from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
+from .bound import SampleBound, covers, memory_need, pipeline_bound, sample_bound
 from .kinds import KINDS, Kind, savers
 from .realise import realise, with_savers
 from .cut import in_flight
@@ -1230,17 +1230,18 @@ def winner_bound(cluster: Cluster, r: Solved, batch: int | None = None) -> Sampl
     """:func:`~solver.parallel.bound.sample_bound` of the graph ``r.plan``
     places, from the transform ``r`` kept (``r.transformed``: the step split,
     replicated, or both; the copies term per replica); None when it kept none
-    (then the recipe's bound stands). For a pipeline winner (one replica, a
-    schedule of :data:`~solver.parallel.schedules.SCHEDULES`) the larger of
-    that and :func:`~solver.parallel.bound.pipeline_bound` (fill and drain,
-    valid for every contiguous-stage pipeline on the cluster's GPUs; for a
-    one-chunk schedule also the transfers between its stages: source
-    ``"pipeline"``)."""
+    (then the recipe's bound stands). For a winner that is a contiguous-stage
+    pipeline (one replica, each stage's copies on a device of its own:
+    :func:`~solver.parallel.bound.covers`), the larger of that and
+    :func:`~solver.parallel.bound.pipeline_bound` (fill, drain and the
+    transfers between its stages, valid for every such pipeline: source
+    ``"pipeline"``). A chunked schedule's plan (interleaved, ZB-V: two stages
+    on one device) is not such a pipeline, and gets the per-sample bound only."""
     if r.transformed is None:
         return None
     sb = sample_bound(r.transformed, cluster, batch=batch)
-    if r.strategy.schedule in SCHEDULES and r.replicas == 1:
-        pb = pipeline_bound(r.transformed, cluster, transfers=SCHEDULES[r.strategy.schedule].chunks == 1)
+    if r.replicas == 1 and r.strategy.schedule in SCHEDULES and covers(r.transformed, r.plan.placement):
+        pb = pipeline_bound(r.transformed, cluster)
         if pb is not None and pb.step > sb.step:
             sb = replace(sb, step=pb.step, per_sample=None if not batch else pb.step / batch, pipeline=pb.step,
                          source="pipeline")
