@@ -35,6 +35,13 @@ longest paths of those before and after an op. The terms:
   the slice's gradient and the new sum at once (:func:`op_memory`).
   ``fits`` says whether that is within the largest device.
 
+Recomputed ops (``phase="recompute"``, :func:`pesto.step.recompute`) count
+as taking no time in every term (:func:`own_work`): recomputation is a plan's
+choice, not the step's work, so a bound of a recomputing plan's graph holds
+for the plain step's plans too (a plan of the plain step is one of the
+recomputing graph with each copy run, in no time, where its original ran:
+its inputs are there then, and the backward ops it feeds come later).
+
 ``step`` is the largest time term; ``per_sample`` divides it by the batch
 size when one is given. The bound is the *same step's*: every plan of
 ``split.graph`` is at least ``step`` (tests check it against the simulator on
@@ -59,12 +66,13 @@ Examples
 from __future__ import annotations
 
 from bisect import insort
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pesto.cluster import Cluster
 from pesto.dag import bottom_levels, top_levels
+from pesto.graph import OpGraph
 from pesto.step import Transformed
 from pesto.problem import INF, GraphArrays, Problem
 
@@ -72,7 +80,8 @@ from ..bounds import lower_bound
 from .cut import block_orders, least_largest, phases
 
 __all__ = ["SampleBound", "sample_bound", "copies_bound", "colocation_bound", "memory_floor", "memory_need",
-           "op_memory", "PipelineBound", "pipeline_bound", "least_transfer", "covers", "PIPELINE_ATOMS", "THRESHOLDS"]
+           "op_memory", "PipelineBound", "pipeline_bound", "least_transfer", "covers", "own_work",
+           "PIPELINE_ATOMS", "THRESHOLDS"]
 
 #: Most forward ops :func:`pipeline_bound` cuts between (its programme is quadratic in them).
 PIPELINE_ATOMS = 4096
@@ -120,6 +129,7 @@ def sample_bound(split: Transformed, cluster: Cluster, *, batch: int | None = No
 
     ``batch``: the step's batch size, for ``per_sample``.
     """
+    split = own_work(split)
     prob, fast, head, tail = _levels(split, cluster)
     terms = {"generic": lower_bound(split.graph, cluster),
              "copies": copies_bound(split, prob, head, tail),
@@ -129,6 +139,23 @@ def sample_bound(split: Transformed, cluster: Cluster, *, batch: int | None = No
     memory = memory_floor(prob)
     return SampleBound(step, None if not batch else step / batch, terms["generic"], terms["copies"],
                        terms["colocation"], memory, memory <= max(prob.cap), source)
+
+
+def own_work(split: Transformed) -> Transformed:
+    """``split`` with its recomputed ops (``phase="recompute"``) taking no
+    time: the step's own work (module doc); ``split`` itself when it has none.
+
+    >>> from pesto.graph import Op, OpGraph
+    >>> from pesto.step import identity
+    >>> t = identity(OpGraph([Op("a", {"GPU": 3.0}), Op("a@rc", {"GPU": 3.0}, phase="recompute")]))
+    >>> [op.compute["GPU"] for op in own_work(t).graph.ops]
+    [3.0, 0.0]
+    """
+    g = split.graph
+    if not any(op.phase == "recompute" for op in g.ops):
+        return split
+    ops = [replace(op, compute=dict.fromkeys(op.compute, 0.0)) if op.phase == "recompute" else op for op in g.ops]
+    return replace(split, graph=OpGraph(ops, g.edges, g.tensors, name=g.name))
 
 
 def _levels(split: Transformed, cluster: Cluster) -> tuple[Problem, list, list, list]:
@@ -298,7 +325,8 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     any schedule, any device order, with ``stages`` stages or fewer
     (default: any number up to the cluster's GPUs). Not covered: a plan with
     copies of one stage on two devices, or two stages on one device (the
-    chunked schedules: interleaved, ZB-V); ``transfers=False`` takes every
+    chunked schedules: interleaved, ZB-V). Recomputed ops take no time
+    (:func:`own_work`, module doc); ``transfers=False`` takes every
     charge below as 0, as the compute-only proof allows. None without forward
     ops, without copies or with more than :data:`PIPELINE_ATOMS`.
 
@@ -381,7 +409,7 @@ def pipeline_bound(split: Transformed, cluster: Cluster, *, stages: int | None =
     >>> pipeline_bound(split(g, 4), gpus(2, beta=(3.0, 0.0)), transfers=False).step
     100.0
     """
-    g = split.source
+    g, split = split.source, own_work(split)
     ph = phases(g, loss=loss)
     if not ph.forward or len(ph.forward) > PIPELINE_ATOMS:
         return None
