@@ -64,8 +64,9 @@ step):
   candidate whose plan does not fit memory, the same strategy with ZeRO-1,
   ZeRO-2, ZeRO-2 and recomputation (data parallelism) or selective
   recomputation (each layer block's cheap ops) then recomputation
-  (pipelines, hybrids), until one fits; a recomputing pipeline that fits is
-  followed by the same recomputing only the blocks its GPUs need
+  (pipelines, hybrids), until one fits; a recomputing plan that fits (any
+  kind) is followed by the same with each layer block's level lowered (every
+  op -> cheap ops -> none) as far as its GPUs have room
   (:meth:`_Search.partial`, :mod:`solver.parallel.partial`); for a count whose memory floor does
   not fit (:func:`memory_short`: it counts a colocation unit's optimizer
   state whole, or the search's floor of weights and one slice's activations,
@@ -135,7 +136,7 @@ from .bound import SampleBound, memory_need, pipeline_bound, sample_bound
 from .kinds import KINDS, Kind, savers
 from .realise import realise, with_savers
 from .cut import in_flight
-from .partial import block_savings, next_mask
+from .partial import block_savings, held_where, next_levels
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy, recompute_mask
 
@@ -152,9 +153,11 @@ SCREEN_SHARE = 0.35
 #: screening: its plans come from screening every kind with its savers (GPT-1.3B's and 2.7B's
 #: winners on 8 V100s); the exact passes on a 100k-op split that does not fit rarely beat them.
 TIGHT_SCREEN_SHARE = 0.7
-#: Plans of a pipeline recomputing some layer blocks (:mod:`solver.parallel.partial`) simulated after
-#: its plan recomputing every block fits.
+#: Plans recomputing layer blocks at mixed levels (:mod:`solver.parallel.partial`) simulated after
+#: a plan recomputing every block fits (any kind but the slice model).
 PARTIAL_TRIES = 3
+#: A block's level (:data:`solver.parallel.strategy.LEVELS`) as a ``Strategy.recompute`` tuple holds it.
+_LEVEL_RC = {"none": False, "cheap": "cheap", "full": True}
 #: Stage splits each pipeline schedule simulates per count when screening.
 SCREEN_CANDIDATES = 4
 #: Share of the exact phase's time every count gets first (equal parts); the
@@ -266,14 +269,14 @@ def savers_of(words: str) -> Strategy:
 
     >>> savers_of("ZeRO-1 recompute").shard_optimizer, savers_of("").recompute
     (1, False)
-    >>> savers_of("recompute(1/2:1)").recompute
-    (False, True)
+    >>> savers_of("recompute(1/2:1)").recompute, savers_of("ZeRO-2 recompute(1/3:0)+cheap(2/3:1-2)").recompute
+    ((False, True), (True, 'cheap', 'cheap'))
     """
     known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
     fields: dict = {}
     for w in words.split():
         if w.startswith("recompute(") or w.startswith("recompute-cheap"):
-            fields.update(recompute=recompute_mask(w), selective=w.startswith("recompute-cheap"))
+            fields.update(recompute=recompute_mask(w), selective=w == "recompute-cheap")
             continue
         if w not in known:
             raise ValueError(f"unknown memory saver {w!r} in {words!r}; known: {', '.join(known)}")
@@ -901,38 +904,44 @@ class _Search:
                 return
 
     def partial(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
-        """After ``strategy`` (every layer block recomputed, a pipeline of one
-        replica) fits as ``r``: the same recomputing only the blocks its GPUs
-        need (:func:`solver.parallel.partial.next_mask`: a stage holding few
-        slices keeps its activations), simulated and asked again, at most
-        :data:`PARTIAL_TRIES` plans, each a candidate of its own
-        (``"zb-h1 M=16 recompute(20/32:0-11,16-18,21,22,25,26,29)"``). The
+        """After ``strategy`` (every layer block recomputed at one level: every op, or
+        its cheap ops; any kind but the slice model) fits as ``r``: the same with each
+        block's level lowered where its GPU has room (every op -> cheap ops -> none;
+        :func:`solver.parallel.partial.next_levels`: a pipeline stage holding few slices
+        keeps its activations, data parallelism a count of blocks), simulated and
+        asked again, at most :data:`PARTIAL_TRIES` plans, each a candidate of its own
+        (``"zb-h1 M=16 recompute-cheap(20/32:0-11,16-18,21,22,25,26,29)"``,
+        ``"data-parallel M=1 ZeRO-2 recompute(4/24:0-3)+cheap(20/24:4-23)"``). The
         fastest that fits, None when none does or none was built (kept in
         ``pending`` when skipped for time: :meth:`screen_rest` tries again)."""
-        if (r.plan.status == "infeasible" or strategy.recompute is not True or strategy.replicas != 1
-                or strategy.schedule not in SCHEDULES or not r.plan.peak_memory or self.acts is None):
+        if (r.plan.status == "infeasible" or strategy.recompute is not True or r.transformed is None
+                or strategy.schedule in ("slice", "free") or not r.plan.peak_memory or self.acts is None):
             return None
         blocks = layer_blocks(self.marked)
-        saved = max(0, self.acts.batched - self.recomputed_acts(strategy.selective).batched)
-        if len(blocks) < 2 or not saved:
+        top = "cheap" if strategy.selective else "full"
+        savings = {lv: block_savings(self.marked, blocks, max(0, self.acts.batched
+                                                              - self.recomputed_acts(lv == "cheap").batched))
+                   for lv in ("cheap", "full")}
+        if len(blocks) < 2 or not sum(savings[top]):
             return None
-        savings = block_savings(self.marked, blocks, saved)
-        memory = {d: self.cluster.device(d).memory for d in r.plan.peak_memory}
         given = {}
-        if SCHEDULES[strategy.schedule].chunks == 1:   # r's cut kept: less recomputation, less work per stage
+        if strategy.replicas == 1 and strategy.schedule in SCHEDULES and SCHEDULES[strategy.schedule].chunks == 1:
+            # r's cut kept: less recomputation, less work per stage
             gpus = gpu_names(self.cluster)
             given["stage_of"] = {r.transformed.origin[n].op: gpus.index(d) for n, d in r.plan.placement.items()
                                  if r.transformed.origin[n].role == "copy" and d in gpus}
-        mask, x, best, seen = (True,) * len(blocks), r, None, set()
+        levels, x, best, seen = (top,) * len(blocks), r, None, set()
         for _ in range(PARTIAL_TRIES):
-            seen.add(mask)
-            mask = next_mask(mask, blocks, savings, x.plan.placement, x.plan.peak_memory, memory,
-                             strategy.schedule, strategy.micro_batches)
-            if mask in seen or not any(mask):   # nothing to spare, or the plain strategy (screened as such)
-                break
-            x = self.realised(kind, replace(strategy, recompute=mask), **given)
+            seen.add(levels)
+            memory = {d: self.cluster.device(d).memory for d in x.plan.peak_memory}
+            where = held_where(strategy, x.plan.placement, x.transformed.origin, blocks, x.plan.peak_memory, memory)
+            levels = next_levels(levels, savings, where, top)
+            lower = replace(strategy, recompute=tuple(_LEVEL_RC[lv] for lv in levels), selective=False)
+            if levels in seen or not lower.recompute or self.name_of(kind, lower) in self.pool.steps:
+                break   # nothing to spare, the plain strategy, or one screened as such
+            x = self.realised(kind, lower, **given)
             if x is None:   # skipped for time: screen_rest tries again on the time the exact passes leave
-                if self.name_of(kind, replace(strategy, recompute=mask)) in self.pool.late:
+                if self.name_of(kind, lower) in self.pool.late:
                     self.pending.append((kind, strategy, r))
                 break
             if x.plan.status != "infeasible" and (best is None or rank(x.plan) < rank(best.plan)):
