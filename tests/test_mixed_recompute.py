@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+import pesto
 from mb_strategies import deep_step
 from pesto.cluster import gpus
 from pesto.deadline import Deadline
 from pesto.plan import check_plan
+from pesto.solvelog import SolveLog
 from pesto.step.recompute import cheap_ops, layer_blocks
 from solver.options import SolveOptions
 from solver.parallel.kinds import KINDS
 from solver.parallel.realise import realise, with_savers
-from solver.parallel.search import _Search, savers_of, step_graph, with_marks
+from solver.parallel.search import _Search, savers_of, with_marks
 from solver.parallel.strategy import LEVELS, Strategy, recompute_mask
 
 #: deep_step(8, act=1 MB, t=1000 µs): per replica of two, a layer's ``a`` runs 500 µs,
@@ -78,7 +80,9 @@ def test_a_mixed_plan_copies_each_blocks_ops_at_its_level_and_is_rebuilt_from_it
         r = realise(g, cluster, st)
         assert r.strategy.recompute == s.recompute and check_plan(r, cluster).ok
         assert {r.origin_of(n).op for n in r.graph.names if r.origin_of(n).role == "recompute"} == copies
-        assert step_graph(g, r.micro_batches, r.graph_kind, r.replicas, r.strategy.savers).names == r.graph.names
+        log = SolveLog(recipe="step search", graph_kind=r.graph_kind, replicas=r.replicas,
+                       micro_batches=r.micro_batches, savers=r.strategy.savers)
+        assert pesto.step_graph(g, log=SolveLog.from_dict(log.to_dict())).names == r.graph.names
 
 
 def test_data_parallelism_mixes_levels_where_cheap_ops_alone_do_not_fit():
