@@ -2,6 +2,8 @@
 in one plan and chosen after a recomputing plan fits, for every kind (issue 30, item 4)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import pesto
@@ -127,3 +129,26 @@ def test_a_pipeline_recomputing_every_op_lowers_blocks_to_their_cheap_ops():
     best = search.partial(KINDS["pipeline"], pipe, r)
     assert best is not None and best.plan.status != "infeasible" and check_plan(best, cluster).ok
     assert "cheap" in best.strategy.levels(8) and best.plan.makespan < r.plan.makespan
+
+
+def test_data_parallelism_under_its_memory_floor_tries_its_leanest_saver_then_lowers_its_levels():
+    """The auto search's first plan, data parallelism of the step, is under its floor (one
+    slice's activations do not fit): its leanest saver is built when the forecast says it
+    fits, then mixed; with GPUs the forecast rules it out for, nothing is built."""
+    search, cluster = _search(m="auto")
+    assert search.floor(2, 1)[0] > MEMORY
+    # the forecast shards the optimizer state (Adam-like slots: 2 x 4 kB a layer) over the replicas
+    zero = Strategy(replicas=2, recompute=True, shard_optimizer=2)
+    assert search.optimizer_bytes == 8 * 2 * 4000
+    assert search.predicted_memory(replace(zero, shard_optimizer=0)) - search.predicted_memory(zero) == 8 * 4000
+    lean = search.savers(Strategy(replicas=2))[-1]
+    assert lean.recompute is True and not lean.selective and search.predicted_memory(lean) <= MEMORY
+    search.first_plan()
+    steps, best = search.pool.steps, search.pool.best
+    assert f"data-parallel M=1 {lean.savers}" in steps and "data-parallel" in search.pool.skipped
+    assert "+cheap(" in best.strategy.savers and best.plan.status != "infeasible"
+    assert best.plan.makespan < steps[f"data-parallel M=1 {lean.savers}"]
+    small, _ = _search(memory=3_000_000, m="auto")
+    assert small.predicted_memory(lean) > 3_000_000
+    small.first_plan()
+    assert small.pool.steps == {}
