@@ -29,7 +29,10 @@ step):
 * ``"auto"`` only: the data-parallel plan (one replica per GPU, ring
   all-reduce), not split, and the same with ZeRO-1 (reduce-scatter, each
   replica updating ``1 / R`` of the weights, all-gather: the same bytes, a
-  ``1 / R`` of the update's work, so it wins where the update weighs);
+  ``1 / R`` of the update's work, so it wins where the update weighs); under
+  its memory floor, its leanest saver (ZeRO-2 and recomputation) when the
+  forecast says it fits, its layer blocks' levels then lowered
+  (:meth:`_Search.leanest_data_parallel`);
 * screening, for each ``M`` tried: the GPipe and 1F1B plans of that ``M``
   (``M > 1``; :func:`solver.parallel.pipelines.pipeline_plan`), the
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
