@@ -152,3 +152,17 @@ def test_data_parallelism_under_its_memory_floor_tries_its_leanest_saver_then_lo
     assert small.predicted_memory(lean) > 3_000_000
     small.first_plan()
     assert small.pool.steps == {}
+
+
+def test_a_hybrid_mixes_levels_per_gpu_where_cheap_ops_alone_do_not_fit():
+    cluster = gpus(4, memory=4_000_000)
+    search = _Search(deep_step(8, **STEP), cluster, SolveOptions(time_limit=60, micro_batches=2, deterministic=True),
+                     Deadline(60, deterministic=True))
+    hybrid = Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b", recompute=True)
+    full = realise(search.marked, cluster, hybrid)
+    cheap = realise(search.marked, cluster, Strategy(replicas=2, stages=2, micro_batches=2, schedule="1f1b",
+                                                     recompute=True, selective=True))
+    assert full.plan.status != "infeasible" and cheap.plan.status == "infeasible"
+    mix = search.partial(KINDS["hybrid"], full.strategy, full)
+    assert mix is not None and mix.plan.status != "infeasible" and check_plan(mix, cluster).ok
+    assert {"full", "cheap"} <= set(mix.strategy.levels(8)) and mix.plan.makespan < full.plan.makespan
