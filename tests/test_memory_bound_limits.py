@@ -41,7 +41,7 @@ def test_an_interrupt_while_screening_returns_the_best_plan_that_fits(big, short
     def screen_one(self, kind, strategy, s, *args, **kw):
         seen.append(strategy)
         r = real(self, kind, strategy, s, *args, **kw)
-        if self.pool.best is not None and not self.deadline.reason:   # once a plan exists
+        if self.have_fit() and not self.deadline.reason:   # once a plan that fits exists
             self.deadline.interrupt("SIGTERM")
         return r
 

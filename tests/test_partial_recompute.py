@@ -15,7 +15,7 @@ from pesto.step import recompute
 from pesto.step.recompute import cheap_ops, layer_blocks
 from solver.options import SolveOptions
 from solver.parallel.kinds import KINDS
-from solver.parallel.partial import next_mask
+from solver.parallel.partial import held_where, next_levels
 from solver.parallel.realise import realise, with_savers
 from solver.parallel.search import _Search, savers_of, step_graph, with_marks
 from solver.parallel.strategy import Strategy, recompute_mask
@@ -40,7 +40,7 @@ def test_the_name_says_which_blocks_and_reads_back():
     assert Strategy(recompute=(True,) * 3).recompute is True and Strategy(recompute=(False,) * 3).recompute is False
     assert Strategy(recompute=True).recomputed is None and Strategy().recomputed == ()
     for bad in (0, "all", (), (True, 1), [None]):
-        with pytest.raises(ValueError, match="one bool per layer block"):
+        with pytest.raises(ValueError, match="one level per layer block"):
             Strategy(recompute=bad)
     for word in ("recompute(2/3:0-3)", "recompute(1/3:0,1)", "recompute(x)"):
         with pytest.raises(ValueError, match="recompute"):
@@ -74,9 +74,12 @@ def test_partial_recompute_fits_and_beats_recomputing_every_block():
     assert part.plan.makespan < full.plan.makespan
     # the first stage holds the most slices: it keeps recomputing, the last stages stop
     blocks = layer_blocks(g)
-    mask = next_mask((True,) * 8, blocks, [1e6] * 8, full.plan.placement, full.plan.peak_memory,
-                     {d: MEMORY for d in full.plan.peak_memory}, "1f1b", 8)
-    assert mask[:2] == (True, True) and not all(mask)
+    where = held_where(full.strategy, full.plan.placement, full.transformed.origin, blocks, full.plan.peak_memory,
+                       {d: MEMORY for d in full.plan.peak_memory})
+    assert where.held[where.device[0]] == 4 and where.held[where.device[-1]] == 1 and where.share == 1 / 8
+    levels = next_levels(("full",) * 8, {"full": [1e6] * 8, "cheap": [1e6] * 8}, where)   # cheap: as much
+    mask = tuple(lv != "none" for lv in levels)
+    assert mask[:2] == (True, True) and not all(mask) and set(levels) == {"cheap", "none"}
 
 
 def test_the_search_picks_the_least_recomputation_that_fits():
@@ -124,7 +127,9 @@ def test_selective_recomputation_copies_each_blocks_cheap_ops():
     full = realise(g, cluster, replace(s, selective=False))
     assert r.graph.total_work() < full.graph.total_work()
     part = replace(s, recompute=(False, True, True, False))
-    assert part.name == "1f1b K=2 M=2 recompute-cheap(2/4:1-2)" and savers_of(part.savers).selective
+    assert part.name == "1f1b K=2 M=2 recompute-cheap(2/4:1-2)"
+    assert part.recompute == (False, "cheap", "cheap", False) and not part.selective   # one form: the levels
+    assert savers_of(part.savers).recompute == part.recompute
     with pytest.raises(ValueError, match="True only with recompute"):
         Strategy(selective=True)
     with pytest.raises(InvalidGraphError, match="a subset of its ops"):

@@ -76,9 +76,9 @@ def test_savers_order():
     ({"shard_optimizer": 3, "replicas": 2}, "must be one of"),
     ({"shard_optimizer": True, "replicas": 2}, "must be one of"),
     ({"shard_optimizer": 1}, "needs replicas > 1"),
-    ({"recompute": 1}, "True, False or one bool per layer block"),
-    ({"recompute": ()}, "True, False or one bool per layer block"),
-    ({"recompute": (1, 0)}, "True, False or one bool per layer block"),
+    ({"recompute": 1}, "True, False or one level per layer block"),
+    ({"recompute": ()}, "True, False or one level per layer block"),
+    ({"recompute": (1, 0)}, "True, False or one level per layer block"),
 ])
 def test_bad_savers_named(kw, words):
     with pytest.raises(ValueError, match=words):

@@ -94,7 +94,22 @@ def _candidates(gpus: int) -> list:
     for m in (1, 2, 4, 8):
         for kind in KINDS.values():
             out += kind.candidates(step, cluster, m)
-    return out + [s for c in out for s in savers(c)]
+    saving = [s for c in out for s in savers(c)]
+    return out + saving + [lower for s in saving for lower in _lowered(s)]
+
+
+def _lowered(strategy) -> list:
+    """What the search's partial recomputation (``_Search.partial``: each block's level
+    lowered after a recomputing plan fits) may make of ``strategy``, over three blocks:
+    some blocks at its level, and, from every op, a mix of every op, cheap ops and none."""
+    if strategy.recompute is not True:
+        return []
+    top = "cheap" if strategy.selective else True
+    out = [dataclasses.replace(strategy, recompute=(top, False, top), selective=False)]
+    if top is True:
+        out += [dataclasses.replace(strategy, recompute=(True, "cheap", False), selective=False),
+                dataclasses.replace(strategy, recompute=("cheap", "cheap", True), selective=False)]
+    return out
 
 
 def test_result_view_accepts_every_saver_combination_the_search_can_pick():
@@ -109,10 +124,12 @@ def test_result_view_accepts_every_saver_combination_the_search_can_pick():
     picked = {s.savers for gpus in (2, 4, 8) for s in _candidates(gpus)}
     assert {"ZeRO-1", "ZeRO-2", "recompute", "ZeRO-2 recompute"} <= picked, picked   # data parallelism's savers
     assert any(s.recompute and s.schedule in ("gpipe", "1f1b") for s in _candidates(4))   # a pipeline's
+    assert {"ZeRO-2 recompute(1/3:0)+cheap(1/3:1)", "recompute-cheap(2/3:0,2)"} <= picked   # mixed levels
     for words in sorted(picked):
         assert savers_of(words).savers == words   # one reading of the words, the search's
         assert result_view(Result(words)).replicas == 2, words
-    assert {w.partition("(")[0] for words in picked for w in words.split()} <= TF_SAVERS   # "recompute(2/3:0,2)": some blocks
+    # "recompute(2/3:0,2)": some blocks; "recompute(1/3:0)+cheap(1/3:1)": levels mixed, built as recompute is
+    assert {w.partition("(")[0] for words in picked for w in words.split()} <= TF_SAVERS
     with pytest.raises(MicroBatchError, match=r"memory savers \(offload\)") as err:
         result_view(Result("ZeRO-2 offload"))   # a saver tf_patch does not build: refused, named
     assert err.value.culprit == "offload"
@@ -147,6 +164,43 @@ def test_a_zero_2_plan_with_recomputation_trains_as_the_step_with_its_copies_and
     mine = [u for u in result.graph.names if result.graph.op(u).type == "ResourceApplyAdam"]
     assert len(mine) == 16 and all(step.mapping.ops[u][0] in updates for u in mine)   # each replica's own
     assert {seen["devices"][step.mapping.ops[u][0]] for u in mine} == {"/CPU:0", "/CPU:1"}
+    step.close()
+
+
+@pytest.mark.parametrize("strategy", [
+    Strategy(replicas=2, shard_optimizer=2, recompute=(True, "cheap", False)),
+    Strategy(stages=2, micro_batches=2, schedule="1f1b", recompute=(True, "cheap", False))],
+    ids=["zero-2", "1f1b"])
+def test_a_plan_of_mixed_recomputation_levels_trains_as_the_step_with_each_blocks_copies(strategy):
+    """Layer 0 recomputes every op, layer 1 its cheap ops (``pesto.step.recompute.cheap_ops``:
+    BiasAdd and Tanh, not the MatMul), layer 2 none: TF builds exactly the plan's copies,
+    each placed as the plan says, and trains with the un-split step's losses."""
+    from pesto.step.recompute import cheap_ops, layer_blocks
+    step = _mlp()
+    whole = step.run(3)
+    step.reset()
+    g = marked(step.graph)
+    blocks, cheap = layer_blocks(g), cheap_ops(g, layer_blocks(g))
+    result = _searched(realise(g, CLUSTER, strategy))
+    assert result.strategy.recompute_words == "recompute(1/3:0)+cheap(1/3:1)"
+    assert savers_of(result.plan.log.savers).recompute == strategy.recompute
+    copies = _copies(result)
+    ops = {result.transformed.origin[c].op for c in copies}
+    assert ops & set(blocks[0]) and ops & set(blocks[1]) and not ops & set(blocks[2])
+    assert ops & set(blocks[1]) <= set(cheap[1]) < set(blocks[1])   # layer 1: cheap ops only
+    assert ops & set(blocks[0]) == set(blocks[0])   # layer 0: every op
+    step.apply(result, cluster=CLUSTER)
+    assert step.recomputed.left_out == () and len(step.recomputed.copies) == len(copies)
+    tf_ops = {op.name: op for op in step.tf_graph.get_operations()}
+    for c in copies:   # one to one, on the plan's device
+        (t,) = step.mapping.ops[c]
+        assert t.startswith(RECOMPUTE) and t in tf_ops
+    grads = [op for op in tf_ops.values() if op.type == "TanhGrad"]
+    per = len(grads) // 3   # per layer: a replica's or a slice's
+    assert sum(op.inputs[0].op.name.startswith(RECOMPUTE) for op in grads) == 2 * per   # layer 2 reads its own
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    seen = step.check()
+    assert seen["misplaced"] == [] and seen["order_violations"] == []
     step.close()
 
 

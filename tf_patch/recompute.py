@@ -7,7 +7,8 @@ transformed by :func:`pesto.step.recompute`: per layer block, copies
 copies, and a control edge from the block's trigger (a backward op of the next
 block) into every copy without an in-block producer. :func:`recompute_graph`
 makes the same change to the TF step that runs the plan (its GraphDef), from
-the plan's own graph, so TensorFlow recomputes exactly what Pesto costed:
+the plan's own graph, so TensorFlow recomputes exactly what Pesto costed (each
+block at its level: every op, its cheap ops or none, ``"recompute(1/4:0)+cheap(2/4:1-2)"``):
 
 * each Pesto copy ``c`` of op ``o`` (:func:`tf_patch.slicemap.recomputed_op`: ``c`` without ``@rc``)
   whose ``o`` maps to one TF op ``t`` (the map of the plan's other ops onto

@@ -87,7 +87,8 @@ GRADIENT_ROOTS = ("gradients", "gradient_tape")
 RECOMPUTE = "recompute/"
 #: The memory savers (:attr:`Strategy.savers` words) whose TF step tf_patch builds: the sharded
 #: optimizer (:func:`tf_patch.replicastep.replicate_graph`) and recomputation (:mod:`tf_patch.recompute`:
-#: every block or its cheap ops, "recompute(k/n:...)" some blocks, the word before the parenthesis),
+#: every block or its cheap ops, "recompute(k/n:...)" some blocks, "recompute(k/n:...)+cheap(j/n:...)"
+#: blocks at mixed levels: the word before the parenthesis; the copies are the plan's own),
 #: alone or together (the copies built on the sharded replicated step). Every combination the search can
 #: pick is among them (``tests/test_tf_savers.py``).
 TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "recompute", "recompute-cheap"})
@@ -154,7 +155,8 @@ def result_view(result) -> ResultView:
         return result
     log = getattr(result.plan, "log", None)
     savers = getattr(log, "savers", "")
-    # "recompute(3/4:0-1,3)": some blocks; "recompute-cheap": their cheap ops (both built as recompute is)
+    # "recompute(3/4:0-1,3)": some blocks; "recompute-cheap": their cheap ops; "recompute(1/4:0)+cheap(2/4:1-2)":
+    # each block at its level (all built as recompute is: from the plan's copies)
     words = [w.partition("(")[0] for w in (savers or "").split()]
     unbuilt = " ".join(w for w in words if w not in TF_SAVERS)
     if unbuilt:   # the search chose them because nothing else fit memory

@@ -23,7 +23,8 @@ The memory savers (:func:`savers`) are screened for a candidate whose plan
 does not fit memory: the same strategy with ZeRO-1, ZeRO-2, recomputation, then ZeRO-2 and
 recomputation (data parallelism), or with selective recomputation (each
 block's cheap ops, ``recompute-cheap``) then recomputation (pipelines,
-hybrids), until one fits. (ZeRO-1 can also be faster: the search's ``"auto"``
+hybrids), until one fits; a recomputing one that fits is then lowered block by block
+(:meth:`solver.parallel.search._Search.partial`: every op -> cheap ops -> none). (ZeRO-1 can also be faster: the search's ``"auto"``
 first plan, data parallelism of the step, screens it whether or not memory is short.)
 
 >>> [s.savers for s in savers(Strategy(replicas=4))]

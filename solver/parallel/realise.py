@@ -11,7 +11,7 @@ realiser: it is a search stage (:mod:`solver.parallel.search`).
 
 The memory savers compose with the kinds: ``recompute`` realises the kind
 on :func:`pesto.step.recompute` of the step, every layer block or those it
-names (:func:`with_savers`; every kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2
+names, each at its level (every op or its cheap ops: :func:`with_savers`; every kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2
 (data parallelism only: a hybrid's rings follow its stages, not shards).
 """
 from __future__ import annotations
@@ -48,9 +48,10 @@ def solved_of(sp: StepPlan, weight_grads="separate") -> Solved:
 
 def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
     """The step a kind realises ``strategy`` on (its ``graph``): :func:`pesto.step.recompute`
-    of ``step`` when ``strategy.recompute`` (its blocks, :attr:`Strategy.recomputed`, when
-    it names them; their cheap ops only, :func:`pesto.step.recompute.cheap_ops`, when
-    ``strategy.selective``), else ``step`` itself (:func:`pesto.step.identity`).
+    of ``step`` when ``strategy.recompute``, each layer block at its level
+    (:meth:`Strategy.levels`: every op, its cheap ops only,
+    :func:`pesto.step.recompute.cheap_ops`, as ``only=``, or none), else ``step`` itself
+    (:func:`pesto.step.identity`).
 
     Raises
     ------
@@ -63,11 +64,14 @@ def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
     if strategy.recomputed is None and not strategy.selective:
         return recompute(step)
     blocks = layer_blocks(step)
-    if strategy.recomputed is not None and len(blocks) != len(strategy.recompute):
+    if isinstance(strategy.recompute, tuple) and len(blocks) != len(strategy.recompute):
         raise ValueError(f"{strategy.name}: recompute names {len(strategy.recompute)} layer blocks, "
                          f"the step {step.name!r} has {len(blocks)}")
+    levels = strategy.levels(len(blocks))
+    cheap = cheap_ops(step, blocks) if "cheap" in levels else blocks
     return recompute(step, blocks, chosen=strategy.recomputed,
-                     only=cheap_ops(step, blocks) if strategy.selective else None)
+                     only=None if "cheap" not in levels else [c if lv == "cheap" else b
+                                                             for b, c, lv in zip(blocks, cheap, levels)])
 
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,

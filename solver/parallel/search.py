@@ -29,7 +29,10 @@ step):
 * ``"auto"`` only: the data-parallel plan (one replica per GPU, ring
   all-reduce), not split, and the same with ZeRO-1 (reduce-scatter, each
   replica updating ``1 / R`` of the weights, all-gather: the same bytes, a
-  ``1 / R`` of the update's work, so it wins where the update weighs);
+  ``1 / R`` of the update's work, so it wins where the update weighs); under
+  its memory floor, its leanest saver (ZeRO-2 and recomputation) when the
+  forecast says it fits, its layer blocks' levels then lowered
+  (:meth:`_Search.leanest_data_parallel`);
 * screening, for each ``M`` tried: the GPipe and 1F1B plans of that ``M``
   (``M > 1``; :func:`solver.parallel.pipelines.pipeline_plan`), the
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
@@ -64,8 +67,9 @@ step):
   candidate whose plan does not fit memory, the same strategy with ZeRO-1,
   ZeRO-2, ZeRO-2 and recomputation (data parallelism) or selective
   recomputation (each layer block's cheap ops) then recomputation
-  (pipelines, hybrids), until one fits; a recomputing pipeline that fits is
-  followed by the same recomputing only the blocks its GPUs need
+  (pipelines, hybrids), until one fits; a recomputing plan that fits (any
+  kind) is followed by the same with each layer block's level lowered (every
+  op -> cheap ops -> none) as far as its GPUs have room
   (:meth:`_Search.partial`, :mod:`solver.parallel.partial`); for a count whose memory floor does
   not fit (:func:`memory_short`: it counts a colocation unit's optimizer
   state whole, or the search's floor of weights and one slice's activations,
@@ -122,7 +126,7 @@ from pesto.step import Transformed, identity, recompute, replicate, split as spl
 from pesto.step.marks import joinable_ops, shardable, slice_constants
 from pesto.step.recompute import layer_blocks
 from pesto.step.slicing import choose_weight_grads, copy_name, weight_grad_costs, weight_grad_ops
-from pesto.step.replication import gradient_buckets
+from pesto.step.replication import gradient_buckets, optimizer_state
 
 from ..budget import Budget, Cost, Skip
 from ..common import rank
@@ -135,7 +139,7 @@ from .bound import SampleBound, covers, memory_need, pipeline_bound, sample_boun
 from .kinds import KINDS, Kind, savers
 from .realise import realise, with_savers
 from .cut import in_flight
-from .partial import block_savings, next_mask
+from .partial import block_savings, held_where, next_levels
 from .schedules import SCHEDULES
 from .strategy import Solved, Strategy, recompute_mask
 
@@ -152,9 +156,11 @@ SCREEN_SHARE = 0.35
 #: screening: its plans come from screening every kind with its savers (GPT-1.3B's and 2.7B's
 #: winners on 8 V100s); the exact passes on a 100k-op split that does not fit rarely beat them.
 TIGHT_SCREEN_SHARE = 0.7
-#: Plans of a pipeline recomputing some layer blocks (:mod:`solver.parallel.partial`) simulated after
-#: its plan recomputing every block fits.
+#: Plans recomputing layer blocks at mixed levels (:mod:`solver.parallel.partial`) simulated after
+#: a plan recomputing every block fits (any kind but the slice model).
 PARTIAL_TRIES = 3
+#: A block's level (:data:`solver.parallel.strategy.LEVELS`) as a ``Strategy.recompute`` tuple holds it.
+_LEVEL_RC = {"none": False, "cheap": "cheap", "full": True}
 #: Stage splits each pipeline schedule simulates per count when screening.
 SCREEN_CANDIDATES = 4
 #: Share of the exact phase's time every count gets first (equal parts); the
@@ -266,14 +272,14 @@ def savers_of(words: str) -> Strategy:
 
     >>> savers_of("ZeRO-1 recompute").shard_optimizer, savers_of("").recompute
     (1, False)
-    >>> savers_of("recompute(1/2:1)").recompute
-    (False, True)
+    >>> savers_of("recompute(1/2:1)").recompute, savers_of("ZeRO-2 recompute(1/3:0)+cheap(2/3:1-2)").recompute
+    ((False, True), (True, 'cheap', 'cheap'))
     """
     known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
     fields: dict = {}
     for w in words.split():
         if w.startswith("recompute(") or w.startswith("recompute-cheap"):
-            fields.update(recompute=recompute_mask(w), selective=w.startswith("recompute-cheap"))
+            fields.update(recompute=recompute_mask(w), selective=w == "recompute-cheap")
             continue
         if w not in known:
             raise ValueError(f"unknown memory saver {w!r} in {words!r}; known: {', '.join(known)}")
@@ -414,6 +420,7 @@ class _Search:
         self.buckets = len(gradient_buckets(self.marked)) if self.gpus > 1 else 0
         self.acts = step_activations(self.marked)
         self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
+        self.optimizer_bytes = sum(self.marked.op(n).persistent_bytes for n in optimizer_state(self.marked))
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
@@ -449,14 +456,15 @@ class _Search:
         return False
 
     def spread(self, replicas: int, m: int, held: int = 1, recomputed: bool = False,
-               selective: bool = False) -> tuple[int, int]:
+               selective: bool = False, sharded: bool = False) -> tuple[int, int]:
         """``(bytes, k)``: a replica's weights and optimizer state plus ``held``
         slices' activations at the loss (:func:`pesto.memory.step_activations`:
         the batched bytes of a slice, ``1 / (replicas m)`` of the batch, the
         shared ones once), spread evenly over
         its ``k = GPUs / replicas`` GPUs; ``recomputed``: the activations of the
         recomputed step (:func:`pesto.step.recompute`, :meth:`recomputed_acts`; ``selective``:
-        each block's cheap ops only).
+        each block's cheap ops only); ``sharded``: the optimizer state
+        (:func:`pesto.step.replication.optimizer_state`) ``1 / replicas`` per replica (ZeRO).
         The one rule behind :meth:`floor` (``held = 1``: every plan holds it) and
         :meth:`predicted_memory` (the slices a schedule holds at once)."""
         k = max(1, self.gpus // replicas)
@@ -464,7 +472,8 @@ class _Search:
         if acts is None:
             return 0, k
         per_slice = held * -(-acts.batched // max(1, replicas * m)) + acts.shared   # a slice: 1/(R M) of the batch
-        return -(-(self.persistent + per_slice) // k), k
+        kept = self.persistent - (self.optimizer_bytes - self.optimizer_bytes // replicas if sharded else 0)
+        return -(-(kept + per_slice) // k), k
 
     def recomputed_acts(self, selective: bool = False):
         """:func:`pesto.memory.step_activations` of the step with every layer
@@ -578,6 +587,8 @@ class _Search:
         name = "data-parallel"
         if self.gpus < 2 or self.too_large(name, self.gpus, 1) or self.short_of_memory(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
+            if self.gpus > 1 and name in self.pool.skipped and not self.too_large(name, self.gpus, 1):
+                self.leanest_data_parallel()
             return
         if not self.fits(name, replicated_ops(self.marked, self.gpus, 1, self.buckets), SIMS[name]):
             return
@@ -591,6 +602,18 @@ class _Search:
         self.pool.offer_solved(name, dp)
         self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
         self.follow(KINDS["data-parallel"], dp.strategy, dp)
+
+    def leanest_data_parallel(self) -> None:
+        """Data parallelism of the step under its memory floor: its leanest saver
+        (ZeRO-2 and recomputation; the others hold more) when the forecast
+        (:meth:`predicted_memory`, the optimizer state sharded) says it fits, then
+        each block's level lowered (:meth:`partial`): GPT-1.3B on 8 V100-16GB, ZeRO-2
+        recomputing every op peaks at 13.2 GiB, some blocks' cheap ops only fit."""
+        kind, lean = KINDS["data-parallel"], self.savers(Strategy(replicas=self.gpus))
+        if lean and self.predicted_memory(lean[-1]) <= self.capacity:
+            r = self.realised(kind, lean[-1])
+            if r is not None and r.plan.status != "infeasible":
+                self.partial(kind, lean[-1], r)
 
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and kinds."""
@@ -640,7 +663,7 @@ class _Search:
             except ValueError:   # a count the schedule refuses: as many as a pipeline's stages
                 held = min(strategy.stages, k)
         return self.spread(strategy.replicas, strategy.micro_batches, held, bool(strategy.recompute),
-                           strategy.selective)[0]
+                           strategy.selective, bool(strategy.shard_optimizer))[0]
 
     def screen_tight(self, m: int, s: _Screened) -> None:
         """A memory-bound step's candidates of ``m`` in :meth:`tight_order`, but
@@ -901,38 +924,44 @@ class _Search:
                 return
 
     def partial(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
-        """After ``strategy`` (every layer block recomputed, a pipeline of one
-        replica) fits as ``r``: the same recomputing only the blocks its GPUs
-        need (:func:`solver.parallel.partial.next_mask`: a stage holding few
-        slices keeps its activations), simulated and asked again, at most
-        :data:`PARTIAL_TRIES` plans, each a candidate of its own
-        (``"zb-h1 M=16 recompute(20/32:0-11,16-18,21,22,25,26,29)"``). The
+        """After ``strategy`` (every layer block recomputed at one level: every op, or
+        its cheap ops; any kind but the slice model) fits as ``r``: the same with each
+        block's level lowered where its GPU has room (every op -> cheap ops -> none;
+        :func:`solver.parallel.partial.next_levels`: a pipeline stage holding few slices
+        keeps its activations, data parallelism a count of blocks), simulated and
+        asked again, at most :data:`PARTIAL_TRIES` plans, each a candidate of its own
+        (``"zb-h1 M=16 recompute-cheap(20/32:0-11,16-18,21,22,25,26,29)"``,
+        ``"data-parallel M=1 ZeRO-2 recompute(4/24:0-3)+cheap(20/24:4-23)"``). The
         fastest that fits, None when none does or none was built (kept in
         ``pending`` when skipped for time: :meth:`screen_rest` tries again)."""
-        if (r.plan.status == "infeasible" or strategy.recompute is not True or strategy.replicas != 1
-                or strategy.schedule not in SCHEDULES or not r.plan.peak_memory or self.acts is None):
+        if (r.plan.status == "infeasible" or strategy.recompute is not True or r.transformed is None
+                or strategy.schedule in ("slice", "free") or not r.plan.peak_memory or self.acts is None):
             return None
         blocks = layer_blocks(self.marked)
-        saved = max(0, self.acts.batched - self.recomputed_acts(strategy.selective).batched)
-        if len(blocks) < 2 or not saved:
+        top = "cheap" if strategy.selective else "full"
+        savings = {lv: block_savings(self.marked, blocks, max(0, self.acts.batched
+                                                              - self.recomputed_acts(lv == "cheap").batched))
+                   for lv in ("cheap", "full")}
+        if len(blocks) < 2 or not sum(savings[top]):
             return None
-        savings = block_savings(self.marked, blocks, saved)
-        memory = {d: self.cluster.device(d).memory for d in r.plan.peak_memory}
         given = {}
-        if SCHEDULES[strategy.schedule].chunks == 1:   # r's cut kept: less recomputation, less work per stage
+        if strategy.replicas == 1 and strategy.schedule in SCHEDULES and SCHEDULES[strategy.schedule].chunks == 1:
+            # r's cut kept: less recomputation, less work per stage
             gpus = gpu_names(self.cluster)
             given["stage_of"] = {r.transformed.origin[n].op: gpus.index(d) for n, d in r.plan.placement.items()
                                  if r.transformed.origin[n].role == "copy" and d in gpus}
-        mask, x, best, seen = (True,) * len(blocks), r, None, set()
+        levels, x, best, seen = (top,) * len(blocks), r, None, set()
         for _ in range(PARTIAL_TRIES):
-            seen.add(mask)
-            mask = next_mask(mask, blocks, savings, x.plan.placement, x.plan.peak_memory, memory,
-                             strategy.schedule, strategy.micro_batches)
-            if mask in seen or not any(mask):   # nothing to spare, or the plain strategy (screened as such)
-                break
-            x = self.realised(kind, replace(strategy, recompute=mask), **given)
+            seen.add(levels)
+            memory = {d: self.cluster.device(d).memory for d in x.plan.peak_memory}
+            where = held_where(strategy, x.plan.placement, x.transformed.origin, blocks, x.plan.peak_memory, memory)
+            levels = next_levels(levels, savings, where, top)
+            lower = replace(strategy, recompute=tuple(_LEVEL_RC[lv] for lv in levels), selective=False)
+            if levels in seen or not lower.recompute or self.name_of(kind, lower) in self.pool.steps:
+                break   # nothing to spare, the plain strategy, or one screened as such
+            x = self.realised(kind, lower, **given)
             if x is None:   # skipped for time: screen_rest tries again on the time the exact passes leave
-                if self.name_of(kind, replace(strategy, recompute=mask)) in self.pool.late:
+                if self.name_of(kind, lower) in self.pool.late:
                     self.pending.append((kind, strategy, r))
                 break
             if x.plan.status != "infeasible" and (best is None or rank(x.plan) < rank(best.plan)):

@@ -7,16 +7,21 @@ a hybrid both; the plain step is ``Strategy()``.
 
 Memory savers, two more fields: ``recompute`` (``True``: every layer
 block's activations recomputed before its backward, :func:`pesto.step.recompute`;
-a tuple of bools, one per layer block of :func:`pesto.step.recompute.layer_blocks`:
-those blocks only; any kind but the slice model) and ``shard_optimizer`` (``1`` or ``2``:
+a tuple with one **level** per layer block of :func:`pesto.step.recompute.layer_blocks`:
+``False`` none, ``"cheap"`` its cheap ops only, ``True`` every op; any kind but
+the slice model) and ``shard_optimizer`` (``1`` or ``2``:
 ZeRO-1 / ZeRO-2, each replica updating its shard of the optimizer state,
 :func:`pesto.step.replicate`; data parallelism only). Both show in the
 name (``"data-parallel R=8 M=2 ZeRO-2"``, ``"1f1b K=4 M=8 recompute"``,
 ``"zb-h1 K=4 M=8 recompute(3/4:0-1,3)"``: 3 of 4 blocks, blocks 0, 1 and 3).
-``selective`` recomputes only each block's cheap ops
-(:func:`pesto.step.recompute.cheap_ops`: a transformer layer's element-wise
+A block's cheap ops (:func:`pesto.step.recompute.cheap_ops`: a transformer layer's element-wise
 ops, softmax and attention scores, not its projections: most of the memory
-for a fifth of the forward time), ``"recompute-cheap"`` in the name.
+for a fifth of the forward time) are selective recomputation: ``selective``
+with ``recompute=True`` for every block (``"recompute-cheap"``), ``"cheap"``
+per block in a tuple (``"recompute-cheap(2/4:1-2)"``; with blocks of every op:
+``"recompute(1/4:0)+cheap(2/4:1-2)"``). One form per plan: a tuple of one level for
+every block is ``True`` (with ``selective`` for ``"cheap"``) or ``False``, and
+``selective`` with a tuple makes its ``True`` blocks ``"cheap"``.
 
 Schedules: those of :data:`solver.parallel.schedules.SCHEDULES` (``"gpipe"``,
 ``"1f1b"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-h2"``, ``"zb-v"``: fixed
@@ -44,6 +49,11 @@ ValueError: Strategy.micro_batches must be an integer >= 1, got 0
 (True, False)
 >>> Strategy(stages=2, micro_batches=4, schedule="1f1b", recompute=(True, False), selective=True).name
 '1f1b K=2 M=4 recompute-cheap(1/2:0)'
+>>> mix = Strategy(replicas=8, shard_optimizer=2, recompute=(True, "cheap", "cheap", False))
+>>> mix.name, mix.levels(4)
+('data-parallel R=8 ZeRO-2 recompute(1/4:0)+cheap(2/4:1-2)', ('full', 'cheap', 'cheap', 'none'))
+>>> Strategy(recompute=("cheap", "cheap")).savers, Strategy(recompute=True, selective=True).levels(2)
+('recompute-cheap', ('cheap', 'cheap'))
 >>> Strategy(stages=2, micro_batches=4, schedule="1f1b", shard_optimizer=1)
 Traceback (most recent call last):
 ...
@@ -63,10 +73,15 @@ from pesto.step.slicing import WEIGHT_GRADS
 
 from .schedules import SCHEDULES
 
-__all__ = ["Strategy", "Solved", "SCHEDULE_NAMES", "recompute_mask"]
+__all__ = ["Strategy", "Solved", "SCHEDULE_NAMES", "LEVELS", "recompute_mask"]
 
 #: The schedules a strategy may name (see the module doc).
 SCHEDULE_NAMES = ("none", "free", "slice", *SCHEDULES)
+#: A layer block's recomputation levels, least first (:meth:`Strategy.levels`): none, its
+#: cheap ops only (:func:`pesto.step.recompute.cheap_ops`), every op; ``recompute`` tuples hold
+#: them as ``False``, ``"cheap"``, ``True``.
+LEVELS = ("none", "cheap", "full")
+_LEVEL_OF = {False: "none", "cheap": "cheap", True: "full"}
 
 
 @dataclass(frozen=True)
@@ -117,12 +132,7 @@ class Strategy:
             bad = [] if wg in WEIGHT_GRADS else [wg]
         if bad:
             raise ValueError(f"Strategy.weight_grads {bad[0]!r} is unknown; known: {', '.join(WEIGHT_GRADS)}")
-        rc = self.recompute
-        if not isinstance(rc, bool):
-            if not isinstance(rc, (tuple, list)) or not rc or not all(isinstance(x, bool) for x in rc):
-                raise ValueError(f"Strategy.recompute must be True, False or one bool per layer block "
-                                 f"(a non-empty tuple), got {rc!r}")
-            object.__setattr__(self, "recompute", all(rc) or (tuple(rc) if any(rc) else False))
+        self._canonical_recompute()
         if not isinstance(self.selective, bool) or (self.selective and not self.recompute):
             raise ValueError(f"Strategy.selective (recompute a block's cheap ops only) must be a bool, and "
                              f"True only with recompute, got selective={self.selective!r}, "
@@ -135,6 +145,42 @@ class Strategy:
                              f"replicas: it needs replicas > 1, got {self.replicas}")
         if self.split_backward:
             raise ValueError("split_backward is not supported yet")
+
+    def _canonical_recompute(self) -> None:
+        """``recompute`` and ``selective`` in their one form (module doc), or ValueError."""
+        rc = self.recompute
+        if isinstance(rc, bool):
+            return
+        if (not isinstance(rc, (tuple, list)) or not rc
+                or not all(x is True or x is False or x == "cheap" for x in rc)):
+            raise ValueError(f"Strategy.recompute must be True, False or one level per layer block (a non-empty "
+                             f"tuple of False, 'cheap', True), got {rc!r}")
+        if self.selective is True:   # its blocks recomputed: their cheap ops only
+            rc = tuple("cheap" if x is True else x for x in rc)
+        uniform = set(rc)
+        if len(uniform) == 1:
+            level = uniform.pop()
+            object.__setattr__(self, "recompute", bool(level))
+            object.__setattr__(self, "selective", level == "cheap")
+            return
+        object.__setattr__(self, "recompute", tuple(rc))
+        if self.selective is True:
+            object.__setattr__(self, "selective", False)
+
+    def levels(self, blocks: int) -> tuple[str, ...]:
+        """Per layer block of ``blocks``, its recomputation level (:data:`LEVELS`).
+
+        Raises
+        ------
+        ValueError
+            ``recompute`` names another count of blocks.
+        """
+        rc = self.recompute
+        if isinstance(rc, tuple):
+            if len(rc) != blocks:
+                raise ValueError(f"{self.name}: recompute names {len(rc)} layer blocks, the step has {blocks}")
+            return tuple(_LEVEL_OF[x] for x in rc)
+        return (("cheap" if self.selective else "full") if rc else "none",) * blocks
 
     @property
     def kind(self) -> str:
@@ -151,26 +197,22 @@ class Strategy:
     def recompute_words(self) -> str:
         """``recompute`` in words: ``""``, ``"recompute"`` (every block) or
         ``"recompute(k/n:ranges)"`` (``k`` of ``n`` blocks; :func:`recompute_mask` reads it back),
-        ``"recompute-cheap..."`` when :attr:`selective`."""
-        rc, word = self.recompute, "recompute-cheap" if self.selective else "recompute"
+        ``"recompute-cheap..."`` when :attr:`selective` or its blocks are ``"cheap"``;
+        blocks of both levels: ``"recompute(k/n:ranges)+cheap(j/n:ranges)"``."""
+        rc = self.recompute
         if not isinstance(rc, tuple):
-            return word if rc else ""
-        on = [i for i, x in enumerate(rc) if x]
-        runs: list[list[int]] = []
-        for i in on:
-            if runs and runs[-1][1] == i - 1:
-                runs[-1][1] = i
-            else:
-                runs.append([i, i])
-        ranges = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-        return f"{word}({len(on)}/{len(rc)}:{ranges})"
+            return ("recompute-cheap" if self.selective else "recompute") if rc else ""
+        full, cheap = _blocks_word([x is True for x in rc]), _blocks_word([x == "cheap" for x in rc])
+        if full and cheap:
+            return f"recompute{full}+cheap{cheap}"
+        return f"recompute{full}" if full else f"recompute-cheap{cheap}"
 
     @property
     def recomputed(self) -> tuple[int, ...] | None:
-        """The indices of the layer blocks recomputed: None for every block
+        """The indices of the layer blocks recomputed (at any level): None for every block
         (``recompute=True``), () for none."""
         rc = self.recompute
-        return tuple(i for i, x in enumerate(rc) if x) if isinstance(rc, tuple) else (None if rc else ())
+        return tuple(i for i, x in enumerate(rc) if x is not False) if isinstance(rc, tuple) else (None if rc else ())
 
     @property
     def split_rule(self):
@@ -224,29 +266,63 @@ class Strategy:
         return ("step" if self.schedule == "none" else self.schedule) + m
 
 
-def recompute_mask(word: str) -> bool | tuple[bool, ...]:
-    """:attr:`Strategy.recompute` from its word (:attr:`Strategy.recompute_words`).
+def _blocks_word(on: list[bool]) -> str:
+    """``"(k/n:ranges)"`` of the blocks ``on`` says (``""`` for none)."""
+    idx = [i for i, x in enumerate(on) if x]
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    ranges = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+    return f"({len(idx)}/{len(on)}:{ranges})" if idx else ""
+
+
+def _blocks_of(word: str, part: str, head: str) -> tuple[int, set[int]]:
+    """``(n, blocks)`` of one ``head(k/n:ranges)`` part of ``word``, or ValueError."""
+    found = re.fullmatch(re.escape(head) + r"\((\d+)/(\d+):([\d,-]+)\)", part)
+    if found is None:
+        raise ValueError(f"{word!r} is not a recompute word ('recompute', 'recompute-cheap', "
+                         f"'recompute(k/n:a-b,c)', 'recompute-cheap(k/n:...)' or 'recompute(k/n:...)+cheap(j/n:...)')")
+    n, on = int(found.group(2)), set()
+    for piece in found.group(3).split(","):
+        a, _, b = piece.partition("-")
+        on.update(range(int(a), int(b or a) + 1))
+    if max(on) >= n or len(on) != int(found.group(1)):
+        raise ValueError(f"{word!r}: blocks {sorted(on)} are not {found.group(1)} of {n} blocks")
+    return n, on
+
+
+def recompute_mask(word: str) -> bool | tuple:
+    """:attr:`Strategy.recompute` from its word (:attr:`Strategy.recompute_words`):
+    ``True`` for every block (``"recompute-cheap"`` too: :attr:`Strategy.selective` says
+    which level), else one level per block (``False``, ``"cheap"``, ``True``).
 
     >>> recompute_mask("recompute(3/4:0-1,3)"), recompute_mask("recompute"), recompute_mask("recompute-cheap")
     ((True, True, False, True), True, True)
+    >>> recompute_mask("recompute-cheap(1/3:2)"), recompute_mask("recompute(1/3:0)+cheap(1/3:2)")
+    ((False, False, 'cheap'), (True, False, 'cheap'))
 
     Raises
     ------
     ValueError
-        Not a recompute word, or a block past the count, named.
+        Not a recompute word, a block past the count or at two levels, named.
     """
     if word in ("recompute", "recompute-cheap"):
         return True
-    found = re.fullmatch(r"recompute(?:-cheap)?\((\d+)/(\d+):([\d,-]+)\)", word)
-    if found is None:
-        raise ValueError(f"{word!r} is not a recompute word ('recompute' or 'recompute(k/n:a-b,c)')")
-    n, on = int(found.group(2)), set()
-    for part in found.group(3).split(","):
-        a, _, b = part.partition("-")
-        on.update(range(int(a), int(b or a) + 1))
-    if max(on) >= n or len(on) != int(found.group(1)):
-        raise ValueError(f"{word!r}: blocks {sorted(on)} are not {found.group(1)} of {n} blocks")
-    return tuple(i in on for i in range(n))
+    full, _, cheap = word.partition("+")
+    if word.startswith("recompute-cheap("):
+        n, on = _blocks_of(word, word, "recompute-cheap")
+        return tuple("cheap" if i in on else False for i in range(n))
+    n, on = _blocks_of(word, full, "recompute")
+    levels = [True if i in on else False for i in range(n)]
+    if cheap:
+        n2, low = _blocks_of(word, cheap, "cheap")
+        if n2 != n or on & low:
+            raise ValueError(f"{word!r}: its two parts must name {n} blocks, none of them twice")
+        levels = ["cheap" if i in low else x for i, x in enumerate(levels)]
+    return tuple(levels)
 
 
 @dataclass(frozen=True)
