@@ -180,13 +180,15 @@ def _timed(fn):
 
 def auto_split(graph, log) -> Transformed:
     """The split step a ``pesto auto`` plan places, rebuilt from its log
-    (``micro_batches``, ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``), for its bound: its
+    (``micro_batches``, ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``, ``bucket_bytes``),
+    for its bound: its
     ``graph`` is the plan's (:func:`pesto.step_graph`; under the copy names
     ``op@mb0`` when the plan's step is not split)."""
     saving = savers_of(log.savers or "")
     base = with_savers(graph, saving).graph
     if log.graph_kind == "replicated":   # its copies grouped per replica (the bound's rule), not composed
-        return split(replicate(base, log.replicas, shard_optimizer=saving.shard_optimizer).graph, log.micro_batches,
+        return split(replicate(base, log.replicas, shard_optimizer=saving.shard_optimizer,
+                               bucket_bytes=log.bucket_bytes).graph, log.micro_batches,
                      weight_grads="accumulate" if log.in_place else "separate")
     return split(base, log.micro_batches if log.graph_kind == "micro-batched" else 1, weight_grads=log.split_rule)
 

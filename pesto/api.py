@@ -39,6 +39,7 @@ from .memory import check_feasible, memory_profile, overrun_message
 from .plan import Plan, check_plan
 from .solvelog import SolveLog
 from .step.marks import slice_constants
+from .step.replication import BUCKET_BYTES
 
 __all__ = ["solve", "solve_step", "step_graph", "marked", "Solved", "Strategy", "evaluate", "load_placement",
            "load_graph", "default_cluster", "needs_cpu", "HEURISTICS"]
@@ -292,9 +293,10 @@ def marked(graph: OpGraph) -> OpGraph:
 
 
 def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step", replicas: int = 1,
-               savers: str = "", joined=(), in_place=(), *, log: SolveLog | None = None) -> OpGraph:
+               savers: str = "", joined=(), in_place=(), *, log: SolveLog | None = None,
+               bucket_bytes: int | None = BUCKET_BYTES) -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
-    ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``), rebuilt from the step ``graph``
+    ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``, ``bucket_bytes``), rebuilt from the step ``graph``
     (:func:`marked` first: :func:`solver.parallel.search.step_graph`). ``log``: a plan's
     log (``step_graph(graph, log=plan.log)``), whose fields are read instead of the others.
 
@@ -307,9 +309,9 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     """
     if log is not None:
         micro_batches, graph_kind, replicas = log.micro_batches, log.graph_kind, log.replicas
-        savers, joined, in_place = log.savers, log.joined, log.in_place
+        savers, joined, in_place, bucket_bytes = log.savers, log.joined, log.in_place, log.bucket_bytes
     return _step_graph(graph if graph_kind == "step" and not savers else marked(graph), micro_batches, graph_kind,
-                       replicas, savers, joined, in_place)
+                       replicas, savers, joined, in_place, bucket_bytes)
 
 
 def _check_hint(graph: OpGraph, hint) -> None:

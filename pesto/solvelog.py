@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from .step.replication import BUCKET_BYTES
+
 __all__ = ["PassLog", "SolveLog", "OLD_KEYS", "OLD_PASSES"]
 
 #: JSON keys of plan files written before the rename -> their names now.
@@ -117,6 +119,11 @@ class SolveLog:
         plan's rule is one for all: its step's weight-gradient ops); empty
         for none (then omitted from JSON). :attr:`split_rule` gives both as
         :func:`pesto.step.split`'s mapping.
+    bucket_bytes : int or None
+        A replicated plan's gradient bucket size
+        (:func:`pesto.step.replicate`'s ``bucket_bytes``; default
+        :data:`pesto.step.replication.BUCKET_BYTES`, DDP's 25 MiB, then
+        omitted from JSON).
     steps : mapping name -> µs
         With ``micro_batches`` "auto" or above 1: the step time of each plan
         compared across graphs (``"M=4"``: Pesto's best with 4 slices,
@@ -146,6 +153,7 @@ class SolveLog:
     savers: str = ""
     joined: tuple = ()
     in_place: tuple = ()
+    bucket_bytes: int | None = BUCKET_BYTES
     steps: Mapping[str, float] = field(default_factory=dict)
     one_device: float | None = None
 
@@ -189,7 +197,9 @@ class SolveLog:
         return {"micro_batches": self.micro_batches, "graph_kind": self.graph_kind, "replicas": self.replicas,
                 **({"savers": self.savers} if self.savers else {}),
                 **({"joined": list(self.joined)} if self.joined else {}),
-                **({"in_place": list(self.in_place)} if self.in_place else {}), "steps": dict(self.steps)}
+                **({"in_place": list(self.in_place)} if self.in_place else {}),
+                **({"bucket_bytes": self.bucket_bytes} if self.bucket_bytes != BUCKET_BYTES else {}),
+                "steps": dict(self.steps)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SolveLog":

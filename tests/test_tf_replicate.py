@@ -230,3 +230,23 @@ def test_demo_auto_trains_a_data_parallel_winner_and_says_whether_it_held(capsys
     assert "the chosen plan (data parallelism, 2 replicas x 1 micro-batch(es)): predicted " in out
     assert "the un-split step (TF default, un-split step): predicted " in out
     assert ("the choice lost: measured" in out) != ("the choice held: measured" in out)
+
+
+def test_a_data_parallel_plan_of_small_buckets_trains_with_its_own_rings():
+    """A plan's gradient bucket size (``Strategy.bucket_bytes``, screened by the
+    search) is what TensorFlow builds: as many rings as the plan has buckets,
+    and the un-split step's losses."""
+    import re
+    step = _keras("attention", 2)
+    whole = step.run(3)
+    step.reset()
+    marked = with_marks(step.graph)
+    default, small = (data_parallel_plan(marked, CLUSTER[2], bucket_bytes=b) for b in (25 << 20, 256))
+    rings = [len([n for n in sp.graph.names if n.endswith("@allreduce@r0")]) for sp in (default, small)]
+    assert rings[1] > rings[0] >= 1
+    step.apply(Solved(small.plan, small.graph, Strategy(replicas=2, bucket_bytes=256)))
+    built = {m.group(1) for n in step.graph.names for m in [re.match(r"allreduce/(\d+)/rs0/r1", n)] if m}
+    assert len(built) == rings[1]
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    _assert_placed(step, Solved(small.plan, small.graph, Strategy(replicas=2, bucket_bytes=256)), 2)
+    step.close()

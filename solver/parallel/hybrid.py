@@ -66,6 +66,7 @@ from pesto.cluster import Cluster
 from pesto.errors import MicroBatchError
 from pesto.graph import OpGraph
 from pesto.step import Transformed, check_count, compose, replicate, split as split_step
+from pesto.step.replication import BUCKET_BYTES
 from pesto.plan import Plan
 
 from .cut import Phases, phases
@@ -100,7 +101,8 @@ def replica_groups(cluster: Cluster, replicas: int) -> list[list[str]]:
 
 def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batches: int = 1,
                 schedule: str = "1f1b", loss: str | None = None, candidates: int = CANDIDATES,
-                weight_grads="separate", op_stages: Sequence[int] | None = None) -> StepPlan:
+                weight_grads="separate", op_stages: Sequence[int] | None = None,
+                bucket_bytes: int | None = BUCKET_BYTES) -> StepPlan:
     """``replicas`` replicas of ``graph``, each a pipeline over its group of
     GPUs in ``micro_batches`` slices (module doc); the plan places
     ``step_graph(graph, micro_batches, "replicated", replicas)``.
@@ -133,7 +135,7 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
                          loss=loss, stages=k, candidates=candidates, weight_grads=weight_grads,
                          op_stages=op_stages, routes=routes)
     stage = _op_stages(pipe, groups[0])
-    rep = replicate(graph, len(groups))
+    rep = replicate(graph, len(groups), bucket_bytes=bucket_bytes)
     split = split_step(rep.graph, m, weight_grads=weight_grads)
     rstage = _replica_stages(rep, stage, k)
     back = phases(graph, loss=loss).backward

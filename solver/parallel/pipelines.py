@@ -73,6 +73,7 @@ from pesto.plan import Plan
 from pesto.simulate import simulate
 from pesto.step import Transformed, compose, replicate, split as split_step
 from pesto.step.marks import backward_ops
+from pesto.step.replication import BUCKET_BYTES
 
 from ..common import order_by_key, rank
 from .cut import (Blocking, Phases, _block_costs, block_memory, blockings, cut_costs, in_flight,
@@ -436,9 +437,10 @@ def _fix_groups(graph: OpGraph, cluster: Cluster, dev: Mapping[str, str]) -> dic
 
 
 def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1,
-                       weight_grads="separate", shard_optimizer: int = 0) -> StepPlan:
+                       weight_grads="separate", shard_optimizer: int = 0,
+                       bucket_bytes: int | None = BUCKET_BYTES) -> StepPlan:
     """One replica per GPU (:func:`pesto.step.replicate`, ``shard_optimizer``:
-    ZeRO-1/2 as it says), each split into ``micro_batches`` slices; the
+    ZeRO-1/2 as it says, gradients in buckets of ``bucket_bytes``), each split into ``micro_batches`` slices; the
     best of three device orders (module doc). ``weight_grads``: the split's
     rule for the slices' weight gradients (:func:`pesto.step.split`).
 
@@ -449,7 +451,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     """
     t0 = time.perf_counter()
     gpus = gpu_names(cluster)
-    rep = replicate(graph, len(gpus), shard_optimizer=shard_optimizer)
+    rep = replicate(graph, len(gpus), shard_optimizer=shard_optimizer, bucket_bytes=bucket_bytes)
     both = rep if micro_batches == 1 else compose(split_step(rep.graph, micro_batches, weight_grads=weight_grads), rep)
     g = both.graph
     replica_of = {n: o.replica for n, o in both.origin.items()}

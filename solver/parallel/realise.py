@@ -118,7 +118,8 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
         if s.replicas != len(gpu_names(cluster)):
             raise ValueError(f"{s.name}: data parallelism runs one replica per GPU ({len(gpu_names(cluster))})")
         return _saving(solved_of(data_parallel_plan(saved, cluster, micro_batches=m, weight_grads=wg,
-                                                    shard_optimizer=s.shard_optimizer), wg), s, kept)
+                                                    shard_optimizer=s.shard_optimizer,
+                                                    bucket_bytes=s.bucket_bytes), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas == 1:
         given = None if stage_of is None else [stage_of[kept.origin[op.name].op] if op.batch else -1
                                                for op in saved.ops]
@@ -128,14 +129,15 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
                                                weight_grads=wg, op_stages=given), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas > 1:
         return _saving(solved_of(hybrid_plan(saved, cluster, replicas=s.replicas, micro_batches=m,
-                                             schedule=s.schedule, candidates=candidates, weight_grads=wg), wg), s, kept)
+                                             schedule=s.schedule, candidates=candidates, weight_grads=wg,
+                                             bucket_bytes=s.bucket_bytes), wg), s, kept)
     raise ValueError(f"no realiser for {s.name} (schedule {s.schedule!r}); the search realises 'free' itself")
 
 
 def _saving(solved: Solved, strategy: Strategy, kept: Transformed) -> Solved:
-    """``solved`` with the savers of ``strategy`` in its strategy, its transform
+    """``solved`` with the savers (and bucket size) of ``strategy`` in its strategy, its transform
     composed with ``kept`` (:func:`with_savers`: the recomputation) down to the step."""
     t = solved.transformed if kept.graph is kept.source else compose(solved.transformed, kept)
     return replace(solved, strategy=replace(solved.strategy, recompute=strategy.recompute,
-                                            selective=strategy.selective,
+                                            selective=strategy.selective, bucket_bytes=strategy.bucket_bytes,
                                             shard_optimizer=strategy.shard_optimizer), transformed=t)

@@ -252,7 +252,20 @@ class Strategy:
         (1F1B; another schedule after it: ``"hybrid R=2 K=2 M=4 zb-h1"``),
         the weight-gradient rule and the savers after it (``"data-parallel R=4 ZeRO-1"``,
         ``"zb-h1 K=4 M=8 whole(4)"``)."""
-        return " ".join(w for w in (self._base_name(), self.rule_words, self.savers) if w)
+        return " ".join(w for w in (self._base_name(), self.bucket_words, self.rule_words, self.savers) if w)
+
+    @property
+    def bucket_words(self) -> str:
+        """The gradient buckets of a replicated strategy when not DDP's default
+        (:data:`pesto.step.replication.BUCKET_BYTES`): ``"buckets=12.5MiB"``,
+        ``"buckets=off"`` (one ring per tensor); ``""`` otherwise.
+
+        >>> Strategy(replicas=4, bucket_bytes=BUCKET_BYTES // 2).name
+        'data-parallel R=4 buckets=12.5MiB'
+        """
+        if self.replicas == 1 or self.bucket_bytes == BUCKET_BYTES:
+            return ""
+        return "buckets=off" if not self.bucket_bytes else f"buckets={self.bucket_bytes / 2**20:g}MiB"
 
     def _base_name(self) -> str:
         m = f" M={self.micro_batches}" if self.micro_batches > 1 else ""
