@@ -73,7 +73,7 @@ def test_savers_order():
 
 
 @pytest.mark.parametrize("kw, words", [
-    ({"shard_optimizer": 3, "replicas": 2}, "must be one of"),
+    ({"shard_optimizer": 4, "replicas": 2}, "must be one of"),
     ({"shard_optimizer": True, "replicas": 2}, "must be one of"),
     ({"shard_optimizer": 1}, "needs replicas > 1"),
     ({"recompute": 1}, "True, False or one bool per layer block"),

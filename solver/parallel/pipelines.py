@@ -438,7 +438,7 @@ def _fix_groups(graph: OpGraph, cluster: Cluster, dev: Mapping[str, str]) -> dic
 def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1,
                        weight_grads="separate", shard_optimizer: int = 0) -> StepPlan:
     """One replica per GPU (:func:`pesto.step.replicate`, ``shard_optimizer``:
-    ZeRO-1/2 as it says), each split into ``micro_batches`` slices; the
+    ZeRO-1/2/3 as it says), each split into ``micro_batches`` slices; the
     best of three device orders (module doc). ``weight_grads``: the split's
     rule for the slices' weight gradients (:func:`pesto.step.split`).
 

@@ -269,7 +269,8 @@ def savers_of(words: str) -> Strategy:
     >>> savers_of("recompute(1/2:1)").recompute
     (False, True)
     """
-    known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
+    known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "ZeRO-3": {"shard_optimizer": 3},
+             "recompute": {"recompute": True}}
     fields: dict = {}
     for w in words.split():
         if w.startswith("recompute(") or w.startswith("recompute-cheap"):
