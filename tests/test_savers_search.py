@@ -13,7 +13,7 @@ from pesto.solvelog import SolveLog
 from solver.parallel.kinds import savers
 from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 from solver.parallel.realise import realise
-from solver.parallel.search import memory_short, step_graph
+from solver.parallel.search import memory_short, savers_of, step_graph
 from solver.parallel.strategy import Strategy
 
 W0 = 50_000_000
@@ -126,3 +126,17 @@ def test_bench_savers_reading_follows_the_rows():
     assert "from 29.00 GiB to 12.00 GiB (fits 16 GiB) for +26 % step" in text
     assert text.endswith("fits 16 GiB: data-parallel R=8 M=2 ZeRO-2 recompute.")
     assert table(rows).count("| w |") == 4 and set(strategies(2)) >= {r.key for r in rows}
+
+
+def test_zero3_savers_offered_on_request_only_and_read_back():
+    """ZeRO-3 is offered with ``sharded_params`` only (the search does not ask: TF does not build it
+    yet); every saver string it yields reads back to the same fields."""
+    dp = Strategy(replicas=4, micro_batches=2)
+    assert not any(s.shard_optimizer == 3 for s in savers(dp))
+    more = savers(dp, sharded_params=True)
+    assert [s.savers for s in more if s.shard_optimizer == 3] == ["ZeRO-3", "ZeRO-3 recompute-cheap", "ZeRO-3 recompute"]
+    for s in more:
+        back = savers_of(s.savers)
+        assert (back.shard_optimizer, back.recompute, back.selective) == (s.shard_optimizer, s.recompute, s.selective)
+    assert savers(Strategy(stages=4, micro_batches=8, schedule="1f1b"), sharded_params=True) == savers(
+        Strategy(stages=4, micro_batches=8, schedule="1f1b"))

@@ -268,6 +268,8 @@ def savers_of(words: str) -> Strategy:
     (1, False)
     >>> savers_of("recompute(1/2:1)").recompute
     (False, True)
+    >>> savers_of("ZeRO-3 recompute-cheap").shard_optimizer, savers_of("ZeRO-3 recompute-cheap").selective
+    (3, True)
     """
     known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "ZeRO-3": {"shard_optimizer": 3},
              "recompute": {"recompute": True}}
