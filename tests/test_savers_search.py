@@ -65,8 +65,9 @@ def test_fixed_m_short_of_memory_tries_the_savers_then_refuses(heavy):
 
 def test_savers_order():
     assert [s.name for s in savers(Strategy(replicas=4, micro_batches=2))] == [
-        "data-parallel R=4 M=2 ZeRO-1", "data-parallel R=4 M=2 ZeRO-2",
-        "data-parallel R=4 M=2 recompute", "data-parallel R=4 M=2 ZeRO-2 recompute"]
+        "data-parallel R=4 M=2 ZeRO-1", "data-parallel R=4 M=2 ZeRO-2", "data-parallel R=4 M=2 ZeRO-3",
+        "data-parallel R=4 M=2 ZeRO-3 recompute-cheap", "data-parallel R=4 M=2 recompute",
+        "data-parallel R=4 M=2 ZeRO-2 recompute", "data-parallel R=4 M=2 ZeRO-3 recompute"]
     assert [s.name for s in savers(Strategy(stages=4, micro_batches=8, schedule="1f1b"))] == [
         "1f1b K=4 M=8 recompute-cheap", "1f1b K=4 M=8 recompute"]
     assert savers(Strategy(micro_batches=4, schedule="slice")) == [] == savers(Strategy(replicas=2, recompute=True))
@@ -128,15 +129,10 @@ def test_bench_savers_reading_follows_the_rows():
     assert table(rows).count("| w |") == 4 and set(strategies(2)) >= {r.key for r in rows}
 
 
-def test_zero3_savers_offered_on_request_only_and_read_back():
-    """ZeRO-3 is offered with ``sharded_params`` only (the search does not ask: TF does not build it
-    yet); every saver string it yields reads back to the same fields."""
-    dp = Strategy(replicas=4, micro_batches=2)
-    assert not any(s.shard_optimizer == 3 for s in savers(dp))
-    more = savers(dp, sharded_params=True)
+def test_zero3_savers_read_back():
+    """Every saver string data parallelism's list yields reads back to the same fields."""
+    more = savers(Strategy(replicas=4, micro_batches=2))
     assert [s.savers for s in more if s.shard_optimizer == 3] == ["ZeRO-3", "ZeRO-3 recompute-cheap", "ZeRO-3 recompute"]
     for s in more:
         back = savers_of(s.savers)
         assert (back.shard_optimizer, back.recompute, back.selective) == (s.shard_optimizer, s.recompute, s.selective)
-    assert savers(Strategy(stages=4, micro_batches=8, schedule="1f1b"), sharded_params=True) == savers(
-        Strategy(stages=4, micro_batches=8, schedule="1f1b"))

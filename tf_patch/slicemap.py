@@ -90,7 +90,7 @@ RECOMPUTE = "recompute/"
 #: every block or its cheap ops, "recompute(k/n:...)" some blocks, the word before the parenthesis),
 #: alone or together (the copies built on the sharded replicated step). Every combination the search can
 #: pick is among them (``tests/test_tf_savers.py``).
-TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "recompute", "recompute-cheap"})
+TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "ZeRO-3", "recompute", "recompute-cheap"})
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,15 @@ write its module and add its entry.
 ['hybrid', 'pipeline', 'data-parallel', 'zero-bubble']
 
 The memory savers (:func:`savers`) are screened for a candidate whose plan
-does not fit memory: the same strategy with ZeRO-1, ZeRO-2, recomputation, then ZeRO-2 and
-recomputation (data parallelism; ZeRO-3, the parameters sharded, is offered
-by ``savers(..., sharded_params=True)`` only, not screened until TensorFlow
-builds it), or with selective recomputation (each
+does not fit memory: the same strategy with ZeRO-1, ZeRO-2, ZeRO-3 (the parameters
+sharded too, PyTorch's FSDP), ZeRO-3 with selective recomputation, recomputation, then ZeRO-2
+and ZeRO-3 with recomputation (data parallelism), or with selective recomputation (each
 block's cheap ops, ``recompute-cheap``) then recomputation (pipelines,
 hybrids), until one fits. (ZeRO-1 can also be faster: the search's ``"auto"``
 first plan, data parallelism of the step, screens it whether or not memory is short.)
 
->>> [s.savers for s in savers(Strategy(replicas=4))]
-['ZeRO-1', 'ZeRO-2', 'recompute', 'ZeRO-2 recompute']
+>>> [s.savers for s in savers(Strategy(replicas=4))][:4]
+['ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'ZeRO-3 recompute-cheap']
 """
 from __future__ import annotations
 
@@ -113,29 +112,22 @@ KINDS: dict[str, Kind] = {
 }
 
 
-def savers(strategy: Strategy, *, sharded_params: bool = False) -> list[Strategy]:
+def savers(strategy: Strategy) -> list[Strategy]:
     """The strategies that save memory over ``strategy`` (module doc), cheapest
     first: sharding the optimizer costs no step time in the ring model
-    (reduce-scatter + all-gather move the all-reduce's bytes), recomputation
-    runs the forward again; [] for the slice model, the exact pipeline, the
-    plain step, or a strategy that already has savers.
+    (reduce-scatter + all-gather move the all-reduce's bytes), sharding the
+    parameters too (ZeRO-3, :func:`pesto.step.replicate`'s ``shard_optimizer=3``)
+    two more all-gathers of the weights, selective recomputation a fifth of the
+    forward, recomputation the forward again; [] for the slice model, the exact
+    pipeline, the plain step, or a strategy that already has savers.
 
-    ``sharded_params``: data parallelism's list has ZeRO-3 too (the parameters
-    sharded, :func:`pesto.step.replicate`'s ``shard_optimizer=3``: two more
-    all-gathers of the weights a step), alone after ZeRO-2, with selective
-    recomputation before full recomputation, and with full recomputation last.
-    The search does not ask for it: ``tf_patch`` does not build ZeRO-3 yet, and
-    the search never returns a plan TensorFlow cannot run.
-
-    >>> [s.savers for s in savers(Strategy(replicas=4), sharded_params=True)]
-    ['ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'ZeRO-3 recompute-cheap', 'recompute', 'ZeRO-2 recompute', 'ZeRO-3 recompute']
+    >>> [s.savers for s in savers(Strategy(replicas=4))]   # doctest: +NORMALIZE_WHITESPACE
+    ['ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'ZeRO-3 recompute-cheap', 'recompute', 'ZeRO-2 recompute',
+     'ZeRO-3 recompute']
     """
     if strategy.recompute or strategy.shard_optimizer:
         return []
     if strategy.replicas > 1 and strategy.stages == 1 and strategy.schedule == "none":
-        if not sharded_params:
-            return [replace(strategy, shard_optimizer=1), replace(strategy, shard_optimizer=2),
-                    replace(strategy, recompute=True), replace(strategy, shard_optimizer=2, recompute=True)]
         return [replace(strategy, shard_optimizer=1), replace(strategy, shard_optimizer=2),
                 replace(strategy, shard_optimizer=3),
                 replace(strategy, shard_optimizer=3, recompute=True, selective=True),

@@ -122,7 +122,7 @@ from pesto.step import Transformed, identity, recompute, replicate, split as spl
 from pesto.step.marks import joinable_ops, shardable, slice_constants
 from pesto.step.recompute import layer_blocks
 from pesto.step.slicing import choose_weight_grads, copy_name, weight_grad_costs, weight_grad_ops
-from pesto.step.replication import gradient_buckets
+from pesto.step.replication import gradient_buckets, optimizer_state, parameters
 
 from ..budget import Budget, Cost, Skip
 from ..common import rank
@@ -417,6 +417,9 @@ class _Search:
         self.buckets = len(gradient_buckets(self.marked)) if self.gpus > 1 else 0
         self.acts = step_activations(self.marked)
         self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
+        #: what ZeRO shards of it: the optimizer state (levels 1-3), the parameters (level 3)
+        self.state = sum(self.marked.op(n).persistent_bytes for n in optimizer_state(self.marked))
+        self.params = sum(self.marked.op(n).persistent_bytes for n in parameters(self.marked))
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
@@ -452,14 +455,15 @@ class _Search:
         return False
 
     def spread(self, replicas: int, m: int, held: int = 1, recomputed: bool = False,
-               selective: bool = False) -> tuple[int, int]:
+               selective: bool = False, shard: int = 0) -> tuple[int, int]:
         """``(bytes, k)``: a replica's weights and optimizer state plus ``held``
         slices' activations at the loss (:func:`pesto.memory.step_activations`:
         the batched bytes of a slice, ``1 / (replicas m)`` of the batch, the
         shared ones once), spread evenly over
         its ``k = GPUs / replicas`` GPUs; ``recomputed``: the activations of the
         recomputed step (:func:`pesto.step.recompute`, :meth:`recomputed_acts`; ``selective``:
-        each block's cheap ops only).
+        each block's cheap ops only); ``shard``: ZeRO's level, the optimizer state (and at
+        level 3 the parameters) ``1 / replicas`` per replica.
         The one rule behind :meth:`floor` (``held = 1``: every plan holds it) and
         :meth:`predicted_memory` (the slices a schedule holds at once)."""
         k = max(1, self.gpus // replicas)
@@ -467,7 +471,9 @@ class _Search:
         if acts is None:
             return 0, k
         per_slice = held * -(-acts.batched // max(1, replicas * m)) + acts.shared   # a slice: 1/(R M) of the batch
-        return -(-(self.persistent + per_slice) // k), k
+        sharded = (self.state if shard else 0) + (self.params if shard == 3 else 0)
+        persistent = self.persistent - sharded + -(-sharded // max(1, replicas))
+        return -(-(persistent + per_slice) // k), k
 
     def recomputed_acts(self, selective: bool = False):
         """:func:`pesto.memory.step_activations` of the step with every layer
@@ -631,7 +637,7 @@ class _Search:
         forecast, not a bound): :meth:`spread` of the slices the first stage
         holds at once (:func:`solver.parallel.cut.in_flight` of its schedule
         over its chunks per device; one slice without a pipeline schedule), of the recomputed step's
-        activations for a strategy with ``recompute``. It errs high (stage 0
+        activations for a strategy with ``recompute``, ZeRO's shards for ``shard_optimizer``. It errs high (stage 0
         holds the most slices; the cutter gives it fewer layers): GPT-2.7B's
         1F1B M=16 on 8 V100s is forecast at 21.8 GiB and peaks at 17.4 GiB."""
         k = max(1, self.gpus // strategy.replicas)
@@ -643,7 +649,7 @@ class _Search:
             except ValueError:   # a count the schedule refuses: as many as a pipeline's stages
                 held = min(strategy.stages, k)
         return self.spread(strategy.replicas, strategy.micro_batches, held, bool(strategy.recompute),
-                           strategy.selective)[0]
+                           strategy.selective, strategy.shard_optimizer)[0]
 
     def screen_tight(self, m: int, s: _Screened) -> None:
         """A memory-bound step's candidates of ``m`` in :meth:`tight_order`, but
