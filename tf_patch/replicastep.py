@@ -864,7 +864,8 @@ def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_n
     for name in pesto_names:
         found = _map_one(name, rg, bucket, have)
         if not found and origin is not None and (z3 := _PARAM_GATHER.match(name)) and name in origin:
-            found = [t for w in origin[name].members for t in rg.sharded.get((f"{w}@{z3.group(2)}", int(z3.group(3))), ())]
+            part, r = z3.group(2), int(z3.group(3))
+            found = [t for w in origin[name].members for t in rg.sharded.get((f"{w}@{part}", r), ())]
         if adds and len(found) == 1 and parse_name(name).role == "copy" and parse_name(name).slice:
             found = [*found, *adds.get(found[0], ())]
         if found:
