@@ -137,3 +137,28 @@ def test_zero3_savers_read_back():
     for s in more:
         back = savers_of(s.savers)
         assert (back.shard_optimizer, back.recompute, back.selective) == (s.shard_optimizer, s.recompute, s.selective)
+
+
+def test_auto_screens_the_step_s_sharded_data_parallelism_under_the_memory_floor():
+    """``auto``'s first plan: the step's data parallelism is under the memory floor (which counts
+    the weights and optimizer state whole); its savers the forecast says fit are screened in
+    turn until one fits: two layers of a 32 MiB weight ``W``, Adam-like slots, 4 GPUs of 5.7 W.
+    By hand, per GPU: 6 W persistent whole, ZeRO-1/2 2 W + 4 W / 4, ZeRO-3 6 W / 4; ZeRO-1
+    peaks at 6.9 W, ZeRO-2 at 6.1 W, ZeRO-3 at 5.6 W."""
+    from pesto.deadline import Deadline
+    from solver.options import SolveOptions
+    from solver.parallel.search import _Search
+
+    big = 2**25
+    g = deep_step(2, weight=big, act=big // 2)
+    cluster = gpus(4, memory=int(5.7 * big), beta=(1.0, 1e-6))
+    search = _Search(g, cluster, SolveOptions(time_limit=60, micro_batches="auto", batch_size=4, deterministic=True),
+                     Deadline(60, deterministic=True))
+    assert search.floor(4, 1)[0] > search.capacity
+    forecast = {z: search.predicted_memory(Strategy(replicas=4, shard_optimizer=z)) for z in (0, 1, 2, 3)}
+    assert forecast[0] - forecast[2] == 3 * big == forecast[0] - forecast[1]
+    assert forecast[2] - forecast[3] == 3 * big // 2
+    search.first_plan()
+    assert "needs at least" in search.pool.skipped["data-parallel"]
+    assert list(search.pool.steps) == ["data-parallel M=1 ZeRO-1", "data-parallel M=1 ZeRO-2", "data-parallel M=1 ZeRO-3"]
+    assert search.pool.best.strategy.shard_optimizer == 3 and search.pool.best.plan.status != "infeasible"

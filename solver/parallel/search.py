@@ -463,14 +463,16 @@ class _Search:
         its ``k = GPUs / replicas`` GPUs; ``recomputed``: the activations of the
         recomputed step (:func:`pesto.step.recompute`, :meth:`recomputed_acts`; ``selective``:
         each block's cheap ops only); ``shard``: ZeRO's level, the optimizer state (and at
-        level 3 the parameters) ``1 / replicas`` per replica.
+        level 3 the parameters and the shared bytes, their reads) ``1 / replicas`` per replica.
         The one rule behind :meth:`floor` (``held = 1``: every plan holds it) and
         :meth:`predicted_memory` (the slices a schedule holds at once)."""
         k = max(1, self.gpus // replicas)
         acts = self.recomputed_acts(selective) if recomputed else self.acts
         if acts is None:
             return 0, k
-        per_slice = held * -(-acts.batched // max(1, replicas * m)) + acts.shared   # a slice: 1/(R M) of the batch
+        # a slice: 1/(R M) of the batch; ZeRO-3: the once-per-step bytes (the weights' reads) read a shard
+        shared = acts.shared if shard < 3 else -(-acts.shared // max(1, replicas))
+        per_slice = held * -(-acts.batched // max(1, replicas * m)) + shared
         sharded = (self.state if shard else 0) + (self.params if shard == 3 else 0)
         persistent = self.persistent - sharded + -(-sharded // max(1, replicas))
         return -(-(persistent + per_slice) // k), k
@@ -583,10 +585,15 @@ class _Search:
         """``"auto"``: the data-parallel plan of the step, not split, and its
         ZeRO-1 variant (each replica updates ``1 / R`` of the weights: faster
         where the update weighs, as memory savers are screened otherwise only
-        when memory is short); over memory, its savers in turn."""
+        when memory is short); over memory, its savers in turn; under the memory
+        floor, those forecast to fit (:meth:`sharded_first`)."""
         name = "data-parallel"
-        if self.gpus < 2 or self.too_large(name, self.gpus, 1) or self.short_of_memory(name, self.gpus, 1):
+        if self.gpus < 2 or self.too_large(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
+            return
+        if self.short_of_memory(name, self.gpus, 1):
+            self.say(f"{name}: skipped ({self.pool.skipped[name]})")
+            self.sharded_first()
             return
         if not self.fits(name, replicated_ops(self.marked, self.gpus, 1, self.buckets), SIMS[name]):
             return
@@ -600,6 +607,20 @@ class _Search:
         self.pool.offer_solved(name, dp)
         self.say(f"data-parallel: step {dp.plan.makespan / 1000:.3f} ms")
         self.follow(KINDS["data-parallel"], dp.strategy, dp)
+
+    def sharded_first(self) -> None:
+        """``"auto"``, the step's data parallelism under the memory floor (which counts the
+        weights and optimizer state whole): its savers that the forecast (:meth:`predicted_memory`,
+        ZeRO's shards counted) says fit, in turn until one fits (GPT-2.7B on 8 V100-16GB:
+        ZeRO-3 with selective recomputation, 11.9 GiB per GPU)."""
+        kind = KINDS["data-parallel"]
+        for s in self.savers(Strategy(replicas=self.gpus)):
+            if self.predicted_memory(s) > self.capacity:
+                continue
+            r = self.realised(kind, s)
+            if r is not None and r.plan.status != "infeasible":
+                self.partial(kind, s, r)
+                return
 
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and kinds."""
