@@ -13,7 +13,7 @@ from pesto.solvelog import SolveLog
 from solver.parallel.kinds import savers
 from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 from solver.parallel.realise import realise
-from solver.parallel.search import memory_short, step_graph
+from solver.parallel.search import memory_short, savers_of, step_graph
 from solver.parallel.strategy import Strategy
 
 W0 = 50_000_000
@@ -65,15 +65,16 @@ def test_fixed_m_short_of_memory_tries_the_savers_then_refuses(heavy):
 
 def test_savers_order():
     assert [s.name for s in savers(Strategy(replicas=4, micro_batches=2))] == [
-        "data-parallel R=4 M=2 ZeRO-1", "data-parallel R=4 M=2 ZeRO-2",
-        "data-parallel R=4 M=2 recompute", "data-parallel R=4 M=2 ZeRO-2 recompute"]
+        "data-parallel R=4 M=2 ZeRO-1", "data-parallel R=4 M=2 ZeRO-2", "data-parallel R=4 M=2 ZeRO-3",
+        "data-parallel R=4 M=2 ZeRO-3 recompute-cheap", "data-parallel R=4 M=2 recompute",
+        "data-parallel R=4 M=2 ZeRO-2 recompute", "data-parallel R=4 M=2 ZeRO-3 recompute"]
     assert [s.name for s in savers(Strategy(stages=4, micro_batches=8, schedule="1f1b"))] == [
         "1f1b K=4 M=8 recompute-cheap", "1f1b K=4 M=8 recompute"]
     assert savers(Strategy(micro_batches=4, schedule="slice")) == [] == savers(Strategy(replicas=2, recompute=True))
 
 
 @pytest.mark.parametrize("kw, words", [
-    ({"shard_optimizer": 3, "replicas": 2}, "must be one of"),
+    ({"shard_optimizer": 4, "replicas": 2}, "must be one of"),
     ({"shard_optimizer": True, "replicas": 2}, "must be one of"),
     ({"shard_optimizer": 1}, "needs replicas > 1"),
     ({"recompute": 1}, "True, False or one level per layer block"),
@@ -126,3 +127,40 @@ def test_bench_savers_reading_follows_the_rows():
     assert "from 29.00 GiB to 12.00 GiB (fits 16 GiB) for +26 % step" in text
     assert text.endswith("fits 16 GiB: data-parallel R=8 M=2 ZeRO-2 recompute.")
     assert table(rows).count("| w |") == 4 and set(strategies(2)) >= {r.key for r in rows}
+
+
+def test_zero3_savers_read_back():
+    """Every saver string data parallelism's list yields reads back to the same fields."""
+    more = savers(Strategy(replicas=4, micro_batches=2))
+    zero3 = [s.savers for s in more if s.shard_optimizer == 3]
+    assert zero3 == ["ZeRO-3", "ZeRO-3 recompute-cheap", "ZeRO-3 recompute"]
+    for s in more:
+        back = savers_of(s.savers)
+        assert (back.shard_optimizer, back.recompute, back.selective) == (s.shard_optimizer, s.recompute, s.selective)
+
+
+def test_auto_screens_the_step_s_sharded_data_parallelism_under_the_memory_floor():
+    """``auto``'s first plan: the step's data parallelism is under the memory floor (which counts
+    the weights and optimizer state whole); its savers the forecast says fit are screened in
+    turn until one fits: two layers of a 32 MiB weight ``W``, Adam-like slots, 4 GPUs of 5.7 W.
+    By hand, per GPU: 6 W persistent whole, ZeRO-1/2 2 W + 4 W / 4, ZeRO-3 6 W / 4; ZeRO-1
+    peaks at 6.9 W, ZeRO-2 at 6.1 W, ZeRO-3 at 5.6 W."""
+    from pesto.deadline import Deadline
+    from solver.options import SolveOptions
+    from solver.parallel.search import _Search
+
+    big = 2**25
+    g = deep_step(2, weight=big, act=big // 2)
+    cluster = gpus(4, memory=int(5.7 * big), beta=(1.0, 1e-6))
+    search = _Search(g, cluster, SolveOptions(time_limit=60, micro_batches="auto", batch_size=4, deterministic=True),
+                     Deadline(60, deterministic=True))
+    assert search.floor(4, 1)[0] > search.capacity
+    forecast = {z: search.predicted_memory(Strategy(replicas=4, shard_optimizer=z)) for z in (0, 1, 2, 3)}
+    assert forecast[0] - forecast[2] == 3 * big == forecast[0] - forecast[1]
+    assert forecast[2] - forecast[3] == 3 * big // 2
+    search.first_plan()
+    assert "needs at least" in search.pool.skipped["data-parallel"]
+    # in turn until one fits (ZeRO-3), then a less sharded level's leanest saver (ZeRO-2 recomputing every op)
+    assert list(search.pool.steps) == ["data-parallel M=1 ZeRO-1", "data-parallel M=1 ZeRO-2", "data-parallel M=1 ZeRO-3",
+                                       "data-parallel M=1 ZeRO-2 recompute"]
+    assert search.pool.best.strategy.shard_optimizer == 3 and search.pool.best.plan.status != "infeasible"

@@ -122,7 +122,8 @@ def test_result_view_accepts_every_saver_combination_the_search_can_pick():
             self.plan = pesto.Plan({}, {}, log=SolveLog(recipe="step search", savers=words))
 
     picked = {s.savers for gpus in (2, 4, 8) for s in _candidates(gpus)}
-    assert {"ZeRO-1", "ZeRO-2", "recompute", "ZeRO-2 recompute"} <= picked, picked   # data parallelism's savers
+    assert {"ZeRO-1", "ZeRO-2", "ZeRO-3", "recompute", "ZeRO-2 recompute", "ZeRO-3 recompute-cheap",
+            "ZeRO-3 recompute"} <= picked, picked   # data parallelism's savers
     assert any(s.recompute and s.schedule in ("gpipe", "1f1b") for s in _candidates(4))   # a pipeline's
     assert {"ZeRO-2 recompute(1/3:0)+cheap(1/3:1)", "recompute-cheap(2/3:0,2)"} <= picked   # mixed levels
     for words in sorted(picked):

@@ -123,3 +123,21 @@ def test_counts_cap_is_the_searchs():
 
     assert ub.MAX_MICRO == AUTO_MAX
     assert ub.micro_counts(24) == micro_batch_counts("auto", 24) and ub.micro_counts(None) == micro_batch_counts("auto")
+
+
+@pytest.mark.parametrize("room, config, tried", [
+    (5.7, "zero-3 DP=4 M=1", ["zero-1 DP=4 M=1", "zero-2 DP=4 M=1", "zero-3 DP=4 M=1"]),
+    (5.5, "zero-3 DP=4 M=1 recompute", ["zero-1 DP=4 M=1", "zero-2 DP=4 M=1", "zero-3 DP=4 M=1",
+                                        "zero-2 DP=4 M=1 recompute", "zero-3 DP=4 M=1 recompute"])])
+def test_zero_dp_tries_zero2_then_fsdp_then_recomputation(room, config, tried):
+    """Two layers of a 32 MiB weight (Adam-like slots of as much), 4 GPUs: per GPU
+    ZeRO-1 peaks at 6.9, ZeRO-2 at 6.1, ZeRO-3 at 5.6 and ZeRO-3 with recomputation
+    at 5.4 weights; a user walks them in turn until one fits."""
+    from mb_strategies import deep_step
+
+    big = 2**25
+    g = deep_step(2, weight=big, act=big // 2)
+    r = ub.zero_plan(g, gpus(4, memory=int(room * big), beta=(1.0, 1e-6)), batch_size=4)
+    assert r.fits and r.config == config and [t.config for t in r.tried] == tried
+    assert r.solved.strategy.shard_optimizer == 3 and bool(r.solved.strategy.recompute) == config.endswith("recompute")
+    assert [t.fits for t in r.tried] == [False] * (len(tried) - 1) + [True]

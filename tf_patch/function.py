@@ -420,7 +420,7 @@ class FunctionStep:
         self.loss, self.updates, self.replicas = rg.loss, list(rg.updates), result.replicas
         if recomputes(result.origin):   # the plan's copies on the replicated step, then mapped as the rest
             before = extract(rg.graph, self._fetches(), on_unknown="ignore")
-            rmap = replica_map(result.graph.names, rg, buckets, before.names)
+            rmap = replica_map(result.graph.names, rg, buckets, before.names, origin=result.origin)
             self.recomputed = recompute_graph(rg.graph, result.graph, rmap.ops)
             self.tf_graph = self.recomputed.graph
             self.graph = extract(self.tf_graph, self._fetches(), on_unknown="ignore")

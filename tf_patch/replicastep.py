@@ -42,6 +42,15 @@ devices and the order):
   ``NoOp`` waiting for both. TensorFlow frees the gradient outside the shard
   after the reduce-scatter either way: ZeRO-1 and ZeRO-2 build the same step.
   A sparse gradient is gathered and updated whole as without sharding;
+* **sharded parameters** (ZeRO-3, :func:`shard_level` 3: Pesto's
+  ``p@fwgather@r<r>``): as ZeRO-1/2, but no updated piece goes round the ring
+  and no whole variable is written: every read of a dense variable in replica
+  ``r`` (``ReadVariableOp``) becomes the concatenation of the replicas' piece
+  variables (``zero3/<variable>/piece_<j>``, read once each), one
+  (``zero3/r<r>/<variable>/forward_<i>``) for its forward consumers and one
+  (``.../backward_<i>``) for those under a gradient scope
+  (:meth:`_Zero.gather_reads`); the whole variables stay allocated (initialised,
+  no longer read or written), a sparse gradient's variable is read whole;
 * the input splits (``microbatch/<input>``) and the loss sum
   (``microbatch/loss``) stay single: the loss is the sum of the replicas'
   scaled losses, the whole batch's mean;
@@ -67,7 +76,9 @@ The naming rule (Pesto op -> TF ops)
 * a hybrid's accumulation ``c@acc<i>`` of replica ``r``'s chunk ``c`` ->
   replica ``r``'s ``acc_<i>`` adds of that bucket;
 * sharded: ``t@allgather@r<r>`` -> replica ``r``'s writes of the gathered
-  parameters; an update ``u@r<r>`` -> replica ``r``'s update of its piece
+  parameters; ZeRO-3: ``p@fwgather@r<r>`` / ``p@bwgather@r<r>`` -> replica
+  ``r``'s forward / backward concatenations of the bucket's members (the
+  plan's origins name them), ``p@fsend@r<r>`` -> the reads of replica ``r``'s pieces; an update ``u@r<r>`` -> replica ``r``'s update of its piece
   (and the piece's read), an optimizer slot ``s@r<r>`` -> replica ``r``'s
   piece slots (:attr:`ReplicaGraph.sharded`).
 
@@ -97,6 +108,7 @@ from pesto.step.slicing import parse_name
 from pesto.plan import Plan
 
 from .extract import extract, step_ops
+from .marks import GRADIENT_ROOT
 from .microstep import slice_of
 from .slicemap import SliceMap, mapped_hint, slice_candidates
 from .zoo.common import ZooModel
@@ -112,6 +124,7 @@ _GATHER = re.compile(r"^(.*)@(?:allreduce|allgather)@r(\d+)$")
 _COPY = re.compile(r"^(.*)@r(\d+)$")
 _CHUNK = re.compile(r"^(.*)@r(\d+)/chunk\d+$")
 _REP = re.compile(r"^rep\d+/")
+_PARAM_GATHER = re.compile(r"^(.*)@(fwgather|bwgather|fsend)@r(\d+)$")
 _ONE = re.compile(r"@r0(?=@|:|$)")
 
 
@@ -414,6 +427,8 @@ class _Ring:
         if self.zero is not None:   # each replica updates its shard, then the parameters are all-gathered
             rs = [self.zero.update(graph, groups, sizes, rs[r], r, f"{scope}/r{r}",
                                    lambda *ts, r=r: self._mark("update", r, *ts)) for r in range(n)]
+            if self.zero.level == 3:   # ZeRO-3: the next step's reads gather the pieces (_Zero.gather_reads)
+                return
         ag = rs
         for r in range(n):   # after the reduce-scatter replica r holds chunk r + 1 summed
             held[r][(r + 1) % n] = rs[r]
@@ -500,8 +515,9 @@ class _Zero:
     (:meth:`write`). The original update op of replica ``r`` becomes a
     ``NoOp`` of its name that waits for both (:meth:`noops`)."""
 
-    def __init__(self, updates: Mapping[str, _Update], values: Mapping[str, object], rw: "_Rewrite", replicas: int):
-        self.updates, self.values, self.rw, self.n = updates, values, rw, replicas
+    def __init__(self, updates: Mapping[str, _Update], values: Mapping[str, object], rw: "_Rewrite", replicas: int,
+                 level: int = 1):
+        self.updates, self.values, self.rw, self.n, self.level = updates, values, rw, replicas, level
         self.pieces: dict[str, tuple] = {}    # piece variable handle -> (variable handle, start, stop)
         self.sharded: dict[tuple, tuple] = {}  # (update op or slot handle, replica) -> its TF ops
         self.done: dict[tuple, list] = {}     # (update op, replica) -> the ops its NoOp waits for
@@ -603,6 +619,58 @@ class _Zero:
             out.append(node)
         return out
 
+    def gather_reads(self, graph) -> None:
+        """ZeRO-3: every read of a sharded variable in replica ``r`` (a ``ReadVariableOp`` of
+        ``rep<r>/<variable>``) replaced by the concatenation of its pieces, read once per piece
+        (``zero3/<variable>/piece_<j>``, on its owner's piece variable): one concatenation
+        (``zero3/r<r>/<variable>/forward_<i>``) for the read's forward consumers, one
+        (``.../backward_<i>``) for those under a gradient scope; the whole variables are no
+        longer read. The pieces are read before any update: the forward reads feed every
+        replica's loss, hence every reduce-scatter."""
+        import tensorflow as tf
+
+        params: dict[str, list] = {}
+        for piece, (h, a, b) in self.pieces.items():
+            if piece.endswith("/param"):
+                params.setdefault(h, []).append((a, piece))
+        with graph.as_default():
+            for h, parts in sorted(params.items()):
+                parts.sort()
+                label = h
+                var = graph.get_operation_by_name(parts[0][1])
+                reads = [tf.raw_ops.ReadVariableOp(resource=graph.get_tensor_by_name(f"{piece}:0"),
+                                                   dtype=var.get_attr("dtype"), name=f"zero3/{label}/piece_{j}")
+                         for j, (_, piece) in enumerate(parts)]
+                for j, (_, piece) in enumerate(parts):
+                    owner = int(re.search(r"/r(\d+)/", piece).group(1))
+                    self.sharded[(f"{h}@fsend", owner)] = self.sharded.get((f"{h}@fsend", owner), ()) + (
+                        reads[j].op.name,)
+                for r in range(self.n):
+                    self._rewire(graph, h, r, reads, GRADIENT_ROOT)
+
+    def _rewire(self, graph, h: str, r: int, pieces, gradient_root) -> None:
+        """Replica ``r``'s reads of variable ``h`` replaced (:meth:`gather_reads`)."""
+        import tensorflow as tf
+
+        whole = graph.get_operation_by_name(self.rw.name(h, r))
+        users = [c for c in whole.outputs[0].consumers() if not c.name.startswith("pesto_init/")]
+        shape = self.values[h].shape
+        for i, read in enumerate(u for u in users if u.type == "ReadVariableOp"):
+            made = {}
+            for c in list(read.outputs[0].consumers()):
+                back = any(gradient_root.match(part) for part in c.name.split("/"))
+                d = "backward" if back else "forward"
+                if d not in made:
+                    flat = tf.concat(pieces, 0, name=f"zero3/r{r}/{h}/{d}_{i}/concat") if len(pieces) > 1 \
+                        else pieces[0]
+                    made[d] = tf.reshape(flat, shape, name=f"zero3/r{r}/{h}/{d}_{i}")
+                    key = (f"{h}@{d[0]}wgather", r)
+                    self.sharded[key] = self.sharded.get(key, ()) + tuple(
+                        x.op.name for x in (flat, made[d]) if x is not pieces[0])
+                for k, x in enumerate(c.inputs):
+                    if x is read.outputs[0]:
+                        c._update_input(k, made[d])
+
     def piece_values(self) -> dict:
         """Initial values of the piece variables (slices of their variables')."""
         import numpy as np
@@ -636,7 +704,8 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
         ``1 / R`` piece of every dense gradient's variable and slots, the
         updated pieces all-gathered); TensorFlow frees the gradient outside
         the shard after the reduce-scatter in both, so ZeRO-1 and ZeRO-2 build
-        the same step. ``0``: every replica updates everything.
+        the same step. ``3``: ZeRO-3, the reads gather the pieces instead
+        (module doc). ``0``: every replica updates everything.
 
     Returns
     -------
@@ -660,7 +729,7 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     outs = {t for g in groups.values() for t in g.outs}
     gd = graph.as_graph_def()
     rw = _Rewrite(gd, names, sliced, per_rep, micro_batches, outs)
-    zero = (_Zero(_zero_updates(graph, groups, rw.nodes), values, rw, replicas)
+    zero = (_Zero(_zero_updates(graph, groups, rw.nodes), values, rw, replicas, shard_optimizer)
             if shard_optimizer and replicas > 1 else None)
     skip = zero.skipped(rw.nodes) if zero is not None else set()
     rings = [_Ring(k, [groups[s] for s in b if s in groups], replicas, micro_batches, zero)
@@ -681,6 +750,8 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
         second += zero.noops()
         values = {**values, **zero.piece_values()}
     new = _joined(new, second, remap, gd.library, gd.versions)
+    if zero is not None and zero.level == 3:
+        zero.gather_reads(new)
     return _finish(new, fetches, per_rep, rings, values, replicas, micro_batches, zero)
 
 
@@ -776,20 +847,25 @@ class ReplicaMap(SliceMap):
 
 
 def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_names,
-                adds: Mapping[str, tuple] | None = None) -> ReplicaMap:
+                adds: Mapping[str, tuple] | None = None, origin=None) -> ReplicaMap:
     """Map the ops of Pesto's replicated graph (``pesto_names``) onto the
     replicated TF step ``rg`` (the module's naming rule); ``buckets``:
     :func:`pesto_buckets`'s first member -> scopes; ``tf_names``: the TF step's ops;
     ``adds``: for a plan that sums the slices' weight gradients in place
     (``weight_grads="accumulate"``), :func:`slice_adds` of the TF step: a copy
     of slice ``i >= 1`` maps to its TF copy and the ``acc_<i>`` add summing it
-    (:mod:`tf_patch.slicemap`'s rule for a split step)."""
+    (:mod:`tf_patch.slicemap`'s rule for a split step); ``origin``: the plan's
+    origins, whose members map a ZeRO-3 gather of a bucket of parameters
+    (``p@fwgather@r<r>``, ``p@fsend@r<r>``...) onto every member's TF ops."""
     have = set(tf_names)
     ring_of = {b[0]: k for k, b in enumerate(rg.buckets) if b}
     bucket = {first: ring_of[scopes[0]] for first, scopes in buckets.items() if scopes and scopes[0] in ring_of}
     ops: dict[str, tuple] = {}
     for name in pesto_names:
         found = _map_one(name, rg, bucket, have)
+        if not found and origin is not None and (z3 := _PARAM_GATHER.match(name)) and name in origin:
+            part, r = z3.group(2), int(z3.group(3))
+            found = [t for w in origin[name].members for t in rg.sharded.get((f"{w}@{part}", r), ())]
         if adds and len(found) == 1 and parse_name(name).role == "copy" and parse_name(name).slice:
             found = [*found, *adds.get(found[0], ())]
         if found:
@@ -850,14 +926,17 @@ def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) 
 
 
 def shard_level(pesto_names) -> int:
-    """``1`` when Pesto's replicated graph (its op names) shards the optimizer
-    (ZeRO-1 or -2: it all-gathers parameters, ``t@allgather@r<r>``), else ``0``:
-    TensorFlow builds both levels alike (:func:`replicate_graph`).
+    """``3`` when Pesto's replicated graph (its op names) shards the parameters
+    (ZeRO-3: it gathers them for their readers, ``p@fwgather@r<r>``), ``1``
+    when it shards the optimizer (ZeRO-1 or -2: it all-gathers updated parameters,
+    ``t@allgather@r<r>``; TensorFlow builds both levels alike,
+    :func:`replicate_graph`), else ``0``.
 
-    >>> shard_level(["w@r0", "g:0@allgather@r1"]), shard_level(["g:0@allreduce@r0"])
-    (1, 0)
+    >>> shard_level(["w@r0", "g:0@allgather@r1"]), shard_level(["g:0@allreduce@r0"]), shard_level(["w@fwgather@r0"])
+    (1, 0, 3)
     """
-    return int(any("@allgather@r" in n for n in pesto_names))
+    names = list(pesto_names)
+    return 3 if any("@fwgather@r" in n for n in names) else int(any("@allgather@r" in n for n in names))
 
 
 def origin_of(result):
@@ -871,7 +950,7 @@ def replicated_plan(result, rg: ReplicaGraph, buckets: Mapping[str, list]) -> tu
     replicated ``result`` (module doc; :func:`mapped_plan`)."""
     tfg = extract(rg.graph, [rg.loss, *rg.updates], on_unknown="ignore")
     rmap = replica_map(result.graph.names, rg, buckets, tfg.names,
-                       slice_adds(tfg) if getattr(result, "in_place", ()) else None)
+                       slice_adds(tfg) if getattr(result, "in_place", ()) else None, origin_of(result))
     return mapped_plan(result.plan, rmap, tfg), rmap
 
 

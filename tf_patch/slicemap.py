@@ -91,7 +91,7 @@ RECOMPUTE = "recompute/"
 #: blocks at mixed levels: the word before the parenthesis; the copies are the plan's own),
 #: alone or together (the copies built on the sharded replicated step). Every combination the search can
 #: pick is among them (``tests/test_tf_savers.py``).
-TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "recompute", "recompute-cheap"})
+TF_SAVERS = frozenset({"ZeRO-1", "ZeRO-2", "ZeRO-3", "recompute", "recompute-cheap"})
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,40 @@ DeepSpeed; Rajbhandari et al., SC'20). Each replica updates only its
   **ZeRO-2** frees the gradient outside the shard after the reduce-scatter
   (that step holds ``ceil(B / N)``).
 
+**Sharded parameters** (``shard_optimizer=3``, ZeRO-3 of DeepSpeed, PyTorch's
+FSDP): ZeRO-2, and each replica holds ``1 / N`` of every parameter
+(:func:`parameters`: once-per-step ops with persistent bytes that the batched
+ops read, not the optimizer state):
+
+* a parameter's persistent bytes are ``ceil(bytes / N)``; its reads (its
+  once-per-step successors outside the update, TensorFlow's
+  ``ReadVariableOp``) read the shard (``1 / N`` of their output);
+* the parameters, ordered by their first forward reader, are packed into
+  buckets of ``bucket_bytes`` (:func:`pack_buckets`); per bucket and replica a
+  **forward gather**: ``p@fsend@r{r}`` (no compute; it allocates the bucket's
+  ``B``-byte gathered buffer and hands its ``ceil(B / N)``-byte shard to the
+  right neighbour), ring steps ``p@pf{s}@r{r}`` (``s = 0 .. N-2``, a
+  ``ceil(B / N)``-byte transfer each, written into the buffer: no bytes of
+  their own) and ``p@fwgather@r{r}`` (the full copy, ``B`` bytes, one tensor
+  ``w@fwgather@r{r}`` per member ``w``, held until its last reader), read by
+  every *forward* reader of the members (a batched op reading the parameter
+  or a read of it, phase ``"forward"``); named after the bucket's first
+  member ``p``;
+* the **backward gather** (``@bsend@``, ``@pb{s}@``, ``@bwgather@``, buckets
+  ordered by their first backward reader) is the same ring again for the
+  other readers (input gradients, recomputed copies): FSDP's default, the
+  copy freed after the forward and gathered again;
+* **prefetch**: a bucket's send waits (control edges) only for the ring to be
+  free (the previous bucket's gather of its chain) and for the first reader of
+  the bucket two before to be done, so a gather overlaps the compute of the
+  layer before (at most about two gathered buckets ahead, FSDP's limit of
+  in-flight all-gathers); a backward chain's first two buckets also wait for
+  their forward readers;
+* gradients are reduce-scattered as ZeRO-2 and each replica updates its shard;
+  no all-gather of the updated parameters (the next step's gathers do it).
+  Per replica two all-gathers and the reduce-scatter move ``3 (N - 1)``
+  chunks of ``ceil(B / N)`` bytes: 1.5 times the all-reduce's bytes.
+
 The sum is what the update needs when each replica's loss is normalised by
 the whole batch (as for :func:`pesto.step.split`). ``N = 1`` is the step itself
 under the names ``op@r0``. ``split(replicate(g, N).graph, M)`` splits
@@ -135,7 +169,7 @@ from .slicing import BANDWIDTH, FLOOR_US, accumulate_op, check_marks, fixed_ops,
 from .transform import Origin, Transformed, check_count
 
 __all__ = ["replicate", "replica_name", "RESERVED", "BUCKET_BYTES", "gradient_buckets", "pack_buckets",
-           "optimizer_state", "SHARD_LEVELS"]
+           "optimizer_state", "parameters", "SHARD_LEVELS"]
 
 #: Default gradient bucket size in bytes (PyTorch DDP's ``bucket_cap_mb=25``).
 BUCKET_BYTES = 25 * 2**20
@@ -146,9 +180,9 @@ BUCKET_BYTES = 25 * 2**20
 FIRST_BUCKET_BYTES = 2**20
 
 #: Names :func:`replicate` makes: an original op or tensor may not look like them.
-RESERVED = re.compile(r"@(r|rs|ag)\d|@allreduce@|@allgather@")
-#: The values of ``shard_optimizer``: none, ZeRO-1, ZeRO-2.
-SHARD_LEVELS = (0, 1, 2)
+RESERVED = re.compile(r"@(r|rs|ag|pf|pb)\d|@allreduce@|@allgather@|@(fw|bw)gather@|@[fb]send@")
+#: The values of ``shard_optimizer``: none, ZeRO-1, ZeRO-2, ZeRO-3 (parameters sharded too).
+SHARD_LEVELS = (0, 1, 2, 3)
 
 
 def replica_name(name: str, r: int) -> str:
@@ -269,7 +303,8 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
     bytes, one ring each (:func:`gradient_buckets`); ``0`` or ``None``: one
     ring per gradient tensor. ``shard_optimizer``: ``0`` (every replica
     updates everything), ``1`` or ``2`` (ZeRO-1 / ZeRO-2: each replica
-    updates its shard; module doc, "Sharded optimizer state").
+    updates its shard; module doc, "Sharded optimizer state"), ``3``
+    (ZeRO-3: the parameters sharded too; module doc, "Sharded parameters").
 
     Raises
     ------
@@ -282,7 +317,8 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
     n = check_count(replicas, "replicas")
     if shard_optimizer not in SHARD_LEVELS or isinstance(shard_optimizer, bool):
         raise MicroBatchError(f"shard_optimizer must be one of {SHARD_LEVELS} (0: none, 1: ZeRO-1 optimizer "
-                              f"state, 2: ZeRO-2 optimizer state and gradient sharded), got {shard_optimizer!r}",
+                              f"state, 2: ZeRO-2 optimizer state and gradient sharded, 3: ZeRO-3 parameters "
+                              f"too), got {shard_optimizer!r}",
                               culprit=shard_optimizer)
     check_marks(graph, RESERVED)
     buckets = gradient_buckets(graph, bucket_bytes)
@@ -291,6 +327,8 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
         b.add_replica(r)
     for members in sorted(buckets):
         b.all_reduce([graph.tensor(t) for t in members])
+    if b.shard == 3:
+        _Gathers(b, bucket_bytes).add()
     b.add_edges()
     zero = f"@zero{b.shard}" if b.shard else ""
     out = OpGraph(b.ops, [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in b.edges.items()],
@@ -327,9 +365,13 @@ class _Ring:
             for m in buckets:
                 ups = sorted({u for t in m for u in cons[t] if not graph.op(u).batch}, key=lambda u: pos[graph.index[u]])
                 self.updates[m[0]] = ups
-                if ups:
+                if ups and shard < 3:
                     self.params.setdefault(ups[-1], []).append((m[0], -(-self.chunks_of[m[-1]][1] // n)))
         self.sharded = frozenset(u for ups in self.updates.values() for u in ups)
+        #: ZeRO-3: the parameters, the once-per-step ops that read them (their reads: sharded), and
+        #: (reader's source, batched reader) -> the parameter, the edges a gathered copy replaces
+        self.weights = parameters(graph) if shard == 3 else frozenset()
+        self.reads, self.reroute = _reads(graph, self.weights)
 
     def add_replica(self, r: int) -> None:
         n = self.n
@@ -349,6 +391,7 @@ class _Ring:
             self.ops.append(copy if op.anchor not in self.g else replace(copy, anchor=replica_name(op.anchor, r)))
             for t in mine:
                 size = t.bytes if not op.batch or t.name in self.partials else -(-t.bytes // n)
+                size = -(-size // n) if op.name in self.reads else size
                 self.tensors.append(Tensor(replica_name(t.name, r), name, size))
                 if t.name in self.to_step:
                     self.final[(t.name, r)] = (name, replica_name(t.name, r))
@@ -360,8 +403,10 @@ class _Ring:
         """The fields of a once-per-step op that sharding changes: an optimizer
         state's persistent bytes and an update's compute and temporary bytes, ``1 / n``."""
         n = self.n
-        if op.name in self.state:
+        if op.name in self.state or op.name in self.weights:
             return {"persistent_bytes": -(-op.persistent_bytes // n)}
+        if op.name in self.reads:
+            return {"output_bytes": -(-op.output_bytes // n)}
         if op.name in self.sharded:
             return {"compute": {k: t / n for k, t in op.compute.items()},
                     "temporary_bytes": -(-op.temporary_bytes // n)}
@@ -386,9 +431,9 @@ class _Ring:
             return
         for r in range(self.n):
             self.reduce_scatter(members, r)
-            if self.shard:
+            if self.shard in (1, 2):
                 self.gather_params(members, r)
-            else:
+            elif not self.shard:
                 self.gather_sums(members, r)
 
     def reduce_scatter(self, members: list[Tensor], r: int) -> None:
@@ -462,6 +507,8 @@ class _Ring:
             bu, bv = g.op(e.src).batch, g.op(e.dst).batch
             for r in range(self.n):
                 dst = replica_name(e.dst, r)
+                if (e.src, e.dst) in self.reroute:
+                    continue   # ZeRO-3: the reader reads the gathered copy (_Gathers)
                 if bu and not bv and e.tensors:
                     for t in e.tensors:
                         src, tensor = self.final[(t, r)]
@@ -471,6 +518,85 @@ class _Ring:
                         replica_name(t, r) for t in e.tensors)
 
 
+class _Gathers:
+    """ZeRO-3: the all-gathers of the sharded parameters, one forward and one
+    backward chain of buckets per replica (module doc, "Sharded parameters")."""
+
+    def __init__(self, ring: _Ring, bucket_bytes: int | None):
+        g = self.g = ring.g
+        self.ring = ring
+        pos = self.pos = {g.names[i]: k for k, i in enumerate(g.topo_idx())}
+        self.readers: dict[str, dict[str, list[str]]] = {"f": {}, "b": {}}
+        for (_, x), w in sorted(ring.reroute.items()):
+            d = "f" if g.op(x).phase == "forward" else "b"
+            self.readers[d].setdefault(w, []).append(x)
+        for d in "fb":
+            for w, xs in self.readers[d].items():
+                xs.sort(key=pos.__getitem__)
+        first = {d: {w: pos[xs[0]] for w, xs in self.readers[d].items()} for d in "fb"}
+        big = len(pos)
+        order = sorted(ring.weights, key=lambda w: (first["f"].get(w, big + first["b"].get(w, big)), w))
+        packed = pack_buckets([g.op(w).persistent_bytes for w in order], bucket_bytes)
+        buckets = [[order[i] for i in b] for b in packed]
+        self.chains = {d: sorted((b for b in buckets if any(w in first[d] for w in b)),
+                                 key=lambda b: min(first[d].get(w, big) for w in b)) for d in "fb"}
+
+    def add(self) -> None:
+        """Every replica's sends, ring steps and gathers, and the readers' edges."""
+        for d in "fb":
+            for k, members in enumerate(self.chains[d]):
+                for r in range(self.ring.n):
+                    self.gather(d, k, members, r)
+
+    def gather(self, d: str, k: int, members: list[str], r: int) -> None:
+        """Replica ``r``'s gather of bucket ``k`` of chain ``d`` (``"f"`` forward, ``"b"`` backward):
+        its shard sent when the ring is free and the bucket two before is being read, ``n - 1``
+        ring steps, the gathered copy its readers read (held until the last)."""
+        ring, g, n, p = self.ring, self.g, self.ring.n, members[0]
+        chain = self.chains[d]
+        total = sum(g.op(w).persistent_bytes for w in members)
+        c = -(-total // n)
+        kinds = g.op(p).kinds
+        left = (r - 1) % n
+        send, gathered = f"{p}@{d}send@r{r}", f"{p}@{d}wgather@r{r}"
+        waits = [replica_name(w, r) for w in members]
+        if k:
+            waits.append(f"{chain[k - 1][0]}@{d}wgather@r{r}")
+        if k >= 2:
+            waits.append(replica_name(self.readers[d][self.first(d, chain[k - 2])][0], r))
+        if d == "b" and k < 2:   # reshard after forward: gathered again once its forward readers are done
+            waits.extend(replica_name(x, r) for w in members for x in self.readers["f"].get(w, ()))
+        # the send allocates the gathered buffer (held until the gather, which hands it on: a
+        # zero-length op, no overlap), the ring steps write their chunk into it (no bytes of their own)
+        self.add_op(_free(send, total, kinds, "ShardSend"), r, "all-gather", members, [(u, None) for u in waits],
+                    [(send, c)])
+        for s in range(n - 1):
+            step = f"{p}@p{d}{s}@r{r}"
+            came = ([(f"{p}@{d}send@r{left}",) * 2, (send, None)] if s == 0 else
+                    [(f"{p}@p{d}{s - 1}@r{left}",) * 2])
+            self.add_op(_free(step, 0, kinds, "RingGather"), r, "all-gather", members, came, [(step, c)])
+        parts = [send] + [f"{p}@p{d}{s}@r{r}" for s in range(n - 1)]
+        outs = [(f"{w}@{d}wgather@r{r}", g.op(w).persistent_bytes) for w in members]
+        self.add_op(_free(gathered, total, kinds, "ParamGather"), r, "gather", members, [(x, x) for x in parts], outs)
+        for w, (out, _) in zip(members, outs):
+            for x in self.readers[d].get(w, ()):
+                ring.edges.setdefault((gathered, replica_name(x, r)), []).append(out)
+
+    def first(self, d: str, members) -> str:
+        """The member of ``members`` whose first reader in chain ``d`` comes first."""
+        return min((w for w in members if w in self.readers[d]), key=lambda w: (self.pos[self.readers[d][w][0]], w))
+
+    def add_op(self, op: Op, r: int, role: str, members, inputs, outputs=None) -> None:
+        ring = self.ring
+        ring.ops.append(op)
+        ring.tensors.extend(Tensor(t, op.name, nb) for t, nb in (outputs or [(op.name, op.output_bytes)]))
+        ring.origin[op.name] = Origin(members[0], replica=r, role=role, members=tuple(members))
+        for src, tensor in inputs:
+            ts = ring.edges.setdefault((src, op.name), [])
+            if tensor is not None:
+                ts.append(tensor)
+
+
 def _chunk(tensor: str, r: int, j: int) -> str:
     return f"{replica_name(tensor, r)}/chunk{j}"
 
@@ -478,6 +604,54 @@ def _chunk(tensor: str, r: int, j: int) -> str:
 def _param(tensor: str, r: int) -> str:
     """Replica ``r``'s updated parameter shard of the bucket named after ``tensor`` (sharded)."""
     return f"{replica_name(tensor, r)}/param"
+
+
+def _reach(graph: OpGraph) -> tuple[list[bool], list[bool]]:
+    """Per op: whether a batched op, and whether an op marked ``phase="update"``,
+    is reachable from it (itself included)."""
+    ops, succ = graph.ops, graph.succ_idx()
+    batched = [bool(op.batch) for op in ops]
+    update = [op.phase == "update" for op in ops]
+    for i in reversed(graph.topo_idx()):
+        for j in succ[i]:
+            batched[i] = batched[i] or batched[j]
+            update[i] = update[i] or update[j]
+    return batched, update
+
+
+def parameters(graph: OpGraph) -> frozenset:
+    """The parameters ZeRO-3 shards: once-per-step ops holding persistent bytes
+    from which a batched op can be reached (a weight: the forward pass reads
+    it), not the optimizer state (:func:`optimizer_state`).
+
+    >>> ops = [Op("w", {"GPU": 0.0}, persistent_bytes=8, batch=False),
+    ...        Op("m", {"GPU": 0.0}, persistent_bytes=8, batch=False),
+    ...        Op("f", {"GPU": 1.0}, batch=True, phase="forward"),
+    ...        Op("u", {"GPU": 1.0}, batch=False, phase="update")]
+    >>> sorted(parameters(OpGraph(ops, [Edge("w", "f", ()), Edge("w", "u", ()), Edge("m", "u", ())])))
+    ['w']
+    """
+    batched, _ = _reach(graph)
+    state = optimizer_state(graph)
+    return frozenset(op.name for i, op in enumerate(graph.ops)
+                     if op.persistent_bytes and not op.batch and batched[i] and op.name not in state)
+
+
+def _reads(graph: OpGraph, weights) -> tuple[frozenset, dict[tuple[str, str], str]]:
+    """ZeRO-3: a parameter's reads (its once-per-step successors outside the
+    update: ``ReadVariableOp``, reading the replica's shard) and the edges
+    from the parameter or a read to a batched op (its readers), each mapped
+    to the parameter: those readers read a gathered copy instead."""
+    reads: set[str] = set()
+    reroute: dict[tuple[str, str], str] = {}
+    for w in sorted(weights):
+        for u in [w] + [x for x in graph.successors(w) if not graph.op(x).batch and graph.op(x).phase != "update"]:
+            if u != w:
+                reads.add(u)
+            for x in graph.successors(u):
+                if graph.op(x).batch:
+                    reroute[(u, x)] = w
+    return frozenset(reads), reroute
 
 
 def optimizer_state(graph: OpGraph) -> frozenset:
@@ -495,13 +669,8 @@ def optimizer_state(graph: OpGraph) -> frozenset:
     >>> sorted(optimizer_state(OpGraph(ops, es)))
     ['m']
     """
-    ops, succ = graph.ops, graph.succ_idx()
-    batched = [bool(op.batch) for op in ops]
-    update = [op.phase == "update" for op in ops]
-    for i in reversed(graph.topo_idx()):
-        for j in succ[i]:
-            batched[i] = batched[i] or batched[j]
-            update[i] = update[i] or update[j]
+    ops = graph.ops
+    batched, update = _reach(graph)
     return frozenset(op.name for i, op in enumerate(ops)
                      if op.persistent_bytes and not op.batch and not batched[i] and update[i])
 

@@ -20,15 +20,16 @@ write its module and add its entry.
 ['hybrid', 'pipeline', 'data-parallel', 'zero-bubble']
 
 The memory savers (:func:`savers`) are screened for a candidate whose plan
-does not fit memory: the same strategy with ZeRO-1, ZeRO-2, recomputation, then ZeRO-2 and
-recomputation (data parallelism), or with selective recomputation (each
+does not fit memory: the same strategy with ZeRO-1, ZeRO-2, ZeRO-3 (the parameters
+sharded too, PyTorch's FSDP), ZeRO-3 with selective recomputation, recomputation, then ZeRO-2
+and ZeRO-3 with recomputation (data parallelism), or with selective recomputation (each
 block's cheap ops, ``recompute-cheap``) then recomputation (pipelines,
 hybrids), until one fits; a recomputing one that fits is then lowered block by block
 (:meth:`solver.parallel.search._Search.partial`: every op -> cheap ops -> none). (ZeRO-1 can also be faster: the search's ``"auto"``
 first plan, data parallelism of the step, screens it whether or not memory is short.)
 
->>> [s.savers for s in savers(Strategy(replicas=4))]
-['ZeRO-1', 'ZeRO-2', 'recompute', 'ZeRO-2 recompute']
+>>> [s.savers for s in savers(Strategy(replicas=4))][:4]
+['ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'ZeRO-3 recompute-cheap']
 """
 from __future__ import annotations
 
@@ -114,15 +115,25 @@ KINDS: dict[str, Kind] = {
 
 def savers(strategy: Strategy) -> list[Strategy]:
     """The strategies that save memory over ``strategy`` (module doc), cheapest
-    first: sharding costs no step time in the ring model (reduce-scatter +
-    all-gather move the all-reduce's bytes), recomputation runs the forward
-    again; [] for the slice model, the exact pipeline, the plain step, or a
-    strategy that already has savers."""
+    first: sharding the optimizer costs no step time in the ring model
+    (reduce-scatter + all-gather move the all-reduce's bytes), sharding the
+    parameters too (ZeRO-3, :func:`pesto.step.replicate`'s ``shard_optimizer=3``)
+    two more all-gathers of the weights, selective recomputation a fifth of the
+    forward, recomputation the forward again; [] for the slice model, the exact
+    pipeline, the plain step, or a strategy that already has savers.
+
+    >>> [s.savers for s in savers(Strategy(replicas=4))]   # doctest: +NORMALIZE_WHITESPACE
+    ['ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'ZeRO-3 recompute-cheap', 'recompute', 'ZeRO-2 recompute',
+     'ZeRO-3 recompute']
+    """
     if strategy.recompute or strategy.shard_optimizer:
         return []
     if strategy.replicas > 1 and strategy.stages == 1 and strategy.schedule == "none":
         return [replace(strategy, shard_optimizer=1), replace(strategy, shard_optimizer=2),
-                replace(strategy, recompute=True), replace(strategy, shard_optimizer=2, recompute=True)]
+                replace(strategy, shard_optimizer=3),
+                replace(strategy, shard_optimizer=3, recompute=True, selective=True),
+                replace(strategy, recompute=True), replace(strategy, shard_optimizer=2, recompute=True),
+                replace(strategy, shard_optimizer=3, recompute=True)]
     if strategy.schedule in SCHEDULES:
         return [replace(strategy, recompute=True, selective=True), replace(strategy, recompute=True)]
     return []

@@ -440,7 +440,7 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
                        weight_grads="separate", shard_optimizer: int = 0,
                        bucket_bytes: int | None = BUCKET_BYTES) -> StepPlan:
     """One replica per GPU (:func:`pesto.step.replicate`, ``shard_optimizer``:
-    ZeRO-1/2 as it says, gradients in buckets of ``bucket_bytes``), each split into ``micro_batches`` slices; the
+    ZeRO-1/2/3 as it says, gradients in buckets of ``bucket_bytes``), each split into ``micro_batches`` slices; the
     best of three device orders (module doc). ``weight_grads``: the split's
     rule for the slices' weight gradients (:func:`pesto.step.split`).
 

@@ -11,7 +11,7 @@ realiser: it is a search stage (:mod:`solver.parallel.search`).
 
 The memory savers compose with the kinds: ``recompute`` realises the kind
 on :func:`pesto.step.recompute` of the step, every layer block or those it
-names, each at its level (every op or its cheap ops: :func:`with_savers`; every kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2
+names, each at its level (every op or its cheap ops: :func:`with_savers`; every kind but the slice model), ``shard_optimizer`` replicates with ZeRO-1/2/3
 (data parallelism only: a hybrid's rings follow its stages, not shards).
 """
 from __future__ import annotations

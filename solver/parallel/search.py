@@ -30,9 +30,9 @@ step):
   all-reduce), not split, and the same with ZeRO-1 (reduce-scatter, each
   replica updating ``1 / R`` of the weights, all-gather: the same bytes, a
   ``1 / R`` of the update's work, so it wins where the update weighs); under
-  its memory floor, its leanest saver (ZeRO-2 and recomputation) when the
-  forecast says it fits, its layer blocks' levels then lowered
-  (:meth:`_Search.leanest_data_parallel`);
+  its memory floor, its savers forecast to fit in turn until one fits, then
+  the leanest saver (every op recomputed) of each less sharded level, each
+  with its layer blocks' levels lowered (:meth:`_Search.leanest_data_parallel`);
 * screening, for each ``M`` tried: the GPipe and 1F1B plans of that ``M``
   (``M > 1``; :func:`solver.parallel.pipelines.pipeline_plan`), the
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
@@ -126,7 +126,7 @@ from pesto.step import Transformed, identity, recompute, replicate, split as spl
 from pesto.step.marks import joinable_ops, shardable, slice_constants
 from pesto.step.recompute import layer_blocks
 from pesto.step.slicing import choose_weight_grads, copy_name, weight_grad_costs, weight_grad_ops
-from pesto.step.replication import BUCKET_BYTES, gradient_buckets, optimizer_state
+from pesto.step.replication import BUCKET_BYTES, gradient_buckets, optimizer_state, parameters
 
 from ..budget import Budget, Cost, Skip
 from ..common import rank
@@ -280,8 +280,11 @@ def savers_of(words: str) -> Strategy:
     (1, False)
     >>> savers_of("recompute(1/2:1)").recompute, savers_of("ZeRO-2 recompute(1/3:0)+cheap(2/3:1-2)").recompute
     ((False, True), (True, 'cheap', 'cheap'))
+    >>> savers_of("ZeRO-3 recompute-cheap").shard_optimizer, savers_of("ZeRO-3 recompute-cheap").selective
+    (3, True)
     """
-    known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "recompute": {"recompute": True}}
+    known = {"ZeRO-1": {"shard_optimizer": 1}, "ZeRO-2": {"shard_optimizer": 2}, "ZeRO-3": {"shard_optimizer": 3},
+             "recompute": {"recompute": True}}
     fields: dict = {}
     for w in words.split():
         if w.startswith("recompute(") or w.startswith("recompute-cheap"):
@@ -426,7 +429,9 @@ class _Search:
         self.buckets = len(gradient_buckets(self.marked)) if self.gpus > 1 else 0
         self.acts = step_activations(self.marked)
         self.persistent = sum(op.persistent_bytes for op in self.marked.ops)
-        self.optimizer_bytes = sum(self.marked.op(n).persistent_bytes for n in optimizer_state(self.marked))
+        #: what ZeRO shards of it: the optimizer state (levels 1-3), the parameters (level 3)
+        self.state = sum(self.marked.op(n).persistent_bytes for n in optimizer_state(self.marked))
+        self.params = sum(self.marked.op(n).persistent_bytes for n in parameters(self.marked))
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
@@ -462,24 +467,27 @@ class _Search:
         return False
 
     def spread(self, replicas: int, m: int, held: int = 1, recomputed: bool = False,
-               selective: bool = False, sharded: bool = False) -> tuple[int, int]:
+               selective: bool = False, shard: int = 0) -> tuple[int, int]:
         """``(bytes, k)``: a replica's weights and optimizer state plus ``held``
         slices' activations at the loss (:func:`pesto.memory.step_activations`:
         the batched bytes of a slice, ``1 / (replicas m)`` of the batch, the
         shared ones once), spread evenly over
         its ``k = GPUs / replicas`` GPUs; ``recomputed``: the activations of the
         recomputed step (:func:`pesto.step.recompute`, :meth:`recomputed_acts`; ``selective``:
-        each block's cheap ops only); ``sharded``: the optimizer state
-        (:func:`pesto.step.replication.optimizer_state`) ``1 / replicas`` per replica (ZeRO).
+        each block's cheap ops only); ``shard``: ZeRO's level, the optimizer state (and at
+        level 3 the parameters and the shared bytes, their reads) ``1 / replicas`` per replica.
         The one rule behind :meth:`floor` (``held = 1``: every plan holds it) and
         :meth:`predicted_memory` (the slices a schedule holds at once)."""
         k = max(1, self.gpus // replicas)
         acts = self.recomputed_acts(selective) if recomputed else self.acts
         if acts is None:
             return 0, k
-        per_slice = held * -(-acts.batched // max(1, replicas * m)) + acts.shared   # a slice: 1/(R M) of the batch
-        kept = self.persistent - (self.optimizer_bytes - self.optimizer_bytes // replicas if sharded else 0)
-        return -(-(kept + per_slice) // k), k
+        # a slice: 1/(R M) of the batch; ZeRO-3: the once-per-step bytes (the weights' reads) read a shard
+        shared = acts.shared if shard < 3 else -(-acts.shared // max(1, replicas))
+        per_slice = held * -(-acts.batched // max(1, replicas * m)) + shared
+        sharded = (self.state if shard else 0) + (self.params if shard == 3 else 0)
+        persistent = self.persistent - sharded + -(-sharded // max(1, replicas))
+        return -(-(persistent + per_slice) // k), k
 
     def recomputed_acts(self, selective: bool = False):
         """:func:`pesto.memory.step_activations` of the step with every layer
@@ -589,12 +597,17 @@ class _Search:
         """``"auto"``: the data-parallel plan of the step, not split, and its
         ZeRO-1 variant (each replica updates ``1 / R`` of the weights: faster
         where the update weighs, as memory savers are screened otherwise only
-        when memory is short); over memory, its savers in turn."""
+        when memory is short); over memory, its savers in turn; under the memory
+        floor, its leanest saver forecast to fit (:meth:`leanest_data_parallel`)."""
         name = "data-parallel"
-        if self.gpus < 2 or self.too_large(name, self.gpus, 1) or self.short_of_memory(name, self.gpus, 1):
+        if self.gpus < 2 or self.too_large(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
             if self.gpus > 1 and name in self.pool.skipped and not self.too_large(name, self.gpus, 1):
                 self.leanest_data_parallel()
+            return
+        if self.short_of_memory(name, self.gpus, 1):
+            self.say(f"{name}: skipped ({self.pool.skipped[name]})")
+            self.leanest_data_parallel()
             return
         if not self.fits(name, replicated_ops(self.marked, self.gpus, 1, self.buckets), SIMS[name]):
             return
@@ -610,16 +623,35 @@ class _Search:
         self.follow(KINDS["data-parallel"], dp.strategy, dp)
 
     def leanest_data_parallel(self) -> None:
-        """Data parallelism of the step under its memory floor: its leanest saver
-        (ZeRO-2 and recomputation; the others hold more) when the forecast
-        (:meth:`predicted_memory`, the optimizer state sharded) says it fits, then
-        each block's level lowered (:meth:`partial`): GPT-1.3B on 8 V100-16GB, ZeRO-2
-        recomputing every op peaks at 13.2 GiB, some blocks' cheap ops only fit."""
-        kind, lean = KINDS["data-parallel"], self.savers(Strategy(replicas=self.gpus))
-        if lean and self.predicted_memory(lean[-1]) <= self.capacity:
-            r = self.realised(kind, lean[-1])
-            if r is not None and r.plan.status != "infeasible":
-                self.partial(kind, lean[-1], r)
+        """``"auto"``, the step's data parallelism under its memory floor (which counts the
+        weights and optimizer state whole): its savers (:func:`~solver.parallel.kinds.savers`,
+        cheapest first) that the forecast (:meth:`predicted_memory`, ZeRO's shards counted)
+        says fit, in turn until one fits (GPT-2.7B on 8 V100-16GB: ZeRO-3 with selective
+        recomputation, 11.9 GiB per GPU), its blocks' levels then lowered (:meth:`partial`);
+        then, per less sharded level, its leanest saver (every op recomputed) forecast to fit,
+        its levels lowered: fewer shards can beat more with more recomputed (GPT-1.3B: ZeRO-2
+        recomputing every op peaks at 13.2 GiB, some blocks' cheap ops only fit, 1595.8 ms)."""
+        kind, ladder = KINDS["data-parallel"], self.savers(Strategy(replicas=self.gpus))
+        fit = next((s for s in ladder if self._fits_then_lowered(kind, s)), None)
+        lean: dict = {}
+        for s in ladder:
+            lean[s.shard_optimizer] = s   # cheapest first: the last of a level is its leanest
+        for level in sorted(lean):
+            s = lean[level]
+            if fit is not None and level >= fit.shard_optimizer:
+                return
+            if s.recompute and s != fit and self._fits_then_lowered(kind, s):
+                return
+
+    def _fits_then_lowered(self, kind: Kind, s: Strategy) -> bool:
+        """Whether ``s``, forecast to fit, was built and fits; then its levels lowered (:meth:`partial`)."""
+        if self.predicted_memory(s) > self.capacity:
+            return False
+        r = self.realised(kind, s)
+        if r is None or r.plan.status == "infeasible":
+            return False
+        self.partial(kind, s, r)
+        return True
 
     def screen(self, m: int) -> _Screened | None:
         """Screen ``m`` (module doc): its split, memory floor and kinds."""
@@ -657,7 +689,7 @@ class _Search:
         forecast, not a bound): :meth:`spread` of the slices the first stage
         holds at once (:func:`solver.parallel.cut.in_flight` of its schedule
         over its chunks per device; one slice without a pipeline schedule), of the recomputed step's
-        activations for a strategy with ``recompute``. It errs high (stage 0
+        activations for a strategy with ``recompute``, ZeRO's shards for ``shard_optimizer``. It errs high (stage 0
         holds the most slices; the cutter gives it fewer layers): GPT-2.7B's
         1F1B M=16 on 8 V100s is forecast at 21.8 GiB and peaks at 17.4 GiB."""
         k = max(1, self.gpus // strategy.replicas)
@@ -669,7 +701,7 @@ class _Search:
             except ValueError:   # a count the schedule refuses: as many as a pipeline's stages
                 held = min(strategy.stages, k)
         return self.spread(strategy.replicas, strategy.micro_batches, held, bool(strategy.recompute),
-                           strategy.selective, bool(strategy.shard_optimizer))[0]
+                           strategy.selective, strategy.shard_optimizer)[0]
 
     def screen_tight(self, m: int, s: _Screened) -> None:
         """A memory-bound step's candidates of ``m`` in :meth:`tight_order`, but

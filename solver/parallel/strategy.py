@@ -9,9 +9,9 @@ Memory savers, two more fields: ``recompute`` (``True``: every layer
 block's activations recomputed before its backward, :func:`pesto.step.recompute`;
 a tuple with one **level** per layer block of :func:`pesto.step.recompute.layer_blocks`:
 ``False`` none, ``"cheap"`` its cheap ops only, ``True`` every op; any kind but
-the slice model) and ``shard_optimizer`` (``1`` or ``2``:
-ZeRO-1 / ZeRO-2, each replica updating its shard of the optimizer state,
-:func:`pesto.step.replicate`; data parallelism only). Both show in the
+the slice model) and ``shard_optimizer`` (``1``, ``2`` or ``3``:
+ZeRO-1 / ZeRO-2, each replica updating its shard of the optimizer state; ZeRO-3 (FSDP), the
+parameters sharded too and gathered for their readers, :func:`pesto.step.replicate`; data parallelism only). Both show in the
 name (``"data-parallel R=8 M=2 ZeRO-2"``, ``"1f1b K=4 M=8 recompute"``,
 ``"zb-h1 K=4 M=8 recompute(3/4:0-1,3)"``: 3 of 4 blocks, blocks 0, 1 and 3).
 A block's cheap ops (:func:`pesto.step.recompute.cheap_ops`: a transformer layer's element-wise
@@ -138,7 +138,7 @@ class Strategy:
                              f"True only with recompute, got selective={self.selective!r}, "
                              f"recompute={self.recompute!r}")
         if isinstance(self.shard_optimizer, bool) or self.shard_optimizer not in SHARD_LEVELS:
-            raise ValueError(f"Strategy.shard_optimizer must be one of {SHARD_LEVELS} (none, ZeRO-1, ZeRO-2), "
+            raise ValueError(f"Strategy.shard_optimizer must be one of {SHARD_LEVELS} (none, ZeRO-1, ZeRO-2, ZeRO-3), "
                              f"got {self.shard_optimizer!r}")
         if self.shard_optimizer and self.replicas < 2:
             raise ValueError(f"Strategy.shard_optimizer={self.shard_optimizer} shards the optimizer state over "

@@ -16,10 +16,12 @@ they are no baselines of the placement pipeline):
   below. A configuration that does not fit memory is re-run with activation
   recomputation (:func:`pesto.step.recompute`, every layer block), and both
   are said (:attr:`UserChoice.tried`).
-* ``zero-dp`` (:func:`zero_plan`): one replica per GPU with sharded optimizer
-  state (ZeRO stage ``level``), realised by
+* ``zero-dp`` (:func:`zero_plan`): one replica per GPU with sharded state,
+  what a DeepSpeed or FSDP user tries in turn until it fits memory: ZeRO-1,
+  ZeRO-2, ZeRO-3 (the parameters sharded: FSDP), then ZeRO-2 and ZeRO-3
+  with activation recomputation, each realised by
   :func:`~solver.parallel.realise.realise` of
-  ``Strategy(replicas=GPUs, micro_batches=M, shard_optimizer=level)``.
+  ``Strategy(replicas=GPUs, micro_batches=M, shard_optimizer=level, recompute=...)``.
 * ``best-pipeline`` (:func:`best_pipeline_plan`): the best of every schedule
   of :data:`~solver.parallel.schedules.SCHEDULES` (GPipe, 1F1B, and the
   split-backward ones once registered) with
@@ -83,7 +85,7 @@ from .strategy import Solved, Strategy
 
 __all__ = ["UserChoice", "Tried", "layer_groups", "uniform_stages", "megatron_schedules", "micro_counts",
            "megatron_plan", "zero_plan", "best_pipeline_plan", "place_megatron", "place_zero_dp",
-           "place_best_pipeline", "MAX_MICRO", "PLANS"]
+           "place_best_pipeline", "MAX_MICRO", "ZERO_LEVELS", "PLANS"]
 
 #: Largest micro-batch count screened (the cap of ``micro_batches="auto"``,
 #: :data:`solver.parallel.search.AUTO_MAX`).
@@ -311,9 +313,21 @@ def _megatron_config(graph, cluster, found, tried, conf, cuts, loss) -> None:
     _record(found, tried, name + " recompute", recomputed)
 
 
+#: The ZeRO stages a user tries in turn, each plain (``zero-dp``): the optimizer state sharded
+#: (ZeRO-1), the gradients too (ZeRO-2), the parameters too (ZeRO-3, PyTorch's FSDP).
+ZERO_LEVELS = (1, 2, 3)
+
+
 def zero_plan(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None, max_micro: int = MAX_MICRO,
-              level: int = 1, micro_batches: int | None = None) -> UserChoice:
-    """Data parallelism with sharded optimizer state (ZeRO stage ``level``) at its best ``M`` (module doc).
+              level: int | None = None, micro_batches: int | None = None) -> UserChoice:
+    """Data parallelism with sharded state at its best ``M`` (module doc).
+
+    Per count, what a user tries in turn until a plan fits memory: ZeRO-1,
+    ZeRO-2, ZeRO-3 (FSDP, :data:`ZERO_LEVELS`), then activation recomputation
+    (every layer block, :func:`pesto.step.recompute`) with ZeRO-2 and with
+    ZeRO-3 (FSDP + activation checkpointing). ``level``: that stage only (and
+    with recomputation when it does not fit). The label says which:
+    ``"zero-3 DP=8 M=1 recompute"``.
 
     Raises
     ------
@@ -323,13 +337,19 @@ def zero_plan(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None
         be built.
     """
     n = len(gpu_names(cluster))
-    why = strategy_takes(replicas=max(n, 2), shard_optimizer=level)
+    levels = ZERO_LEVELS if level is None else (level,)
+    why = strategy_takes(replicas=max(n, 2), shard_optimizer=levels[0])
     if why:
         raise PestoError(f"zero-dp: sharded optimizer state is not available ({why})")
     found, tried = [], []
+    tries = [(z, False) for z in levels] + [(z, True) for z in levels if z >= 2 or level is not None]
     for m in micro_counts(batch_size, n, max_micro, micro_batches):
-        _record(found, tried, f"zero-{level} DP={n} M={m}",
-                lambda: realise(graph, cluster, Strategy(replicas=n, micro_batches=m, shard_optimizer=level)))
+        for z, rc in tries:
+            sp = _record(found, tried, f"zero-{z} DP={n} M={m}" + (" recompute" if rc else ""),
+                         lambda z=z, rc=rc: realise(graph, cluster, Strategy(replicas=n, micro_batches=m,
+                                                                            shard_optimizer=z, recompute=rc)))
+            if sp is not None and sp.plan.status != "infeasible":
+                break
     return _best("zero-dp", found, tried, graph)
 
 
@@ -362,7 +382,7 @@ def place_megatron(graph: OpGraph, cluster: Cluster, *, batch_size: int | None =
 
 
 def place_zero_dp(graph: OpGraph, cluster: Cluster, *, batch_size: int | None = None,
-                  max_micro: int = MAX_MICRO, micro_batches: int | None = None, level: int = 1) -> Plan:
+                  max_micro: int = MAX_MICRO, micro_batches: int | None = None, level: int | None = None) -> Plan:
     """ZeRO data parallelism at its best ``M`` (:func:`zero_plan`)."""
     return zero_plan(graph, cluster, batch_size=batch_size, max_micro=max_micro, micro_batches=micro_batches,
                      level=level).plan
