@@ -207,8 +207,7 @@ def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
     auto, wall = _timed(lambda: pesto.solve(graph, cluster=c, time_limit=a.time_limit, workers=1, seed=0,
                                             micro_batches="auto", batch_size=case.batch))
     log = auto.log
-    parts, placed = auto_split(graph, log), pesto.step_graph(graph, log.micro_batches, log.graph_kind, log.replicas,
-                                                                  log.savers, log.joined, log.in_place)
+    parts, placed = auto_split(graph, log), pesto.step_graph(graph, log=log)
     if set(placed.names) != set(auto.placement) or placed.num_ops != parts.graph.num_ops:
         raise RuntimeError(f"{name} on {cluster_name}: pesto auto's plan does not place the graph its log names "
                            f"(M={log.micro_batches}, {log.graph_kind}, replicas={log.replicas})")

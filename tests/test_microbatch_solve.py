@@ -56,8 +56,7 @@ def test_fixed_m_never_slower_than_its_baselines(step, cluster):
     pesto.check_plan(r.graph, cluster, r.plan).raise_if_invalid()
     assert pesto.simulate(r.graph, cluster, r.plan).makespan == pytest.approx(r.plan.makespan)
     log = r.plan.log
-    assert pesto.step_graph(step, log.micro_batches, log.graph_kind, log.replicas, log.savers,
-                            log.joined, log.in_place).names == r.graph.names
+    assert pesto.step_graph(step, log=log).names == r.graph.names
     assert pesto.Plan.from_json(r.plan.to_json()).log.graph_kind == r.graph_kind
 
 
