@@ -602,8 +602,6 @@ class _Search:
         name = "data-parallel"
         if self.gpus < 2 or self.too_large(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped.get(name, 'one GPU')})")
-            if self.gpus > 1 and name in self.pool.skipped and not self.too_large(name, self.gpus, 1):
-                self.leanest_data_parallel()
             return
         if self.short_of_memory(name, self.gpus, 1):
             self.say(f"{name}: skipped ({self.pool.skipped[name]})")
