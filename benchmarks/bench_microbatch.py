@@ -215,7 +215,7 @@ def rows_for(name: str, graph, cluster_name: str, a, work: dict | None = None):
     same = top == log.micro_batches and log.graph_kind != "replicated"
     largest = parts.graph.num_ops if same else split(graph, top).graph.num_ops
     auto_row = case.row("pesto auto", log.micro_batches, log.graph_kind, placed, auto, parts, wall,
-                        f"replicas {log.replicas}; winner {log.winner}")
+                        "; ".join((f"replicas {log.replicas}", f"winner {log.winner}", *log.step_choices)))
     auto_row.largest_ops = largest
     say(f"{name} {cluster_name}: single {case.single_ms:.1f} ms, auto {auto_row.step_ms:.1f} ms", flush=True)
     dp, wall = _timed(lambda: data_parallel_plan(graph, c))

@@ -67,7 +67,6 @@ from pesto.api import marked
 from pesto.cluster import GiB, gpus, hosts, v100x4_pcie, v100x8_nvlink
 from pesto.errors import PestoError
 from pesto.step import split
-from pesto.step.replication import BUCKET_BYTES
 from solver.practitioners import place_single
 from solver.parallel.bound import covers, pipeline_bound, sample_bound
 from solver.parallel.pipelines import pipeline_plan
@@ -213,11 +212,8 @@ def _pesto(row: Row, graph, c, case: Case, time_limit: float, say) -> tuple:
     row.wall_s = time.perf_counter() - t0
     log = plan.log
     row.pesto_ms, row.pesto_fits = plan.makespan / 1e3, "no" if plan.status == "infeasible" else "yes"
-    row.pesto_config = f"M={log.micro_batches} {log.graph_kind} R={log.replicas}; {log.winner}" + (
-        f"; {log.savers}" if log.savers else "") + (
-        f"; buckets {log.bucket_bytes / 2**20:g} MiB" if log.bucket_bytes != BUCKET_BYTES else "") + (
-        f"; {len(log.joined)} weight gradients whole" if log.joined else "") + (
-        f"; {len(log.in_place)} summed in place" if log.in_place else "")
+    row.pesto_config = "; ".join((f"M={log.micro_batches} {log.graph_kind} R={log.replicas}", log.winner,
+                                  *log.step_choices))
     parts = auto_split(graph, log)
     bound = sample_bound(parts, c, batch=case.batch).step
     pb = pipeline_bound(parts, c) if log.graph_kind == "micro-batched" and log.replicas == 1 else None

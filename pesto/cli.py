@@ -435,9 +435,8 @@ def describe_step(plan, placed) -> str:
     log, stats = plan.log, plan.stats or {}
     m = log.micro_batches if log is not None else stats.get("micro_batches", 1)
     kind = log.graph_kind if log is not None else ("replicated" if "replicas" in stats else "micro-batched")
-    savers = f", memory savers: {log.savers}" if log is not None and log.savers else ""
-    savers += f", {len(log.joined)} weight gradient(s) run whole" if log is not None and log.joined else ""
-    savers += f", {len(log.in_place)} summed in place" if log is not None and log.in_place else ""
+    choices = log.step_choices if log is not None else ()
+    savers = "".join(f", memory savers: {c}" if c == log.savers else f", {c}" for c in choices)
     lines = [f"  plan of the {kind} step {placed.name}: {m} micro-batch(es), {placed.num_ops} ops{savers}"]
     if log is not None and log.steps:
         lines.append("  steps compared: " + ", ".join(f"{k} {v / 1000:.3f} ms" for k, v in log.steps.items()))

@@ -175,6 +175,23 @@ class SolveLog:
         """
         return {**dict.fromkeys(self.joined, "whole"), **dict.fromkeys(self.in_place, "accumulate")}
 
+    @property
+    def step_choices(self) -> tuple[str, ...]:
+        """The step's choices beyond its kind, in words: memory savers, a
+        bucket size other than DDP's, weight gradients run whole or summed in
+        place (the one text the CLI and the benchmarks print).
+
+        >>> SolveLog("x", savers="ZeRO-1", bucket_bytes=25 * 2**19, joined=("a",)).step_choices
+        ('ZeRO-1', 'buckets 12.5 MiB', '1 weight gradient(s) run whole')
+        >>> SolveLog("x").step_choices
+        ()
+        """
+        return tuple(c for c in (
+            self.savers,
+            f"buckets {self.bucket_bytes / 2**20:g} MiB" if self.bucket_bytes not in (None, BUCKET_BYTES) else "",
+            f"{len(self.joined)} weight gradient(s) run whole" if self.joined else "",
+            f"{len(self.in_place)} summed in place" if self.in_place else "") if c)
+
     def pass_named(self, name: str) -> PassLog | None:
         """The last pass called ``name``, or None if it did not run."""
         return next((s for s in reversed(self.passes) if s.name == name), None)
