@@ -147,3 +147,17 @@ def test_cli_bad_micro_batches(tmp_path, capsys, step, value):
         main(["place", str(gpath), "--micro-batches", value])
     assert exc.value.code == 2
     assert "--micro-batches" in capsys.readouterr().err
+
+
+def test_a_deterministic_search_charges_its_candidates_to_the_work_clock():
+    """Deterministic mode: each candidate built is charged its predicted seconds
+    (``DETERMINISTIC_SECONDS_PER_OP`` per simulated op), so a small limit skips
+    candidates for time, the same ones on every run (it had built every
+    candidate: Transformer-6 at 10 s took 124 s of wall time)."""
+    step, c = layered_step(100, act=100_000, t=1000.0), pesto.gpus(4)
+    runs = [pesto.solve(step, cluster=c, micro_batches="auto", batch_size=16, time_limit=1.0, workers=1,
+                        deterministic=True) for _ in range(2)]
+    skipped = dict(runs[0].log.skipped)
+    assert any(v.startswith("not built") for v in skipped.values()), skipped
+    assert dict(runs[1].log.skipped) == skipped
+    assert (dict(runs[0].placement), runs[0].makespan) == (dict(runs[1].placement), runs[1].makespan)

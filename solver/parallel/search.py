@@ -18,8 +18,8 @@ and the per-sample bound. SIGINT, SIGTERM and SIGHUP in any pass interrupt
 that one deadline: the running candidate stops at its next check and the
 best plan so far is returned with status ``"interrupted"``. A candidate
 predicted not to fit what is left (from the measured seconds per simulated
-op, :class:`_Pace`; never in deterministic mode, where nothing reads the
-wall clock) or too large to build (:data:`DP_MAX_OPS`, :data:`SPLIT_MAX_OPS`)
+op, :class:`_Pace`; in deterministic mode a fixed pace, each candidate
+charged to the work clock, so nothing reads the wall clock) or too large to build (:data:`DP_MAX_OPS`, :data:`SPLIT_MAX_OPS`)
 is skipped, named in ``plan.log.skipped``.
 
 The candidates, all scored by the same simulator (``finalize``), ranked by
@@ -190,6 +190,10 @@ SLICE_MAX_OPS = 100_000
 #: per-sample bound's, and the recipe's mandatory passes' on a split step (its first heuristic and the
 #: final check: what the slice model leaves it) (a kind's own: :attr:`solver.parallel.kinds.Kind.sims`).
 SIMS = {"data-parallel": 4.0, "bound": 3.0, "pipeline": 2.0}
+#: Deterministic mode's pace (:class:`_Pace`): work seconds charged per op of each simulation of a
+#: candidate built, its graph transform included (the wall pace measured on Transformer-6's and
+#: GPT-1.3B's candidates on an idle 2-core machine: 1.1e-5 to 6.5e-5 s).
+DETERMINISTIC_SECONDS_PER_OP = 3e-5
 #: The search's passes under its :class:`~solver.budget.Budget`: screening and the exact
 #: stages are optional (the search has a plan without them), the bound is mandatory.
 PASSES = ("screening", "exact", "bound")
@@ -334,20 +338,31 @@ class _Pool:
 
 
 class _Pace:
-    """What predicts a candidate's time (wall clock only): seconds per
-    simulated op, and the fixed seconds per simulation of building the
-    simulator's problem (quadratic in the devices: its routes), both from a
-    warm-up on the step, the op cost then from each candidate built."""
+    """What predicts a candidate's time: seconds per simulated op, and the
+    fixed seconds per simulation of building the simulator's problem
+    (quadratic in the devices: its routes). On the wall clock both come from
+    a warm-up on the step, the op cost then from each candidate built. With a
+    deterministic ``deadline`` the pace is :data:`DETERMINISTIC_SECONDS_PER_OP`,
+    no fixed cost, and each candidate built is charged its predicted seconds on
+    the work clock (as CP-SAT charges its deterministic time): the search stops
+    building at the same candidate on every run, near the limit in wall time.
 
-    def __init__(self):
-        self.per_op: float | None = None
+    >>> from pesto.deadline import Deadline
+    >>> pace = _Pace(Deadline(1.0, deterministic=True))
+    >>> pace.timed(lambda: 7, sims=2.0, ops=lambda out: 1000), round(pace.clock.elapsed(), 3)
+    (7, 0.06)
+    """
+
+    def __init__(self, deadline: Deadline | None = None):
+        self.clock = deadline if deadline is not None and deadline.deterministic else None
+        self.per_op: float | None = DETERMINISTIC_SECONDS_PER_OP if self.clock is not None else None
         self.fixed = 0.0
 
     def warm_up(self, graph: OpGraph, cluster: Cluster) -> None:
         """Build the step's problem (timed: the fixed cost), then simulate the
         step on one device twice (the engine's compiled loops built, then
-        timed: the op cost)."""
-        if not graph.num_ops:
+        timed: the op cost). Deterministic: nothing measured."""
+        if not graph.num_ops or self.clock is not None:
             return
         dev = gpu_names(cluster)[0]
         try:
@@ -366,9 +381,13 @@ class _Pace:
         return None if self.per_op is None else sims * (self.per_op * ops + self.fixed)
 
     def timed(self, fn: Callable, sims: float, ops: Callable[[object], int]):
-        """``fn()``, its seconds per simulated op (``ops(result)`` ops, ``sims`` simulations) kept."""
+        """``fn()``; on the wall clock its seconds per simulated op (``ops(result)``
+        ops, ``sims`` simulations) kept, deterministic its predicted seconds charged."""
         t = time.perf_counter()
         out = fn()
+        if self.clock is not None:
+            self.clock.charge(self.predict(ops(out), sims))
+            return out
         per_sim = (time.perf_counter() - t) / max(sims, 1.0)
         self.per_op = max(per_sim - self.fixed, 0.0) / max(ops(out), 1) or self.per_op
         return out
@@ -423,7 +442,7 @@ class _Search:
         self.auto = options.micro_batches == "auto"
         self.say = options.progress or (lambda line: None)
         self.budget = Budget(deadline, PASSES, costs=COSTS)
-        self.pool, self.pace = _Pool(), _Pace()
+        self.pool, self.pace = _Pool(), _Pace(deadline)
         self.pace.warm_up(self.marked, cluster)
         self.gpus = len(gpu_names(cluster))
         self.buckets = len(gradient_buckets(self.marked)) if self.gpus > 1 else 0
@@ -453,11 +472,11 @@ class _Search:
     def fits(self, name: str, ops: int, sims: float, *, quiet: bool = False) -> bool:
         """Whether a candidate of about ``ops`` ops (``sims`` simulations) may be
         built now: not when interrupted (raises :class:`Stopped`), and not when
-        predicted past the running pass's window (wall clock only; skipped and
+        predicted past the running pass's window (:class:`_Pace`; skipped and
         named). Without a plan yet, the exact passes still make one."""
         self.stop_if_interrupted()
         need = self.pace.predict(ops, sims)
-        if self.deadline.deterministic or need is None or need <= self.window.left():
+        if need is None or need <= self.window.left():
             return True
         if quiet:
             return False
@@ -560,7 +579,7 @@ class _Search:
                 self.refine(self.deadline)
         if not self.tight:   # a memory-bound step screened them with the rest
             self.screen_late(screened)
-        if self.pool.best is not None and not self.deadline.deterministic:   # the bound's time, kept back
+        if self.pool.best is not None:   # the bound's time, kept back
             self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
         rest = self.tight and not self.deadline.deterministic
         if rest and not self.have_fit():   # the exact passes place the split as it is: it did not fit
@@ -1093,10 +1112,10 @@ class _Search:
     def outlasts(self, name: str, s: _Screened, grant: Deadline) -> bool:
         """A memory-bound step's exact passes on a split whose recipe's first
         plan (``SIMS["pipeline"]`` simulations of it) is predicted past ``grant``,
-        while a plan that fits exists: skipped and named (wall clock only;
+        while a plan that fits exists: skipped and named (:class:`_Pace`;
         GPT-2.7B's M=16 split, 157k ops: 38 s on a 1.2 s grant)."""
         need = self.pace.predict(s.graph.num_ops, SIMS["pipeline"])
-        if not self.tight or self.deadline.deterministic or need is None or need <= grant.left() \
+        if not self.tight or need is None or need <= grant.left() \
                 or not self.have_fit():
             return False
         self.pool.skipped[name] = (f"exact passes skipped: the recipe's first plan of {s.graph.num_ops} ops "
@@ -1210,7 +1229,7 @@ class _Search:
                                                      "a parallelism kind's plan won"),))
         bound, source = log.bound, log.bound_source
         need = self.pace.predict(r.graph.num_ops, SIMS["bound"])
-        if dl.interrupted or (need is not None and not dl.deterministic and need > dl.left()):
+        if dl.interrupted or (need is not None and need > dl.left()):
             self.pool.skipped["per-sample bound"] = dl.reason or f"about {need:.1f} s, {dl.left():.1f} s left"
         else:
             sb = winner_bound(self.cluster, r, self.options.batch_size)
