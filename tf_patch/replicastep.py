@@ -197,7 +197,8 @@ class ReplicaGraph:
         out = {}
         for h in self.init:
             src, a, b = self.pieces.get(h, (_REP.sub("", h), None, None))
-            out[h] = values[src] if a is None else np.reshape(values[src], [-1])[a:b]
+            out[h] = values[src] if a is None else np.reshape(np.reshape(values[src], [-1])[a:b],
+                                                              np.shape(self.values[h]))
         return out
 
 
@@ -573,8 +574,8 @@ class _Zero:
             handles[pos] = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(value.dtype), shape=[b - a], shared_name=name,
                                                   name=name)
             self.pieces[handles[pos].op.name] = (h, a, b)
-            if q:
-                self.sharded[(h, r)] = self.sharded.get((h, r), ()) + (handles[pos].op.name,)
+            # Pesto's variable (or slot) of replica r: its piece (ZeRO-1/2: and the whole variable it writes)
+            self._note((h, r), *([self.rw.name(h, r)] if q == 0 and self.level < 3 else []), handles[pos].op.name)
         inputs = []
         for pos, text in enumerate(t for t in up.node.input if not t.startswith("^")):
             src, idx = _split_input(text)
@@ -619,63 +620,146 @@ class _Zero:
             out.append(node)
         return out
 
-    def gather_reads(self, graph) -> None:
-        """ZeRO-3: every read of a sharded variable in replica ``r`` (a ``ReadVariableOp`` of
-        ``rep<r>/<variable>``) replaced by the concatenation of its pieces, read once per piece
-        (``zero3/<variable>/piece_<j>``, on its owner's piece variable): one concatenation
-        (``zero3/r<r>/<variable>/forward_<i>``) for the read's forward consumers, one
-        (``.../backward_<i>``) for those under a gradient scope; the whole variables are no
-        longer read. The pieces are read before any update: the forward reads feed every
-        replica's loss, hence every reduce-scatter."""
+    def gather_reads(self, graph, library, versions):
+        """ZeRO-3: ``graph`` without the whole variables of the sharded ones (a new tf.Graph).
+
+        Every read of a sharded variable ``h`` in replica ``r`` (a ``ReadVariableOp`` of
+        ``rep<r>/h``) is replaced by the concatenation of its pieces, read once per piece
+        (``zero3/<h>/piece_<j>``, on its owner's piece variable): one concatenation
+        (``zero3/r<r>/<h>/forward``) for the forward readers, one (``.../backward``) for
+        those under a gradient scope (a transient whole copy, as Pesto's gathers); a
+        ``ResourceGather`` of it (an embedding lookup) becomes a ``GatherV2`` of that
+        concatenation, a ``VariableShape`` of it the constant shape. The whole variables
+        ``rep<r>/h`` and their reads are then dropped: a replica holds only its pieces
+        (:meth:`_drop_whole`). The pieces are read before any update: the forward reads
+        feed every replica's loss, hence every reduce-scatter."""
         import tensorflow as tf
 
         params: dict[str, list] = {}
         for piece, (h, a, b) in self.pieces.items():
             if piece.endswith("/param"):
                 params.setdefault(h, []).append((a, piece))
+        whole = {self.rw.name(h, r): (h, r) for h in params for r in range(self.n)}
+        needs = self._directions(graph, whole)
+        gathered: dict[tuple, str] = {}
         with graph.as_default():
+            axis = tf.constant(0, name="zero3/axis")
             for h, parts in sorted(params.items()):
                 parts.sort()
-                label = h
                 var = graph.get_operation_by_name(parts[0][1])
                 reads = [tf.raw_ops.ReadVariableOp(resource=graph.get_tensor_by_name(f"{piece}:0"),
-                                                   dtype=var.get_attr("dtype"), name=f"zero3/{label}/piece_{j}")
+                                                   dtype=var.get_attr("dtype"), name=f"zero3/{h}/piece_{j}")
                          for j, (_, piece) in enumerate(parts)]
                 for j, (_, piece) in enumerate(parts):
                     owner = int(re.search(r"/r(\d+)/", piece).group(1))
-                    self.sharded[(f"{h}@fsend", owner)] = self.sharded.get((f"{h}@fsend", owner), ()) + (
-                        reads[j].op.name,)
-                for r in range(self.n):
-                    self._rewire(graph, h, r, reads, GRADIENT_ROOT)
+                    self._note((f"{h}@fsend", owner), reads[j].op.name)
+                flat = [tf.reshape(x, [-1], name=f"zero3/{h}/flat_{j}") if x.shape.rank != 1 else x
+                        for j, x in enumerate(reads)]
+                for r, d in sorted(needs.get(h, ())):
+                    cat = tf.concat(flat, 0, name=f"zero3/r{r}/{h}/{d}/concat") if len(flat) > 1 else flat[0]
+                    out = tf.reshape(cat, self.values[h].shape, name=f"zero3/r{r}/{h}/{d}")
+                    self._note((f"{h}@{d[0]}wgather", r), *(x.op.name for x in (cat, out) if x is not flat[0]))
+                    gathered[(h, r, d)] = out.name
+        return _graph_of(self._drop_whole(graph.as_graph_def(), whole, gathered, axis.op.name), library, versions)
 
-    def _rewire(self, graph, h: str, r: int, pieces, gradient_root) -> None:
-        """Replica ``r``'s reads of variable ``h`` replaced (:meth:`gather_reads`)."""
-        import tensorflow as tf
+    def _note(self, key: tuple, *ops: str) -> None:
+        self.sharded[key] = self.sharded.get(key, ()) + tuple(ops)
 
-        whole = graph.get_operation_by_name(self.rw.name(h, r))
-        users = [c for c in whole.outputs[0].consumers() if not c.name.startswith("pesto_init/")]
-        shape = self.values[h].shape
-        for i, read in enumerate(u for u in users if u.type == "ReadVariableOp"):
-            made = {}
-            for c in list(read.outputs[0].consumers()):
-                back = any(gradient_root.match(part) for part in c.name.split("/"))
-                d = "backward" if back else "forward"
-                if d not in made:
-                    flat = tf.concat(pieces, 0, name=f"zero3/r{r}/{h}/{d}_{i}/concat") if len(pieces) > 1 \
-                        else pieces[0]
-                    made[d] = tf.reshape(flat, shape, name=f"zero3/r{r}/{h}/{d}_{i}")
-                    key = (f"{h}@{d[0]}wgather", r)
-                    self.sharded[key] = self.sharded.get(key, ()) + tuple(
-                        x.op.name for x in (flat, made[d]) if x is not pieces[0])
-                for k, x in enumerate(c.inputs):
-                    if x is read.outputs[0]:
-                        c._update_input(k, made[d])
+    @staticmethod
+    def _direction(name: str) -> str:
+        """``"backward"`` for an op under a gradient scope, else ``"forward"``."""
+        return "backward" if any(GRADIENT_ROOT.match(part) for part in name.split("/")) else "forward"
+
+    def _directions(self, graph, whole) -> dict[str, set]:
+        """``{variable: {(replica, direction)}}``: the gathers the readers of the whole variables need."""
+        out: dict[str, set] = {}
+        for w, (h, r) in whole.items():
+            for user in graph.get_operation_by_name(w).outputs[0].consumers():
+                readers = list(user.outputs[0].consumers()) if user.type == "ReadVariableOp" else [user]
+                for c in readers:
+                    if c.type != "VariableShape":
+                        out.setdefault(h, set()).add((r, self._direction(c.name)))
+        return out
+
+    def _drop_whole(self, gd, whole, gathered, axis: str) -> list:
+        """The NodeDefs of ``gd`` without the whole variables ``whole`` and their reads; what read them reads
+        ``gathered[(variable, replica, direction)]`` (:meth:`gather_reads`).
+
+        Raises
+        ------
+        MicroBatchError
+            A whole variable used otherwise than read, looked up (``ResourceGather``) or sized.
+        """
+        reads = {n.name: n.input[0] for n in gd.node if n.op == "ReadVariableOp" and n.input[0] in whole}
+        out = []
+        for node in gd.node:
+            if node.name in whole or node.name in reads:
+                continue
+            d, shape, looked_up = self._direction(node.name), None, False
+            inputs = []
+            for k, text in enumerate(node.input):
+                src, idx = _split_input(text)
+                if src in reads:
+                    t = gathered[(*whole[reads[src]], d)]
+                    inputs.append(t if idx is not None else "^" + t.split(":")[0])
+                elif src not in whole:
+                    inputs.append(text)
+                elif node.op == "ResourceGather" and k == 0:
+                    inputs.append(gathered[(*whole[src], d)])
+                    looked_up = True
+                elif node.op == "VariableShape":
+                    shape = self.values[whole[src][0]].shape
+                else:
+                    raise MicroBatchError(f"ZeRO-3 drops each replica's whole variable {src!r}, but {node.name!r} "
+                                          f"({node.op}) uses it otherwise than reading it", culprit=node.name)
+            del node.input[:]
+            node.input.extend(inputs)
+            if looked_up:
+                _as_gather(node, axis)
+            elif shape is not None:
+                _as_shape(node, shape)
+            if "_class" in node.attr:
+                locs = [x for x in node.attr["_class"].list.s if x.decode()[5:] not in whole]
+                node.attr["_class"].list.s[:] = locs
+                if not locs:
+                    del node.attr["_class"]
+            out.append(node)
+        return out
 
     def piece_values(self) -> dict:
         """Initial values of the piece variables (slices of their variables')."""
         import numpy as np
 
         return {h: np.reshape(self.values[src], [-1])[a:b] for h, (src, a, b) in self.pieces.items()}
+
+
+def _as_gather(node, axis: str) -> None:
+    """A ``ResourceGather`` NodeDef (its first input already the gathered tensor) as a ``GatherV2``."""
+    import tensorflow as tf
+
+    attrs = node.attr
+    dtype, tind, batch_dims = attrs["dtype"].type, attrs["Tindices"].type, attrs["batch_dims"].i
+    node.op = "GatherV2"
+    node.input.insert(2, axis)
+    for k in list(attrs):
+        if not k.startswith("_"):
+            del attrs[k]
+    attrs["Tparams"].type, attrs["Tindices"].type = dtype, tind
+    attrs["Taxis"].type = tf.int32.as_datatype_enum
+    attrs["batch_dims"].i = batch_dims
+
+
+def _as_shape(node, shape) -> None:
+    """A ``VariableShape`` NodeDef (its input dropped) as the constant ``shape``."""
+    import tensorflow as tf
+
+    dtype = tf.as_dtype(node.attr["out_type"].type)
+    node.op = "Const"
+    for k in list(node.attr):
+        if not k.startswith("_"):
+            del node.attr[k]
+    node.attr["dtype"].type = dtype.as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(list(shape), dtype=dtype))
 
 
 def _label(scope: str) -> str:
@@ -751,7 +835,7 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
         values = {**values, **zero.piece_values()}
     new = _joined(new, second, remap, gd.library, gd.versions)
     if zero is not None and zero.level == 3:
-        zero.gather_reads(new)
+        new = zero.gather_reads(new, gd.library, gd.versions)
     return _finish(new, fetches, per_rep, rings, values, replicas, micro_batches, zero)
 
 
@@ -909,8 +993,9 @@ def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) 
     if copy is None:
         return []
     op, r = copy.group(1), int(copy.group(2))
-    if (op, r) in rg.sharded:   # ZeRO: replica r's update of its piece, its piece slots
-        return list(rg.sharded[(op, r)])
+    for c in (op, *(f"mb{s}/{op}" for s in range(rg.replicas * m))):
+        if (c, r) in rg.sharded:   # ZeRO: replica r's update of its piece, its pieces of a variable or slot
+            return list(rg.sharded[(c, r)])
     slices = [r * m + micro] if micro is not None else list(range(r * m, (r + 1) * m))
     if micro is not None or m == 1:
         found = next((c for c in slice_candidates(op, slices[0]) if c in have), None)
