@@ -91,7 +91,11 @@ def test_a_zero_plan_trains_as_the_unsharded_replicated_step(replicas, level):
     dense = [n for n, op in ops.items() if op.type == "ResourceApplyAdam"]
     assert dense and all(n.startswith("allreduce/") and n.endswith("/update") for n in dense)
     whole_slots = {n for n in ops if n.startswith("rep") and "/Adam" in n and ops[n].type == "VarHandleOp"}
-    assert whole_slots and all("/embed/" in n for n in whole_slots)   # the sparse gradient's: gathered, updated whole
+    assert not whole_slots   # the sparse gradient's too: each replica updates its rows (ceil(50 / R))
+    rows = [n for n in ops if "/embed/embedding/r" in n and n.endswith("/slot_1") and ops[n].type == "VarHandleOp"]
+    assert len(rows) == replicas and {tuple(after[n].shape) for n in rows} <= {(-(-50 // replicas), 16),
+                                                                               (50 - 3 * 13, 16)}
+    assert not any(op.type.startswith("ResourceScatter") and n.startswith("rep") for n, op in ops.items())
     kernel = before["rep0/rnn/layer_0/kernel"].size
     pieces = [n for n in ops if n.endswith("rnn/layer_0/kernel/slot_1")]
     assert len(pieces) == replicas
@@ -190,7 +194,13 @@ def test_a_zero3_plan_trains_as_the_unsharded_replicated_step():
     kernel = "rnn/layer_0/kernel"
     assert any(n.startswith(f"zero3/r1/{kernel}/forward") for n in ops)
     assert any(n.startswith(f"zero3/r1/{kernel}/backward") for n in ops)
-    assert not any(op.type == "AssignVariableOp" and n.startswith("allreduce/") for n, op in ops.items())
+    assert not any(op.type == "AssignVariableOp" and n.endswith("/assign") for n, op in ops.items())
+    # no replica holds a whole variable (the embedding's too: a lookup gathers its rows' pieces), only Adam's
+    # scalars; each piece is placed on its replica's device
+    whole_vars = {n for n, op in ops.items() if op.type == "VarHandleOp" and n.startswith("rep")}
+    assert whole_vars == {f"rep{r}/beta{k}_power" for r in range(replicas) for k in (1, 2)}
+    assert any(op.type == "GatherV2" and op.inputs[0].op.name.startswith("zero3/r1/embed/embedding/forward")
+               for op in ops.values())
     # the weights after 4 steps, joined from the pieces (replica r holds piece (r + 1) mod R), equal
     # the unsharded step's
     for name in (kernel, "softmax/w"):

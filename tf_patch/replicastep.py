@@ -386,16 +386,23 @@ class _Ring:
                 self._gather(graph, g)
 
     def _gather(self, graph, group: _Group) -> None:
-        """Every replica concatenates all replicas' rows and indices."""
+        """Every replica concatenates all replicas' rows and indices; sharded, each then
+        updates its rows of the variable (:meth:`_Zero.rows`)."""
         import tensorflow as tf
 
         own = [[self.own(graph, group, r, j) for r in range(self.n)] for j in (0, 1)]
+        gathered = []
         for r in range(self.n):
+            gathered.append([])
             for j, t in enumerate(group.outs):
                 out = tf.concat(own[j], 0, name=f"allgather/{self.k}/r{r}/{_label(group.scope)}/{'vi'[j]}")
                 self._mark("unpack", r, out)
                 src, idx = _split_input(t)
                 self.out[f"__allreduced__/r{r}/{src}:{idx}"] = out.name
+                gathered[r].append(out.name)
+        if self.zero is not None:
+            self.zero.rows(graph, group, gathered, f"allreduce/{self.k}",
+                           lambda r, *ts: self._mark("update", r, *ts))
 
     def _dense(self, graph, groups: list) -> None:
         """Pack, reduce-scatter, all-gather, unpack (module doc)."""
@@ -504,6 +511,74 @@ def _zero_updates(graph, groups: Mapping[str, _Group], nodes: Mapping[str, objec
     return out
 
 
+@dataclass(frozen=True)
+class _SparseUpdate:
+    """A sparse gradient's update in the split step (ZeRO, :class:`_Zero`): its
+    once-per-step ops in topological order (:func:`_sparse_updates`), the variable's
+    handle, the slots' (the other variables those ops write, of the variable's shape),
+    the gradient's ``(rows, indices)`` tensors and the ops that others wait for."""
+
+    ops: tuple
+    var: str
+    slots: tuple
+    grad: tuple
+    exits: tuple
+
+
+def _sparse_updates(graph, groups: Mapping[str, _Group], nodes: Mapping[str, object],
+                    sliced: Mapping[str, int]) -> dict[str, _SparseUpdate]:
+    """``{accumulate scope: its update}`` for every sparse group (ZeRO): the once-per-step
+    ops downstream of the gradient or reading a variable it writes, on the way to a write
+    of one (a v1 optimizer's ``Unique``, ``UnsortedSegmentSum``, reads, scatter-adds and
+    assigns; not the scalars it reads, nor what waits for it).
+
+    Raises
+    ------
+    MicroBatchError
+        The update writes no variable that the slices look up, or several, or a variable
+        of another shape than it, or its ops are read by others (not only waited for):
+        its rows cannot be sharded.
+    """
+    ops = [graph.get_operation_by_name(n) for n in nodes]
+    once = {op.name for op in ops if op.name not in sliced and not op.name.startswith("accumulate/")}
+    succ, pred = _successors(ops), {op.name: [getattr(x, "op", x).name for x in (*op.inputs, *op.control_inputs)]
+                                     for op in ops}
+    out = {}
+    for scope, g in groups.items():
+        if not g.sparse:
+            continue
+        down = _reach(succ, [t.split(":")[0] for t in g.outs], once)
+        writers = {w for w in down if graph.get_operation_by_name(w).type not in ("ReadVariableOp", "VariableShape")
+                   and _resources(graph.get_operation_by_name(w))}
+        handles = {h for w in writers for h in _resources(graph.get_operation_by_name(w))}
+        looked = [h for h in handles if any(c.name in sliced for c in graph.get_operation_by_name(h).outputs[0].consumers())]
+        shape = graph.get_operation_by_name(looked[0]).get_attr("shape") if len(looked) == 1 else None
+        # the variable and its slots: what it writes of the looked-up variable's shape (not Adam's scalars)
+        written = {h for h in handles if shape is not None and graph.get_operation_by_name(h).type == "VarHandleOp"
+                   and graph.get_operation_by_name(h).get_attr("shape") == shape}
+        writes = {w for w in writers if set(_resources(graph.get_operation_by_name(w))) & written}
+        readers = {c.name for h in written for c in graph.get_operation_by_name(h).outputs[0].consumers()
+                   if c.name in once}
+        mine = ((down | readers | _reach(succ, readers, once)) & _reach(pred, writes, once)) | writes
+        leaks = sorted(c.name for n in mine for t in graph.get_operation_by_name(n).outputs for c in t.consumers()
+                       if c.name in nodes and c.name not in mine)
+        if shape is None or leaks or any(set(_resources(graph.get_operation_by_name(w))) - written for w in writes):
+            raise MicroBatchError(f"a sharded optimizer (ZeRO) shards a sparse gradient's update by rows: it must "
+                                  f"write the looked-up variable and slots of its shape, its ops waited for, not "
+                                  f"read; {_label(scope)}'s update writes {sorted(handles)} (looked up: {looked}), "
+                                  f"its ops read by {leaks}", culprit=_label(scope))
+        var = looked[0]
+        exits = sorted(n for n in mine if any(x in nodes and x not in mine for x in succ.get(n, ())))
+        out[scope] = _SparseUpdate(tuple(op.name for op in ops if op.name in mine), var,
+                                   tuple(sorted(written - {var})), g.outs, tuple(exits))
+    return out
+
+
+def _resources(op) -> list:
+    """The variable handles (resource inputs) op ``op`` reads."""
+    return [x.op.name for x in op.inputs if x.dtype.name == "resource"]
+
+
 class _Zero:
     """The sharded optimizer of the replicated TF step (ZeRO-1/2, :func:`replicate_graph`),
     mirroring :mod:`pesto.step.replication`'s: the bucket's chunk ``j`` packs
@@ -517,21 +592,39 @@ class _Zero:
     ``NoOp`` of its name that waits for both (:meth:`noops`)."""
 
     def __init__(self, updates: Mapping[str, _Update], values: Mapping[str, object], rw: "_Rewrite", replicas: int,
-                 level: int = 1):
+                 level: int = 1, sparse: Mapping[str, _SparseUpdate] | None = None):
         self.updates, self.values, self.rw, self.n, self.level = updates, values, rw, replicas, level
+        self.sparse = dict(sparse or {})
         self.pieces: dict[str, tuple] = {}    # piece variable handle -> (variable handle, start, stop)
+        self.shapes: dict[str, tuple] = {}    # piece variable handle -> its shape
         self.sharded: dict[tuple, tuple] = {}  # (update op or slot handle, replica) -> its TF ops
         self.done: dict[tuple, list] = {}     # (update op, replica) -> the ops its NoOp waits for
 
     def skipped(self, nodes) -> set:
         """The split step's ops not copied: the updates and the slots only they read."""
-        ups = {u.op for u in self.updates.values()}
+        ups = {u.op for u in self.updates.values()} | {x for u in self.sparse.values() for x in u.ops}
         readers: dict[str, set] = {}
         for node in nodes.values():
             for text in node.input:
                 readers.setdefault(_split_input(text)[0], set()).add(node.name)
-        slots = {h for u in self.updates.values() for _, h in u.resources[1:] if readers.get(h, set()) <= ups}
-        return ups | slots
+        slots = {h for u in self.updates.values() for _, h in u.resources[1:]} | {
+            h for u in self.sparse.values() for h in u.slots}
+        return ups | {h for h in slots if readers.get(h, set()) <= ups}
+
+    def _piece(self, h: str, a: int, b: int, name: str, r: int, q: int, rows: bool = False):
+        """Replica ``r``'s piece variable ``name`` of variable (or slot, ``q > 0``) ``h``:
+        its flat elements ``[a, b)``, or with ``rows`` its rows."""
+        import numpy as np
+        import tensorflow as tf
+
+        value = self.values[h]
+        shape = (b - a, *(np.shape(value)[1:] if rows else ()))
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(value.dtype), shape=list(shape), shared_name=name, name=name)
+        self.pieces[handle.op.name], self.shapes[handle.op.name] = (h, a * row, b * row), shape
+        # Pesto's variable (or slot) of replica r: its piece (ZeRO-1/2: and the whole variable it writes)
+        self._note((h, r), *([self.rw.name(h, r)] if q == 0 and self.level < 3 else []), handle.op.name)
+        return handle
 
     def pack(self, flat, sizes, scope: str, mark) -> list:
         """Replica's chunks: chunk ``j`` the ``j``-th pieces of every flat gradient."""
@@ -567,15 +660,8 @@ class _Zero:
         self.done.setdefault((up.op, r), [])
         if a == b:   # fewer elements than replicas: nothing of it here
             return grad
-        handles = {}
-        for q, (pos, h) in enumerate(up.resources):
-            value = np.reshape(self.values[h], [-1])[a:b]
-            name = f"{scope}/param" if q == 0 else f"{scope}/slot_{q}"
-            handles[pos] = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(value.dtype), shape=[b - a], shared_name=name,
-                                                  name=name)
-            self.pieces[handles[pos].op.name] = (h, a, b)
-            # Pesto's variable (or slot) of replica r: its piece (ZeRO-1/2: and the whole variable it writes)
-            self._note((h, r), *([self.rw.name(h, r)] if q == 0 and self.level < 3 else []), handles[pos].op.name)
+        handles = {pos: self._piece(h, a, b, f"{scope}/param" if q == 0 else f"{scope}/slot_{q}", r, q)
+                   for q, (pos, h) in enumerate(up.resources)}
         inputs = []
         for pos, text in enumerate(t for t in up.node.input if not t.startswith("^")):
             src, idx = _split_input(text)
@@ -589,6 +675,79 @@ class _Zero:
         self.sharded[(up.op, r)] = (op.name, piece.op.name)
         self.done[(up.op, r)].append(op.name)
         return piece
+
+    def rows(self, graph, group: _Group, gathered, scope: str, mark) -> None:
+        """A sparse gradient's update by rows: replica ``r`` holds rows ``[a, b)`` (piece
+        ``(r + 1) mod R`` of ``ceil(rows / R)``) of the variable and its slots (piece
+        variables ``param``, ``slot_<q>``) and runs the update's ops on them (``update/<op>``,
+        :func:`_sparse_updates`) with the gathered rows (``gathered[r]``: rows, indices) it
+        holds, their indices less ``a``; ZeRO-1/2: every replica then writes its whole
+        variable from every replica's updated piece (``assign``)."""
+        import tensorflow as tf
+
+        up, n = self.sparse[group.scope], self.n
+        rows = self.values[up.var].shape[0]
+        step = -(-rows // n)
+        label, written = f"{scope}/{_label(group.scope)}", []
+        for r in range(n):
+            a = min(rows, (r + 1) % n * step)
+            b = min(rows, a + step)
+            at = f"{label}/r{r}"
+            pieces = {h: self._piece(h, a, b, f"{at}/param" if q == 0 else f"{at}/slot_{q}", r, q, rows=True)
+                      for q, h in enumerate((up.var, *up.slots))}
+            values, indices = (graph.get_tensor_by_name(t) for t in gathered[r])
+            with tf.name_scope(f"{at}/rows/"):
+                keep = tf.logical_and(indices >= a, indices < b)
+                mine = {up.grad[0]: tf.boolean_mask(values, keep),
+                        up.grad[1]: tf.boolean_mask(indices, keep) - tf.cast(a, indices.dtype)}
+            made = self._copy_update(graph, up, r, f"{at}/update", pieces, mine)
+            mark(r, keep, *mine.values(), *pieces.values(), *made.values())
+            writes = [op for op in made.values() if pieces[up.var].op.name in _resources(op)
+                      and op.type not in ("ReadVariableOp", "VariableShape")]
+            with tf.control_dependencies(writes):
+                written.append(tf.raw_ops.ReadVariableOp(resource=pieces[up.var], dtype=values.dtype,
+                                                         name=f"{at}/updated"))
+            for x in up.exits:
+                self.done.setdefault((x, r), []).append(made[x].name)
+            mark(r, written[-1])
+        if self.level < 3:
+            order = sorted(range(n), key=lambda r: (r + 1) % n)   # replica r holds piece r + 1
+            for r in range(n):
+                whole = tf.concat([written[k] for k in order], 0, name=f"{label}/r{r}/whole")
+                var = graph.get_tensor_by_name(f"{self.rw.name(up.var, r)}:0")
+                assign = tf.raw_ops.AssignVariableOp(resource=var, value=whole, name=f"{label}/r{r}/assign")
+                mark(r, whole, assign)
+                for x in up.exits:
+                    self.done[(x, r)].append(assign.name)
+
+    def _copy_update(self, graph, up: _SparseUpdate, r: int, scope: str, pieces, grad) -> dict:
+        """Replica ``r``'s copies of the update's ops (:meth:`rows`), on its ``pieces``
+        (variable handle -> piece handle) and its rows of the gradient ``grad``
+        (tensor name -> tensor); ``{op: its copy}``."""
+        import tensorflow as tf
+
+        made: dict[str, object] = {}
+
+        def tensor(text: str):
+            src, idx = _split_input(text)
+            if src in made:
+                return made[src].outputs[int(idx)]
+            if src in pieces:
+                return pieces[src]
+            if f"{src}:{idx}" in grad:
+                return grad[f"{src}:{idx}"]
+            return graph.get_tensor_by_name(f"{self.rw.name(src, r)}:{idx}")
+
+        for x in up.ops:
+            node = self.rw.nodes[x]
+            data = [tensor(t) for t in node.input if not t.startswith("^")]
+            waits = [made[t[1:]] if t[1:] in made else graph.get_operation_by_name(self.rw.name(t[1:], r))
+                     for t in node.input if t.startswith("^")]
+            attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+            with graph.control_dependencies(waits):
+                made[x] = graph._create_op_internal(node.op, data, attrs=attrs, name=f"{scope}/{x}")
+            self.sharded[(x, r)] = (made[x].name,)
+        return made
 
     def write(self, groups, held, sizes, r: int, scope: str, mark) -> None:
         """Replica ``r``'s variables written whole from the gathered pieces (``held[j]``: chunk ``j``)."""
@@ -730,7 +889,8 @@ class _Zero:
         """Initial values of the piece variables (slices of their variables')."""
         import numpy as np
 
-        return {h: np.reshape(self.values[src], [-1])[a:b] for h, (src, a, b) in self.pieces.items()}
+        return {h: np.reshape(np.reshape(self.values[src], [-1])[a:b], self.shapes[h])
+                for h, (src, a, b) in self.pieces.items()}
 
 
 def _as_gather(node, axis: str) -> None:
@@ -813,8 +973,8 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     outs = {t for g in groups.values() for t in g.outs}
     gd = graph.as_graph_def()
     rw = _Rewrite(gd, names, sliced, per_rep, micro_batches, outs)
-    zero = (_Zero(_zero_updates(graph, groups, rw.nodes), values, rw, replicas, shard_optimizer)
-            if shard_optimizer and replicas > 1 else None)
+    zero = (_Zero(_zero_updates(graph, groups, rw.nodes), values, rw, replicas, shard_optimizer,
+                  _sparse_updates(graph, groups, rw.nodes, sliced)) if shard_optimizer and replicas > 1 else None)
     skip = zero.skipped(rw.nodes) if zero is not None else set()
     rings = [_Ring(k, [groups[s] for s in b if s in groups], replicas, micro_batches, zero)
              for k, b in enumerate(_complete(buckets, groups))]
