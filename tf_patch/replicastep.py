@@ -620,11 +620,38 @@ class _Zero:
         value = self.values[h]
         shape = (b - a, *(np.shape(value)[1:] if rows else ()))
         row = int(np.prod(shape[1:], dtype=np.int64))
-        handle = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(value.dtype), shape=list(shape), shared_name=name, name=name)
-        self.pieces[handle.op.name], self.shapes[handle.op.name] = (h, a * row, b * row), shape
+        transient = q == 0 and self.level < 3
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(value.dtype), shape=[None if transient else b - a,
+                                                                                 *shape[1:]],
+                                        shared_name=name, name=name)
+        if not transient:
+            self.pieces[handle.op.name], self.shapes[handle.op.name] = (h, a * row, b * row), shape
         # Pesto's variable (or slot) of replica r: its piece (ZeRO-1/2: and the whole variable it writes)
-        self._note((h, r), *([self.rw.name(h, r)] if q == 0 and self.level < 3 else []), handle.op.name)
+        self._note((h, r), *([self.rw.name(h, r)] if transient else []), handle.op.name)
         return handle
+
+    def _load(self, graph, piece, h: str, a: int, b: int, r: int, rows: bool = False):
+        """ZeRO-1/2: replica ``r``'s whole variable ``h``'s elements (or ``rows``) ``[a, b)``
+        written into its transient piece variable ``piece`` (the update's operand); the assign."""
+        import tensorflow as tf
+
+        name = piece.op.name
+        whole = tf.raw_ops.ReadVariableOp(resource=graph.get_tensor_by_name(f"{self.rw.name(h, r)}:0"),
+                                          dtype=piece.op.get_attr("dtype"), name=f"{name}/whole")
+        part = (whole if rows else tf.reshape(whole, [-1], name=f"{name}/flat"))[a:b]
+        return tf.raw_ops.AssignVariableOp(resource=piece, value=part, name=f"{name}/load")
+
+    @staticmethod
+    def _release(piece, after):
+        """ZeRO-1/2: the transient piece variable ``piece`` emptied once ``after`` (its
+        updated value, which keeps its buffer until read) is read: it holds no bytes
+        between steps, as Pesto's model says (weights whole, optimizer state ``1 / R``)."""
+        import tensorflow as tf
+
+        name = piece.op.name
+        empty = tf.zeros([0, *after.shape[1:]], dtype=after.dtype, name=f"{name}/empty")
+        with tf.control_dependencies([after]):
+            return tf.raw_ops.AssignVariableOp(resource=piece, value=empty, name=f"{name}/release")
 
     def pack(self, flat, sizes, scope: str, mark) -> list:
         """Replica's chunks: chunk ``j`` the ``j``-th pieces of every flat gradient."""
@@ -662,18 +689,21 @@ class _Zero:
             return grad
         handles = {pos: self._piece(h, a, b, f"{scope}/param" if q == 0 else f"{scope}/slot_{q}", r, q)
                    for q, (pos, h) in enumerate(up.resources)}
+        load = [self._load(graph, handles[0], up.resources[0][1], a, b, r)] if self.level < 3 else []
         inputs = []
         for pos, text in enumerate(t for t in up.node.input if not t.startswith("^")):
             src, idx = _split_input(text)
             inputs.append(handles[pos] if pos in handles else grad if pos == up.grad
                           else graph.get_tensor_by_name(f"{self.rw.name(src, r)}:{idx}"))
         attrs = {k: v for k, v in up.node.attr.items() if not k.startswith("_")}
-        op = graph._create_op_internal(up.node.op, inputs, dtypes=[], attrs=attrs, name=f"{scope}/update")
+        with tf.control_dependencies(load):
+            op = graph._create_op_internal(up.node.op, inputs, dtypes=[], attrs=attrs, name=f"{scope}/update")
         with tf.control_dependencies([op]):
             piece = tf.raw_ops.ReadVariableOp(resource=handles[0], dtype=grad.dtype, name=f"{scope}/updated")
-        mark(op, piece)
-        self.sharded[(up.op, r)] = (op.name, piece.op.name)
-        self.done[(up.op, r)].append(op.name)
+        release = [self._release(handles[0], piece)] if load else []
+        mark(*load, op, piece, *release)
+        self.sharded[(up.op, r)] = (op.name, piece.op.name, *(x.name for x in (*load, *release)))
+        self.done[(up.op, r)].extend(x.name for x in (op, *release))
         return piece
 
     def rows(self, graph, group: _Group, gathered, scope: str, mark) -> None:
@@ -695,21 +725,23 @@ class _Zero:
             at = f"{label}/r{r}"
             pieces = {h: self._piece(h, a, b, f"{at}/param" if q == 0 else f"{at}/slot_{q}", r, q, rows=True)
                       for q, h in enumerate((up.var, *up.slots))}
+            load = [self._load(graph, pieces[up.var], up.var, a, b, r, rows=True)] if self.level < 3 else []
             values, indices = (graph.get_tensor_by_name(t) for t in gathered[r])
             with tf.name_scope(f"{at}/rows/"):
                 keep = tf.logical_and(indices >= a, indices < b)
                 mine = {up.grad[0]: tf.boolean_mask(values, keep),
                         up.grad[1]: tf.boolean_mask(indices, keep) - tf.cast(a, indices.dtype)}
-            made = self._copy_update(graph, up, r, f"{at}/update", pieces, mine)
-            mark(r, keep, *mine.values(), *pieces.values(), *made.values())
+            made = self._copy_update(graph, up, r, f"{at}/update", pieces, mine, load)
+            mark(r, keep, *mine.values(), *pieces.values(), *load, *made.values())
             writes = [op for op in made.values() if pieces[up.var].op.name in _resources(op)
                       and op.type not in ("ReadVariableOp", "VariableShape")]
             with tf.control_dependencies(writes):
                 written.append(tf.raw_ops.ReadVariableOp(resource=pieces[up.var], dtype=values.dtype,
                                                          name=f"{at}/updated"))
+            release = [self._release(pieces[up.var], written[-1])] if load else []
             for x in up.exits:
-                self.done.setdefault((x, r), []).append(made[x].name)
-            mark(r, written[-1])
+                self.done.setdefault((x, r), []).extend(y.name for y in (made[x], *release))
+            mark(r, written[-1], *release)
         if self.level < 3:
             order = sorted(range(n), key=lambda r: (r + 1) % n)   # replica r holds piece r + 1
             for r in range(n):
@@ -720,10 +752,11 @@ class _Zero:
                 for x in up.exits:
                     self.done[(x, r)].append(assign.name)
 
-    def _copy_update(self, graph, up: _SparseUpdate, r: int, scope: str, pieces, grad) -> dict:
+    def _copy_update(self, graph, up: _SparseUpdate, r: int, scope: str, pieces, grad, load=()) -> dict:
         """Replica ``r``'s copies of the update's ops (:meth:`rows`), on its ``pieces``
         (variable handle -> piece handle) and its rows of the gradient ``grad``
-        (tensor name -> tensor); ``{op: its copy}``."""
+        (tensor name -> tensor), those using the variable's piece after ``load``;
+        ``{op: its copy}``."""
         import tensorflow as tf
 
         made: dict[str, object] = {}
@@ -743,6 +776,8 @@ class _Zero:
             data = [tensor(t) for t in node.input if not t.startswith("^")]
             waits = [made[t[1:]] if t[1:] in made else graph.get_operation_by_name(self.rw.name(t[1:], r))
                      for t in node.input if t.startswith("^")]
+            if any(_split_input(t)[0] == up.var for t in node.input):
+                waits += list(load)
             attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
             with graph.control_dependencies(waits):
                 made[x] = graph._create_op_internal(node.op, data, attrs=attrs, name=f"{scope}/{x}")
