@@ -210,3 +210,51 @@ def test_a_zero3_plan_trains_as_the_unsharded_replicated_step():
         np.testing.assert_allclose(joined, np.reshape(before[f"rep0/{name}"], [-1]), rtol=1e-5, atol=1e-7)
     # Pesto's gathers map onto the concatenations
     assert any(k.endswith("@fwgather@r1") for k in rmap.ops) and any(k.endswith("@bwgather@r0") for k in rmap.ops)
+
+
+def _resident(model, plan, values) -> dict:
+    """Bytes of the TF step's variables per device of ``plan`` (their values after training: a
+    ZeRO-1/2 update's transient parameter piece is empty between steps)."""
+    out: dict[str, int] = {}
+    for op in model.graph.get_operations():
+        if op.type == "VarHandleOp":
+            assert op.name in plan.placement, op.name   # every variable placed by the plan
+            out[plan.placement[op.name]] = out.get(plan.placement[op.name], 0) + values[op.name].nbytes
+    return out
+
+
+@pytest.mark.parametrize("replicas, level", [(2, 0), (2, 1), (2, 2), (2, 3), (4, 3)])
+def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, level):
+    """The bytes of the variables resident on each replica's device (every ``VarHandleOp``'s value
+    after two steps, on its device in the TF plan) equal Pesto's persistent bytes of the same plan
+    on that device (its replicated graph's ops' ``persistent_bytes``): ZeRO-1/2 whole weights and
+    ``1 / R`` of the optimizer state (the embedding's, a sparse gradient's, by rows), ZeRO-3 ``1 / R``
+    of both (no whole variable anywhere). Tolerance, both stated: Adam's two scalar accumulators
+    (``beta1_power``, ``beta2_power``), which the model shards as optimizer state (``ceil(4 / R)``
+    bytes) and TF keeps whole in each replica; and for ``R = 4`` the pieces' rounding: TF cuts a
+    variable into ``ceil(n / R)`` elements (an embedding ``ceil(rows / R)`` rows) and a smaller last
+    piece, the model counts ``ceil(bytes / R)`` each, so a replica differs by at most ``R - 1`` rows
+    (elements; an embedding row is 16 floats here, the widest) per variable; summed over the
+    replicas they agree but for the scalars."""
+    whole = build_model("rnnlm", "small", **TINY)
+    graph, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
+    result = _solved(graph, replicas, level)
+    counted: dict[str, int] = {}
+    for op in result.graph.ops:
+        if op.persistent_bytes:
+            d = result.plan.placement[op.name]
+            counted[d] = counted.get(d, 0) + op.persistent_bytes
+    model, plan, _ = replicate_model(build_model("rnnlm", "small", micro_batches=replicas, **TINY),
+                                     result_view(result))
+    _, seen, values = _train(model, plan, replicas, steps=2)
+    assert seen["misplaced"] == []
+    held = _resident(model, plan, values)
+    assert sorted(held) == sorted(counted) == [f"/GPU:{k}" for k in range(replicas)]
+    scalars = 0 if level == 0 else 2 * (4 - -(-4 // replicas))
+    variables = len([op for op in result.graph.ops if op.persistent_bytes and op.name.endswith("@r0")])
+    rounding = 0 if replicas == 2 else variables * (replicas - 1) * 16 * 4   # R = 2: every size is even
+    for d in counted:
+        assert abs(held[d] - scalars - counted[d]) <= rounding, (d, held[d], counted[d])
+    assert sum(held.values()) - replicas * scalars == sum(counted.values())
+    if level == 3:   # what ZeRO-3 saves is there: a replica holds about 1 / R of the step's variables
+        assert max(held.values()) < 1.1 * sum(op.persistent_bytes for op in graph.ops) / replicas
