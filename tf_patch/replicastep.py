@@ -599,6 +599,7 @@ class _Zero:
         self.shapes: dict[str, tuple] = {}    # piece variable handle -> its shape
         self.sharded: dict[tuple, tuple] = {}  # (update op or slot handle, replica) -> its TF ops
         self.done: dict[tuple, list] = {}     # (update op, replica) -> the ops its NoOp waits for
+        self.dropped: set[str] = set()        # ZeRO-3: the whole variables and their reads, gone
 
     def skipped(self, nodes) -> set:
         """The split step's ops not copied: the updates and the slots only they read."""
@@ -885,6 +886,7 @@ class _Zero:
             A whole variable used otherwise than read, looked up (``ResourceGather``) or sized.
         """
         reads = {n.name: n.input[0] for n in gd.node if n.op == "ReadVariableOp" and n.input[0] in whole}
+        self.dropped.update(whole, reads)
         out = []
         for node in gd.node:
             if node.name in whole or node.name in reads:
@@ -1046,19 +1048,24 @@ def _complete(buckets, groups: Mapping[str, _Group]) -> list[list[str]]:
 
 
 def _finish(graph, fetches, per_rep, rings, values, replicas, micro_batches, zero=None) -> ReplicaGraph:
-    """The fetches (a copied fetch op: a group of its copies under its name),
-    the variables' initialisers and reads."""
+    """The fetches (a copied fetch op: a group of its copies under its name; a read
+    of a variable ZeRO-3 dropped, none), the variables' initialisers and reads."""
     import tensorflow as tf
 
     loss, *updates = list(fetches)
     init, reads, vals = {}, {}, {}
+    dropped = zero.dropped if zero is not None else set()
     with graph.as_default():
         out = []
         for u in updates:
             u = u.split(":")[0]
             if u in per_rep:   # its name, unless TF had to make that unique
-                u = tf.group(*[graph.get_operation_by_name(REPLICA.format(r) + u) for r in range(replicas)],
-                             name=u).name
+                copies = [REPLICA.format(r) + u for r in range(replicas)]
+                if set(copies) <= dropped:
+                    continue
+                u = tf.group(*[graph.get_operation_by_name(c) for c in copies if c not in dropped], name=u).name
+            elif u in dropped:
+                continue
             out.append(u)
         with tf.name_scope("pesto_init"):
             for op in graph.get_operations():
