@@ -171,8 +171,9 @@ def test_a_zero_2_plan_with_recomputation_trains_as_the_step_with_its_copies_and
 
 @pytest.mark.parametrize("strategy", [
     Strategy(replicas=2, shard_optimizer=2, recompute=(True, "cheap", False)),
-    Strategy(stages=2, micro_batches=2, schedule="1f1b", recompute=(True, "cheap", False))],
-    ids=["zero-2", "1f1b"])
+    Strategy(stages=2, micro_batches=2, schedule="1f1b", recompute=(True, "cheap", False)),
+    Strategy(replicas=2, shard_optimizer=3, recompute=(True, "cheap", False))],
+    ids=["zero-2", "1f1b", "zero-3"])
 def test_a_plan_of_mixed_recomputation_levels_trains_as_the_step_with_each_blocks_copies(strategy):
     """Layer 0 recomputes every op, layer 1 its cheap ops (``pesto.step.recompute.cheap_ops``:
     BiasAdd and Tanh, not the MatMul), layer 2 none: TF builds exactly the plan's copies,
