@@ -35,22 +35,41 @@ devices and the order):
   replica ``r`` holds piece ``(r + 1) mod R`` of each summed gradient
   (``r<r>/shard``) and runs the variable's ``ResourceApply*`` update on it
   only (``r<r>/<variable>/update``, on piece variables ``param`` and
-  ``slot_<q>``: the optimizer state ``1 / R`` per replica, no whole slots);
+  ``slot_<q>``: the optimizer state ``1 / R`` per replica, no whole slots;
+  ``param`` is transient: loaded from the whole variable before the update,
+  ``param/load``, and emptied once its updated value is read, ``param/release``,
+  so between steps a replica holds its whole weights and ``1 / R`` of the
+  optimizer state, what Pesto's memory model counts);
   the updated pieces (``r<r>/updated``) go round the ring (``ag<s>/r<r>``)
   and each replica writes its whole variables from them
   (``r<r>/<variable>/assign``); the update op ``rep<r>/<update>`` becomes a
   ``NoOp`` waiting for both. TensorFlow frees the gradient outside the shard
   after the reduce-scatter either way: ZeRO-1 and ZeRO-2 build the same step.
-  A sparse gradient is gathered and updated whole as without sharding;
+  A sparse gradient's variable (an embedding) is sharded by rows, as the model
+  shards its optimizer state: every replica gathers all replicas' rows as
+  without sharding, keeps those of its rows ``[a, b)`` (piece ``(r + 1) mod R``
+  of ``ceil(rows / R)``; ``.../<variable>/r<r>/rows/``, indices less ``a``) and
+  runs the optimizer's update ops (:func:`_sparse_updates`: a v1 optimizer's
+  ``Unique``, ``UnsortedSegmentSum``, scatter-adds and assigns) copied onto row
+  pieces of the variable and its slots (``.../r<r>/update/<op>``,
+  :meth:`_Zero.rows`); each replica then writes its whole variable from every
+  replica's updated rows (``.../r<r>/assign``);
 * **sharded parameters** (ZeRO-3, :func:`shard_level` 3: Pesto's
-  ``p@fwgather@r<r>``): as ZeRO-1/2, but no updated piece goes round the ring
-  and no whole variable is written: every read of a dense variable in replica
+  ``p@fwgather@r<r>``): as ZeRO-1/2, but no updated piece goes round the ring,
+  and a replica holds no whole variable: each piece variable ``param`` is the
+  parameter's piece for good, and each read of a sharded variable in replica
   ``r`` (``ReadVariableOp``) becomes the concatenation of the replicas' piece
   variables (``zero3/<variable>/piece_<j>``, read once each), one
-  (``zero3/r<r>/<variable>/forward_<i>``) for its forward consumers and one
-  (``.../backward_<i>``) for those under a gradient scope
-  (:meth:`_Zero.gather_reads`); the whole variables stay allocated (initialised,
-  no longer read or written), a sparse gradient's variable is read whole;
+  (``zero3/r<r>/<variable>/forward``) for its forward consumers and one
+  (``.../backward``) for those under a gradient scope, a transient whole copy
+  as Pesto's gathers; an embedding lookup (``ResourceGather``) becomes a
+  ``GatherV2`` of the forward concatenation and its gradient's
+  ``VariableShape`` a constant; the whole variables ``rep<r>/<variable>`` and
+  their reads are then dropped (:meth:`_Zero.gather_reads`). Only scalars no
+  update shards (Adam's ``beta1_power``, ``beta2_power``) stay whole per replica
+  (the model counts ``ceil(4 / R)`` bytes of each). The trained weights are the
+  pieces joined (:func:`unshard`; :meth:`tf_patch.FunctionStep.apply` carries
+  them so into the next plan);
 * the input splits (``microbatch/<input>``) and the loss sum
   (``microbatch/loss``) stay single: the loss is the sum of the replicas'
   scaled losses, the whole batch's mean;
@@ -79,8 +98,10 @@ The naming rule (Pesto op -> TF ops)
   parameters; ZeRO-3: ``p@fwgather@r<r>`` / ``p@bwgather@r<r>`` -> replica
   ``r``'s forward / backward concatenations of the bucket's members (the
   plan's origins name them), ``p@fsend@r<r>`` -> the reads of replica ``r``'s pieces; an update ``u@r<r>`` -> replica ``r``'s update of its piece
-  (and the piece's read), an optimizer slot ``s@r<r>`` -> replica ``r``'s
-  piece slots (:attr:`ReplicaGraph.sharded`).
+  (and the piece's read, load and release), each op of a sparse update -> its
+  copy on replica ``r``'s rows, an optimizer slot ``s@r<r>`` -> replica
+  ``r``'s piece slots, a variable ``v@r<r>`` -> its piece ``param`` (ZeRO-1/2:
+  and the whole variable) (:attr:`ReplicaGraph.sharded`).
 
 When the update equals the un-split step's: as for :mod:`tf_patch.microstep`
 (a per-sample mean loss; batch norm, dropout and batch-level losses differ
@@ -169,7 +190,8 @@ class ReplicaGraph:
     sharded : mapping (update op or optimizer slot, replica) -> tuple of TF ops
         Sharded (ZeRO): replica ``r``'s update of its piece and its piece slots.
     pieces : mapping piece variable handle -> (variable handle, start, stop)
-        Sharded: the flat elements of a variable (or slot) a piece variable holds.
+        Sharded: the flat elements of a variable (or slot) a piece variable holds (not a ZeRO-1/2
+        update's transient ``param``, which holds them only during the update).
     """
 
     graph: object
@@ -551,7 +573,8 @@ def _sparse_updates(graph, groups: Mapping[str, _Group], nodes: Mapping[str, obj
         writers = {w for w in down if graph.get_operation_by_name(w).type not in ("ReadVariableOp", "VariableShape")
                    and _resources(graph.get_operation_by_name(w))}
         handles = {h for w in writers for h in _resources(graph.get_operation_by_name(w))}
-        looked = [h for h in handles if any(c.name in sliced for c in graph.get_operation_by_name(h).outputs[0].consumers())]
+        looked = [h for h in handles
+                  if any(c.name in sliced for c in graph.get_operation_by_name(h).outputs[0].consumers())]
         shape = graph.get_operation_by_name(looked[0]).get_attr("shape") if len(looked) == 1 else None
         # the variable and its slots: what it writes of the looked-up variable's shape (not Adam's scalars)
         written = {h for h in handles if shape is not None and graph.get_operation_by_name(h).type == "VarHandleOp"
@@ -580,16 +603,19 @@ def _resources(op) -> list:
 
 
 class _Zero:
-    """The sharded optimizer of the replicated TF step (ZeRO-1/2, :func:`replicate_graph`),
+    """The sharded optimizer of the replicated TF step (ZeRO-1/2/3, :func:`replicate_graph`),
     mirroring :mod:`pesto.step.replication`'s: the bucket's chunk ``j`` packs
     piece ``j`` of every gradient (:meth:`pack`), so after the reduce-scatter
     replica ``r`` holds piece ``(r + 1) mod R`` of each gradient summed and
     updates only that piece (:meth:`update`: the variable's ``ResourceApply*``
-    op on a piece variable ``param`` and piece slots ``slot_<q>``, the
-    optimizer state ``1 / R`` per replica); the updated pieces go round the
+    op on a piece variable ``param``, transient under ZeRO-1/2, and piece slots
+    ``slot_<q>``, the optimizer state ``1 / R`` per replica); a sparse gradient's
+    variable is updated by rows (:meth:`rows`); the updated pieces go round the
     ring (``ag<s>``) and every replica writes its whole variables from them
     (:meth:`write`). The original update op of replica ``r`` becomes a
-    ``NoOp`` of its name that waits for both (:meth:`noops`)."""
+    ``NoOp`` of its name that waits for both (:meth:`noops`). ZeRO-3: no write,
+    the reads gather the pieces and the whole variables are dropped
+    (:meth:`gather_reads`)."""
 
     def __init__(self, updates: Mapping[str, _Update], values: Mapping[str, object], rw: "_Rewrite", replicas: int,
                  level: int = 1, sparse: Mapping[str, _SparseUpdate] | None = None):
@@ -679,7 +705,6 @@ class _Zero:
 
     def _apply(self, graph, up: _Update, grad, r: int, c: int, size: int, scope: str, mark):
         """One variable's update on piece ``c`` (elements ``[a, b)``) in replica ``r``; the piece after it."""
-        import numpy as np
         import tensorflow as tf
 
         step = -(-size // self.n)
@@ -758,8 +783,6 @@ class _Zero:
         (variable handle -> piece handle) and its rows of the gradient ``grad``
         (tensor name -> tensor), those using the variable's piece after ``load``;
         ``{op: its copy}``."""
-        import tensorflow as tf
-
         made: dict[str, object] = {}
 
         def tensor(text: str):
@@ -982,11 +1005,12 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
         is a ring alone; None: one ring per variable.
     shard_optimizer : int
         ``1`` or ``2``: ZeRO (:class:`_Zero`: each replica updates its
-        ``1 / R`` piece of every dense gradient's variable and slots, the
-        updated pieces all-gathered); TensorFlow frees the gradient outside
-        the shard after the reduce-scatter in both, so ZeRO-1 and ZeRO-2 build
-        the same step. ``3``: ZeRO-3, the reads gather the pieces instead
-        (module doc). ``0``: every replica updates everything.
+        ``1 / R`` piece of every variable and its slots, a sparse gradient's
+        by rows, the updated pieces all-gathered); TensorFlow frees the
+        gradient outside the shard after the reduce-scatter in both, so ZeRO-1
+        and ZeRO-2 build the same step. ``3``: ZeRO-3, the reads gather the
+        pieces instead and no replica holds a whole variable (module doc).
+        ``0``: every replica updates everything.
 
     Returns
     -------
@@ -996,7 +1020,9 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     ------
     MicroBatchError
         The graph has not ``replicas * micro_batches`` slices, or a bucket cannot be packed;
-        sharded, a dense gradient not read by one element-wise update (:func:`_zero_updates`).
+        sharded, a dense gradient not read by one element-wise update (:func:`_zero_updates`), a
+        sparse one whose update cannot be sharded by rows (:func:`_sparse_updates`), or (ZeRO-3)
+        a variable used otherwise than read, looked up or sized (:meth:`_Zero.gather_reads`).
     """
     ops = step_ops(graph, list(fetches))
     names = {op.name for op in ops}
