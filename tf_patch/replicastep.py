@@ -187,8 +187,10 @@ class ReplicaGraph:
     ring : mapping (bucket index, part, replica) -> tuple of TF ops
         ``part``: ``"pack"``, ``"rs<s>"``, ``"ag<s>"``, ``"unpack"``, ``"acc<i>"``
         (sharded: ``"update"``, and ``"unpack"`` the writes of the gathered parameters).
-    sharded : mapping (update op or optimizer slot, replica) -> tuple of TF ops
-        Sharded (ZeRO): replica ``r``'s update of its piece and its piece slots.
+    sharded : mapping (update op, optimizer slot or variable, replica) -> tuple of TF ops
+        Sharded (ZeRO): replica ``r``'s update of its piece (a sparse update: each op's copy),
+        its piece slots and variables; ZeRO-3 also ``(variable@fsend | @fwgather | @bwgather,
+        replica)``: its pieces' reads and the replica's gathers.
     pieces : mapping piece variable handle -> (variable handle, start, stop)
         Sharded: the flat elements of a variable (or slot) a piece variable holds (not a ZeRO-1/2
         update's transient ``param``, which holds them only during the update).
@@ -918,9 +920,10 @@ class _Zero:
             inputs = []
             for k, text in enumerate(node.input):
                 src, idx = _split_input(text)
+                if idx is None and (src in reads or src in whole):
+                    continue   # a wait for a read (a tf.function's): the pieces' reads come before any update
                 if src in reads:
-                    t = gathered[(*whole[reads[src]], d)]
-                    inputs.append(t if idx is not None else "^" + t.split(":")[0])
+                    inputs.append(gathered[(*whole[reads[src]], d)])
                 elif src not in whole:
                     inputs.append(text)
                 elif node.op == "ResourceGather" and k == 0:
