@@ -223,8 +223,9 @@ def _resident(model, plan, values) -> dict:
     return out
 
 
-@pytest.mark.parametrize("replicas, level", [(2, 0), (2, 1), (2, 2), (2, 3), (4, 3)])
-def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, level):
+@pytest.mark.parametrize("replicas, level, optimizer", [(2, 0, "adam"), (2, 1, "adam"), (2, 2, "adam"),
+                                                        (2, 3, "adam"), (4, 3, "adam"), (2, 3, "sgd")])
+def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, level, optimizer):
     """The bytes of the variables resident on each replica's device (every ``VarHandleOp``'s value
     after two steps, on its device in the TF plan) equal Pesto's persistent bytes of the same plan
     on that device (its replicated graph's ops' ``persistent_bytes``): ZeRO-1/2 whole weights and
@@ -235,8 +236,10 @@ def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, l
     variable into ``ceil(n / R)`` elements (an embedding ``ceil(rows / R)`` rows) and a smaller last
     piece, the model counts ``ceil(bytes / R)`` each, so a replica differs by at most ``R - 1`` rows
     (elements; an embedding row is 16 floats here, the widest) per variable; summed over the
-    replicas they agree but for the scalars."""
-    whole = build_model("rnnlm", "small", **TINY)
+    replicas they agree but for the scalars. With SGD (no slots; the embedding's update one
+    scatter-add) as with Adam, the losses stay the single-device step's."""
+    tiny = {**TINY, "optimizer": optimizer}
+    whole = build_model("rnnlm", "small", **tiny)
     graph, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
     result = _solved(graph, replicas, level)
     counted: dict[str, int] = {}
@@ -244,13 +247,15 @@ def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, l
         if op.persistent_bytes:
             d = result.plan.placement[op.name]
             counted[d] = counted.get(d, 0) + op.persistent_bytes
-    model, plan, _ = replicate_model(build_model("rnnlm", "small", micro_batches=replicas, **TINY),
+    model, plan, _ = replicate_model(build_model("rnnlm", "small", micro_batches=replicas, **tiny),
                                      result_view(result))
-    _, seen, values = _train(model, plan, replicas, steps=2)
+    losses, seen, values = _train(model, plan, replicas, steps=2)
     assert seen["misplaced"] == []
+    with PlacedRun(lambda: build_model("rnnlm", "small", **tiny), None, n_devices=1) as run:
+        np.testing.assert_allclose(losses, run.train(2), rtol=1e-5)
     held = _resident(model, plan, values)
     assert sorted(held) == sorted(counted) == [f"/GPU:{k}" for k in range(replicas)]
-    scalars = 0 if level == 0 else 2 * (4 - -(-4 // replicas))
+    scalars = 0 if level == 0 or optimizer == "sgd" else 2 * (4 - -(-4 // replicas))
     variables = len([op for op in result.graph.ops if op.persistent_bytes and op.name.endswith("@r0")])
     rounding = 0 if replicas == 2 else variables * (replicas - 1) * 16 * 4   # R = 2: every size is even
     for d in counted:
