@@ -505,7 +505,7 @@ class _Update:
 
 def _zero_updates(graph, groups: Mapping[str, _Group], nodes: Mapping[str, object]) -> dict[str, _Update]:
     """``{accumulate scope: its update}`` for every dense group (ZeRO); a sparse
-    group is gathered and updated whole by every replica, as without sharding.
+    group's update is sharded by rows (:func:`_sparse_updates`).
 
     Raises
     ------
