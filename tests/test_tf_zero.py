@@ -263,3 +263,19 @@ def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, l
     assert sum(held.values()) - replicas * scalars == sum(counted.values())
     if level == 3:   # what ZeRO-3 saves is there: a replica holds about 1 / R of the step's variables
         assert max(held.values()) < 1.1 * sum(op.persistent_bytes for op in graph.ops) / replicas
+
+
+def test_a_sparse_update_read_elsewhere_cannot_be_sharded_by_rows():
+    """A sparse gradient's update is sharded by rows only when its ops are waited for, not read,
+    outside it (a replica's copy works on its rows only): refused, naming the variable."""
+    from tf_patch.replicastep import replicate_graph, variable_values
+
+    model = build_model("rnnlm", "small", micro_batches=2, **TINY)
+    with model.graph.as_default():
+        rows = tf.identity(model.graph.get_tensor_by_name("train/update_embed/embedding/Unique:0"), name="rows_seen")
+    fetches = [model.loss.name, model.train_op.name, rows.op.name]
+    values = variable_values(model.graph, model.init_op, fetches)
+    replicate_graph(model.graph, fetches, 2, values=values)   # unsharded: built
+    with pytest.raises(MicroBatchError, match="shards a sparse gradient's update by rows") as err:
+        replicate_graph(model.graph, fetches, 2, values=values, shard_optimizer=1)
+    assert err.value.culprit == "embed/embedding" and "rows_seen" in str(err.value)
