@@ -13,6 +13,7 @@ asserted.
 """
 import dataclasses
 import os
+import re
 
 import numpy as np
 import pytest
@@ -170,8 +171,9 @@ def test_a_zero_2_plan_with_recomputation_trains_as_the_step_with_its_copies_and
 
 @pytest.mark.parametrize("strategy", [
     Strategy(replicas=2, shard_optimizer=2, recompute=(True, "cheap", False)),
-    Strategy(stages=2, micro_batches=2, schedule="1f1b", recompute=(True, "cheap", False))],
-    ids=["zero-2", "1f1b"])
+    Strategy(stages=2, micro_batches=2, schedule="1f1b", recompute=(True, "cheap", False)),
+    Strategy(replicas=2, shard_optimizer=3, recompute=(True, "cheap", False))],
+    ids=["zero-2", "1f1b", "zero-3"])
 def test_a_plan_of_mixed_recomputation_levels_trains_as_the_step_with_each_blocks_copies(strategy):
     """Layer 0 recomputes every op, layer 1 its cheap ops (``pesto.step.recompute.cheap_ops``:
     BiasAdd and Tanh, not the MatMul), layer 2 none: TF builds exactly the plan's copies,
@@ -205,21 +207,32 @@ def test_a_plan_of_mixed_recomputation_levels_trains_as_the_step_with_each_block
     step.close()
 
 
-def test_a_step_switching_plans_through_a_zero_plan_keeps_its_adam_slots():
-    """Plain, then ZeRO-1 data parallelism, then 1F1B: the losses go on as the
-    unswitched run's (the slots exist only as the replicas' pieces in between)."""
+@pytest.mark.parametrize("level", [1, 3])
+def test_a_step_switching_plans_through_a_zero_plan_keeps_its_adam_slots(level):
+    """Plain, then ZeRO-1 (or ZeRO-3) data parallelism, then 1F1B: the losses go on as the
+    unswitched run's (the slots, and under ZeRO-3 the weights, exist only as the replicas'
+    pieces in between: no replica holds a whole variable), and the weights read back after
+    it (:meth:`FunctionStep.values`) are whole and equal the unswitched run's."""
     step = _mlp()
     expected = step.run(8)
+    trained = step.values()
     step.reset()
     losses = step.run(2)
-    step.apply(_searched(realise(marked(step.graph), CLUSTER, Strategy(replicas=2, shard_optimizer=1))),
+    step.apply(_searched(realise(marked(step.graph), CLUSTER, Strategy(replicas=2, shard_optimizer=level))),
                cluster=CLUSTER)
     assert any(p.endswith("/slot_1") for p in step._pieces)   # each replica holds a piece of each slot
+    held = {op.name: op for op in step.tf_graph.get_operations() if op.type == "VarHandleOp"}
+    kernels = [n for n in held if n.startswith("rep") and len(held[n].get_attr("shape").dim) == 2]
+    assert (kernels == []) == (level == 3), kernels   # ZeRO-3: no whole weight in any replica
     losses += step.run(3)
     step.apply(realise(step._unsplit, CLUSTER, Strategy(stages=2, micro_batches=2, schedule="1f1b")),
                cluster=CLUSTER)
     losses += step.run(3)
     np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    back = {re.sub(r"^mb\d+/", "", n): v for n, v in step.values().items()}   # the split step's captured names
+    assert set(back) == set(trained)
+    for name, value in trained.items():
+        np.testing.assert_allclose(back[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
     step.close()
 
 

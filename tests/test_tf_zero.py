@@ -91,7 +91,11 @@ def test_a_zero_plan_trains_as_the_unsharded_replicated_step(replicas, level):
     dense = [n for n, op in ops.items() if op.type == "ResourceApplyAdam"]
     assert dense and all(n.startswith("allreduce/") and n.endswith("/update") for n in dense)
     whole_slots = {n for n in ops if n.startswith("rep") and "/Adam" in n and ops[n].type == "VarHandleOp"}
-    assert whole_slots and all("/embed/" in n for n in whole_slots)   # the sparse gradient's: gathered, updated whole
+    assert not whole_slots   # the sparse gradient's too: each replica updates its rows (ceil(50 / R))
+    rows = [n for n in ops if "/embed/embedding/r" in n and n.endswith("/slot_1") and ops[n].type == "VarHandleOp"]
+    assert len(rows) == replicas and {tuple(after[n].shape) for n in rows} <= {(-(-50 // replicas), 16),
+                                                                               (50 - 3 * 13, 16)}
+    assert not any(op.type.startswith("ResourceScatter") and n.startswith("rep") for n, op in ops.items())
     kernel = before["rep0/rnn/layer_0/kernel"].size
     pieces = [n for n in ops if n.endswith("rnn/layer_0/kernel/slot_1")]
     assert len(pieces) == replicas
@@ -188,9 +192,15 @@ def test_a_zero3_plan_trains_as_the_unsharded_replicated_step():
     ops = {op.name: op for op in model.graph.get_operations()}
     # the slices read the gathered pieces: forward and backward concatenations per replica
     kernel = "rnn/layer_0/kernel"
-    assert any(n.startswith(f"zero3/r1/{kernel}/forward_") for n in ops)
-    assert any(n.startswith(f"zero3/r1/{kernel}/backward_") for n in ops)
-    assert not any(op.type == "AssignVariableOp" and n.startswith("allreduce/") for n, op in ops.items())
+    assert any(n.startswith(f"zero3/r1/{kernel}/forward") for n in ops)
+    assert any(n.startswith(f"zero3/r1/{kernel}/backward") for n in ops)
+    assert not any(op.type == "AssignVariableOp" and n.endswith("/assign") for n, op in ops.items())
+    # no replica holds a whole variable (the embedding's too: a lookup gathers its rows' pieces), only Adam's
+    # scalars; each piece is placed on its replica's device
+    whole_vars = {n for n, op in ops.items() if op.type == "VarHandleOp" and n.startswith("rep")}
+    assert whole_vars == {f"rep{r}/beta{k}_power" for r in range(replicas) for k in (1, 2)}
+    assert any(op.type == "GatherV2" and op.inputs[0].op.name.startswith("zero3/r1/embed/embedding/forward")
+               for op in ops.values())
     # the weights after 4 steps, joined from the pieces (replica r holds piece (r + 1) mod R), equal
     # the unsharded step's
     for name in (kernel, "softmax/w"):
@@ -200,3 +210,72 @@ def test_a_zero3_plan_trains_as_the_unsharded_replicated_step():
         np.testing.assert_allclose(joined, np.reshape(before[f"rep0/{name}"], [-1]), rtol=1e-5, atol=1e-7)
     # Pesto's gathers map onto the concatenations
     assert any(k.endswith("@fwgather@r1") for k in rmap.ops) and any(k.endswith("@bwgather@r0") for k in rmap.ops)
+
+
+def _resident(model, plan, values) -> dict:
+    """Bytes of the TF step's variables per device of ``plan`` (their values after training: a
+    ZeRO-1/2 update's transient parameter piece is empty between steps)."""
+    out: dict[str, int] = {}
+    for op in model.graph.get_operations():
+        if op.type == "VarHandleOp":
+            assert op.name in plan.placement, op.name   # every variable placed by the plan
+            out[plan.placement[op.name]] = out.get(plan.placement[op.name], 0) + values[op.name].nbytes
+    return out
+
+
+@pytest.mark.parametrize("replicas, level, optimizer", [(2, 0, "adam"), (2, 1, "adam"), (2, 2, "adam"),
+                                                        (2, 3, "adam"), (4, 3, "adam"), (2, 3, "sgd")])
+def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, level, optimizer):
+    """The bytes of the variables resident on each replica's device (every ``VarHandleOp``'s value
+    after two steps, on its device in the TF plan) equal Pesto's persistent bytes of the same plan
+    on that device (its replicated graph's ops' ``persistent_bytes``): ZeRO-1/2 whole weights and
+    ``1 / R`` of the optimizer state (the embedding's, a sparse gradient's, by rows), ZeRO-3 ``1 / R``
+    of both (no whole variable anywhere). Tolerance, both stated: Adam's two scalar accumulators
+    (``beta1_power``, ``beta2_power``), which the model shards as optimizer state (``ceil(4 / R)``
+    bytes) and TF keeps whole in each replica; and for ``R = 4`` the pieces' rounding: TF cuts a
+    variable into ``ceil(n / R)`` elements (an embedding ``ceil(rows / R)`` rows) and a smaller last
+    piece, the model counts ``ceil(bytes / R)`` each, so a replica differs by at most ``R - 1`` rows
+    (elements; an embedding row is 16 floats here, the widest) per variable; summed over the
+    replicas they agree but for the scalars. With SGD (no slots; the embedding's update one
+    scatter-add) as with Adam, the losses stay the single-device step's."""
+    tiny = {**TINY, "optimizer": optimizer}
+    whole = build_model("rnnlm", "small", **tiny)
+    graph, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
+    result = _solved(graph, replicas, level)
+    counted: dict[str, int] = {}
+    for op in result.graph.ops:
+        if op.persistent_bytes:
+            d = result.plan.placement[op.name]
+            counted[d] = counted.get(d, 0) + op.persistent_bytes
+    model, plan, _ = replicate_model(build_model("rnnlm", "small", micro_batches=replicas, **tiny),
+                                     result_view(result))
+    losses, seen, values = _train(model, plan, replicas, steps=2)
+    assert seen["misplaced"] == []
+    with PlacedRun(lambda: build_model("rnnlm", "small", **tiny), None, n_devices=1) as run:
+        np.testing.assert_allclose(losses, run.train(2), rtol=1e-5)
+    held = _resident(model, plan, values)
+    assert sorted(held) == sorted(counted) == [f"/GPU:{k}" for k in range(replicas)]
+    scalars = 0 if level == 0 or optimizer == "sgd" else 2 * (4 - -(-4 // replicas))
+    variables = len([op for op in result.graph.ops if op.persistent_bytes and op.name.endswith("@r0")])
+    rounding = 0 if replicas == 2 else variables * (replicas - 1) * 16 * 4   # R = 2: every size is even
+    for d in counted:
+        assert abs(held[d] - scalars - counted[d]) <= rounding, (d, held[d], counted[d])
+    assert sum(held.values()) - replicas * scalars == sum(counted.values())
+    if level == 3:   # what ZeRO-3 saves is there: a replica holds about 1 / R of the step's variables
+        assert max(held.values()) < 1.1 * sum(op.persistent_bytes for op in graph.ops) / replicas
+
+
+def test_a_sparse_update_read_elsewhere_cannot_be_sharded_by_rows():
+    """A sparse gradient's update is sharded by rows only when its ops are waited for, not read,
+    outside it (a replica's copy works on its rows only): refused, naming the variable."""
+    from tf_patch.replicastep import replicate_graph, variable_values
+
+    model = build_model("rnnlm", "small", micro_batches=2, **TINY)
+    with model.graph.as_default():
+        rows = tf.identity(model.graph.get_tensor_by_name("train/update_embed/embedding/Unique:0"), name="rows_seen")
+    fetches = [model.loss.name, model.train_op.name, rows.op.name]
+    values = variable_values(model.graph, model.init_op, fetches)
+    replicate_graph(model.graph, fetches, 2, values=values)   # unsharded: built
+    with pytest.raises(MicroBatchError, match="shards a sparse gradient's update by rows") as err:
+        replicate_graph(model.graph, fetches, 2, values=values, shard_optimizer=1)
+    assert err.value.culprit == "embed/embedding" and "rows_seen" in str(err.value)

@@ -308,9 +308,10 @@ class FunctionStep:
 
     def values(self) -> dict:
         """Current variable values, by captured name (numpy arrays). After a sharded
-        (ZeRO) plan, an optimizer slot of a dense variable is only the replicas' piece
-        variables (``allreduce/<k>/r<r>/<variable>/slot_<q>``); the next plan
-        :meth:`apply` carries starts from them joined (:func:`tf_patch.replicastep.unshard`)."""
+        (ZeRO) plan, an optimizer slot is only the replicas' piece variables
+        (``allreduce/<k>/r<r>/<variable>/slot_<q>``), and under ZeRO-3 a weight too
+        (``.../param``); the next plan :meth:`apply` carries starts from them joined
+        (:func:`tf_patch.replicastep.unshard`, which joins them whole)."""
         if self._sess is None:
             return dict(self._values)
         return dict(zip(self._reads, self._sess.run(list(self._reads.values()))))

@@ -282,7 +282,7 @@ PASS_TYPES = frozenset({"Identity", "IdentityN", "NoOp"})
 #: Op types of an update computed from a weight gradient op by op (a Keras 3 optimizer's:
 #: ``variable.assign_sub(gradient * lr)``, Adam's ``(gradient - m)``, ``square(gradient)``), which
 #: ``tf_patch.replicastep`` does not shard (it shards one ``ResourceApply*`` op per variable; a sparse
-#: gradient's ``Unique``/``UnsortedSegmentSum`` is gathered and updated whole, as without sharding).
+#: gradient's update, from its ``Unique``/``UnsortedSegmentSum`` on, by rows).
 ELEMENTWISE_UPDATE = frozenset({"Mul", "Sub", "Square", "RealDiv", "Neg", "AssignSubVariableOp",
                                 "AssignAddVariableOp"})
 

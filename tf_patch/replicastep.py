@@ -35,22 +35,41 @@ devices and the order):
   replica ``r`` holds piece ``(r + 1) mod R`` of each summed gradient
   (``r<r>/shard``) and runs the variable's ``ResourceApply*`` update on it
   only (``r<r>/<variable>/update``, on piece variables ``param`` and
-  ``slot_<q>``: the optimizer state ``1 / R`` per replica, no whole slots);
+  ``slot_<q>``: the optimizer state ``1 / R`` per replica, no whole slots;
+  ``param`` is transient: loaded from the whole variable before the update,
+  ``param/load``, and emptied once its updated value is read, ``param/release``,
+  so between steps a replica holds its whole weights and ``1 / R`` of the
+  optimizer state, what Pesto's memory model counts);
   the updated pieces (``r<r>/updated``) go round the ring (``ag<s>/r<r>``)
   and each replica writes its whole variables from them
   (``r<r>/<variable>/assign``); the update op ``rep<r>/<update>`` becomes a
   ``NoOp`` waiting for both. TensorFlow frees the gradient outside the shard
   after the reduce-scatter either way: ZeRO-1 and ZeRO-2 build the same step.
-  A sparse gradient is gathered and updated whole as without sharding;
+  A sparse gradient's variable (an embedding) is sharded by rows, as the model
+  shards its optimizer state: every replica gathers all replicas' rows as
+  without sharding, keeps those of its rows ``[a, b)`` (piece ``(r + 1) mod R``
+  of ``ceil(rows / R)``; ``.../<variable>/r<r>/rows/``, indices less ``a``) and
+  runs the optimizer's update ops (:func:`_sparse_updates`: a v1 optimizer's
+  ``Unique``, ``UnsortedSegmentSum``, scatter-adds and assigns) copied onto row
+  pieces of the variable and its slots (``.../r<r>/update/<op>``,
+  :meth:`_Zero.rows`); each replica then writes its whole variable from every
+  replica's updated rows (``.../r<r>/assign``);
 * **sharded parameters** (ZeRO-3, :func:`shard_level` 3: Pesto's
-  ``p@fwgather@r<r>``): as ZeRO-1/2, but no updated piece goes round the ring
-  and no whole variable is written: every read of a dense variable in replica
+  ``p@fwgather@r<r>``): as ZeRO-1/2, but no updated piece goes round the ring,
+  and a replica holds no whole variable: each piece variable ``param`` is the
+  parameter's piece for good, and each read of a sharded variable in replica
   ``r`` (``ReadVariableOp``) becomes the concatenation of the replicas' piece
   variables (``zero3/<variable>/piece_<j>``, read once each), one
-  (``zero3/r<r>/<variable>/forward_<i>``) for its forward consumers and one
-  (``.../backward_<i>``) for those under a gradient scope
-  (:meth:`_Zero.gather_reads`); the whole variables stay allocated (initialised,
-  no longer read or written), a sparse gradient's variable is read whole;
+  (``zero3/r<r>/<variable>/forward``) for its forward consumers and one
+  (``.../backward``) for those under a gradient scope, a transient whole copy
+  as Pesto's gathers; an embedding lookup (``ResourceGather``) becomes a
+  ``GatherV2`` of the forward concatenation and its gradient's
+  ``VariableShape`` a constant; the whole variables ``rep<r>/<variable>`` and
+  their reads are then dropped (:meth:`_Zero.gather_reads`). Only scalars no
+  update shards (Adam's ``beta1_power``, ``beta2_power``) stay whole per replica
+  (the model counts ``ceil(4 / R)`` bytes of each). The trained weights are the
+  pieces joined (:func:`unshard`; :meth:`tf_patch.FunctionStep.apply` carries
+  them so into the next plan);
 * the input splits (``microbatch/<input>``) and the loss sum
   (``microbatch/loss``) stay single: the loss is the sum of the replicas'
   scaled losses, the whole batch's mean;
@@ -79,8 +98,10 @@ The naming rule (Pesto op -> TF ops)
   parameters; ZeRO-3: ``p@fwgather@r<r>`` / ``p@bwgather@r<r>`` -> replica
   ``r``'s forward / backward concatenations of the bucket's members (the
   plan's origins name them), ``p@fsend@r<r>`` -> the reads of replica ``r``'s pieces; an update ``u@r<r>`` -> replica ``r``'s update of its piece
-  (and the piece's read), an optimizer slot ``s@r<r>`` -> replica ``r``'s
-  piece slots (:attr:`ReplicaGraph.sharded`).
+  (and the piece's read, load and release), each op of a sparse update -> its
+  copy on replica ``r``'s rows, an optimizer slot ``s@r<r>`` -> replica
+  ``r``'s piece slots, a variable ``v@r<r>`` -> its piece ``param`` (ZeRO-1/2:
+  and the whole variable) (:attr:`ReplicaGraph.sharded`).
 
 When the update equals the un-split step's: as for :mod:`tf_patch.microstep`
 (a per-sample mean loss; batch norm, dropout and batch-level losses differ
@@ -166,10 +187,13 @@ class ReplicaGraph:
     ring : mapping (bucket index, part, replica) -> tuple of TF ops
         ``part``: ``"pack"``, ``"rs<s>"``, ``"ag<s>"``, ``"unpack"``, ``"acc<i>"``
         (sharded: ``"update"``, and ``"unpack"`` the writes of the gathered parameters).
-    sharded : mapping (update op or optimizer slot, replica) -> tuple of TF ops
-        Sharded (ZeRO): replica ``r``'s update of its piece and its piece slots.
+    sharded : mapping (update op, optimizer slot or variable, replica) -> tuple of TF ops
+        Sharded (ZeRO): replica ``r``'s update of its piece (a sparse update: each op's copy),
+        its piece slots and variables; ZeRO-3 also ``(variable@fsend | @fwgather | @bwgather,
+        replica)``: its pieces' reads and the replica's gathers.
     pieces : mapping piece variable handle -> (variable handle, start, stop)
-        Sharded: the flat elements of a variable (or slot) a piece variable holds.
+        Sharded: the flat elements of a variable (or slot) a piece variable holds (not a ZeRO-1/2
+        update's transient ``param``, which holds them only during the update).
     """
 
     graph: object
@@ -197,7 +221,8 @@ class ReplicaGraph:
         out = {}
         for h in self.init:
             src, a, b = self.pieces.get(h, (_REP.sub("", h), None, None))
-            out[h] = values[src] if a is None else np.reshape(values[src], [-1])[a:b]
+            out[h] = values[src] if a is None else np.reshape(np.reshape(values[src], [-1])[a:b],
+                                                              np.shape(self.values[h]))
         return out
 
 
@@ -385,16 +410,23 @@ class _Ring:
                 self._gather(graph, g)
 
     def _gather(self, graph, group: _Group) -> None:
-        """Every replica concatenates all replicas' rows and indices."""
+        """Every replica concatenates all replicas' rows and indices; sharded, each then
+        updates its rows of the variable (:meth:`_Zero.rows`)."""
         import tensorflow as tf
 
         own = [[self.own(graph, group, r, j) for r in range(self.n)] for j in (0, 1)]
+        gathered = []
         for r in range(self.n):
+            gathered.append([])
             for j, t in enumerate(group.outs):
                 out = tf.concat(own[j], 0, name=f"allgather/{self.k}/r{r}/{_label(group.scope)}/{'vi'[j]}")
                 self._mark("unpack", r, out)
                 src, idx = _split_input(t)
                 self.out[f"__allreduced__/r{r}/{src}:{idx}"] = out.name
+                gathered[r].append(out.name)
+        if self.zero is not None:
+            self.zero.rows(graph, group, gathered, f"allreduce/{self.k}",
+                           lambda r, *ts: self._mark("update", r, *ts))
 
     def _dense(self, graph, groups: list) -> None:
         """Pack, reduce-scatter, all-gather, unpack (module doc)."""
@@ -473,7 +505,7 @@ class _Update:
 
 def _zero_updates(graph, groups: Mapping[str, _Group], nodes: Mapping[str, object]) -> dict[str, _Update]:
     """``{accumulate scope: its update}`` for every dense group (ZeRO); a sparse
-    group is gathered and updated whole by every replica, as without sharding.
+    group's update is sharded by rows (:func:`_sparse_updates`).
 
     Raises
     ------
@@ -503,34 +535,152 @@ def _zero_updates(graph, groups: Mapping[str, _Group], nodes: Mapping[str, objec
     return out
 
 
+@dataclass(frozen=True)
+class _SparseUpdate:
+    """A sparse gradient's update in the split step (ZeRO, :class:`_Zero`): its
+    once-per-step ops in topological order (:func:`_sparse_updates`), the variable's
+    handle, the slots' (the other variables those ops write, of the variable's shape),
+    the gradient's ``(rows, indices)`` tensors and the ops that others wait for."""
+
+    ops: tuple
+    var: str
+    slots: tuple
+    grad: tuple
+    exits: tuple
+
+
+def _sparse_updates(graph, groups: Mapping[str, _Group], nodes: Mapping[str, object],
+                    sliced: Mapping[str, int]) -> dict[str, _SparseUpdate]:
+    """``{accumulate scope: its update}`` for every sparse group (ZeRO): the once-per-step
+    ops downstream of the gradient or reading a variable it writes, on the way to a write
+    of one (a v1 optimizer's ``Unique``, ``UnsortedSegmentSum``, reads, scatter-adds and
+    assigns; not the scalars it reads, nor what waits for it).
+
+    Raises
+    ------
+    MicroBatchError
+        The update writes no variable that the slices look up, or several, or a variable
+        of another shape than it, or its ops are read by others (not only waited for):
+        its rows cannot be sharded.
+    """
+    ops = [graph.get_operation_by_name(n) for n in nodes]
+    once = {op.name for op in ops if op.name not in sliced and not op.name.startswith("accumulate/")}
+    succ, pred = _successors(ops), {op.name: [getattr(x, "op", x).name for x in (*op.inputs, *op.control_inputs)]
+                                     for op in ops}
+    out = {}
+    for scope, g in groups.items():
+        if not g.sparse:
+            continue
+        down = _reach(succ, [t.split(":")[0] for t in g.outs], once)
+        writers = {w for w in down if graph.get_operation_by_name(w).type not in ("ReadVariableOp", "VariableShape")
+                   and _resources(graph.get_operation_by_name(w))}
+        handles = {h for w in writers for h in _resources(graph.get_operation_by_name(w))}
+        looked = [h for h in handles
+                  if any(c.name in sliced for c in graph.get_operation_by_name(h).outputs[0].consumers())]
+        shape = graph.get_operation_by_name(looked[0]).get_attr("shape") if len(looked) == 1 else None
+        # the variable and its slots: what it writes of the looked-up variable's shape (not Adam's scalars)
+        written = {h for h in handles if shape is not None and graph.get_operation_by_name(h).type == "VarHandleOp"
+                   and graph.get_operation_by_name(h).get_attr("shape") == shape}
+        writes = {w for w in writers if set(_resources(graph.get_operation_by_name(w))) & written}
+        readers = {c.name for h in written for c in graph.get_operation_by_name(h).outputs[0].consumers()
+                   if c.name in once}
+        mine = ((down | readers | _reach(succ, readers, once)) & _reach(pred, writes, once)) | writes
+        leaks = sorted(c.name for n in mine for t in graph.get_operation_by_name(n).outputs for c in t.consumers()
+                       if c.name in nodes and c.name not in mine)
+        if shape is None or leaks or any(set(_resources(graph.get_operation_by_name(w))) - written for w in writes):
+            raise MicroBatchError(f"a sharded optimizer (ZeRO) shards a sparse gradient's update by rows: it must "
+                                  f"write the looked-up variable and slots of its shape, its ops waited for, not "
+                                  f"read; {_label(scope)}'s update writes {sorted(handles)} (looked up: {looked}), "
+                                  f"its ops read by {leaks}", culprit=_label(scope))
+        var = looked[0]
+        exits = sorted(n for n in mine if any(x in nodes and x not in mine for x in succ.get(n, ())))
+        out[scope] = _SparseUpdate(tuple(op.name for op in ops if op.name in mine), var,
+                                   tuple(sorted(written - {var})), g.outs, tuple(exits))
+    return out
+
+
+def _resources(op) -> list:
+    """The variable handles (resource inputs) op ``op`` reads."""
+    return [x.op.name for x in op.inputs if x.dtype.name == "resource"]
+
+
 class _Zero:
-    """The sharded optimizer of the replicated TF step (ZeRO-1/2, :func:`replicate_graph`),
+    """The sharded optimizer of the replicated TF step (ZeRO-1/2/3, :func:`replicate_graph`),
     mirroring :mod:`pesto.step.replication`'s: the bucket's chunk ``j`` packs
     piece ``j`` of every gradient (:meth:`pack`), so after the reduce-scatter
     replica ``r`` holds piece ``(r + 1) mod R`` of each gradient summed and
     updates only that piece (:meth:`update`: the variable's ``ResourceApply*``
-    op on a piece variable ``param`` and piece slots ``slot_<q>``, the
-    optimizer state ``1 / R`` per replica); the updated pieces go round the
+    op on a piece variable ``param``, transient under ZeRO-1/2, and piece slots
+    ``slot_<q>``, the optimizer state ``1 / R`` per replica); a sparse gradient's
+    variable is updated by rows (:meth:`rows`); the updated pieces go round the
     ring (``ag<s>``) and every replica writes its whole variables from them
     (:meth:`write`). The original update op of replica ``r`` becomes a
-    ``NoOp`` of its name that waits for both (:meth:`noops`)."""
+    ``NoOp`` of its name that waits for both (:meth:`noops`). ZeRO-3: no write,
+    the reads gather the pieces and the whole variables are dropped
+    (:meth:`gather_reads`)."""
 
     def __init__(self, updates: Mapping[str, _Update], values: Mapping[str, object], rw: "_Rewrite", replicas: int,
-                 level: int = 1):
+                 level: int = 1, sparse: Mapping[str, _SparseUpdate] | None = None):
         self.updates, self.values, self.rw, self.n, self.level = updates, values, rw, replicas, level
+        self.sparse = dict(sparse or {})
         self.pieces: dict[str, tuple] = {}    # piece variable handle -> (variable handle, start, stop)
+        self.shapes: dict[str, tuple] = {}    # piece variable handle -> its shape
         self.sharded: dict[tuple, tuple] = {}  # (update op or slot handle, replica) -> its TF ops
         self.done: dict[tuple, list] = {}     # (update op, replica) -> the ops its NoOp waits for
+        self.dropped: set[str] = set()        # ZeRO-3: the whole variables and their reads, gone
 
     def skipped(self, nodes) -> set:
         """The split step's ops not copied: the updates and the slots only they read."""
-        ups = {u.op for u in self.updates.values()}
+        ups = {u.op for u in self.updates.values()} | {x for u in self.sparse.values() for x in u.ops}
         readers: dict[str, set] = {}
         for node in nodes.values():
             for text in node.input:
                 readers.setdefault(_split_input(text)[0], set()).add(node.name)
-        slots = {h for u in self.updates.values() for _, h in u.resources[1:] if readers.get(h, set()) <= ups}
-        return ups | slots
+        slots = {h for u in self.updates.values() for _, h in u.resources[1:]} | {
+            h for u in self.sparse.values() for h in u.slots}
+        return ups | {h for h in slots if readers.get(h, set()) <= ups}
+
+    def _piece(self, h: str, a: int, b: int, name: str, r: int, q: int, rows: bool = False):
+        """Replica ``r``'s piece variable ``name`` of variable (or slot, ``q > 0``) ``h``:
+        its flat elements ``[a, b)``, or with ``rows`` its rows."""
+        import numpy as np
+        import tensorflow as tf
+
+        value = self.values[h]
+        shape = (b - a, *(np.shape(value)[1:] if rows else ()))
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        transient = q == 0 and self.level < 3
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(value.dtype), shape=[None if transient else b - a,
+                                                                                 *shape[1:]],
+                                        shared_name=name, name=name)
+        if not transient:
+            self.pieces[handle.op.name], self.shapes[handle.op.name] = (h, a * row, b * row), shape
+        # Pesto's variable (or slot) of replica r: its piece (ZeRO-1/2: and the whole variable it writes)
+        self._note((h, r), *([self.rw.name(h, r)] if transient else []), handle.op.name)
+        return handle
+
+    def _load(self, graph, piece, h: str, a: int, b: int, r: int, rows: bool = False):
+        """ZeRO-1/2: replica ``r``'s whole variable ``h``'s elements (or ``rows``) ``[a, b)``
+        written into its transient piece variable ``piece`` (the update's operand); the assign."""
+        import tensorflow as tf
+
+        name = piece.op.name
+        whole = tf.raw_ops.ReadVariableOp(resource=graph.get_tensor_by_name(f"{self.rw.name(h, r)}:0"),
+                                          dtype=piece.op.get_attr("dtype"), name=f"{name}/whole")
+        part = (whole if rows else tf.reshape(whole, [-1], name=f"{name}/flat"))[a:b]
+        return tf.raw_ops.AssignVariableOp(resource=piece, value=part, name=f"{name}/load")
+
+    @staticmethod
+    def _release(piece, after):
+        """ZeRO-1/2: the transient piece variable ``piece`` emptied once ``after`` (its
+        updated value, which keeps its buffer until read) is read: it holds no bytes
+        between steps, as Pesto's model says (weights whole, optimizer state ``1 / R``)."""
+        import tensorflow as tf
+
+        name = piece.op.name
+        empty = tf.zeros([0, *after.shape[1:]], dtype=after.dtype, name=f"{name}/empty")
+        with tf.control_dependencies([after]):
+            return tf.raw_ops.AssignVariableOp(resource=piece, value=empty, name=f"{name}/release")
 
     def pack(self, flat, sizes, scope: str, mark) -> list:
         """Replica's chunks: chunk ``j`` the ``j``-th pieces of every flat gradient."""
@@ -557,7 +707,6 @@ class _Zero:
 
     def _apply(self, graph, up: _Update, grad, r: int, c: int, size: int, scope: str, mark):
         """One variable's update on piece ``c`` (elements ``[a, b)``) in replica ``r``; the piece after it."""
-        import numpy as np
         import tensorflow as tf
 
         step = -(-size // self.n)
@@ -566,28 +715,100 @@ class _Zero:
         self.done.setdefault((up.op, r), [])
         if a == b:   # fewer elements than replicas: nothing of it here
             return grad
-        handles = {}
-        for q, (pos, h) in enumerate(up.resources):
-            value = np.reshape(self.values[h], [-1])[a:b]
-            name = f"{scope}/param" if q == 0 else f"{scope}/slot_{q}"
-            handles[pos] = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(value.dtype), shape=[b - a], shared_name=name,
-                                                  name=name)
-            self.pieces[handles[pos].op.name] = (h, a, b)
-            if q:
-                self.sharded[(h, r)] = self.sharded.get((h, r), ()) + (handles[pos].op.name,)
+        handles = {pos: self._piece(h, a, b, f"{scope}/param" if q == 0 else f"{scope}/slot_{q}", r, q)
+                   for q, (pos, h) in enumerate(up.resources)}
+        load = [self._load(graph, handles[0], up.resources[0][1], a, b, r)] if self.level < 3 else []
         inputs = []
         for pos, text in enumerate(t for t in up.node.input if not t.startswith("^")):
             src, idx = _split_input(text)
             inputs.append(handles[pos] if pos in handles else grad if pos == up.grad
                           else graph.get_tensor_by_name(f"{self.rw.name(src, r)}:{idx}"))
         attrs = {k: v for k, v in up.node.attr.items() if not k.startswith("_")}
-        op = graph._create_op_internal(up.node.op, inputs, dtypes=[], attrs=attrs, name=f"{scope}/update")
+        with tf.control_dependencies(load):
+            op = graph._create_op_internal(up.node.op, inputs, dtypes=[], attrs=attrs, name=f"{scope}/update")
         with tf.control_dependencies([op]):
             piece = tf.raw_ops.ReadVariableOp(resource=handles[0], dtype=grad.dtype, name=f"{scope}/updated")
-        mark(op, piece)
-        self.sharded[(up.op, r)] = (op.name, piece.op.name)
-        self.done[(up.op, r)].append(op.name)
+        release = [self._release(handles[0], piece)] if load else []
+        mark(*load, op, piece, *release)
+        self.sharded[(up.op, r)] = (op.name, piece.op.name, *(x.name for x in (*load, *release)))
+        self.done[(up.op, r)].extend(x.name for x in (op, *release))
         return piece
+
+    def rows(self, graph, group: _Group, gathered, scope: str, mark) -> None:
+        """A sparse gradient's update by rows: replica ``r`` holds rows ``[a, b)`` (piece
+        ``(r + 1) mod R`` of ``ceil(rows / R)``) of the variable and its slots (piece
+        variables ``param``, ``slot_<q>``) and runs the update's ops on them (``update/<op>``,
+        :func:`_sparse_updates`) with the gathered rows (``gathered[r]``: rows, indices) it
+        holds, their indices less ``a``; ZeRO-1/2: every replica then writes its whole
+        variable from every replica's updated piece (``assign``)."""
+        import tensorflow as tf
+
+        up, n = self.sparse[group.scope], self.n
+        rows = self.values[up.var].shape[0]
+        step = -(-rows // n)
+        label, written = f"{scope}/{_label(group.scope)}", []
+        for r in range(n):
+            a = min(rows, (r + 1) % n * step)
+            b = min(rows, a + step)
+            at = f"{label}/r{r}"
+            pieces = {h: self._piece(h, a, b, f"{at}/param" if q == 0 else f"{at}/slot_{q}", r, q, rows=True)
+                      for q, h in enumerate((up.var, *up.slots))}
+            load = [self._load(graph, pieces[up.var], up.var, a, b, r, rows=True)] if self.level < 3 else []
+            values, indices = (graph.get_tensor_by_name(t) for t in gathered[r])
+            with tf.name_scope(f"{at}/rows/"):
+                keep = tf.logical_and(indices >= a, indices < b)
+                mine = {up.grad[0]: tf.boolean_mask(values, keep),
+                        up.grad[1]: tf.boolean_mask(indices, keep) - tf.cast(a, indices.dtype)}
+            made = self._copy_update(graph, up, r, f"{at}/update", pieces, mine, load)
+            mark(r, keep, *mine.values(), *pieces.values(), *load, *made.values())
+            writes = [op for op in made.values() if pieces[up.var].op.name in _resources(op)
+                      and op.type not in ("ReadVariableOp", "VariableShape")]
+            with tf.control_dependencies(writes):
+                written.append(tf.raw_ops.ReadVariableOp(resource=pieces[up.var], dtype=values.dtype,
+                                                         name=f"{at}/updated"))
+            release = [self._release(pieces[up.var], written[-1])] if load else []
+            for x in up.exits:
+                self.done.setdefault((x, r), []).extend(y.name for y in (made[x], *release))
+            mark(r, written[-1], *release)
+        if self.level < 3:
+            order = sorted(range(n), key=lambda r: (r + 1) % n)   # replica r holds piece r + 1
+            for r in range(n):
+                whole = tf.concat([written[k] for k in order], 0, name=f"{label}/r{r}/whole")
+                var = graph.get_tensor_by_name(f"{self.rw.name(up.var, r)}:0")
+                assign = tf.raw_ops.AssignVariableOp(resource=var, value=whole, name=f"{label}/r{r}/assign")
+                mark(r, whole, assign)
+                for x in up.exits:
+                    self.done[(x, r)].append(assign.name)
+
+    def _copy_update(self, graph, up: _SparseUpdate, r: int, scope: str, pieces, grad, load=()) -> dict:
+        """Replica ``r``'s copies of the update's ops (:meth:`rows`), on its ``pieces``
+        (variable handle -> piece handle) and its rows of the gradient ``grad``
+        (tensor name -> tensor), those using the variable's piece after ``load``;
+        ``{op: its copy}``."""
+        made: dict[str, object] = {}
+
+        def tensor(text: str):
+            src, idx = _split_input(text)
+            if src in made:
+                return made[src].outputs[int(idx)]
+            if src in pieces:
+                return pieces[src]
+            if f"{src}:{idx}" in grad:
+                return grad[f"{src}:{idx}"]
+            return graph.get_tensor_by_name(f"{self.rw.name(src, r)}:{idx}")
+
+        for x in up.ops:
+            node = self.rw.nodes[x]
+            data = [tensor(t) for t in node.input if not t.startswith("^")]
+            waits = [made[t[1:]] if t[1:] in made else graph.get_operation_by_name(self.rw.name(t[1:], r))
+                     for t in node.input if t.startswith("^")]
+            if any(_split_input(t)[0] == up.var for t in node.input):
+                waits += list(load)
+            attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+            with graph.control_dependencies(waits):
+                made[x] = graph._create_op_internal(node.op, data, attrs=attrs, name=f"{scope}/{x}")
+            self.sharded[(x, r)] = (made[x].name,)
+        return made
 
     def write(self, groups, held, sizes, r: int, scope: str, mark) -> None:
         """Replica ``r``'s variables written whole from the gathered pieces (``held[j]``: chunk ``j``)."""
@@ -619,63 +840,149 @@ class _Zero:
             out.append(node)
         return out
 
-    def gather_reads(self, graph) -> None:
-        """ZeRO-3: every read of a sharded variable in replica ``r`` (a ``ReadVariableOp`` of
-        ``rep<r>/<variable>``) replaced by the concatenation of its pieces, read once per piece
-        (``zero3/<variable>/piece_<j>``, on its owner's piece variable): one concatenation
-        (``zero3/r<r>/<variable>/forward_<i>``) for the read's forward consumers, one
-        (``.../backward_<i>``) for those under a gradient scope; the whole variables are no
-        longer read. The pieces are read before any update: the forward reads feed every
-        replica's loss, hence every reduce-scatter."""
+    def gather_reads(self, graph, library, versions):
+        """ZeRO-3: ``graph`` without the whole variables of the sharded ones (a new tf.Graph).
+
+        Every read of a sharded variable ``h`` in replica ``r`` (a ``ReadVariableOp`` of
+        ``rep<r>/h``) is replaced by the concatenation of its pieces, read once per piece
+        (``zero3/<h>/piece_<j>``, on its owner's piece variable): one concatenation
+        (``zero3/r<r>/<h>/forward``) for the forward readers, one (``.../backward``) for
+        those under a gradient scope (a transient whole copy, as Pesto's gathers); a
+        ``ResourceGather`` of it (an embedding lookup) becomes a ``GatherV2`` of that
+        concatenation, a ``VariableShape`` of it the constant shape. The whole variables
+        ``rep<r>/h`` and their reads are then dropped: a replica holds only its pieces
+        (:meth:`_drop_whole`). The pieces are read before any update: the forward reads
+        feed every replica's loss, hence every reduce-scatter."""
         import tensorflow as tf
 
         params: dict[str, list] = {}
         for piece, (h, a, b) in self.pieces.items():
             if piece.endswith("/param"):
                 params.setdefault(h, []).append((a, piece))
+        whole = {self.rw.name(h, r): (h, r) for h in params for r in range(self.n)}
+        needs = self._directions(graph, whole)
+        gathered: dict[tuple, str] = {}
         with graph.as_default():
+            axis = tf.constant(0, name="zero3/axis")
             for h, parts in sorted(params.items()):
                 parts.sort()
-                label = h
                 var = graph.get_operation_by_name(parts[0][1])
                 reads = [tf.raw_ops.ReadVariableOp(resource=graph.get_tensor_by_name(f"{piece}:0"),
-                                                   dtype=var.get_attr("dtype"), name=f"zero3/{label}/piece_{j}")
+                                                   dtype=var.get_attr("dtype"), name=f"zero3/{h}/piece_{j}")
                          for j, (_, piece) in enumerate(parts)]
                 for j, (_, piece) in enumerate(parts):
                     owner = int(re.search(r"/r(\d+)/", piece).group(1))
-                    self.sharded[(f"{h}@fsend", owner)] = self.sharded.get((f"{h}@fsend", owner), ()) + (
-                        reads[j].op.name,)
-                for r in range(self.n):
-                    self._rewire(graph, h, r, reads, GRADIENT_ROOT)
+                    self._note((f"{h}@fsend", owner), reads[j].op.name)
+                flat = [tf.reshape(x, [-1], name=f"zero3/{h}/flat_{j}") if x.shape.rank != 1 else x
+                        for j, x in enumerate(reads)]
+                for r, d in sorted(needs.get(h, ())):
+                    cat = tf.concat(flat, 0, name=f"zero3/r{r}/{h}/{d}/concat") if len(flat) > 1 else flat[0]
+                    out = tf.reshape(cat, self.values[h].shape, name=f"zero3/r{r}/{h}/{d}")
+                    self._note((f"{h}@{d[0]}wgather", r), *(x.op.name for x in (cat, out) if x is not flat[0]))
+                    gathered[(h, r, d)] = out.name
+        return _graph_of(self._drop_whole(graph.as_graph_def(), whole, gathered, axis.op.name), library, versions)
 
-    def _rewire(self, graph, h: str, r: int, pieces, gradient_root) -> None:
-        """Replica ``r``'s reads of variable ``h`` replaced (:meth:`gather_reads`)."""
-        import tensorflow as tf
+    def _note(self, key: tuple, *ops: str) -> None:
+        self.sharded[key] = self.sharded.get(key, ()) + tuple(ops)
 
-        whole = graph.get_operation_by_name(self.rw.name(h, r))
-        users = [c for c in whole.outputs[0].consumers() if not c.name.startswith("pesto_init/")]
-        shape = self.values[h].shape
-        for i, read in enumerate(u for u in users if u.type == "ReadVariableOp"):
-            made = {}
-            for c in list(read.outputs[0].consumers()):
-                back = any(gradient_root.match(part) for part in c.name.split("/"))
-                d = "backward" if back else "forward"
-                if d not in made:
-                    flat = tf.concat(pieces, 0, name=f"zero3/r{r}/{h}/{d}_{i}/concat") if len(pieces) > 1 \
-                        else pieces[0]
-                    made[d] = tf.reshape(flat, shape, name=f"zero3/r{r}/{h}/{d}_{i}")
-                    key = (f"{h}@{d[0]}wgather", r)
-                    self.sharded[key] = self.sharded.get(key, ()) + tuple(
-                        x.op.name for x in (flat, made[d]) if x is not pieces[0])
-                for k, x in enumerate(c.inputs):
-                    if x is read.outputs[0]:
-                        c._update_input(k, made[d])
+    @staticmethod
+    def _direction(name: str) -> str:
+        """``"backward"`` for an op under a gradient scope, else ``"forward"``."""
+        return "backward" if any(GRADIENT_ROOT.match(part) for part in name.split("/")) else "forward"
+
+    def _directions(self, graph, whole) -> dict[str, set]:
+        """``{variable: {(replica, direction)}}``: the gathers the readers of the whole variables need."""
+        out: dict[str, set] = {}
+        for w, (h, r) in whole.items():
+            for user in graph.get_operation_by_name(w).outputs[0].consumers():
+                readers = list(user.outputs[0].consumers()) if user.type == "ReadVariableOp" else [user]
+                for c in readers:
+                    if c.type != "VariableShape":
+                        out.setdefault(h, set()).add((r, self._direction(c.name)))
+        return out
+
+    def _drop_whole(self, gd, whole, gathered, axis: str) -> list:
+        """The NodeDefs of ``gd`` without the whole variables ``whole`` and their reads; what read them reads
+        ``gathered[(variable, replica, direction)]`` (:meth:`gather_reads`).
+
+        Raises
+        ------
+        MicroBatchError
+            A whole variable used otherwise than read, looked up (``ResourceGather``) or sized.
+        """
+        reads = {n.name: n.input[0] for n in gd.node if n.op == "ReadVariableOp" and n.input[0] in whole}
+        self.dropped.update(whole, reads)
+        out = []
+        for node in gd.node:
+            if node.name in whole or node.name in reads:
+                continue
+            d, shape, looked_up = self._direction(node.name), None, False
+            inputs = []
+            for k, text in enumerate(node.input):
+                src, idx = _split_input(text)
+                if idx is None and (src in reads or src in whole):
+                    continue   # a wait for a read (a tf.function's): the pieces' reads come before any update
+                if src in reads:
+                    inputs.append(gathered[(*whole[reads[src]], d)])
+                elif src not in whole:
+                    inputs.append(text)
+                elif node.op == "ResourceGather" and k == 0:
+                    inputs.append(gathered[(*whole[src], d)])
+                    looked_up = True
+                elif node.op == "VariableShape":
+                    shape = self.values[whole[src][0]].shape
+                else:
+                    raise MicroBatchError(f"ZeRO-3 drops each replica's whole variable {src!r}, but {node.name!r} "
+                                          f"({node.op}) uses it otherwise than reading it", culprit=node.name)
+            del node.input[:]
+            node.input.extend(inputs)
+            if looked_up:
+                _as_gather(node, axis)
+            elif shape is not None:
+                _as_shape(node, shape)
+            if "_class" in node.attr:
+                locs = [x for x in node.attr["_class"].list.s if x.decode()[5:] not in whole]
+                node.attr["_class"].list.s[:] = locs
+                if not locs:
+                    del node.attr["_class"]
+            out.append(node)
+        return out
 
     def piece_values(self) -> dict:
         """Initial values of the piece variables (slices of their variables')."""
         import numpy as np
 
-        return {h: np.reshape(self.values[src], [-1])[a:b] for h, (src, a, b) in self.pieces.items()}
+        return {h: np.reshape(np.reshape(self.values[src], [-1])[a:b], self.shapes[h])
+                for h, (src, a, b) in self.pieces.items()}
+
+
+def _as_gather(node, axis: str) -> None:
+    """A ``ResourceGather`` NodeDef (its first input already the gathered tensor) as a ``GatherV2``."""
+    import tensorflow as tf
+
+    attrs = node.attr
+    dtype, tind, batch_dims = attrs["dtype"].type, attrs["Tindices"].type, attrs["batch_dims"].i
+    node.op = "GatherV2"
+    node.input.insert(2, axis)
+    for k in list(attrs):
+        if not k.startswith("_"):
+            del attrs[k]
+    attrs["Tparams"].type, attrs["Tindices"].type = dtype, tind
+    attrs["Taxis"].type = tf.int32.as_datatype_enum
+    attrs["batch_dims"].i = batch_dims
+
+
+def _as_shape(node, shape) -> None:
+    """A ``VariableShape`` NodeDef (its input dropped) as the constant ``shape``."""
+    import tensorflow as tf
+
+    dtype = tf.as_dtype(node.attr["out_type"].type)
+    node.op = "Const"
+    for k in list(node.attr):
+        if not k.startswith("_"):
+            del node.attr[k]
+    node.attr["dtype"].type = dtype.as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(list(shape), dtype=dtype))
 
 
 def _label(scope: str) -> str:
@@ -701,11 +1008,12 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
         is a ring alone; None: one ring per variable.
     shard_optimizer : int
         ``1`` or ``2``: ZeRO (:class:`_Zero`: each replica updates its
-        ``1 / R`` piece of every dense gradient's variable and slots, the
-        updated pieces all-gathered); TensorFlow frees the gradient outside
-        the shard after the reduce-scatter in both, so ZeRO-1 and ZeRO-2 build
-        the same step. ``3``: ZeRO-3, the reads gather the pieces instead
-        (module doc). ``0``: every replica updates everything.
+        ``1 / R`` piece of every variable and its slots, a sparse gradient's
+        by rows, the updated pieces all-gathered); TensorFlow frees the
+        gradient outside the shard after the reduce-scatter in both, so ZeRO-1
+        and ZeRO-2 build the same step. ``3``: ZeRO-3, the reads gather the
+        pieces instead and no replica holds a whole variable (module doc).
+        ``0``: every replica updates everything.
 
     Returns
     -------
@@ -715,7 +1023,9 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     ------
     MicroBatchError
         The graph has not ``replicas * micro_batches`` slices, or a bucket cannot be packed;
-        sharded, a dense gradient not read by one element-wise update (:func:`_zero_updates`).
+        sharded, a dense gradient not read by one element-wise update (:func:`_zero_updates`), a
+        sparse one whose update cannot be sharded by rows (:func:`_sparse_updates`), or (ZeRO-3)
+        a variable used otherwise than read, looked up or sized (:meth:`_Zero.gather_reads`).
     """
     ops = step_ops(graph, list(fetches))
     names = {op.name for op in ops}
@@ -729,8 +1039,8 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
     outs = {t for g in groups.values() for t in g.outs}
     gd = graph.as_graph_def()
     rw = _Rewrite(gd, names, sliced, per_rep, micro_batches, outs)
-    zero = (_Zero(_zero_updates(graph, groups, rw.nodes), values, rw, replicas, shard_optimizer)
-            if shard_optimizer and replicas > 1 else None)
+    zero = (_Zero(_zero_updates(graph, groups, rw.nodes), values, rw, replicas, shard_optimizer,
+                  _sparse_updates(graph, groups, rw.nodes, sliced)) if shard_optimizer and replicas > 1 else None)
     skip = zero.skipped(rw.nodes) if zero is not None else set()
     rings = [_Ring(k, [groups[s] for s in b if s in groups], replicas, micro_batches, zero)
              for k, b in enumerate(_complete(buckets, groups))]
@@ -751,7 +1061,7 @@ def replicate_graph(graph, fetches, replicas: int, micro_batches: int = 1, *, va
         values = {**values, **zero.piece_values()}
     new = _joined(new, second, remap, gd.library, gd.versions)
     if zero is not None and zero.level == 3:
-        zero.gather_reads(new)
+        new = zero.gather_reads(new, gd.library, gd.versions)
     return _finish(new, fetches, per_rep, rings, values, replicas, micro_batches, zero)
 
 
@@ -767,19 +1077,24 @@ def _complete(buckets, groups: Mapping[str, _Group]) -> list[list[str]]:
 
 
 def _finish(graph, fetches, per_rep, rings, values, replicas, micro_batches, zero=None) -> ReplicaGraph:
-    """The fetches (a copied fetch op: a group of its copies under its name),
-    the variables' initialisers and reads."""
+    """The fetches (a copied fetch op: a group of its copies under its name; a read
+    of a variable ZeRO-3 dropped, none), the variables' initialisers and reads."""
     import tensorflow as tf
 
     loss, *updates = list(fetches)
     init, reads, vals = {}, {}, {}
+    dropped = zero.dropped if zero is not None else set()
     with graph.as_default():
         out = []
         for u in updates:
             u = u.split(":")[0]
             if u in per_rep:   # its name, unless TF had to make that unique
-                u = tf.group(*[graph.get_operation_by_name(REPLICA.format(r) + u) for r in range(replicas)],
-                             name=u).name
+                copies = [REPLICA.format(r) + u for r in range(replicas)]
+                if set(copies) <= dropped:
+                    continue
+                u = tf.group(*[graph.get_operation_by_name(c) for c in copies if c not in dropped], name=u).name
+            elif u in dropped:
+                continue
             out.append(u)
         with tf.name_scope("pesto_init"):
             for op in graph.get_operations():
@@ -909,8 +1224,9 @@ def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) 
     if copy is None:
         return []
     op, r = copy.group(1), int(copy.group(2))
-    if (op, r) in rg.sharded:   # ZeRO: replica r's update of its piece, its piece slots
-        return list(rg.sharded[(op, r)])
+    for c in (op, *(f"mb{s}/{op}" for s in range(rg.replicas * m))):
+        if (c, r) in rg.sharded:   # ZeRO: replica r's update of its piece, its pieces of a variable or slot
+            return list(rg.sharded[(c, r)])
     slices = [r * m + micro] if micro is not None else list(range(r * m, (r + 1) * m))
     if micro is not None or m == 1:
         found = next((c for c in slice_candidates(op, slices[0]) if c in have), None)
