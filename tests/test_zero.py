@@ -152,5 +152,6 @@ def test_zero3_composes_with_split_and_is_valid():
     sp = data_parallel_plan(g, cluster, micro_batches=2, shard_optimizer=3)
     assert check_plan(sp.graph, cluster, sp.plan).ok
     o = sp.transformed.origin["layer_0/w@fwgather@r1"]
-    members = ("layer_0/w", "layer_1/w", "layer_2/w")   # one 25 MiB bucket
+    members = ("layer_0/w",)   # one bucket per layer block (gather_units), not one 25 MiB bucket of the three
     assert (o.op, o.replica, o.role, o.members) == ("layer_0/w", 1, "gather", members)
+
