@@ -454,7 +454,9 @@ def _vertex_names(names, members: list[list[int]]) -> list[str]:
 
 def _coarse_flow(ga: GraphArrays, label: np.ndarray, m: int, vnames: list[str]):
     """The coarse tensors (fine tensors leaving their vertex), the output bytes
-    per vertex and the coarse edges (tensor edges, then control-only ones)."""
+    per vertex and the view bytes among them (:attr:`~pesto.graph.Op.view_bytes`
+    of those tensors: ``GraphArrays.tview``), and the coarse edges (tensor
+    edges, then control-only ones)."""
     cu, cv = label[ga.pu], label[ga.pv]
     keep = cu != cv
     T = max(ga.T, 1)
@@ -462,6 +464,7 @@ def _coarse_flow(ga: GraphArrays, label: np.ndarray, m: int, vnames: list[str]):
     pair, tid = key // T, key % T
     out_t = uniq(tid)
     out_bytes = np.bincount(label[ga.tsrc[out_t]], weights=ga.tbytes[out_t], minlength=m)
+    view_bytes = np.bincount(label[ga.tsrc[out_t]], weights=ga.tview[out_t], minlength=m)
     tnames = ga.tnames
     tensors = [Tensor(tnames[t], vnames[label[ga.tsrc[t]]], int(ga.tbytes[t])) for t in out_t.tolist()]
     edges = []
@@ -477,14 +480,16 @@ def _coarse_flow(ga: GraphArrays, label: np.ndarray, m: int, vnames: list[str]):
     for p in uniq(cs[cs != cd] * m + cd[cs != cd]).tolist():
         if p not in have:
             edges.append(Edge(vnames[p // m], vnames[p % m], ()))
-    return tensors, out_bytes, edges
+    return tensors, (out_bytes, view_bytes), edges
 
 
-def _coarse_ops(ga: GraphArrays, members, vnames, aggregates, out_bytes) -> list[Op]:
-    """One Op per coarse vertex; a merged vertex's scope is its members' common scope."""
+def _coarse_ops(ga: GraphArrays, members, vnames, aggregates, flow_bytes) -> list[Op]:
+    """One Op per coarse vertex (``flow_bytes``: its output and view bytes,
+    :func:`_coarse_flow`); a merged vertex's scope is its members' common scope."""
     comp, mask, pers, temp, gname = aggregates
     kinds, K = ga.kinds, ga.K
     fops = ga.graph.ops  # a new tuple per call: take it once
+    out_bytes, view_bytes = flow_bytes
     ops = []
     for c, ms in enumerate(members):
         bits = int(mask[c])
@@ -497,7 +502,9 @@ def _coarse_ops(ga: GraphArrays, members, vnames, aggregates, out_bytes) -> list
             scope = scopes.pop() if len(scopes) == 1 else os.path.commonpath(
                 ["/" + s for s in scopes]).lstrip("/") if all(scopes) else ""
             typ = "Coarse"
-        ops.append(Op(vnames[c], compute, persistent_bytes=int(pers[c]), output_bytes=int(out_bytes[c]),
+        out = int(out_bytes[c])
+        ops.append(Op(vnames[c], compute, persistent_bytes=int(pers[c]), output_bytes=out,
+                      view_bytes=min(out, int(view_bytes[c])),
                       temporary_bytes=int(temp[c]), colocation_group=gname.get(c), scope=scope, type=typ))
     return ops
 
@@ -520,8 +527,8 @@ def build_coarse(ga: GraphArrays, label: np.ndarray, report: CoarsenReport, *, b
     members = _members(ga, label, m)
     aggregates = _aggregate(ga, label, m, members)
     vnames = _vertex_names(ga.names, members)
-    tensors, out_bytes, edges = _coarse_flow(ga, label, m, vnames)
-    ops = _coarse_ops(ga, members, vnames, aggregates, out_bytes)
+    tensors, flow_bytes, edges = _coarse_flow(ga, label, m, vnames)
+    ops = _coarse_ops(ga, members, vnames, aggregates, flow_bytes)
     cg = OpGraph(ops, edges, tensors, name=name or f"{graph.name}/coarse")
     names = ga.names
     report.vertices = cg.num_ops

@@ -29,7 +29,7 @@ from solver.options import SolveOptions, check_int
 from solver.registry import HEURISTICS
 from solver.parallel.search import solve_step as _solve_step, step_graph as _step_graph
 from solver.parallel.strategy import Solved, Strategy
-from tf_patch.marks import is_marked, mark_step
+from tf_patch.marks import is_marked, mark_step, mark_views
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
 from .errors import BatchMarkError, InfeasibleError, InvalidGraphError, InvalidPlanError
@@ -50,7 +50,13 @@ _TASK = re.compile(r"/task:(\d+)")
 
 def load_graph(graph) -> OpGraph:
     """An OpGraph from an OpGraph, a ``networkx.DiGraph`` (attributes as in
-    :meth:`OpGraph.from_networkx`) or a JSON path / string."""
+    :meth:`OpGraph.from_networkx`) or a JSON path / string, with TensorFlow's
+    views marked (:func:`tf_patch.marks.mark_views`: a variable's read shares
+    the variable's buffer; the graph itself when no op is one)."""
+    return mark_views(_read_graph(graph))
+
+
+def _read_graph(graph) -> OpGraph:
     if isinstance(graph, OpGraph):
         return graph
     if isinstance(graph, (str, Path)):
@@ -273,8 +279,9 @@ def solve_step(graph, gpus: int = 2, *, cluster: Cluster | None = None, time_lim
 
 def marked(graph: OpGraph) -> OpGraph:
     """``graph`` with the marks a micro-batched or replicated solve reads
-    (:attr:`~pesto.graph.Op.batch`, ``phase``, ``anchor``, ``role``): itself
-    when a front end set them, else marked by TensorFlow's rules
+    (:attr:`~pesto.graph.Op.batch`, ``phase``, ``anchor``, ``role``) and
+    the views (:func:`tf_patch.marks.mark_views`): itself with its views
+    when a front end set the others, else marked by TensorFlow's rules
     (:func:`tf_patch.marks.mark_step`, which needs no TensorFlow: the cached
     JSON graphs of TF steps carry TF's names and types).
 
@@ -284,7 +291,7 @@ def marked(graph: OpGraph) -> OpGraph:
         Unmarked ops and no rule to infer their marks (no data input found).
     """
     if is_marked(graph):
-        return slice_constants(graph)
+        return slice_constants(mark_views(graph))
     try:
         return slice_constants(mark_step(graph))
     except BatchMarkError as exc:
@@ -297,7 +304,7 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
                bucket_bytes: int | None = BUCKET_BYTES) -> OpGraph:
     """The graph a plan with these log fields places (``plan.log.micro_batches``,
     ``graph_kind``, ``replicas``, ``savers``, ``joined``, ``in_place``, ``bucket_bytes``), rebuilt from the step ``graph``
-    (:func:`marked` first: :func:`solver.parallel.search.step_graph`). ``log``: a plan's
+    (:func:`marked` first, or for the plain step its views: :func:`solver.parallel.search.step_graph`). ``log``: a plan's
     log (``step_graph(graph, log=plan.log)``), whose fields are read instead of the others.
 
     Raises
@@ -310,7 +317,8 @@ def step_graph(graph: OpGraph, micro_batches: int = 1, graph_kind: str = "step",
     if log is not None:
         micro_batches, graph_kind, replicas = log.micro_batches, log.graph_kind, log.replicas
         savers, joined, in_place, bucket_bytes = log.savers, log.joined, log.in_place, log.bucket_bytes
-    return _step_graph(graph if graph_kind == "step" and not savers else marked(graph), micro_batches, graph_kind,
+    base = mark_views(graph) if graph_kind == "step" and not savers else marked(graph)
+    return _step_graph(base, micro_batches, graph_kind,
                        replicas, savers, joined, in_place, bucket_bytes)
 
 

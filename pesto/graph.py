@@ -25,7 +25,8 @@ JSON schema (``format = "pesto.opgraph"``, ``version = 1``)::
               "colocation_group": null, "scope": "", "type": "",
               "batch": true,                    # optional: true / false / absent (unknown)
               "phase": "forward",               # optional marks (absent: unknown / none):
-              "anchor": null, "role": ""}],     # see Op.phase, Op.anchor, Op.role
+              "anchor": null, "role": "",       # see Op.phase, Op.anchor, Op.role
+              "view_bytes": 0}],                # optional (absent: 0), see Op.view_bytes
      "tensors": [{"name": "a:0", "src": "a", "bytes": 4096}],
      "edges": [{"src": "a", "dst": "b", "tensors": ["a:0"]},
                {"src": "a", "dst": "c", "tensors": []}]}   # control edge
@@ -49,6 +50,9 @@ VERSION = 1
 #: The largest byte count a tensor or op field may have (1 PiB): larger ones are unit
 #: mix-ups, and CP-SAT's 64-bit coefficients overflow on sums of them.
 MAX_BYTES = 1 << 50
+
+#: The byte fields of an :class:`Op`.
+_BYTE_FIELDS = ("persistent_bytes", "output_bytes", "temporary_bytes", "view_bytes")
 
 __all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION", "PHASES", "ROLES"]
 
@@ -118,6 +122,29 @@ class Op:
         ``tf_patch`` marks a Keras ``Dense`` kernel's gradient, which
         ``tf_patch.LossStep(whole=...)`` builds): the only ops the search
         screens run whole (:func:`pesto.step.marks.joinable_ops`).
+    view_bytes : int
+        Bytes of the op's outputs that alias a buffer its device already
+        holds, so they take no new memory there (default 0; at most
+        ``output_bytes``). The memory model (:mod:`pesto.memory`) holds
+        :attr:`allocated_bytes` (``output_bytes - view_bytes``) on the op's
+        device; a copy sent to another device costs its full bytes on the
+        wire and on the receiver, as every tensor. In TensorFlow a
+        ``ReadVariableOp`` of a resource variable returns the variable's own
+        tensor (``ReadVariableOp::Compute`` in
+        ``tensorflow/core/kernels/resource_variable_ops.cc``:
+        ``ctx->set_output(0, *variable->tensor())``) and copies it only in
+        the variable's copy-on-read mode, which a sparse access sets
+        (``EnsureSparseVariableAccess``, called by ``ResourceGather``,
+        ``ResourceGatherNd``, ``ResourceScatter*``, ``ResourceScatterNd*`` and,
+        through ``GetInputTensorFromVariable(sparse=true)``,
+        ``ResourceSparseApply*``); an ``Identity`` of a ref variable forwards
+        its buffer too. :func:`tf_patch.marks.mark_views` states the rule that
+        sets it (the extractor and :func:`tf_patch.marks.mark_step` apply it);
+        a graph built without TensorFlow keeps 0. A coarsened op sums the view
+        bytes of its outputs that leave its group, as ``output_bytes``. What
+        the model leaves out: an update that overwrites a variable while a
+        read of it is still held copies the variable first
+        (``PrepareToUpdateVariable``), bytes the model does not charge.
     """
 
     name: str
@@ -133,6 +160,7 @@ class Op:
     phase: str | None = None
     anchor: str | None = None
     role: str = ""
+    view_bytes: int = 0
 
     def __post_init__(self):
         try:
@@ -148,7 +176,7 @@ class Op:
         else:
             kinds = frozenset(compute) if self.kinds is None else frozenset(self.kinds)
         object.__setattr__(self, "kinds", _KINDS.setdefault(kinds, kinds))  # one set per distinct value
-        for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
+        for key in _BYTE_FIELDS:
             v = getattr(self, key)
             if type(v) is not int and isinstance(v, numbers.Integral) and not isinstance(v, bool):
                 object.__setattr__(self, key, int(v))
@@ -157,16 +185,25 @@ class Op:
         return hash((self.name, tuple(sorted(self.compute.items())), self.kinds,
                      self.persistent_bytes, self.output_bytes, self.temporary_bytes,
                      self.colocation_group, self.scope, self.type, self.batch, self.phase, self.anchor,
-                     self.role))
+                     self.role, self.view_bytes))
 
     def time_on(self, kind: str, speed: float = 1.0) -> float:
         """Compute time on a device of ``kind`` running at ``speed``."""
         return self.compute[kind] / speed
 
     @property
+    def allocated_bytes(self) -> int:
+        """Bytes the op's outputs take on its device: ``output_bytes - view_bytes``.
+
+        >>> Op("read", {"GPU": 1.0}, output_bytes=64, view_bytes=64).allocated_bytes
+        0
+        """
+        return self.output_bytes - self.view_bytes
+
+    @property
     def memory_bytes(self) -> int:
-        """Conservative footprint: persistent + outputs + temporary."""
-        return self.persistent_bytes + self.output_bytes + self.temporary_bytes
+        """Conservative footprint: persistent + allocated outputs + temporary."""
+        return self.persistent_bytes + self.allocated_bytes + self.temporary_bytes
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "compute": dict(self.compute)}
@@ -179,7 +216,7 @@ class Op:
         d["type"] = self.type
         if self.batch is not None:
             d["batch"] = self.batch
-        for key in ("phase", "anchor", "role"):   # marks: written only when set
+        for key in ("phase", "anchor", "role", "view_bytes"):   # marks: written only when set
             if getattr(self, key):
                 d[key] = getattr(self, key)
         return d
@@ -571,7 +608,7 @@ class OpGraph:
             else:
                 raise InvalidGraphError(f"op {n!r} has no compute time (node attribute 'compute' or 'time')")
             kw = {}
-            for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
+            for key in _BYTE_FIELDS:
                 if key in a:
                     kw[key] = _as_bytes(a[key], f"op {n!r} {key}")
             kw.setdefault("output_bytes", produced.get(str(n), 0))
@@ -633,7 +670,7 @@ class OpGraph:
                       colocation_group=o.get("colocation_group"),
                       scope=o.get("scope", ""), type=o.get("type", ""),
                       batch=o.get("batch"), phase=o.get("phase"), anchor=o.get("anchor"),
-                      role=o.get("role", ""))
+                      role=o.get("role", ""), view_bytes=o.get("view_bytes", 0))
                    for o in _field(d, "ops")]
             tensors = [Tensor(t["name"], t["src"], t["bytes"]) for t in d.get("tensors", [])]
             edges = [Edge(e["src"], e["dst"], tuple(e.get("tensors", ()))) for e in _field(d, "edges")]
@@ -725,10 +762,13 @@ def _validate_op(op: Op) -> None:
             raise InvalidGraphError(f"op {op.name!r} has a device kind that is not a non-empty string: {kind!r}")
         if not _is_real(t) or not math.isfinite(t) or t < 0:
             raise InvalidGraphError(f"op {op.name!r} has invalid compute time {t!r} on {kind!r}")
-    for key in ("persistent_bytes", "output_bytes", "temporary_bytes"):
+    for key in _BYTE_FIELDS:
         v = getattr(op, key)
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_BYTES:
             raise InvalidGraphError(f"op {op.name!r} has invalid {key} {v!r}{_over(v)}")
+    if op.view_bytes > op.output_bytes:
+        raise InvalidGraphError(f"op {op.name!r} has view_bytes {op.view_bytes} over its output_bytes "
+                                f"{op.output_bytes} (a view is part of the op's outputs)")
     if op.colocation_group is not None and not isinstance(op.colocation_group, str):
         raise InvalidGraphError(f"op {op.name!r} has a non-string colocation group {op.colocation_group!r}")
     if op.batch is not None and not isinstance(op.batch, bool):

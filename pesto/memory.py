@@ -11,6 +11,13 @@
   devices over capacity in the static model / in a simulated schedule;
 * :func:`check_feasible` -- refuse, before any solving, a problem no plan can fit.
 
+Every one of them holds an op's :attr:`~pesto.graph.Op.allocated_bytes` on its
+device (``output_bytes`` less ``view_bytes``: a variable's read shares the
+variable's buffer, held as the variable's persistent bytes) through the
+``out`` arrays of :class:`~pesto.problem.Problem` and
+:class:`~pesto.problem.GraphArrays` or :func:`static_bytes`; a tensor received
+by another device counts its full bytes there.
+
 The three agree in one direction, which tests check on random graphs: for any
 placement, the tracker's final peak and the timed peak of any schedule are at
 most the static peak.
@@ -79,7 +86,8 @@ def memory_profile(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str
     With times (``start``, ``finish`` and the ``transfers``):
 
     * an op's ``persistent_bytes`` are held all step;
-    * its ``output_bytes`` from its start until its last consumer *on the same
+    * its :attr:`~pesto.graph.Op.allocated_bytes` (``output_bytes`` less
+      ``view_bytes``) from its start until its last consumer *on the same
       device* through a data edge finishes, or its last outgoing transfer
       ends, whichever is later (at least until it finishes);
     * its ``temporary_bytes`` while it runs;
@@ -90,9 +98,9 @@ def memory_profile(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str
     ops do not add up; a zero-length interval counts at its instant only
     (ops starting together are taken shortest first).
 
-    Without times: the conservative static sum persistent + outputs + each
-    tensor received (once per device) + the largest temporary, an upper bound
-    of the timed peak for any schedule of that placement.
+    Without times: the conservative static sum persistent + allocated outputs +
+    each tensor received (once per device) + the largest temporary, an upper
+    bound of the timed peak for any schedule of that placement.
 
     Examples
     --------
@@ -106,6 +114,16 @@ def memory_profile(graph: OpGraph, cluster: Cluster, placement: Mapping[str, str
     {'/GPU:0': 160}
     >>> memory_profile(g, gpus(1), pl)
     {'/GPU:0': 160}
+
+    A read of a variable (its output a view of the variable's buffer) adds
+    nothing on its own device; a remote consumer receives a copy:
+
+    >>> v = OpGraph([Op("w", {"GPU": 1}, persistent_bytes=64), Op("r", {"GPU": 1}, output_bytes=64, view_bytes=64),
+    ...              Op("c", {"GPU": 1})], [Edge("w", "r"), Edge("r", "c", ("r:0",))], [Tensor("r:0", "r", 64)])
+    >>> memory_profile(v, gpus(2), {"w": "/GPU:0", "r": "/GPU:0", "c": "/GPU:0"})
+    {'/GPU:0': 64, '/GPU:1': 0}
+    >>> memory_profile(v, gpus(2), {"w": "/GPU:0", "r": "/GPU:0", "c": "/GPU:1"})
+    {'/GPU:0': 64, '/GPU:1': 64}
     """
     cidx = cluster.index
     try:
@@ -134,7 +152,7 @@ def static_peak(graph: OpGraph, cluster: Cluster, dev: list[int]) -> dict[str, i
     held = [0] * nd
     temp = [0] * nd
     for op, d in zip(graph.ops, dev):
-        held[d] += op.persistent_bytes + op.output_bytes
+        held[d] += static_bytes(op)
         if op.temporary_bytes > temp[d]:
             temp[d] = op.temporary_bytes
     for _, src, nbytes, cons in graph.tensor_table():
@@ -207,8 +225,9 @@ def timed_peak(graph: OpGraph, cluster: Cluster, dev, start, finish, xfers) -> d
 
 
 def static_bytes(op) -> int:
-    """Bytes an op holds all step in the static model: persistent + outputs."""
-    return op.persistent_bytes + op.output_bytes
+    """Bytes an op holds all step on its device in the static model: persistent
+    + allocated outputs (:attr:`~pesto.graph.Op.allocated_bytes`: a view takes none)."""
+    return op.persistent_bytes + op.allocated_bytes
 
 
 def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
@@ -237,7 +256,7 @@ def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
     p = Problem.of(graph, cluster)
     ops = graph.ops
     for i, op in enumerate(ops):
-        need = op.persistent_bytes + op.output_bytes + op.temporary_bytes
+        need = op.memory_bytes
         cap = max(p.cap[d] for d in p.allowed[i])
         if need > cap:
             raise InfeasibleError(
@@ -263,9 +282,12 @@ def check_feasible(graph: OpGraph, cluster: Cluster) -> None:
 def live_across(graph: OpGraph, name: str) -> int:
     """Bytes of the tensors live when op ``name`` ends, in every plan: those
     produced by ``name`` or one of its ancestors and read by one of its
-    descendants (produced before it ends, read after). With the persistent
-    bytes, a floor on what all devices together hold at that moment; for the
-    loss of a training step, the activations its backward pass reads.
+    descendants (produced before it ends, read after), less the bytes of them
+    that are views (:attr:`~pesto.graph.Op.view_bytes`: a variable's read,
+    held as the variable's persistent bytes where its consumers run with it).
+    With the persistent bytes, a floor on what all devices together hold at
+    that moment; for the loss of a training step, the activations its backward
+    pass reads.
 
     Examples
     --------
@@ -280,10 +302,12 @@ def live_across(graph: OpGraph, name: str) -> int:
 
 
 def _live_tensors(graph: OpGraph, i: int) -> list[tuple[int, int]]:
-    """``(producer, bytes)`` of the tensors live when op ``i`` ends (:func:`live_across`)."""
+    """``(producer, bytes less views)`` of the tensors live when op ``i`` ends (:func:`live_across`)."""
     before = closure(graph.pred_idx(), [i])
     after = closure(graph.succ_idx(), [i]) - {i}
-    return [(src, b) for _, src, b, cons in graph.tensor_table() if src in before and any(c in after for c in cons)]
+    view = GraphArrays.of(graph).tview
+    return [(src, b - int(view[k])) for k, (_, src, b, cons) in enumerate(graph.tensor_table())
+            if src in before and any(c in after for c in cons)]
 
 
 @dataclass(frozen=True)
@@ -378,7 +402,7 @@ def overrun_message(graph: OpGraph, cluster: Cluster, placement: Mapping[str, st
         for op in graph.ops:
             if placement.get(op.name) == d.name:
                 key = f"group {op.colocation_group!r}" if op.colocation_group else f"op {op.name!r}"
-                held[key] = held.get(key, 0) + op.persistent_bytes + op.output_bytes
+                held[key] = held.get(key, 0) + static_bytes(op)
         big = sorted(held.items(), key=lambda kv: -kv[1])[:top]
         more = f" and {len(held) - top} more" if len(held) > top else ""
         lines.append(f"{d.name} peaks at {fmt_bytes(used)} of {fmt_bytes(d.memory)} "
@@ -639,7 +663,8 @@ def _shrink(p: Problem, place, touch, units_on, over, max_moves) -> int:
 
 
 def _move_delta(p: Problem, place: list[int], touch, u: int, d: int, e: int) -> tuple[int, int]:
-    """Static bytes freed on ``d`` and added on ``e`` by moving unit ``u`` from ``d`` to ``e``."""
+    """Static bytes freed on ``d`` and added on ``e`` by moving unit ``u`` from ``d`` to ``e``
+    (a tensor's view bytes are none on its producer's device)."""
     members = set(p.members[u])
     gain = cost = p.unit_persistent[u]
     seen = set()
@@ -652,6 +677,13 @@ def _move_delta(p: Problem, place: list[int], touch, u: int, d: int, e: int) -> 
             ends = [q, *cons]
             before = {place[j] for j in ends}
             after = {e if j in members else place[j] for j in ends}
-            gain += nbytes * ((d in before) - (d in after))
-            cost += nbytes * ((e in after) - (e in before))
+            view = p.tensor_view[t]
+            src_before, src_after = place[q], e if q in members else place[q]
+            gain += _held(d, before, src_before, nbytes, view) - _held(d, after, src_after, nbytes, view)
+            cost += _held(e, after, src_after, nbytes, view) - _held(e, before, src_before, nbytes, view)
     return gain, cost
+
+
+def _held(dev: int, where: set, src: int, nbytes: int, view: int) -> int:
+    """Bytes of a tensor on ``dev`` when the devices ``where`` hold it, its producer on ``src``."""
+    return 0 if dev not in where else nbytes - view if dev == src else nbytes

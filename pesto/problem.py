@@ -30,7 +30,7 @@ from .errors import InfeasibleError
 from .graph import OpGraph
 from .kernels import placed_ranks
 
-__all__ = ["Problem", "GraphArrays"]
+__all__ = ["Problem", "GraphArrays", "view_shares"]
 
 INF = float("inf")
 
@@ -49,8 +49,11 @@ class Problem:
     allowed : per op, the devices it may run on (a kind every member of its
         unit allows)
     dur : ``dur[i][d]`` compute time of op ``i`` on device ``d`` (µs; inf if not allowed)
-    persistent, out, temp : per-op memory (bytes); ``unit_persistent`` per unit
-    tensor_bytes : per tensor
+    persistent, out, temp : per-op memory (bytes): persistent, the outputs' bytes the op
+        allocates on its device (:attr:`~pesto.graph.Op.allocated_bytes`: a view of a
+        buffer the device holds takes none) and temporary; ``unit_persistent`` per unit
+    tensor_bytes, tensor_view : per tensor, its bytes and the bytes of it that are a view
+        (:attr:`GraphArrays.tview`: held on its producer's device as another op's buffer)
     tensors : per tensor ``(name, producer, bytes, consumers)`` (distinct consumers)
     ins : per op, ``(pred, ((tensor, bytes), ...))`` for every in-edge
     outs : per op, ``(succ, bytes on the edge)`` for every out-edge
@@ -137,7 +140,7 @@ class Problem:
         kinds = [(d.kind, d.speed) for d in cluster.devices]
         self.dur = [[(op.compute[k] / v) if k in op.kinds else INF for k, v in kinds] for op in graph.ops]
         self.persistent = [op.persistent_bytes for op in graph.ops]
-        self.out = [op.output_bytes for op in graph.ops]
+        self.out = [op.allocated_bytes for op in graph.ops]
         self.temp = [op.temporary_bytes for op in graph.ops]
         self.unit_persistent = [sum(self.persistent[i] for i in mem) for mem in self.members]
 
@@ -145,6 +148,8 @@ class Problem:
         index = graph.index
         tid = {t.name: k for k, t in enumerate(graph.tensors)}
         self.tensor_bytes = [t.bytes for t in graph.tensors]
+        viewed = any(op.view_bytes for op in graph.ops)   # the tensor arrays only when some op has a view
+        self.tensor_view = GraphArrays.of(graph).tview.tolist() if viewed else [0] * len(self.tensor_bytes)
         self.tensors = graph.tensor_table()
         self.ins: list[list] = [[] for _ in range(self.n)]
         self.outs: list[list] = [[] for _ in range(self.n)]
@@ -315,13 +320,38 @@ def _edge_arrays(ga: "GraphArrays") -> None:
     esrc = np.array([idx[e.src] for e in edges], dtype=np.int64)
     edst = np.array([idx[e.dst] for e in edges], dtype=np.int64)
     ntens = np.array([len(e.tensors) for e in edges], dtype=np.int64)
+    tbytes = np.array([t.bytes for t in tensors], dtype=np.int64)
+    tsrc = np.array([idx[t.src] for t in tensors], dtype=np.int64)
     _frozen(ga, esrc=esrc, edst=edst, ectrl=ntens == 0,
-            T=len(tensors), tnames=[t.name for t in tensors],
-            tbytes=np.array([t.bytes for t in tensors], dtype=np.int64),
-            tsrc=np.array([idx[t.src] for t in tensors], dtype=np.int64),
+            T=len(tensors), tnames=[t.name for t in tensors], tbytes=tbytes, tsrc=tsrc,
+            tview=view_shares(graph, tsrc, tbytes),
             pu=np.repeat(esrc, ntens), pv=np.repeat(edst, ntens),
             pt=np.array([tindex[t] for e in edges for t in e.tensors], dtype=np.int64),
             pe=np.repeat(np.arange(len(edges), dtype=np.int64), ntens))
+
+
+def view_shares(graph: OpGraph, tsrc, tbytes) -> np.ndarray:
+    """Per tensor (producer ``tsrc``, ``tbytes`` bytes), the bytes of it that are
+    a view: its producer's :attr:`~pesto.graph.Op.view_bytes` shared over the
+    producer's tensors in proportion to their bytes (rounded down), at most the
+    tensor's bytes. A ``ReadVariableOp``'s one tensor is all view.
+
+    >>> from pesto.graph import Op, Tensor
+    >>> g = OpGraph([Op("r", {"GPU": 1.0}, output_bytes=64, view_bytes=64), Op("x", {"GPU": 1.0}, output_bytes=8)],
+    ...             tensors=[Tensor("r:0", "r", 64), Tensor("x:0", "x", 8)])
+    >>> view_shares(g, np.array([0, 1]), np.array([64, 8])).tolist()
+    [64, 0]
+    """
+    ops = graph.ops
+    view = np.fromiter((o.view_bytes for o in ops), dtype=np.int64, count=len(ops))
+    tsrc, tbytes = np.asarray(tsrc, dtype=np.int64), np.asarray(tbytes, dtype=np.int64)
+    if not view.any() or not len(tsrc):
+        return np.zeros(len(tsrc), dtype=np.int64)
+    made = np.bincount(tsrc, weights=tbytes, minlength=len(ops)).astype(np.int64)
+    out = np.fromiter((o.output_bytes for o in ops), dtype=np.int64, count=len(ops))
+    whole = np.maximum(np.maximum(made, out), 1)[tsrc]
+    share = np.floor(tbytes * (view[tsrc] / whole)).astype(np.int64)   # floats: no int64 overflow
+    return np.minimum(tbytes, share)
 
 
 def _data_arrays(ga: "GraphArrays") -> None:
@@ -343,7 +373,8 @@ class GraphArrays:
     Attributes
     ----------
     graph, n, names : the graph, its op count and op names
-    pers, out, temp : persistent, output and temporary bytes per op
+    pers, out, temp : persistent, allocated output (:attr:`~pesto.graph.Op.allocated_bytes`:
+        ``output_bytes`` less ``view_bytes``) and temporary bytes per op
     data_src, data_dst : endpoints of the edges that carry a tensor, by source op
     topo : a topological order (the graph's)
     kinds, K : the device kinds (sorted) and their number; kind ``k`` is bit ``k``
@@ -357,6 +388,8 @@ class GraphArrays:
     pu, pv, pt, pe : one row per (edge, tensor): producer, consumer, tensor
         id, edge id
     T, tnames, tbytes, tsrc : tensor count, names, bytes and producer
+    tview : per tensor, the bytes of it that are a view (its producer's
+        ``view_bytes`` shared over its tensors in proportion to their bytes)
 
     Examples
     --------
@@ -369,7 +402,7 @@ class GraphArrays:
     """
 
     kinds, K, comp, mask, time, group, group_names, group_mask = (_Lazy(_kind_arrays) for _ in range(8))
-    esrc, edst, ectrl, T, tnames, tbytes, tsrc, pu, pv, pt, pe = (_Lazy(_edge_arrays) for _ in range(11))
+    esrc, edst, ectrl, T, tnames, tbytes, tsrc, tview, pu, pv, pt, pe = (_Lazy(_edge_arrays) for _ in range(12))
     data_src, data_dst = (_Lazy(_data_arrays) for _ in range(2))
 
     def __init__(self, graph: OpGraph):
@@ -378,7 +411,7 @@ class GraphArrays:
         self.names = graph.names
         ops = graph.ops
         _frozen(self, pers=np.array([o.persistent_bytes for o in ops], dtype=np.int64),
-                out=np.array([o.output_bytes for o in ops], dtype=np.int64),
+                out=np.array([o.allocated_bytes for o in ops], dtype=np.int64),
                 temp=np.array([o.temporary_bytes for o in ops], dtype=np.int64),
                 topo=np.array(graph.topo_idx(), dtype=np.int64))
 

@@ -81,7 +81,7 @@ def memory_terms(problem: Problem, mode: str) -> tuple[list[int], list[int], boo
     received tensors count.
 
     ``"static"`` is :func:`pesto.memory.static_peak`: :func:`~pesto.memory.static_bytes`
-    (persistent + output) held, the temporary at peak, received tensors counted;
+    (persistent + allocated output) held, the temporary at peak, received tensors counted;
     an upper bound of the liveness peak of any schedule. ``"persistent"`` holds
     the persistent bytes and counts the largest output + temporary of one op:
     weaker, so the simulated liveness peak decides.

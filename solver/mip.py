@@ -23,7 +23,7 @@ default; CBC or HiGHS if SCIP is missing), faithful to the paper's description:
   vertices, an order binary and ``e <= XOR`` of their producers' placements
   (dropped when both directions share a link), relaxed by ``M (2 - y_1 - y_2)``
   when either is inactive.
-* **Memory**: the same static bound as the CP-SAT model (persistent + output
+* **Memory**: the same static bound as the CP-SAT model (persistent + allocated output
   bytes, received tensors, largest temporary) per device.
 * Objective: minimise the makespan ``C >= S_v + p_v``; ``M`` is the sum of all
   op and transfer times (no left-shifted schedule is longer).

@@ -1,12 +1,13 @@
 """Memory accountings against each other on random DAGs (pesto/memory.py).
 
-For any placement the static peak (persistent + outputs + each tensor received
-once + the largest temporary) bounds both the placers' incremental tracker and
+For any placement (some ops' outputs views: ``Op.view_bytes``) the static peak
+(persistent + allocated outputs + each tensor received once + the largest temporary) bounds both the placers' incremental tracker and
 the liveness peak of any simulated schedule; the simulator's peak is the
 checker's :func:`memory_profile` of the same times; and the pre-solve check
 never refuses a problem that some placement fits.
 """
 import random
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,12 +22,21 @@ from benchmarks.generators import random_dag
 from pesto.simulate import simulate
 from strategies import clusters, dags, placements, random_topo_order
 
+def with_views(g: OpGraph, rnd) -> OpGraph:
+    """``g`` with a random part (none, half, all) of random ops' outputs marked a view."""
+    ops = [replace(o, view_bytes=rnd.choice([0, o.output_bytes // 2, o.output_bytes])) if rnd.random() < 0.4 else o
+           for o in g.ops]
+    return OpGraph(ops, g.edges, g.tensors, name=g.name)
+
+
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
 def placed(draw, **dag_kw):
     g = draw(dags(**dag_kw))
+    if draw(st.booleans()):   # some ops' outputs are views (Op.view_bytes: a variable's read)
+        g = with_views(g, draw(st.randoms(use_true_random=False)))
     c = draw(clusters())
     pl = draw(placements(g, c))
     rnd = draw(st.randoms(use_true_random=False))

@@ -23,6 +23,8 @@ Only ops that actually run in a step are kept: the ancestors of the fetches
   shapes (:func:`tf_patch.batchmarks.batch_marks` states the rule);
 * ``phase``, ``anchor``, ``role``: from TensorFlow's gradient scopes and op
   types (:func:`tf_patch.marks.mark_phases` states the rule).
+* ``view_bytes``: a variable's read shares the variable's buffer
+  (:func:`tf_patch.marks.mark_views` states the rule).
 
 Examples
 --------
@@ -38,7 +40,7 @@ from pesto.errors import InvalidGraphError
 from pesto.graph import Edge, Op, OpGraph, Tensor
 
 from .batchmarks import batch_marks
-from .marks import GRADIENT_ROOT, mark_phases
+from .marks import GRADIENT_ROOT, mark_phases, mark_views
 
 __all__ = ["extract", "step_ops", "colocation_groups", "aggregation_colocated", "class_attr", "SUM_AGGREGATION_TYPES",
            "tensor_bytes", "allowed_kinds", "HOST_ONLY", "MAX_UNKNOWN", "unsized_tensors", "shape_tensor_bytes",
@@ -290,7 +292,8 @@ def extract(graph, fetches, *, costs: Mapping[str, float] | None = None,
                           type=op.type, batch=marks.get(op.name)))
     # a pair with data edges and a control edge: the data edge already orders them
     edge_objs = [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in edges.items()]
-    return mark_phases(OpGraph(op_objs, edge_objs, tensors, name=name))   # phase, anchor, role (batch: above)
+    # phase, anchor, role (batch: above), then the views (a variable's read shares its buffer)
+    return mark_views(mark_phases(OpGraph(op_objs, edge_objs, tensors, name=name)))
 
 
 MAX_UNKNOWN = 0.01  # share of data tensors allowed without a static size

@@ -13,7 +13,12 @@ CLI marks a TF-named JSON graph without TensorFlow installed.
   types and edges -- no shapes (:mod:`tf_patch.batchmarks` marks from shapes
   at extraction);
 * :func:`mark_phases` fills ``phase``, ``anchor`` and ``role`` from
-  TensorFlow's gradient scopes and op types.
+  TensorFlow's gradient scopes and op types;
+* :func:`mark_views` fills :attr:`~pesto.graph.Op.view_bytes`: a variable's
+  read shares the variable's buffer (the view rule below). The extractor,
+  :func:`mark_step` and the facade's loading (``pesto.api.load_graph``,
+  ``pesto.api.marked``) apply it, so every TensorFlow graph a solve reads
+  carries it, the cached JSON graphs too.
 
 The batch rule
 --------------
@@ -45,6 +50,25 @@ so it stays unbatched and is shared by all slices (cheap; a shape rule would
 slice it); a batch-norm moving-average update reads the slices' summed
 statistics (the step's value changes, not its cost); a sparse (``IndexedSlices``)
 embedding gradient is treated as a dense partial (see :mod:`pesto.step.slicing`).
+
+The view rule
+-------------
+An op's outputs are a view of its variable's buffer (``view_bytes`` =
+``output_bytes``) when it is a ``ReadVariableOp`` whose one data input comes
+from an op holding persistent bytes (the variable: a ``VarHandleOp``, a Keras
+step's captured-variable ``Placeholder``), or an ``Identity`` of a ref
+variable (:data:`REF_VARIABLES`), in the variable's colocation group (so on
+its device: TensorFlow colocates a resource's readers with it), and no op of
+a type in :data:`SPARSE_ACCESS` reads that variable. TensorFlow's
+``ReadVariableOp::Compute`` (``tensorflow/core/kernels/resource_variable_ops.cc``)
+sets its output to the variable's tensor, ``ctx->set_output(0,
+*variable->tensor())``, unless the variable is in copy-on-read mode, where it
+copies (``CopyVariable``); ``EnsureSparseVariableAccess``
+(``tensorflow/core/kernels/training_op_helpers.h``) turns that mode on, and
+the kernels of ``ResourceGather``, ``ResourceGatherNd``, ``ResourceScatter*``
+and ``ResourceScatterNd*`` call it, ``ResourceSparseApply*`` through
+``GetInputTensorFromVariable(..., sparse=true)``. An op that already carries
+view bytes keeps them.
 
 The phase rule
 --------------
@@ -106,7 +130,7 @@ from typing import Iterable
 from pesto.errors import BatchMarkError
 from pesto.graph import OpGraph
 
-__all__ = ["mark_step", "mark_batch", "mark_phases", "joinable", "unshardable", "input_ops", "optimizer_scopes", "update_ops",
+__all__ = ["mark_step", "mark_batch", "mark_phases", "mark_views", "views", "SPARSE_ACCESS", "REF_VARIABLES", "joinable", "unshardable", "input_ops", "optimizer_scopes", "update_ops",
            "gradient_ops", "scope_root", "is_marked", "GRADIENT_ROOT", "INPUT_TYPES", "SUM_TYPES"]
 
 #: Op types a batch enters a TensorFlow step by.
@@ -118,6 +142,13 @@ WRITE_TYPE = re.compile(r"^Assign\w*$|^(Resource)?(Sparse)?Apply\w+$|^(Resource)
 #: First scope components under which TensorFlow builds gradients
 #: (``tf.gradients``: ``gradients``, ``gradients_1``...; ``tf.GradientTape``: ``gradient_tape``).
 GRADIENT_ROOT = re.compile(r"^(gradients(_\d+)?|gradient_tape)$")
+#: Op types whose kernel puts a resource variable in copy-on-read mode (``EnsureSparseVariableAccess``):
+#: the variable's reads copy it (the view rule of the module doc).
+SPARSE_ACCESS = re.compile(r"^Resource(Gather(Nd)?|Scatter\w*|SparseApply\w+)$")
+#: Op types of a ref variable: an ``Identity`` of one forwards the variable's buffer.
+REF_VARIABLES = frozenset({"VariableV2", "Variable"})
+#: Op types of a variable's read: ``ReadVariableOp`` (a resource variable), ``Identity`` (a ref variable).
+READ_TYPES = frozenset({"ReadVariableOp", "Identity"})
 #: Op types that sum their inputs elementwise (role ``"grad-sum"``: partials flow back through them).
 SUM_TYPES = frozenset({"AddN", "AddV2", "Add", "AccumulateNV2"})
 
@@ -338,14 +369,61 @@ def joinable(graph: OpGraph) -> frozenset:
 
 
 def mark_step(graph: OpGraph, *, inputs: Iterable[str] | None = None) -> OpGraph:
-    """``graph`` with every mark an op lacks filled: :func:`mark_batch`, then :func:`mark_phases`.
+    """``graph`` with every mark an op lacks filled: :func:`mark_batch`, then
+    :func:`mark_phases`, then :func:`mark_views`.
 
     Raises
     ------
     BatchMarkError
         As :func:`mark_batch` (only when some op has no batch mark).
     """
-    return mark_phases(mark_batch(graph, inputs=inputs))
+    return mark_views(mark_phases(mark_batch(graph, inputs=inputs)))
+
+
+def views(graph: OpGraph) -> dict[str, int]:
+    """The ops the view rule of the module doc marks, with their view bytes
+    (their output bytes), among ops without view bytes yet.
+
+    >>> from pesto.graph import Op, Edge, Tensor
+    >>> ops = [Op("w", {"GPU": 0.0}, persistent_bytes=64, type="VarHandleOp", colocation_group="w"),
+    ...        Op("read", {"GPU": 0.0}, output_bytes=64, type="ReadVariableOp", colocation_group="w"),
+    ...        Op("e", {"GPU": 0.0}, persistent_bytes=64, type="VarHandleOp", colocation_group="e"),
+    ...        Op("e_read", {"GPU": 0.0}, output_bytes=64, type="ReadVariableOp", colocation_group="e"),
+    ...        Op("gather", {"GPU": 1.0}, output_bytes=8, type="ResourceGather", colocation_group="e")]
+    >>> es = [Edge("w", "read", "w:0"), Edge("e", "e_read", "e:0"), Edge("e", "gather", "e:0")]
+    >>> views(OpGraph(ops, es, [Tensor("w:0", "w", 0), Tensor("e:0", "e", 0)]))   # e is read sparsely: copies
+    {'read': 64}
+    """
+    out = {}
+    ops, index, pred, succ = graph.ops, graph.index, graph.pred_idx(), graph.succ_idx()
+    for i, op in enumerate(ops):
+        if op.type not in READ_TYPES or op.view_bytes or not op.output_bytes or op.colocation_group is None:
+            continue
+        src = [u for u in pred[i] if graph.edge(graph.names[u], op.name).tensors]
+        if len(src) != 1:
+            continue
+        var = ops[src[0]]
+        is_var = var.persistent_bytes > 0 if op.type == "ReadVariableOp" else var.type in REF_VARIABLES
+        if (is_var and var.colocation_group == op.colocation_group
+                and not any(SPARSE_ACCESS.match(ops[j].type) for j in succ[src[0]])):
+            out[op.name] = op.output_bytes
+    return out
+
+
+def mark_views(graph: OpGraph) -> OpGraph:
+    """``graph`` with :attr:`~pesto.graph.Op.view_bytes` set by the view rule
+    of the module doc (:func:`views`); ``graph`` itself when the rule marks no op.
+
+    >>> mark_views(OpGraph.from_edges({"a": 1}, [])).op("a").view_bytes
+    0
+    """
+    if not any(op.type in READ_TYPES for op in graph.ops):
+        return graph
+    found = views(graph)
+    if not found:
+        return graph
+    ops = [replace(op, view_bytes=found[op.name]) if op.name in found else op for op in graph.ops]
+    return OpGraph(ops, graph.edges, graph.tensors, name=graph.name)
 
 
 def is_marked(graph: OpGraph) -> bool:

@@ -121,7 +121,7 @@ def _rescaled(graph: OpGraph, scale: float, overhead: float = 0.0) -> OpGraph:
     ops = [Op(o.name, {k: v * scale + overhead for k, v in o.compute.items()}, kinds=o.kinds,
               persistent_bytes=o.persistent_bytes, output_bytes=o.output_bytes,
               temporary_bytes=o.temporary_bytes, colocation_group=o.colocation_group,
-              scope=o.scope, type=o.type, batch=o.batch) for o in graph.ops]
+              scope=o.scope, type=o.type, batch=o.batch, view_bytes=o.view_bytes) for o in graph.ops]
     return OpGraph(ops, graph.edges, graph.tensors, name=graph.name)
 
 

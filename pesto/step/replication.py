@@ -86,7 +86,9 @@ ops read, not the optimizer state):
 
 * a parameter's persistent bytes are ``ceil(bytes / N)``; its reads (its
   once-per-step successors outside the update, TensorFlow's
-  ``ReadVariableOp``) read the shard (``1 / N`` of their output);
+  ``ReadVariableOp``) read the shard (``1 / N`` of their output and of
+  their :attr:`~pesto.graph.Op.view_bytes`: a read is a view of the shard as
+  it was of the variable; the gathered copies below are real allocations);
 * the parameters, ordered by their first forward reader, are gathered in
   buckets (:func:`gather_units`): a layer block's parameters together
   (:func:`pesto.step.recompute.layer_blocks`, matched by scope: FSDP's
@@ -408,12 +410,13 @@ class _Ring:
 
     def shard_of(self, op: Op) -> dict:
         """The fields of a once-per-step op that sharding changes: an optimizer
-        state's persistent bytes and an update's compute and temporary bytes, ``1 / n``."""
+        state's persistent bytes, an update's compute and temporary bytes and
+        (ZeRO-3) a parameter read's output and view bytes, ``1 / n``."""
         n = self.n
         if op.name in self.state or op.name in self.weights:
             return {"persistent_bytes": -(-op.persistent_bytes // n)}
-        if op.name in self.reads:
-            return {"output_bytes": -(-op.output_bytes // n)}
+        if op.name in self.reads:   # a read of the shard: a view of it as the read was of the variable
+            return {"output_bytes": -(-op.output_bytes // n), "view_bytes": -(-op.view_bytes // n)}
         if op.name in self.sharded:
             return {"compute": {k: t / n for k, t in op.compute.items()},
                     "temporary_bytes": -(-op.temporary_bytes // n)}

@@ -317,7 +317,8 @@ def slice_op(op: Op, n: int, name: str, *, fixed: bool, partial_bytes: int, floo
              colocation_group: str | None = None) -> Op:
     """One of ``n`` slices of batched ``op`` under the cost rule (module doc).
 
-    ``partial_bytes``: bytes of ``op``'s outputs that are partials (kept whole).
+    ``partial_bytes``: bytes of ``op``'s outputs that are partials (kept whole);
+    its view bytes (:attr:`~pesto.graph.Op.view_bytes`) are sliced as the rest.
 
     >>> op = Op("mm", {"GPU": 100.0, "CPU": 3.0}, output_bytes=1000, temporary_bytes=10, batch=True)
     >>> s = slice_op(op, 4, "mm@mb0", fixed=False, partial_bytes=0)
@@ -333,7 +334,8 @@ def slice_op(op: Op, n: int, name: str, *, fixed: bool, partial_bytes: int, floo
         compute = {k: max(t / n, min(t, floor_us)) for k, t in op.compute.items()}
         temp = _ceil_div(op.temporary_bytes, n)
     keep = min(partial_bytes, op.output_bytes)
-    return replace(op, name=name, compute=compute, output_bytes=keep + _ceil_div(op.output_bytes - keep, n),
+    out = keep + _ceil_div(op.output_bytes - keep, n)
+    return replace(op, name=name, compute=compute, output_bytes=out, view_bytes=min(out, _ceil_div(op.view_bytes, n)),
                    temporary_bytes=temp, colocation_group=colocation_group)
 
 

@@ -256,9 +256,11 @@ def memory_need(prob: Problem) -> tuple[int, str]:
 
 def op_memory(prob: Problem) -> list[tuple[int, str]]:
     """Per op, the bytes its device holds while it runs, whatever the plan,
-    and the op's name: its unit's persistent bytes, its output and temporary
-    bytes and (at its start, when it takes time on every device it may use)
-    each producer's output or the tensors received from it, whichever is less.
+    and the op's name: its unit's persistent bytes, its allocated output
+    (:attr:`~pesto.graph.Op.allocated_bytes`) and temporary bytes and (at its
+    start, when it takes time on every device it may use) each producer's
+    allocated output or the tensors received from it, whichever is less (a
+    variable's read, a view, adds nothing where it runs with its consumer).
 
     >>> from pesto.graph import Op, OpGraph, Tensor, Edge
     >>> from pesto.cluster import gpus
@@ -283,12 +285,12 @@ def op_memory(prob: Problem) -> list[tuple[int, str]]:
         pair = np.asarray(src, dtype=np.int64) * n + np.asarray(dst, dtype=np.int64)
         pairs, at = np.unique(pair, return_inverse=True)
         sent = np.bincount(at, weights=np.asarray(nbytes, dtype=np.float64))
-        out_bytes = np.fromiter((op.output_bytes for op in ops), dtype=np.int64, count=n)
+        out_bytes = np.asarray(prob.out, dtype=np.int64)   # allocated: a view's producer holds none
         np.add.at(inputs, pairs % n, np.minimum(out_bytes[pairs // n], sent).astype(np.int64))
     out = []
     for i, op in enumerate(ops):   # one pass: an op timed on every device it may use counts its inputs
         timed = all(prob.dur[i][d] > 0 for d in prob.allowed[i])
-        out.append((int(held[prob.unit[i]]) + op.output_bytes + op.temporary_bytes + (int(inputs[i]) if timed else 0),
+        out.append((int(held[prob.unit[i]]) + prob.out[i] + op.temporary_bytes + (int(inputs[i]) if timed else 0),
                     op.name))
     return out
 

@@ -157,7 +157,8 @@ def _op_copy(op: Op, name: str, group, anchor) -> Op:
     ``anchor`` (its marks, costs and bytes kept)."""
     return Op(name, dict(op.compute), kinds=op.kinds, persistent_bytes=op.persistent_bytes,
               output_bytes=op.output_bytes, temporary_bytes=op.temporary_bytes, colocation_group=group,
-              scope=_scope(name), type=op.type, batch=op.batch, phase=op.phase, anchor=anchor, role=op.role)
+              scope=_scope(name), type=op.type, batch=op.batch, phase=op.phase, anchor=anchor, role=op.role,
+              view_bytes=op.view_bytes)
 
 
 class Chain:
