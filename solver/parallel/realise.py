@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from pesto.cluster import Cluster
-from pesto.graph import OpGraph
+from pesto.graph import OpGraph, gc_paused
 from pesto.step import Transformed, compose, identity, recompute
 from pesto.step.recompute import cheap_ops, layer_blocks
 
@@ -99,6 +99,12 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     PestoError
         As the realiser (no stage split, no grid, ...).
     """
+    with gc_paused():   # a replicated or split step: 100k ops and more, their tensors and plans
+        return _realise(step, cluster, strategy, candidates, time_limit, seed, workers, deadline, stage_of)
+
+
+def _realise(step, cluster, strategy, candidates, time_limit, seed, workers, deadline, stage_of) -> Solved:
+    """:func:`realise`'s body (the cyclic garbage collector paused)."""
     s, m, wg = strategy, strategy.micro_batches, strategy.split_rule
     if s.schedule == "slice":
         if s.weight_grads != "separate":
