@@ -80,7 +80,9 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     """The plan of the marked ``step`` that ``strategy`` says (module doc).
 
     ``candidates``: the stage splits a pipeline simulates; ``time_limit``,
-    ``seed``, ``workers``, ``deadline``: the slice model's search.
+    ``seed``, ``workers``, ``deadline``: the slice model's search (``deadline``
+    also data parallelism's: its device orders after one that fits are skipped once
+    it has passed, :func:`~solver.parallel.pipelines.data_parallel_plan`).
     ``stage_of``: a pipeline of one chunk and one replica cut as given, per
     batched op of ``step`` its stage (a recomputed copy's: its original's;
     :func:`solver.parallel.pipelines.pipeline_plan`'s ``op_stages``), not searched.
@@ -125,7 +127,7 @@ def _realise(step, cluster, strategy, candidates, time_limit, seed, workers, dea
             raise ValueError(f"{s.name}: data parallelism runs one replica per GPU ({len(gpu_names(cluster))})")
         return _saving(solved_of(data_parallel_plan(saved, cluster, micro_batches=m, weight_grads=wg,
                                                     shard_optimizer=s.shard_optimizer,
-                                                    bucket_bytes=s.bucket_bytes), wg), s, kept)
+                                                    bucket_bytes=s.bucket_bytes, deadline=deadline), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas == 1:
         given = None if stage_of is None else [stage_of[kept.origin[op.name].op] if op.batch else -1
                                                for op in saved.ops]

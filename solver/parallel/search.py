@@ -642,10 +642,13 @@ class _Search:
                 return
 
     def _fits_then_lowered(self, kind: Kind, s: Strategy) -> bool:
-        """Whether ``s``, forecast to fit, was built and fits; then its levels lowered (:meth:`partial`)."""
+        """Whether ``s``, forecast to fit, was built and fits; then its levels lowered (:meth:`partial`).
+        While no plan that fits exists, ``s`` is built whatever the clock: the search returns a
+        plan that fits memory when one can be made (no exact pass makes one for a step under its
+        memory floor), later candidates are skipped for time."""
         if self.predicted_memory(s) > self.capacity:
             return False
-        r = self.realised(kind, s)
+        r = self.realised(kind, s, must=not self.have_fit())
         if r is None or r.plan.status == "infeasible":
             return False
         self.partial(kind, s, r)
@@ -1024,10 +1027,11 @@ class _Search:
         """Whether the pool holds a plan that fits memory."""
         return self.pool.best is not None and self.pool.best.plan.status != "infeasible"
 
-    def realised(self, kind: Kind, strategy: Strategy, **given) -> Solved | None:
+    def realised(self, kind: Kind, strategy: Strategy, *, must: bool = False, **given) -> Solved | None:
         """Realise a candidate unless it is too large (:func:`replicated_ops`
         above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
-        (:meth:`fits`); timed (:class:`_Pace`) and offered as its kind's label
+        (:meth:`fits`; ``must``: built whatever the clock, unless interrupted); timed
+        (:class:`_Pace`) and offered as its kind's label
         (and its savers, :attr:`Strategy.savers`). None when skipped or failed
         (named in ``plan.log.skipped``). ``given``: more arguments of ``kind.realise``
         (:meth:`partial`'s stage cut)."""
@@ -1036,13 +1040,16 @@ class _Search:
         if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
         sims, tries = kind.sims, kind.tries or SCREEN_CANDIDATES
-        if not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
+        if must:
+            self.stop_if_interrupted()
+        elif not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
             if kind.cheap is None or not self.fits(name, ops, kind.cheap):
                 return None
             sims, tries = kind.cheap, 1
         try:
-            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries, **given),
-                                sims, lambda r: r.graph.num_ops)
+            clock = {} if self.deadline.deterministic else {"deadline": self.deadline}   # past it: the first fit
+            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries,
+                                                     **clock, **given), sims, lambda r: r.graph.num_ops)
         except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
             self.pool.skipped[name] = str(exc)
             return None
