@@ -109,6 +109,7 @@ with unmarked ops raises :class:`~pesto.errors.BatchMarkError` naming them.
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
@@ -117,7 +118,7 @@ from pesto.cluster import Cluster
 from pesto.deadline import Deadline, Stopped
 from pesto.finalize import finalize
 from pesto.errors import BatchMarkError, MicroBatchError, MicroBatchMemoryError, PestoError
-from pesto.graph import OpGraph
+from pesto.graph import OpGraph, gc_frozen, gc_paused
 from pesto.memory import fmt_bytes, step_activations
 from pesto.plan import Plan
 from pesto.problem import Problem
@@ -366,9 +367,15 @@ class _Pace:
         return None if self.per_op is None else sims * (self.per_op * ops + self.fixed)
 
     def timed(self, fn: Callable, sims: float, ops: Callable[[object], int]):
-        """``fn()``, its seconds per simulated op (``ops(result)`` ops, ``sims`` simulations) kept."""
+        """``fn()``, its seconds per simulated op (``ops(result)`` ops, ``sims`` simulations) kept.
+        ``fn`` runs with the cyclic garbage collector paused, and what it made (a candidate
+        the pool may keep: 100k ops, their plans) is then frozen out of the collector's walks
+        (:func:`pesto.graph.gc_frozen`, :func:`solve_step`): walking it took a second per
+        data-parallel candidate of GPT-1.3B."""
         t = time.perf_counter()
-        out = fn()
+        with gc_paused():
+            out = fn()
+            gc.freeze()
         per_sim = (time.perf_counter() - t) / max(sims, 1.0)
         self.per_op = max(per_sim - self.fixed, 0.0) / max(ops(out), 1) or self.per_op
         return out
@@ -1257,7 +1264,7 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> Solve
     """
     deadline = Deadline(options.time_limit, deterministic=options.deterministic, start=options.started)
     search = _Search(graph, cluster, options, deadline)
-    with deadline.catching_signals():
+    with deadline.catching_signals(), gc_frozen():   # candidates frozen as built (:meth:`_Pace.timed`)
         try:
             search.run()
         except Stopped:
