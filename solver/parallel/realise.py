@@ -58,9 +58,21 @@ def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
     ValueError
         ``strategy.recompute`` names a count of blocks other than ``step``'s
         (:func:`pesto.step.recompute.layer_blocks`).
+
+    A recomputed step is kept on ``step`` per ``(recompute, selective)``: the
+    search asks for the same levels with each ZeRO level and for its memory forecast.
     """
     if not strategy.recompute:
         return identity(step)
+    kept = step.__dict__.setdefault("_with_savers", {})
+    key = (strategy.recompute, strategy.selective)
+    if key not in kept:
+        kept[key] = _recomputed(step, strategy)
+    return kept[key]
+
+
+def _recomputed(step: OpGraph, strategy: Strategy) -> Transformed:
+    """:func:`with_savers` of a ``strategy`` that recomputes, built."""
     if strategy.recomputed is None and not strategy.selective:
         return recompute(step)
     blocks = layer_blocks(step)
