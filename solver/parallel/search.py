@@ -1179,7 +1179,7 @@ class _Search:
     def slice_start(self, s: _Screened, m: int, grant: Deadline) -> list[Plan]:
         """The slice model's plan of ``m`` slices (:func:`solver.parallel.slice_model.solve_slices`)
         on :data:`SLICE_SHARE` of ``grant``, at most what leaves the pipeline the predicted time of
-        its first plan (``SIMS["pipeline"]`` simulations of the split), skipped below
+        its first plan (``SIMS["pipeline"]`` simulations of the split; wall clock only), skipped below
         :data:`MIN_SECONDS` on the wall clock; offered as ``slice M=m``, a candidate of its own (its
         grid sums every weight gradient's slices separately, whatever the count's best split does);
         [] when skipped."""
@@ -1188,7 +1188,8 @@ class _Search:
             self.pool.skipped[name] = (f"the split step has {s.graph.num_ops} ops, more than {SLICE_MAX_OPS}: "
                                        f"the slice model's split and grid alone outlast its share")
             return []
-        keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the recipe's own first plan
+        # the recipe's own first plan (wall clock only: a deterministic share may not hang on the pace)
+        keep = 0.0 if self.deadline.deterministic else self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0
         share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
         if share < MIN_SECONDS and not self.deadline.deterministic:
             self.pool.skipped[name] = (f"{max(share, 0.0):.2f} s for the slice model, less than {MIN_SECONDS} s"
