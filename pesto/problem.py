@@ -20,14 +20,13 @@ True
 """
 from __future__ import annotations
 
-import gc
 
 import numpy as np
 
 from .cluster import Cluster
 from .dag import bottom_levels
 from .errors import InfeasibleError
-from .graph import OpGraph
+from .graph import OpGraph, gc_paused
 from .kernels import placed_ranks
 
 __all__ = ["Problem", "GraphArrays", "view_shares"]
@@ -80,18 +79,13 @@ class Problem:
         self.cap = [d.memory for d in devs]
         # millions of small tuples and lists, no cycle among them: without the
         # collector this takes a quarter of the time on 200k ops
-        paused = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             self.succ, self.pred = graph.succ_idx(), graph.pred_idx()
             self.topo = graph.topo_idx()
             self._units(graph, cluster)
             self._compute(graph, cluster)
             self._tensors(graph)
             self._routes(cluster)
-        finally:
-            if paused:
-                gc.enable()
 
     @classmethod
     def of(cls, graph: OpGraph, cluster: Cluster) -> "Problem":

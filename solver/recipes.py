@@ -24,7 +24,6 @@ Examples
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 from typing import Callable, Mapping, Sequence
@@ -32,7 +31,7 @@ from typing import Callable, Mapping, Sequence
 from pesto.cluster import Cluster
 from pesto.deadline import Deadline
 from pesto.finalize import finalize
-from pesto.graph import OpGraph
+from pesto.graph import OpGraph, gc_frozen
 from pesto.plan import Plan, percent
 
 from .bounds import TOLERANCE, reached
@@ -116,7 +115,7 @@ def run_passes(run: Run, passes: Sequence[str] | None = None) -> Plan | None:
     plan (None if it did not run). Interrupts (SIGINT, SIGTERM) stop the
     running pass at its next check."""
     result = None
-    with run.budget.deadline.catching_signals(), _old_objects_frozen():
+    with run.budget.deadline.catching_signals(), gc_frozen():
         for st in passes or run.passes:
             stop_if_optimal(run)
             grant = run.budget.grant(st)
@@ -183,19 +182,6 @@ def run_recipe(graph: OpGraph, cluster: Cluster, passes: Sequence[str], options:
     """
     run = new_run(graph, cluster, passes, options, name=name, starts=starts, deadline=deadline, unit=unit)
     return run_passes(run)
-
-
-@contextlib.contextmanager
-def _old_objects_frozen():
-    """Keep the cyclic garbage collector off what exists before the solve (the
-    graph, its arrays) and, pass by pass, off what the earlier passes made:
-    on 200k ops every full collection walked millions of objects that live on
-    anyway. Everything is handed back to the collector when the solve ends."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def solve(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> Plan:

@@ -164,3 +164,38 @@ def test_auto_screens_the_step_s_sharded_data_parallelism_under_the_memory_floor
     assert list(search.pool.steps) == ["data-parallel M=1 ZeRO-1", "data-parallel M=1 ZeRO-2", "data-parallel M=1 ZeRO-3",
                                        "data-parallel M=1 ZeRO-2 recompute"]
     assert search.pool.best.strategy.shard_optimizer == 3 and search.pool.best.plan.status != "infeasible"
+
+
+def test_under_the_memory_floor_a_plan_that_fits_comes_back_whatever_the_clock(monkeypatch):
+    """GPT-1.3B on 8 V100s at ``time_limit=1``: every saver was predicted past the limit, nothing
+    was built and ``auto`` raised MicroBatchMemoryError (or built one at random). While no plan
+    fits, the floor's savers are built in turn until one fits; the rest is skipped for time."""
+    from pesto.deadline import Deadline
+    from solver.options import SolveOptions
+    from solver.parallel.search import _Search
+
+    big = 2**25
+    g = deep_step(2, weight=big, act=big // 2)
+    cluster = gpus(4, memory=int(5.7 * big), beta=(1.0, 1e-6))
+    search = _Search(g, cluster, SolveOptions(time_limit=60, micro_batches="auto", batch_size=4), Deadline(60))
+    monkeypatch.setattr(search.pace, "predict", lambda ops, sims: 1e6)   # every candidate past the window
+    search.first_plan()
+    assert list(search.pool.steps) == ["data-parallel M=1 ZeRO-1", "data-parallel M=1 ZeRO-2",
+                                       "data-parallel M=1 ZeRO-3"]
+    assert search.pool.best.plan.status != "infeasible"
+    assert "not built: about" in search.pool.skipped["data-parallel M=1 ZeRO-2 recompute"]
+
+
+def test_data_parallelism_past_its_deadline_keeps_the_first_order_that_fits():
+    """The three device orders are simulated in turn; past ``deadline`` once one fits, the rest
+    are skipped. Not past it (or no deadline): the same plan as ever."""
+    from pesto.deadline import Deadline
+
+    g, cluster = deep_step(3, weight=1_000_000, act=1_000_000), gpus(4)
+    full = data_parallel_plan(g, cluster)
+    assert data_parallel_plan(g, cluster, deadline=Deadline(600)).plan.makespan == full.plan.makespan
+    gone = Deadline(600)
+    gone.interrupt("time limit")
+    late = data_parallel_plan(g, cluster, deadline=gone)
+    assert late.blocking == "fifo" and late.plan.status != "infeasible"
+    assert late.plan.makespan >= full.plan.makespan

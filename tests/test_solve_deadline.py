@@ -167,3 +167,24 @@ def test_sigint_inside_the_first_heuristic_stops_it_and_raises_keyboard_interrup
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["raised"] == "SIGINT before any plan existed"
     assert res["after"] <= 1
+
+
+def test_a_deterministic_slice_model_share_does_not_hang_on_the_wall_clock_pace(monkeypatch):
+    """The slice model's share kept the recipe's first plan's predicted wall time back, in
+    deterministic mode too: Transformer-6's ``slice M=8`` came out 72587.5 or 72419.1 µs by load."""
+    import solver.parallel.search as ss
+    from mb_strategies import layered_step
+    from pesto.deadline import Deadline
+    from solver.options import SolveOptions
+
+    g, cluster = layered_step(4, act=100_000, t=1000.0), pesto.cluster.gpus(2)
+    search = ss._Search(g, cluster, SolveOptions(micro_batches=2, batch_size=8, deterministic=True),
+                        Deadline(30, deterministic=True))
+    s = ss._Screened(ss.split_step(search.marked, 2), [], float("inf"))
+    asked = []
+    monkeypatch.setattr(ss, "solve_slices", lambda *a, time_limit, **k: asked.append(time_limit) or
+                        (_ for _ in ()).throw(pesto.errors.PestoError("stop")))
+    for pace in (0.0, 9.0):   # 9 s of a 10 s grant: the share would drop below SLICE_SHARE of it
+        monkeypatch.setattr(search.pace, "predict", lambda ops, sims, pace=pace: pace)
+        search.slice_start(s, 2, Deadline(10, deterministic=True))
+    assert len(asked) == 2 and asked[0] == asked[1]

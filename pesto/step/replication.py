@@ -172,10 +172,10 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from ..errors import MicroBatchError
-from ..graph import Edge, Op, OpGraph, Tensor
+from ..graph import Edge, Op, OpGraph, Tensor, gc_paused
 from .slicing import BANDWIDTH, FLOOR_US, accumulate_op, check_marks, fixed_ops, partial_tensors, slice_op
 from .recompute import layer_blocks
-from .transform import Origin, Transformed, check_count
+from .transform import Origin, Transformed, check_count, renamed
 
 __all__ = ["replicate", "replica_name", "RESERVED", "BUCKET_BYTES", "gradient_buckets", "pack_buckets", "gather_units",
            "optimizer_state", "parameters", "SHARD_LEVELS"]
@@ -331,17 +331,19 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
                               culprit=shard_optimizer)
     check_marks(graph, RESERVED)
     buckets = gradient_buckets(graph, bucket_bytes)
-    b = _Ring(graph, n, floor_us, bandwidth, buckets, shard_optimizer if n > 1 else 0)
-    for r in range(n):
-        b.add_replica(r)
-    for members in sorted(buckets):
-        b.all_reduce([graph.tensor(t) for t in members])
-    if b.shard == 3:
-        _Gathers(b, bucket_bytes).add()
-    b.add_edges()
-    zero = f"@zero{b.shard}" if b.shard else ""
-    out = OpGraph(b.ops, [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in b.edges.items()],
-                  b.tensors, name=f"{graph.name}@r{n}{zero}")
+    with gc_paused():   # 60k ops and their tensors, edges and origins for GPT-1.3B on 8 replicas
+        b = _Ring(graph, n, floor_us, bandwidth, buckets, shard_optimizer if n > 1 else 0)
+        for r in range(n):
+            b.add_replica(r)
+        for members in sorted(buckets):
+            b.all_reduce([graph.tensor(t) for t in members])
+        if b.shard == 3:
+            _Gathers(b, bucket_bytes).add()
+        b.add_edges()
+        zero = f"@zero{b.shard}" if b.shard else ""
+        out = OpGraph(b.ops, [Edge(u, v, tuple(ts) if len(ts) < 2 else tuple(dict.fromkeys(ts)))
+                              for (u, v), ts in b.edges.items()],
+                      b.tensors, name=f"{graph.name}@r{n}{zero}")
     return Transformed(out, graph, MappingProxyType(b.origin), replicas=n, partials=b.partials)
 
 
@@ -381,32 +383,65 @@ class _Ring:
         #: (reader's source, batched reader) -> the parameter, the edges a gathered copy replaces
         self.weights = parameters(graph) if shard == 3 else frozenset()
         self.reads, self.reroute = _reads(graph, self.weights)
+        self._shapes: list | None = None   # :meth:`shapes`, made once
+        #: per bucket (its first member): its members' names (:meth:`add_op`) and its
+        #: reduce-scatter step (:meth:`ring_step`)
+        self.bucket_names: dict[str, tuple] = {}
+        self.steps: dict[tuple[str, bool], Op] = {}
 
     def add_replica(self, r: int) -> None:
-        n = self.n
-        for op in self.g.ops:
+        """Replica ``r``'s copies of the step's ops and their tensors: :meth:`shapes`
+        (made once, every replica alike) under replica ``r``'s names."""
+        n, g, to_step = self.n, self.g, self.to_step
+        for op, copy, role, params, outs in self.shapes():
             name = replica_name(op.name, r)
             group = None if op.colocation_group is None else replica_name(op.colocation_group, r)
+            self.origin[name] = Origin(op.name, replica=r, role=role)
+            self.tensors.extend(Tensor(_param(t, r), name, c) for t, c in params)
+            self.ops.append(renamed(copy, name, group, replica_name(op.anchor, r) if op.anchor in g else op.anchor))
+            for t, size, chunks in outs:
+                tensor = replica_name(t, r)
+                self.tensors.append(Tensor(tensor, name, size))
+                if t in to_step:
+                    self.final[(t, r)] = (name, tensor)
+                if chunks is not None:
+                    first, c = chunks
+                    self.tensors.extend(Tensor(_chunk(first, r, j), name, c) for j in range(n))
+
+    def shapes(self) -> list[tuple]:
+        """Per op of the step, what each replica holds of it, under the step's names
+        (:meth:`add_replica` renames): ``(op, copy, role, params, outs)``, ``copy`` a
+        batched op's slice (:func:`~pesto.step.slicing.slice_op`: ``1 / n`` of the batch)
+        or a once-per-step op (sharded: :meth:`shard_of`); ``params``: the ``(bucket, bytes)``
+        of the updated parameter shards it hands on (sharded); ``outs``: per output tensor its
+        name, its bytes in a replica and its bucket's chunks ``(first member, bytes)`` when it
+        is a bucket's last member (else None)."""
+        if self._shapes is not None:
+            return self._shapes
+        n, out = self.n, []
+        for op in self.g.ops:
             mine = self.produced.get(op.name, [])
             if op.batch:
                 kept = sum(t.bytes for t in mine if t.name in self.partials)
-                copy = slice_op(op, n, name, fixed=op.name in self.fixed, partial_bytes=kept,
-                                floor_us=self.floor, colocation_group=group)
-                self.origin[name] = Origin(op.name, replica=r)
+                copy = slice_op(op, n, op.name, fixed=op.name in self.fixed, partial_bytes=kept,
+                                floor_us=self.floor, colocation_group=op.colocation_group)
+                role, params = "copy", ()
             else:
-                copy = replace(op, name=name, colocation_group=group, **self.shard_of(op))
-                self.origin[name] = Origin(op.name, replica=r, role="step")
-                self.tensors.extend(Tensor(_param(t, r), name, c) for t, c in self.params.get(op.name, ()))
-            self.ops.append(copy if op.anchor not in self.g else replace(copy, anchor=replica_name(op.anchor, r)))
+                shard = self.shard_of(op)
+                copy = replace(op, **shard) if shard else op
+                role, params = "step", tuple(self.params.get(op.name, ()))
+            outs = []
             for t in mine:
                 size = t.bytes if not op.batch or t.name in self.partials else -(-t.bytes // n)
                 size = -(-size // n) if op.name in self.reads else size
-                self.tensors.append(Tensor(replica_name(t.name, r), name, size))
-                if t.name in self.to_step:
-                    self.final[(t.name, r)] = (name, replica_name(t.name, r))
+                chunks = None
                 if t.name in self.chunks_of and n > 1:
                     first, total = self.chunks_of[t.name]
-                    self.tensors.extend(Tensor(_chunk(first, r, j), name, -(-total // n)) for j in range(n))
+                    chunks = (first, -(-total // n))
+                outs.append((t.name, size, chunks))
+            out.append((op, copy, role, params, outs))
+        self._shapes = out
+        return out
 
     def shard_of(self, op: Op) -> dict:
         """The fields of a once-per-step op that sharding changes: an optimizer
@@ -427,8 +462,11 @@ class _Ring:
         its output tensors ``outputs`` = [(name, bytes)] (default: one, under its name)."""
         self.ops.append(op)
         self.tensors.extend(Tensor(t, op.name, nb) for t, nb in (outputs or [(op.name, op.output_bytes)]))
-        self.origin[op.name] = Origin(members[0].src, replica=r, role=role, tensor=members[0].name,
-                                      members=tuple(t.name for t in members))
+        first = members[0].name
+        names = self.bucket_names.get(first)
+        if names is None:   # a bucket is named after its first member
+            names = self.bucket_names[first] = tuple(t.name for t in members)
+        self.origin[op.name] = Origin(members[0].src, replica=r, role=role, tensor=first, members=names)
         for src, tensor in inputs:
             ts = self.edges.setdefault((src, op.name), [])
             if tensor is not None:
@@ -450,9 +488,6 @@ class _Ring:
         """Replica ``r``'s ``n - 1`` reduce-scatter steps of a bucket; sharded, its last
         step's output is the shard its updates read (ZeRO-1: in the whole bucket's buffer)."""
         n, t, last = self.n, members[0], members[-1]
-        total = sum(m.bytes for m in members)
-        c = -(-total // n)
-        kinds = self.g.op(t.src).kinds
         waits = list(dict.fromkeys(m.src for m in members if m.src != last.src))
         left = (r - 1) % n
         mine = [(replica_name(p, r), None) for p in waits]
@@ -461,16 +496,28 @@ class _Ring:
             came = ([(replica_name(last.src, left), _chunk(t.name, left, j))]
                     + [(replica_name(p, left), None) for p in waits] if s == 0 else
                     [(f"{t.name}@rs{s - 1}@r{left}",) * 2])
-            op = accumulate_op(f"{t.name}@rs{s}@r{r}", c, kinds, floor_us=self.floor, bandwidth=self.bw,
-                               what=t.name, scope=self.g.op(t.src).scope)
-            if s == n - 2 and self.shard == 1:
-                op = replace(op, output_bytes=total)
-            self.add_op(replace(op, type="RingReduce"), r, "reduce-scatter", members,
+            self.add_op(renamed(self.ring_step(members, s == n - 2 and self.shard == 1), f"{t.name}@rs{s}@r{r}",
+                                None, None), r, "reduce-scatter", members,
                         came + [(replica_name(last.src, r), _chunk(t.name, r, j))] + mine)
         if self.shard:
             shard = f"{t.name}@rs{n - 2}@r{r}"
             for m in members:
                 self.final[(m.name, r)] = (shard, shard)
+
+    def ring_step(self, members: list[Tensor], whole: bool) -> Op:
+        """A reduce-scatter step of a bucket, named after its first member (each step of each
+        replica renames it): an add of a chunk (:func:`~pesto.step.slicing.accumulate_op`);
+        ``whole``: holding the whole bucket (ZeRO-1's last step)."""
+        t = members[0]
+        op = self.steps.get((t.name, whole))
+        if op is None:
+            total = sum(m.bytes for m in members)
+            src = self.g.op(t.src)
+            op = accumulate_op(t.name, -(-total // self.n), src.kinds, floor_us=self.floor, bandwidth=self.bw,
+                               what=t.name, scope=src.scope)
+            op = self.steps[(t.name, whole)] = replace(op, type="RingReduce",
+                                                       **({"output_bytes": total} if whole else {}))
+        return op
 
     def gather_sums(self, members: list[Tensor], r: int) -> None:
         """Replica ``r``'s all-gather of the summed chunks and the gather its consumers read."""
@@ -512,20 +559,23 @@ class _Ring:
                     [(p, p) for p in parts] + [(replica_name(u, r), None) for u in ups])
 
     def add_edges(self) -> None:
-        g = self.g
+        """Every replica's copy of each edge of the step (edge by edge, replica by replica):
+        a partial's to its all-reduce's (or reduce-scatter's) output; none where ZeRO-3's
+        gathered copy is read instead (:class:`_Gathers`)."""
+        g, edges, final = self.g, self.edges, self.final
         for e in g.edges:
-            bu, bv = g.op(e.src).batch, g.op(e.dst).batch
+            if (e.src, e.dst) in self.reroute:
+                continue   # ZeRO-3: the reader reads the gathered copy (_Gathers)
+            summed = e.tensors and g.op(e.src).batch and not g.op(e.dst).batch
             for r in range(self.n):
                 dst = replica_name(e.dst, r)
-                if (e.src, e.dst) in self.reroute:
-                    continue   # ZeRO-3: the reader reads the gathered copy (_Gathers)
-                if bu and not bv and e.tensors:
+                if summed:
                     for t in e.tensors:
-                        src, tensor = self.final[(t, r)]
-                        self.edges.setdefault((src, dst), []).append(tensor)
+                        src, tensor = final[(t, r)]
+                        edges.setdefault((src, dst), []).append(tensor)
                 else:
-                    self.edges.setdefault((replica_name(e.src, r), dst), []).extend(
-                        replica_name(t, r) for t in e.tensors)
+                    edges.setdefault((replica_name(e.src, r), dst), []).extend(
+                        [replica_name(t, r) for t in e.tensors])
 
 
 class _Gathers:

@@ -164,8 +164,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ..errors import BatchMarkError, MicroBatchError
-from ..graph import Edge, Op, OpGraph, Tensor
-from .transform import Origin, Transformed, check_count, identity
+from ..graph import Edge, Op, OpGraph, Tensor, gc_paused
+from .transform import Origin, Transformed, check_count, identity, renamed
 
 __all__ = ["split", "check_marks", "partial_tensors", "fixed_ops", "slice_op", "accumulate_op", "copy_name",
            "whole_name", "parse_name", "weight_grad_ops", "whole_ops", "FLOOR_US", "BANDWIDTH", "RESERVED",
@@ -391,9 +391,10 @@ def split(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
     b.choose(weight_grads)   # checked whatever M
     if m == 1:
         return identity(graph)
-    b.add_ops()
-    b.add_edges()
-    out = OpGraph(b.ops, b.edge_list(), b.tensors, name=f"{graph.name}@mb{m}")
+    with gc_paused():   # M copies of every batched op, their tensors, edges and origins
+        b.add_ops()
+        b.add_edges()
+        out = OpGraph(b.ops, b.edge_list(), b.tensors, name=f"{graph.name}@mb{m}")
     return Transformed(out, graph, MappingProxyType(b.origin), micro_batches=m, partials=b.partials)
 
 
@@ -622,13 +623,15 @@ class _Split:
                 self.add_whole(op, mine)
                 continue
             kept = sum(t.bytes for t in mine if t.name in self.partials)
+            copy = slice_op(op, m, op.name, fixed=op.name in self.fixed, partial_bytes=kept, floor_us=self.floor,
+                            colocation_group=op.colocation_group)   # every slice's, renamed
+            sizes = [(t.name, self.size(t)) for t in mine]
             for i in range(m):
                 name = copy_name(op.name, i)
-                copy = slice_op(op, m, name, fixed=op.name in self.fixed, partial_bytes=kept,
-                                floor_us=self.floor, colocation_group=self.group(op, i))
-                self.ops.append(copy if op.anchor is None else replace(copy, anchor=self.anchor(op.anchor, i)))
+                self.ops.append(renamed(copy, name, self.group(op, i),
+                                        None if op.anchor is None else self.anchor(op.anchor, i)))
                 self.origin[name] = Origin(op.name, slice=i)
-                self.tensors.extend(Tensor(copy_name(t.name, i), name, self.size(t)) for t in mine)
+                self.tensors.extend(Tensor(copy_name(t, i), name, size) for t, size in sizes)
             for t in mine:
                 if t.name in self.to_step:
                     self.sum_slices(op, t)
@@ -701,7 +704,7 @@ class _Split:
                     self.link(src, e.dst, [tensor])
 
     def edge_list(self) -> list[Edge]:
-        return [Edge(u, v, tuple(dict.fromkeys(ts))) for (u, v), ts in self.edges.items()]
+        return [Edge(u, v, tuple(ts) if len(ts) < 2 else tuple(dict.fromkeys(ts))) for (u, v), ts in self.edges.items()]
 
 
 def _ceil_div(a: int, n: int) -> int:

@@ -66,6 +66,7 @@ import numpy as np
 
 from pesto.cluster import Cluster
 from pesto.dag import priority_order
+from pesto.deadline import Deadline
 from pesto.errors import CycleError
 from pesto.finalize import finalize
 from pesto.graph import OpGraph
@@ -438,11 +439,13 @@ def _fix_groups(graph: OpGraph, cluster: Cluster, dev: Mapping[str, str]) -> dic
 
 def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int = 1,
                        weight_grads="separate", shard_optimizer: int = 0,
-                       bucket_bytes: int | None = BUCKET_BYTES) -> StepPlan:
+                       bucket_bytes: int | None = BUCKET_BYTES, deadline: Deadline | None = None) -> StepPlan:
     """One replica per GPU (:func:`pesto.step.replicate`, ``shard_optimizer``:
     ZeRO-1/2/3 as it says, gradients in buckets of ``bucket_bytes``), each split into ``micro_batches`` slices; the
     best of three device orders (module doc). ``weight_grads``: the split's
     rule for the slices' weight gradients (:func:`pesto.step.split`).
+    ``deadline``: once it has passed, the orders not yet simulated are skipped
+    if a plan that fits memory is in hand (the best so far is the plan).
 
     Raises
     ------
@@ -467,10 +470,15 @@ def data_parallel_plan(graph: OpGraph, cluster: Cluster, *, micro_batches: int =
     # before the input gradients of its layer, not after them
     # (a list schedule: a static order of these keys would hold a device for an op not yet ready)
     prio = [2.0 if k < 0 else 1.0 if g.ops[i].phase == "weight-grad" else 0.0 for i, k in enumerate(key)]
-    ran = simulate(g, cluster, dict(placement), mode="fifo", priority=prio, memory=False)
-    plans = [(finalize(g, cluster, placement, order=o, placer="data-parallel", t0=t0, stats=stats), name)
-             for o, name in ((None, "fifo"), (order_by_key(g, key), "all-reduce first"),
-                             (ran.order, "weight-grad first"))]
+    orders = ((lambda: None, "fifo"), (lambda: order_by_key(g, key), "all-reduce first"),
+              (lambda: simulate(g, cluster, dict(placement), mode="fifo", priority=prio, memory=False).order,
+               "weight-grad first"))
+    plans: list = []
+    for order, name in orders:
+        if deadline is not None and deadline.expired() and any(p.status != "infeasible" for p, _ in plans):
+            break   # past the deadline with a plan that fits
+        plans.append((finalize(g, cluster, placement, order=order(), placer="data-parallel", t0=t0, stats=stats),
+                      name))
     plan, how = min(plans, key=lambda p: rank(p[0]))
     return StepPlan(plan, both, micro_batches, len(gpus), "data-parallel", how, len(gpus))
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from pesto.cluster import Cluster
-from pesto.graph import OpGraph
+from pesto.graph import OpGraph, gc_paused
 from pesto.step import Transformed, compose, identity, recompute
 from pesto.step.recompute import cheap_ops, layer_blocks
 
@@ -58,9 +58,21 @@ def with_savers(step: OpGraph, strategy: Strategy) -> Transformed:
     ValueError
         ``strategy.recompute`` names a count of blocks other than ``step``'s
         (:func:`pesto.step.recompute.layer_blocks`).
+
+    A recomputed step is kept on ``step`` per ``(recompute, selective)``: the
+    search asks for the same levels with each ZeRO level and for its memory forecast.
     """
     if not strategy.recompute:
         return identity(step)
+    kept = step.__dict__.setdefault("_with_savers", {})
+    key = (strategy.recompute, strategy.selective)
+    if key not in kept:
+        kept[key] = _recomputed(step, strategy)
+    return kept[key]
+
+
+def _recomputed(step: OpGraph, strategy: Strategy) -> Transformed:
+    """:func:`with_savers` of a ``strategy`` that recomputes, built."""
     if strategy.recomputed is None and not strategy.selective:
         return recompute(step)
     blocks = layer_blocks(step)
@@ -80,7 +92,9 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     """The plan of the marked ``step`` that ``strategy`` says (module doc).
 
     ``candidates``: the stage splits a pipeline simulates; ``time_limit``,
-    ``seed``, ``workers``, ``deadline``: the slice model's search.
+    ``seed``, ``workers``, ``deadline``: the slice model's search (``deadline``
+    also data parallelism's: its device orders after one that fits are skipped once
+    it has passed, :func:`~solver.parallel.pipelines.data_parallel_plan`).
     ``stage_of``: a pipeline of one chunk and one replica cut as given, per
     batched op of ``step`` its stage (a recomputed copy's: its original's;
     :func:`solver.parallel.pipelines.pipeline_plan`'s ``op_stages``), not searched.
@@ -99,6 +113,12 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     PestoError
         As the realiser (no stage split, no grid, ...).
     """
+    with gc_paused():   # a replicated or split step: 100k ops and more, their tensors and plans
+        return _realise(step, cluster, strategy, candidates, time_limit, seed, workers, deadline, stage_of)
+
+
+def _realise(step, cluster, strategy, candidates, time_limit, seed, workers, deadline, stage_of) -> Solved:
+    """:func:`realise`'s body (the cyclic garbage collector paused)."""
     s, m, wg = strategy, strategy.micro_batches, strategy.split_rule
     if s.schedule == "slice":
         if s.weight_grads != "separate":
@@ -119,7 +139,7 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
             raise ValueError(f"{s.name}: data parallelism runs one replica per GPU ({len(gpu_names(cluster))})")
         return _saving(solved_of(data_parallel_plan(saved, cluster, micro_batches=m, weight_grads=wg,
                                                     shard_optimizer=s.shard_optimizer,
-                                                    bucket_bytes=s.bucket_bytes), wg), s, kept)
+                                                    bucket_bytes=s.bucket_bytes, deadline=deadline), wg), s, kept)
     if s.schedule in SCHEDULES and s.replicas == 1:
         given = None if stage_of is None else [stage_of[kept.origin[op.name].op] if op.batch else -1
                                                for op in saved.ops]

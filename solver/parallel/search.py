@@ -109,6 +109,7 @@ with unmarked ops raises :class:`~pesto.errors.BatchMarkError` naming them.
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
@@ -117,7 +118,7 @@ from pesto.cluster import Cluster
 from pesto.deadline import Deadline, Stopped
 from pesto.finalize import finalize
 from pesto.errors import BatchMarkError, MicroBatchError, MicroBatchMemoryError, PestoError
-from pesto.graph import OpGraph
+from pesto.graph import OpGraph, gc_frozen, gc_paused
 from pesto.memory import fmt_bytes, step_activations
 from pesto.plan import Plan
 from pesto.problem import Problem
@@ -382,9 +383,15 @@ class _Pace:
 
     def timed(self, fn: Callable, sims: float, ops: Callable[[object], int]):
         """``fn()``; on the wall clock its seconds per simulated op (``ops(result)``
-        ops, ``sims`` simulations) kept, deterministic its predicted seconds charged."""
+        ops, ``sims`` simulations) kept, deterministic its predicted seconds charged.
+        ``fn`` runs with the cyclic garbage collector paused, and what it made (a candidate
+        the pool may keep: 100k ops, their plans) is then frozen out of the collector's walks
+        (:func:`pesto.graph.gc_frozen`, :func:`solve_step`): walking it took a second per
+        data-parallel candidate of GPT-1.3B."""
         t = time.perf_counter()
-        out = fn()
+        with gc_paused():
+            out = fn()
+            gc.freeze()
         if self.clock is not None:
             self.clock.charge(self.predict(ops(out), sims))
             return out
@@ -661,10 +668,13 @@ class _Search:
                 return
 
     def _fits_then_lowered(self, kind: Kind, s: Strategy) -> bool:
-        """Whether ``s``, forecast to fit, was built and fits; then its levels lowered (:meth:`partial`)."""
+        """Whether ``s``, forecast to fit, was built and fits; then its levels lowered (:meth:`partial`).
+        While no plan that fits exists, ``s`` is built whatever the clock: the search returns a
+        plan that fits memory when one can be made (no exact pass makes one for a step under its
+        memory floor), later candidates are skipped for time."""
         if self.predicted_memory(s) > self.capacity:
             return False
-        r = self.realised(kind, s)
+        r = self.realised(kind, s, must=not self.have_fit())
         if r is None or r.plan.status == "infeasible":
             return False
         self.partial(kind, s, r)
@@ -1043,10 +1053,11 @@ class _Search:
         """Whether the pool holds a plan that fits memory."""
         return self.pool.best is not None and self.pool.best.plan.status != "infeasible"
 
-    def realised(self, kind: Kind, strategy: Strategy, **given) -> Solved | None:
+    def realised(self, kind: Kind, strategy: Strategy, *, must: bool = False, **given) -> Solved | None:
         """Realise a candidate unless it is too large (:func:`replicated_ops`
         above :data:`DP_MAX_OPS`, or a batch it cannot share) or predicted not to fit
-        (:meth:`fits`); timed (:class:`_Pace`) and offered as its kind's label
+        (:meth:`fits`; ``must``: built whatever the clock, unless interrupted); timed
+        (:class:`_Pace`) and offered as its kind's label
         (and its savers, :attr:`Strategy.savers`). None when skipped or failed
         (named in ``plan.log.skipped``). ``given``: more arguments of ``kind.realise``
         (:meth:`partial`'s stage cut)."""
@@ -1055,13 +1066,16 @@ class _Search:
         if replicas > 1 and self.too_large(name, replicas, m) or self.short_of_memory(name, replicas, m, strategy):
             return None
         sims, tries = kind.sims, kind.tries or SCREEN_CANDIDATES
-        if not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
+        if must:
+            self.stop_if_interrupted()
+        elif not self.fits(name, ops, sims, quiet=kind.cheap is not None):   # else one stage split only
             if kind.cheap is None or not self.fits(name, ops, kind.cheap):
                 return None
             sims, tries = kind.cheap, 1
         try:
-            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries, **given),
-                                sims, lambda r: r.graph.num_ops)
+            clock = {} if self.deadline.deterministic else {"deadline": self.deadline}   # past it: the first fit
+            r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries,
+                                                     **clock, **given), sims, lambda r: r.graph.num_ops)
         except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
             self.pool.skipped[name] = str(exc)
             return None
@@ -1184,7 +1198,7 @@ class _Search:
     def slice_start(self, s: _Screened, m: int, grant: Deadline) -> list[Plan]:
         """The slice model's plan of ``m`` slices (:func:`solver.parallel.slice_model.solve_slices`)
         on :data:`SLICE_SHARE` of ``grant``, at most what leaves the pipeline the predicted time of
-        its first plan (``SIMS["pipeline"]`` simulations of the split), skipped below
+        its first plan (``SIMS["pipeline"]`` simulations of the split; wall clock only), skipped below
         :data:`MIN_SECONDS` on the wall clock; offered as ``slice M=m``, a candidate of its own (its
         grid sums every weight gradient's slices separately, whatever the count's best split does);
         [] when skipped."""
@@ -1193,7 +1207,8 @@ class _Search:
             self.pool.skipped[name] = (f"the split step has {s.graph.num_ops} ops, more than {SLICE_MAX_OPS}: "
                                        f"the slice model's split and grid alone outlast its share")
             return []
-        keep = self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0   # the recipe's own first plan
+        # the recipe's own first plan (wall clock only: a deterministic share may not hang on the pace)
+        keep = 0.0 if self.deadline.deterministic else self.pace.predict(s.graph.num_ops, SIMS["pipeline"]) or 0.0
         share = min(SLICE_SHARE * grant.left(), grant.left() - keep)
         if share < MIN_SECONDS and not self.deadline.deterministic:
             self.pool.skipped[name] = (f"{max(share, 0.0):.2f} s for the slice model, less than {MIN_SECONDS} s"
@@ -1269,7 +1284,7 @@ def solve_step(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> Solve
     """
     deadline = Deadline(options.time_limit, deterministic=options.deterministic, start=options.started)
     search = _Search(graph, cluster, options, deadline)
-    with deadline.catching_signals():
+    with deadline.catching_signals(), gc_frozen():   # candidates frozen as built (:meth:`_Pace.timed`)
         try:
             search.run()
         except Stopped:
