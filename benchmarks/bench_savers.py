@@ -186,8 +186,10 @@ Limits of these figures:
 - Pipelines are realised with one stage split (`candidates=1`), cut for time:
   recomputation adds work per block, so the cutter may choose another stage
   count (in these rows it keeps 8).
-- GPT-2.7B fits in no row, 1F1B at `M = 8` included: with recomputation every
-  stage peaks at 17.5-19.0 GiB (stage 0 the most). Each layer's gradient sums
+- GPT-2.7B fits only in data parallelism with ZeRO-2 and every op recomputed
+  (15.60 GiB; 25.53 GiB while a weight's read was held beside its variable, before
+  reads became views); no pipeline row fits, 1F1B at `M = 8` included: with
+  recomputation its stages peak at up to 18 GiB (stage 0 the most). Each layer's gradient sums
   run on its own stage since TensorFlow's colocation of a gradient sum with its
   first summand is no longer a group (`tf_patch.extract.aggregation_colocated`;
   before, those sums of all layers formed one group and stage 0 peaked at
