@@ -55,7 +55,7 @@ MAX_BYTES = 1 << 50
 #: The byte fields of an :class:`Op`.
 _BYTE_FIELDS = ("persistent_bytes", "output_bytes", "temporary_bytes", "view_bytes")
 
-__all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION", "PHASES", "ROLES", "gc_paused", "gc_frozen"]
+__all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION", "PHASES", "ROLES", "gc_paused", "gc_frozen", "common_scope"]
 
 #: The values of :attr:`Op.phase` (besides ``None``, unknown).
 PHASES = ("forward", "input-grad", "weight-grad", "update", "recompute")
@@ -253,6 +253,21 @@ class Edge:
     @property
     def is_control(self) -> bool:
         return not self.tensors
+
+
+def common_scope(names) -> str:
+    """The name scope (``"a/b"``) every op name of ``names`` lies under ("" for none).
+
+    >>> common_scope(["layer_0/attn/q", "layer_0/mlp/fc"]), common_scope(["a/x", "b/y"])
+    ('layer_0', '')
+    """
+    parts = [n.split("/")[:-1] for n in names]
+    common = []
+    for level in zip(*parts):
+        if any(p != level[0] for p in level):
+            break
+        common.append(level[0])
+    return "/".join(common)
 
 
 @contextlib.contextmanager

@@ -172,7 +172,7 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from ..errors import MicroBatchError
-from ..graph import Edge, Op, OpGraph, Tensor, gc_paused
+from ..graph import Edge, Op, OpGraph, Tensor, common_scope, gc_paused
 from .slicing import BANDWIDTH, FLOOR_US, accumulate_op, check_marks, fixed_ops, partial_tensors, slice_op
 from .recompute import layer_blocks
 from .transform import Origin, Transformed, check_count, renamed
@@ -671,7 +671,7 @@ def gather_units(graph: OpGraph, weights: Sequence[str], bucket_bytes: int | Non
     >>> gather_units(OpGraph(ops + ws), [w.name for w in ws], 25)
     [['emb/w'], ['layer_0/w1', 'layer_0/w2'], ['layer_1/w'], ['head/w', 'head/b']]
     """
-    scopes = [_common_scope(block) for block in layer_blocks(graph)]
+    scopes = [common_scope(block) for block in layer_blocks(graph)]
     keys = [next((sc for sc in scopes if sc and w.startswith(sc + "/")), None) for w in weights]
     out: list[list[str]] = []
     i = 0
@@ -687,17 +687,6 @@ def gather_units(graph: OpGraph, weights: Sequence[str], bucket_bytes: int | Non
                                                                  bucket_bytes))
         i = j
     return out
-
-
-def _common_scope(names: Sequence[str]) -> str:
-    """The scope (``"a/b"``) every name of ``names`` lies under ("" for none)."""
-    parts = [n.split("/")[:-1] for n in names]
-    common = []
-    for level in zip(*parts):
-        if len(set(level)) > 1:
-            break
-        common.append(level[0])
-    return "/".join(common)
 
 
 def _chunk(tensor: str, r: int, j: int) -> str:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import re
 
 from pesto.errors import InvalidGraphError
-from pesto.graph import Edge, Op, OpGraph, Tensor
+from pesto.graph import Edge, Op, OpGraph, Tensor, common_scope
 
 __all__ = ["canonical", "tile", "layer_of", "relayer", "chain_tensors", "Chain"]
 
@@ -75,16 +75,6 @@ def relayer(name, k: int):
 
 def _scope(name: str) -> str:
     return name.rsplit("/", 1)[0] if "/" in name else ""
-
-
-def _common_scope(names) -> str:
-    parts = [n.split("/")[:-1] for n in names]
-    out = []
-    for level in zip(*parts):
-        if any(p != level[0] for p in level):
-            break
-        out.append(level[0])
-    return "/".join(out)
 
 
 def canonical(graph: OpGraph) -> OpGraph:
@@ -121,7 +111,7 @@ def canonical(graph: OpGraph) -> OpGraph:
     for pos, n in enumerate(sums):
         k, srcs = layer(n), sorted(set(inputs.get(n, ())))
         if k is None:
-            scope, key = _common_scope(srcs) or "gradients", tuple(srcs)
+            scope, key = common_scope(srcs) or "gradients", tuple(srcs)
         else:
             scope = f"gradients/layer_{k}"
             key = tuple(relayer(p, 0) for p in srcs if p not in is_sum and layer_of(p) == k)
