@@ -279,3 +279,29 @@ def test_a_sparse_update_read_elsewhere_cannot_be_sharded_by_rows():
     with pytest.raises(MicroBatchError, match="shards a sparse gradient's update by rows") as err:
         replicate_graph(model.graph, fetches, 2, values=values, shard_optimizer=1)
     assert err.value.culprit == "embed/embedding" and "rows_seen" in str(err.value)
+
+
+def test_a_zero1_plan_summing_in_place_trains_as_the_unsharded_replicated_step():
+    """ZeRO-1 on the in-place split (R=2, M=2, weight_grads="accumulate": the slices'
+    weight gradients summed in place, then reduce-scattered), what the search now
+    builds its ZeRO-1 and bucket twins on when the in-place split is the faster:
+    TF's replicated step runs it with every op where the plan puts it, and trains
+    as the un-split step does."""
+    from solver.parallel.strategy import Strategy as S
+
+    whole = build_model("rnnlm", "small", **TINY)
+    graph, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
+    r = realise(with_marks(graph), pesto.gpus(2, beta=(0.0, 1e-9)),
+                S(replicas=2, micro_batches=2, weight_grads="accumulate", shard_optimizer=1))
+    assert not [n for n in r.graph.names if "@acc" in n] and any(n.endswith("@allgather@r0") for n in r.graph.names)
+    log = SolveLog(recipe="step search", graph_kind="replicated", replicas=2, micro_batches=2, savers="ZeRO-1",
+                   steps={"data-parallel M=2 accumulate ZeRO-1": r.plan.makespan})
+    result = result_view(dataclasses.replace(r, plan=r.plan.replace(log=log)))
+    assert result.in_place   # read from the plan's graph: every weight gradient's copy 1 reads copy 0's sum
+    model, plan, rmap = replicate_model(build_model("rnnlm", "small", micro_batches=4, **TINY), result)
+    losses, seen, _ = _train(model, plan, 2)
+    assert any("/acc_1" in t for ts in rmap.ops.values() for t in ts)
+    with PlacedRun(lambda: build_model("rnnlm", "small", **TINY), None, n_devices=1) as run:
+        single = run.train(4)
+    np.testing.assert_allclose(losses, single, rtol=1e-5)
+    assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 100

@@ -33,8 +33,9 @@ def test_auto_returns_zero1_data_parallelism_where_the_update_weighs():
     r = pesto.solve_step(g, cluster=cluster, time_limit=3, deterministic=True)
     steps = r.plan.log.steps
     assert "data-parallel M=1 ZeRO-1" in steps and steps["data-parallel M=1 ZeRO-1"] < steps["data-parallel"]
-    # ZeRO-1 data parallelism wins (at M=1, or at a count whose ZeRO-1 twin screening builds too)
-    assert replace(r.strategy, micro_batches=1) == Strategy(replicas=4, shard_optimizer=1)
+    # ZeRO-1 data parallelism wins (at M=1, or at a count whose ZeRO-1 twin screening builds too,
+    # on the separate or the in-place split, whichever is the faster)
+    assert replace(r.strategy, micro_batches=1, weight_grads="separate") == Strategy(replicas=4, shard_optimizer=1)
     assert r.plan.log.savers == "ZeRO-1"
     assert r.plan.makespan <= zero.plan.makespan and check_plan(r, cluster).ok
 
