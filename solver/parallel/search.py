@@ -381,9 +381,10 @@ class _Pace:
         """Seconds of ``sims`` simulations of ``ops`` ops (None until measured)."""
         return None if self.per_op is None else sims * (self.per_op * ops + self.fixed)
 
-    def timed(self, fn: Callable, sims: float, ops: Callable[[object], int]):
+    def timed(self, fn: Callable, sims: float, ops: Callable[[object], int], learn: bool = True):
         """``fn()``; on the wall clock its seconds per simulated op (``ops(result)``
-        ops, ``sims`` simulations) kept, deterministic its predicted seconds charged.
+        ops, ``sims`` simulations) kept (not with ``learn=False``: ``fn`` also ran a solve on
+        its own grant), deterministic its predicted seconds charged.
         ``fn`` runs with the cyclic garbage collector paused, and what it made (a candidate
         the pool may keep: 100k ops, their plans) is then frozen out of the collector's walks
         (:func:`pesto.graph.gc_frozen`, :func:`solve_step`): walking it took a second per
@@ -394,6 +395,8 @@ class _Pace:
             gc.freeze()
         if self.clock is not None:
             self.clock.charge(self.predict(ops(out), sims))
+            return out
+        if not learn:   # its time is not the simulations' (a one-step solve on its own grant)
             return out
         per_sim = (time.perf_counter() - t) / max(sims, 1.0)
         self.per_op = max(per_sim - self.fixed, 0.0) / max(ops(out), 1) or self.per_op
@@ -1072,10 +1075,18 @@ class _Search:
             if kind.cheap is None or not self.fits(name, ops, kind.cheap):
                 return None
             sims, tries = kind.cheap, 1
+        if kind.solves:   # its one-step solve on a share of the pass's time left
+            seconds = kind.solves * self.window.left()
+            if not self.deadline.deterministic and seconds < MIN_SECONDS:
+                self.pool.skipped[name] = f"not built: {max(seconds, 0.0):.2f} s for its one-step solve"
+                self.pool.late.add(name)
+                return None
+            given["place"] = self.one_step(kind.solves)
         try:
             clock = {} if self.deadline.deterministic else {"deadline": self.deadline}   # past it: the first fit
             r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries,
-                                                     **clock, **given), sims, lambda r: r.graph.num_ops)
+                                                     **clock, **given), sims, lambda r: r.graph.num_ops,
+                                learn=not kind.solves)
         except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
             self.pool.skipped[name] = str(exc)
             return None
@@ -1084,6 +1095,22 @@ class _Search:
         self.pool.late.discard(name)
         self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
         return r
+
+    def one_step(self, share: float) -> Callable[[OpGraph, Cluster], Plan]:
+        """The one-step placer a kind with :attr:`~solver.parallel.kinds.Kind.solves`
+        is given: the recipe (:func:`solver.recipes.run_recipe`, ``micro_batches=1``, the
+        search's seed, workers and mode) on ``share`` of the running pass's time left when
+        it is called, on the search's clock (deterministic: its work clock)."""
+        def place(graph: OpGraph, cluster: Cluster) -> Plan:
+            grant = self.window.sub(share * max(self.window.left(), 0.0))
+            inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
+                                         batch_size=None, progress=None, hint="best-heuristic")
+            name = inner.recipe_for(graph)
+            try:
+                return run_recipe(graph, cluster, RECIPES[name], inner, name=name, deadline=grant)
+            except KeyboardInterrupt:   # interrupted before its first plan: the search's best stands
+                raise Stopped(self.deadline.reason) from None
+        return place
 
     def refine(self, window: Deadline) -> None:
         """The partial recomputations skipped for time (:meth:`partial`), each
