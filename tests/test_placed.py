@@ -140,3 +140,12 @@ def test_the_search_screens_it_and_is_deterministic(slow):
     graph = pesto.step_graph(two_towers(), a.log.micro_batches, a.log.graph_kind, a.log.replicas,
                              joined=a.log.joined, in_place=a.log.in_place)
     assert check_plan(graph, slow, a).ok
+
+
+def test_the_search_skips_it_where_the_best_plan_is_near_the_work_over_the_gpus():
+    """Small weights on fast links: data parallelism runs at about the work over the GPUs,
+    which no plan beats; the one-step solve is not worth its share of the time."""
+    p = pesto.solve(two_towers(weight=1000), cluster=gpus(4), micro_batches="auto", batch_size=4, time_limit=3,
+                    deterministic=True, workers=1)
+    assert "placed R=2" not in p.log.steps
+    assert p.log.skipped["placed R=2"].startswith("not built: the best plan so far")

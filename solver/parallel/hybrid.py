@@ -34,6 +34,11 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    the plan is simulated by :func:`~solver.parallel.pipelines.staged_plan`,
    the one rule of the pipeline placers.
 
+A replica need not be a pipeline: :mod:`solver.parallel.placed` places one
+replica's step freely on group 0 (the one-step placer) and copies that plan to
+every group, with the same groups and rings (:func:`replica_stages`); the plan
+places the graph of a hybrid of one slice.
+
 Reading (simulated, cached zoo graphs, ``M`` in 1, 2, 4): on ``hosts(4, 2,
 "ib_hdr")`` the hybrid is the best of these plans for Transformer-6 (``R = 4``,
 ``M = 4``: 37.8 ms, data parallel 54.3, best GPipe/1F1B 80.8; 4.0x one

@@ -129,9 +129,8 @@ def _placed(step: OpGraph, cluster: Cluster, s: Strategy, place: Place | None) -
     """Replicas of one free placement (:func:`solver.parallel.placed.placed_plan`)."""
     if place is None:
         raise ValueError(f"{s.name}: replicas of one free placement need the one-step placer (place=)")
-    if s.micro_batches > 1 or s.savers or s.weight_grads != "separate":
-        raise ValueError(f"{s.name}: replicas of one free placement run one slice, no savers, "
-                         f"weight gradients 'separate'")
+    if s.micro_batches > 1 or s.savers:
+        raise ValueError(f"{s.name}: replicas of one free placement run one slice and no memory savers")
     sp = placed_plan(step, cluster, replicas=s.replicas, place=place, bucket_bytes=s.bucket_bytes)
     return Solved(sp.plan, sp.graph, replace(s, stages=sp.stages), sp.transformed, detail=sp)
 
