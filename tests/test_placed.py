@@ -5,7 +5,8 @@ import pytest
 
 import pesto
 from pesto.cluster import gpus
-from pesto.graph import Edge, Op, OpGraph, Tensor
+from mb_strategies import step_builder
+from pesto.graph import OpGraph
 from pesto.plan import check_plan
 from pesto.step import replicate
 from pesto.step.replication import replica_name
@@ -28,16 +29,7 @@ SLOW = (5.0, 2.5e-5)
 
 def two_towers(*, t: float = 1000.0, weight: int = 30_000_000, act: int = 1000) -> OpGraph:
     """Two towers of one forward op and one weight gradient, each with its variable and update."""
-    ops, ts, es = [], [], []
-
-    def add(name, time, out, batch, phase, anchor=None, **kw):
-        ops.append(Op(name, {"GPU": time}, output_bytes=out, batch=batch, scope=name.rpartition("/")[0],
-                      phase=phase, anchor=anchor, **kw))
-        ts.append(Tensor(f"{name}:0", name, out))
-
-    def edge(u, v):
-        es.append(Edge(u, v, (f"{u}:0",)))
-
+    ops, ts, es, add, edge = step_builder()
     add("x", 0.5, act, True, "forward")
     for b in range(2):
         p = f"tower_{b}"
