@@ -141,3 +141,15 @@ def test_the_search_skips_it_where_the_best_plan_is_near_the_work_over_the_gpus(
                     deterministic=True, workers=1)
     assert "placed R=2" not in p.log.steps
     assert p.log.skipped["placed R=2"].startswith("not built: the best plan so far")
+
+
+def test_a_placed_plan_over_memory_is_marked_so_and_does_not_win(towers):
+    """64 MB GPUs: a replica's tower holds its 30 MB weight, its 30 MB gradient and the ring's
+    chunks on one GPU; the plan is simulated as every plan (over memory: ``"infeasible"``) and
+    the search returns one that fits."""
+    small = gpus(4, beta=SLOW, memory=64_000_000)
+    r = realise(towers, small, Strategy(replicas=2, stages=2, schedule="free"), place=one_step())
+    assert r.plan.status == "infeasible" and max(r.plan.peak_memory.values()) > 64_000_000
+    p = pesto.solve(two_towers(), cluster=small, micro_batches="auto", batch_size=4, time_limit=3,
+                    deterministic=True, workers=1)
+    assert "placed R=2" in p.log.steps and p.status != "infeasible" and p.log.graph_kind == "step"

@@ -1111,14 +1111,19 @@ class _Search:
         """Whether a kind with a one-step solve (:attr:`~solver.parallel.kinds.Kind.solves`)
         is not worth its time: the best plan so far fits memory and is within :data:`SOLVE_GAIN`
         of the step's work over the GPUs, a least step of every plan that it, as every plan
-        of the step, cannot beat; skipped and named (Transformer-6 on 4 PCIe GPUs: data
-        parallelism 1.19x its work over the GPUs, its screening time kept for the split counts)."""
+        of the step, cannot beat; or the step is memory-bound (:meth:`run`'s ``tight``: one
+        slice of the whole step fits no GPU; the kind has no savers); skipped and named
+        (Transformer-6 on 4 PCIe GPUs: data parallelism 1.19x its work over the GPUs, its
+        screening time kept for the split counts)."""
         best = self.pool.best
-        if best is None or best.plan.status == "infeasible" or best.plan.makespan > SOLVE_GAIN * self.work:
+        if self.tight:   # its solve's share is the savers' screening time (GPT on 8 V100s)
+            self.pool.skipped[name] = "not built: a memory-bound step screens the kinds with memory savers"
+        elif best is None or best.plan.status == "infeasible" or best.plan.makespan > SOLVE_GAIN * self.work:
             return False
-        self.pool.skipped[name] = (f"not built: the best plan so far, {best.plan.makespan / 1000:.3f} ms, is within "
-                                   f"{SOLVE_GAIN:g}x the work over the GPUs ({self.work / 1000:.3f} ms)")
-        self.say(f"{name}: skipped (little to gain)")
+        else:
+            self.pool.skipped[name] = (f"not built: the best plan so far, {best.plan.makespan / 1000:.3f} ms, is "
+                                       f"within {SOLVE_GAIN:g}x the work over the GPUs ({self.work / 1000:.3f} ms)")
+        self.say(f"{name}: skipped ({self.pool.skipped[name]})")
         return True
 
     def one_step(self, share: float) -> Callable[[OpGraph, Cluster], Plan]:
