@@ -12,7 +12,7 @@ from pesto.graph import OpGraph
 from benchmarks.generators import training_step
 from strategies import dags
 
-__all__ = ["marked_dags", "mark", "layered_step", "deep_step"]
+__all__ = ["marked_dags", "mark", "layered_step", "deep_step", "step_builder"]
 
 
 def mark(graph: OpGraph, batched) -> OpGraph:
@@ -37,6 +37,25 @@ def layered_step(layers: int = 4, *, act: int = 1_000_000, weight: int = 4000, t
     return training_step(layers, act=act, weight=weight, t=t, back=2.0)
 
 
+def step_builder():
+    """``(ops, tensors, edges, add, edge)``: lists a marked step is built in, ``add(name, time, out,
+    batch, phase, anchor=None, **op_fields)`` an op of ``time`` µs on a GPU with one output tensor
+    ``name:0`` of ``out`` bytes, ``edge(u, v)`` that tensor read by ``v``."""
+    from pesto.graph import Edge, Op, Tensor
+
+    ops, ts, es = [], [], []
+
+    def add(name, time, out, batch, phase, anchor=None, **kw):
+        ops.append(Op(name, {"GPU": time}, output_bytes=out, batch=batch, scope=name.rpartition("/")[0],
+                      phase=phase, anchor=anchor, **kw))
+        ts.append(Tensor(f"{name}:0", name, out))
+
+    def edge(u, v):
+        es.append(Edge(u, v, (f"{u}:0",)))
+
+    return ops, ts, es, add, edge
+
+
 def deep_step(layers: int = 6, *, act: int = 1_000_000, weight=4000, t: float = 10.0,
               slots: int = 1) -> OpGraph:
     """A step of ``layers`` three-op layers with explicit marks (no front end):
@@ -51,18 +70,7 @@ def deep_step(layers: int = 6, *, act: int = 1_000_000, weight=4000, t: float = 
     update ``train/update_l``. A loss ``loss`` and its gradient close it.
     ``weight``: bytes of every layer's weight, or a list of them per layer.
     """
-    from pesto.graph import Edge, Op, Tensor
-
-    ops, ts, es = [], [], []
-
-    def add(name, time, out, batch, phase, anchor=None, **kw):
-        ops.append(Op(name, {"GPU": time}, output_bytes=out, batch=batch, scope=name.rpartition("/")[0],
-                      phase=phase, anchor=anchor, **kw))
-        ts.append(Tensor(f"{name}:0", name, out))
-
-    def edge(u, v):
-        es.append(Edge(u, v, (f"{u}:0",)))
-
+    ops, ts, es, add, edge = step_builder()
     weights = [weight] * layers if isinstance(weight, int) else list(weight)
     add("x", 0.5, act, True, "forward")
     h = "x"

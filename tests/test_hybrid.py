@@ -12,7 +12,7 @@ from pesto.errors import MicroBatchError
 from pesto.step import compose, split
 from pesto.plan import check_plan
 from pesto.step import replicate
-from solver.parallel.hybrid import _replica_stages, hybrid_plan, replica_groups
+from solver.parallel.hybrid import replica_stages, hybrid_plan, replica_groups
 from solver.parallel.pipelines import data_parallel_plan, pipeline_plan
 from solver.registry import get_placer
 
@@ -84,7 +84,7 @@ def test_the_ring_of_a_variable_runs_between_the_devices_holding_it(step, two_ho
 def test_unfused_rings_run_on_their_own_variable(step, two_hosts):
     rep = replicate(step, 2, bucket_bytes=None)
     stage = [0 if "layer_0" in op.name or op.name == "train/apply_0" else 1 for op in step.ops]
-    rstage = _replica_stages(rep, stage, 2)
+    rstage = replica_stages(rep, stage, 2)
     for l in range(2):
         t = f"gradients/layer_{l}/f_grad/dw:0"
         for k in range(2):

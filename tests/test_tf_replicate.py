@@ -23,6 +23,7 @@ import pesto  # noqa: E402
 from keras_blocks import attention_block, lstm_gru  # noqa: E402
 from solver.parallel.hybrid import hybrid_plan  # noqa: E402
 from solver.parallel.pipelines import data_parallel_plan  # noqa: E402
+from solver.parallel.realise import realise  # noqa: E402
 from pesto.api import marked as with_marks  # noqa: E402
 from pesto.solvelog import SolveLog  # noqa: E402
 from solver.parallel.strategy import Solved, Strategy  # noqa: E402
@@ -129,6 +130,26 @@ def test_a_zero_bubble_hybrid_plan_trains_as_the_unsplit_step(micro_batches):
     assert step.replicas == 2 and step.micro_batches == 2 * micro_batches
     np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
     _assert_placed(step, result, 4)
+    step.close()
+
+
+@pytest.mark.parametrize("family", ["rnn", "attention"])
+def test_replicas_of_a_free_placement_train_as_the_unsplit_step(family):
+    """Two replicas, each the one-step placer's plan of a replica's step on two
+    GPUs (:mod:`solver.parallel.placed`, the ``placed`` kind): the replicated
+    step of a hybrid of one slice, placed and ordered freely; it trains as the
+    un-split step, every op where the plan puts it."""
+    step = _keras(family, 4)
+    whole = step.run(3)
+    step.reset()
+    place = lambda g, c: pesto.solve(g, cluster=c, time_limit=2, deterministic=True, workers=1)  # noqa: E731
+    result = realise(with_marks(step.graph), CLUSTER[4], Strategy(replicas=2, stages=2, schedule="free"),
+                     place=place)
+    assert result.graph_kind == "replicated" and result.strategy.schedule == "free"
+    step.apply(result)
+    assert step.replicas == 2 and step.micro_batches == 2
+    np.testing.assert_allclose(step.run(3), whole, rtol=1e-6)
+    _assert_placed(step, result, 4)   # two GPUs per replica
     step.close()
 
 

@@ -34,6 +34,11 @@ gradient all-reduce between hosts). :func:`hybrid_plan` builds one:
    the plan is simulated by :func:`~solver.parallel.pipelines.staged_plan`,
    the one rule of the pipeline placers.
 
+A replica need not be a pipeline: :mod:`solver.parallel.placed` places one
+replica's step freely on group 0 (the one-step placer) and copies that plan to
+every group, with the same groups and rings (:func:`replica_stages`); the plan
+places the graph of a hybrid of one slice.
+
 Reading (simulated, cached zoo graphs, ``M`` in 1, 2, 4): on ``hosts(4, 2,
 "ib_hdr")`` the hybrid is the best of these plans for Transformer-6 (``R = 4``,
 ``M = 4``: 37.8 ms, data parallel 54.3, best GPipe/1F1B 80.8; 4.0x one
@@ -73,7 +78,7 @@ from .cut import Phases, phases
 from .pipelines import CANDIDATES, StepPlan, gpu_names, pipeline_plan, route_matrix, staged_plan, task_order
 from .schedules import SCHEDULES, get as get_schedule
 
-__all__ = ["hybrid_plan", "place_hybrid", "replica_groups"]
+__all__ = ["hybrid_plan", "place_hybrid", "replica_groups", "replica_stages"]
 
 
 def replica_groups(cluster: Cluster, replicas: int) -> list[list[str]]:
@@ -137,7 +142,7 @@ def hybrid_plan(graph: OpGraph, cluster: Cluster, *, replicas: int, micro_batche
     stage = _op_stages(pipe, groups[0])
     rep = replicate(graph, len(groups), bucket_bytes=bucket_bytes)
     split = split_step(rep.graph, m, weight_grads=weight_grads)
-    rstage = _replica_stages(rep, stage, k)
+    rstage = replica_stages(rep, stage, k)
     back = phases(graph, loss=loss).backward
     ph = Phases((), frozenset(i for i, n in enumerate(rep.graph.names)
                               if rep.origin[n].role == "copy" and graph.index[rep.origin[n].op] in back), {})
@@ -159,7 +164,7 @@ def _op_stages(pipe: StepPlan, group: Sequence[str]) -> list[int]:
     return [where.get(placement[t.copies(op.name)[0]], 0) for op in t.source.ops]
 
 
-def _replica_stages(rep: Transformed, stage: Sequence[int], k: int) -> list[int]:
+def replica_stages(rep: Transformed, stage: Sequence[int], k: int) -> list[int]:
     """Per op of ``rep.graph``, ``replica * k + stage``: a copy's stage is its
     op's, an all-reduce op's that of its tensor's first unbatched reader."""
     g = rep.source

@@ -7,17 +7,24 @@ slices worth building, ``realise(step, cluster, strategy, candidates=...)``
 :class:`~pesto.errors.PestoError` or ``ValueError`` naming why it does not
 apply), ``label(strategy)`` the candidate's name in ``plan.log.steps``, and
 ``sims`` the simulations of its graph one realisation costs (what the search
-predicts its time from; ``cheap``: with one stage split only, what the search
+predicts its time from; ``solves``: the share of the pass's time left that its
+one-step solve gets, the search then giving ``realise`` the one-step placer
+``place=`` on that grant; ``cheap``: with one stage split only, what the search
 falls back to when ``sims`` do not fit; ``fill_only``: its plans beat the
 count's GPipe/1F1B plans by at most their fill and drain, so the search
 screens it last, on the best counts, and skips it when that cannot beat the
 best plan so far; ``tries``: the stage splits it simulates when screening).
 :mod:`solver.parallel.search`
 screens every kind of :data:`KINDS`, in order, for every count; to add a kind,
-write its module and add its entry.
+write its module and add its entry. The kinds: hybrid (``R`` replicas, each a
+contiguous-stage pipeline over ``GPUs / R`` GPUs, :mod:`solver.parallel.hybrid`),
+pipeline (GPipe, 1F1B), data-parallel, placed (``R`` replicas of one free
+placement: the one-step placer's plan of a replica's step over ``GPUs / R``
+GPUs, every replica alike, :mod:`solver.parallel.placed`; one slice), zero-bubble
+(interleaved, ZB-H1, ZB-H2, ZB-V).
 
 >>> list(KINDS)
-['hybrid', 'pipeline', 'data-parallel', 'zero-bubble']
+['hybrid', 'pipeline', 'data-parallel', 'placed', 'zero-bubble']
 
 The memory savers (:func:`savers`) are screened for a candidate whose plan
 does not fit memory: the same strategy with ZeRO-1, ZeRO-2, ZeRO-3 (the parameters
@@ -59,6 +66,7 @@ class Kind:
     cheap: float | None = None   # the simulations with one stage split only (``candidates=1``), if it has several
     fill_only: bool = False   # gains at most the fill of the count's GPipe/1F1B plans (screened after them)
     tries: int | None = None   # stage splits simulated when screening (None: the search's default)
+    solves: float = 0.0   # share of the pass's time left its one-step solve gets (0: none; ``place=``)
 
 
 def _pipelines(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
@@ -97,10 +105,23 @@ def _hybrids(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
             for r in range(2, n) if n % r == 0 for s in HYBRID_SCHEDULES]
 
 
+def _placed(step: OpGraph, cluster: Cluster, m: int) -> list[Strategy]:
+    """``R`` replicas of one free placement over ``GPUs / R`` GPUs each
+    (:func:`solver.parallel.placed.placed_plan`), for each divisor ``1 < R < GPUs``;
+    one slice only (``m = 1``)."""
+    n = len(gpu_names(cluster))
+    return [Strategy(replicas=r, stages=n // r, schedule="free") for r in range(2, n) if n % r == 0] if m == 1 else []
+
+
 def _hybrid_label(s: Strategy) -> str:
     """``"hybrid R=2 M=4"`` (1F1B), ``"hybrid R=2 M=4 zb-h1"``."""
     return f"hybrid R={s.replicas} M={s.micro_batches}" + ("" if s.schedule == "1f1b" else f" {s.schedule}")
 
+
+#: The share of the screening time left that a replica's one-step solve gets
+#: (:attr:`Kind.solves` of ``placed``; NMT-4x1024's replica on 2 PCIe GPUs: 52.1 ms
+#: in 10 s of deterministic work).
+PLACED_SHARE = 0.4
 
 #: The kinds, in the order the search screens them (ties go to the first offered).
 KINDS: dict[str, Kind] = {
@@ -108,6 +129,7 @@ KINDS: dict[str, Kind] = {
     "pipeline": Kind("pipeline", _pipelines, realise, lambda s: f"{s.schedule} M={s.micro_batches}", 5.0, 2.0),
     "data-parallel": Kind("data-parallel", _data_parallel, realise, lambda s: f"data-parallel M={s.micro_batches}",
                           4.0),
+    "placed": Kind("placed", _placed, realise, lambda s: f"placed R={s.replicas}", 3.0, solves=PLACED_SHARE),
     "zero-bubble": Kind("zero-bubble", _chunked_or_split, realise, lambda s: f"{s.schedule} M={s.micro_batches}",
                         2.0, fill_only=True, tries=1),
 }

@@ -6,8 +6,10 @@ one replica per GPU), a pipeline one replica (:func:`solver.parallel.pipelines.p
 GPipe or 1F1B from :data:`solver.parallel.schedules.SCHEDULES`, at most
 ``strategy.stages`` stages), a hybrid both (:func:`solver.parallel.hybrid.hybrid_plan`);
 the slice model (``schedule="slice"``, :func:`solver.parallel.slice_model.solve_slices`)
-is one more realiser. The exact pipeline (``schedule="free"``) is not a
-realiser: it is a search stage (:mod:`solver.parallel.search`).
+is one more realiser, and so are replicas of one free placement
+(``schedule="free"`` with ``replicas > 1``: :func:`solver.parallel.placed.placed_plan`,
+given the one-step placer ``place``). The exact pipeline (``schedule="free"``, one
+replica) is not a realiser: it is a search stage (:mod:`solver.parallel.search`).
 
 The memory savers compose with the kinds: ``recompute`` realises the kind
 on :func:`pesto.step.recompute` of the step, every layer block or those it
@@ -25,6 +27,7 @@ from pesto.step import Transformed, compose, identity, recompute
 from pesto.step.recompute import cheap_ops, layer_blocks
 
 from .hybrid import hybrid_plan
+from .placed import Place, placed_plan
 from .pipelines import CANDIDATES, StepPlan, data_parallel_plan, gpu_names, pipeline_plan
 from .slice_model import solve_slices
 from .schedules import SCHEDULES
@@ -88,7 +91,7 @@ def _recomputed(step: OpGraph, strategy: Strategy) -> Transformed:
 
 def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: int = CANDIDATES,
             time_limit: float = 10.0, seed: int = 0, workers: int | None = None, deadline=None,
-            stage_of: Mapping[str, int] | None = None) -> Solved:
+            stage_of: Mapping[str, int] | None = None, place: Place | None = None) -> Solved:
     """The plan of the marked ``step`` that ``strategy`` says (module doc).
 
     ``candidates``: the stage splits a pipeline simulates; ``time_limit``,
@@ -98,6 +101,9 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     ``stage_of``: a pipeline of one chunk and one replica cut as given, per
     batched op of ``step`` its stage (a recomputed copy's: its original's;
     :func:`solver.parallel.pipelines.pipeline_plan`'s ``op_stages``), not searched.
+    ``place``: the one-step placer a strategy of replicas of one free placement
+    (``schedule="free"``, ``replicas > 1``) places a replica with
+    (:func:`solver.parallel.placed.placed_plan`; the search gives it).
 
     >>> from pesto.cluster import gpus
     >>> realise(OpGraph.from_edges({"a": 1.0}, []), gpus(4), Strategy(replicas=2))
@@ -114,7 +120,19 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
         As the realiser (no stage split, no grid, ...).
     """
     with gc_paused():   # a replicated or split step: 100k ops and more, their tensors and plans
+        if strategy.schedule == "free" and strategy.replicas > 1:
+            return _placed(step, cluster, strategy, place)
         return _realise(step, cluster, strategy, candidates, time_limit, seed, workers, deadline, stage_of)
+
+
+def _placed(step: OpGraph, cluster: Cluster, s: Strategy, place: Place | None) -> Solved:
+    """Replicas of one free placement (:func:`solver.parallel.placed.placed_plan`)."""
+    if place is None:
+        raise ValueError(f"{s.name}: replicas of one free placement need the one-step placer (place=)")
+    if s.micro_batches > 1 or s.savers:
+        raise ValueError(f"{s.name}: replicas of one free placement run one slice and no memory savers")
+    sp = placed_plan(step, cluster, replicas=s.replicas, place=place, bucket_bytes=s.bucket_bytes)
+    return Solved(sp.plan, sp.graph, replace(s, stages=sp.stages), sp.transformed, detail=sp)
 
 
 def _realise(step, cluster, strategy, candidates, time_limit, seed, workers, deadline, stage_of) -> Solved:

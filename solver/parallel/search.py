@@ -38,7 +38,11 @@ step):
   data-parallel plan with each replica in ``M`` slices (``M > 1``), and for
   every divisor ``R`` of the GPUs with ``1 < R < GPUs`` the hybrid plan of
   ``R`` replicas each pipelined over ``GPUs / R`` GPUs
-  (:func:`solver.parallel.hybrid.hybrid_plan`); then, on
+  (:func:`solver.parallel.hybrid.hybrid_plan`); at ``M = 1``, for each such
+  ``R``, ``R`` replicas of one free placement (the recipe's plan of a
+  replica's step on ``GPUs / R`` GPUs, on
+  :data:`~solver.parallel.kinds.PLACED_SHARE` of the screening time left,
+  :meth:`_Search.one_step`; :mod:`solver.parallel.placed`); then, on
   :data:`LATE_SHARE` of the screening time left, for the count whose
   GPipe/1F1B plans were best, the interleaved 1F1B, ZB-H1, ZB-H2 and ZB-V plans
   (:data:`solver.parallel.kinds.KINDS`' ``zero-bubble``, one stage split
@@ -182,6 +186,9 @@ EXACT_COUNTS = 2
 DP_MAX_OPS = 150_000
 #: Largest split step (ops x ``M``) built at all: a larger ``M`` is refused (fixed) or skipped ("auto").
 SPLIT_MAX_OPS = 2_000_000
+#: A kind with a one-step solve (``placed``) is screened only while the best plan so far is
+#: slower than this many times the step's work over the GPUs (:meth:`_Search.no_solve_gain`).
+SOLVE_GAIN = 1.25
 #: Share of one count's grant the slice model gets.
 SLICE_SHARE = 0.4
 #: Largest split step the slice model is run on: its split, grid and final plan are not
@@ -381,9 +388,10 @@ class _Pace:
         """Seconds of ``sims`` simulations of ``ops`` ops (None until measured)."""
         return None if self.per_op is None else sims * (self.per_op * ops + self.fixed)
 
-    def timed(self, fn: Callable, sims: float, ops: Callable[[object], int]):
+    def timed(self, fn: Callable, sims: float, ops: Callable[[object], int], learn: bool = True):
         """``fn()``; on the wall clock its seconds per simulated op (``ops(result)``
-        ops, ``sims`` simulations) kept, deterministic its predicted seconds charged.
+        ops, ``sims`` simulations) kept (not with ``learn=False``: ``fn`` also ran a solve on
+        its own grant), deterministic its predicted seconds charged.
         ``fn`` runs with the cyclic garbage collector paused, and what it made (a candidate
         the pool may keep: 100k ops, their plans) is then frozen out of the collector's walks
         (:func:`pesto.graph.gc_frozen`, :func:`solve_step`): walking it took a second per
@@ -394,6 +402,8 @@ class _Pace:
             gc.freeze()
         if self.clock is not None:
             self.clock.charge(self.predict(ops(out), sims))
+            return out
+        if not learn:   # its time is not the simulations' (a one-step solve on its own grant)
             return out
         per_sim = (time.perf_counter() - t) / max(sims, 1.0)
         self.per_op = max(per_sim - self.fixed, 0.0) / max(ops(out), 1) or self.per_op
@@ -459,6 +469,8 @@ class _Search:
         self.state = sum(self.marked.op(n).persistent_bytes for n in optimizer_state(self.marked))
         self.params = sum(self.marked.op(n).persistent_bytes for n in parameters(self.marked))
         self.capacity = max((d.memory for d in cluster.devices if d.name in gpu_names(cluster)), default=0)
+        #: the step's work over the GPUs (at speed 1), a least step of every plan
+        self.work = self.marked.total_work(cluster.device(gpu_names(cluster)[0]).kind) / max(self.gpus, 1)
         self.tight = False   # memory-bound (set by run): more slices and leaner candidates first
         self.joinable = frozenset(joinable_ops(self.marked))   # weight gradients the front end can join
         self._wg_costs: dict[int, tuple] = {}   # weight_grad_costs per count (:meth:`wg_costs`)
@@ -1077,10 +1089,20 @@ class _Search:
             if kind.cheap is None or not self.fits(name, ops, kind.cheap):
                 return None
             sims, tries = kind.cheap, 1
+        if kind.solves:   # its one-step solve on a share of the pass's time left
+            if self.no_solve_gain(name):
+                return None
+            seconds = kind.solves * self.window.left()
+            if not self.deadline.deterministic and seconds < MIN_SECONDS:
+                self.pool.skipped[name] = f"not built: {max(seconds, 0.0):.2f} s for its one-step solve"
+                self.pool.late.add(name)
+                return None
+            given["place"] = self.one_step(kind.solves)
         try:
             clock = {} if self.deadline.deterministic else {"deadline": self.deadline}   # past it: the first fit
             r = self.pace.timed(lambda: kind.realise(self.marked, self.cluster, strategy, candidates=tries,
-                                                     **clock, **given), sims, lambda r: r.graph.num_ops)
+                                                     **clock, **given), sims, lambda r: r.graph.num_ops,
+                                learn=not kind.solves)
         except (PestoError, ValueError) as exc:  # e.g. no forward/backward stage split: Pesto alone
             self.pool.skipped[name] = str(exc)
             return None
@@ -1089,6 +1111,41 @@ class _Search:
         self.pool.late.discard(name)
         self.say(f"{name}: step {r.plan.makespan / 1000:.3f} ms")
         return r
+
+    def no_solve_gain(self, name: str) -> bool:
+        """Whether a kind with a one-step solve (:attr:`~solver.parallel.kinds.Kind.solves`)
+        is not worth its time: the best plan so far fits memory and is within :data:`SOLVE_GAIN`
+        of the step's work over the GPUs, a least step of every plan that it, as every plan
+        of the step, cannot beat; or the step is memory-bound (:meth:`run`'s ``tight``: one
+        slice of the whole step fits no GPU; the kind has no savers); skipped and named
+        (Transformer-6 on 4 PCIe GPUs: data parallelism 1.19x its work over the GPUs, its
+        screening time kept for the split counts)."""
+        best = self.pool.best
+        if self.tight:   # its solve's share is the savers' screening time (GPT on 8 V100s)
+            self.pool.skipped[name] = "not built: a memory-bound step screens the kinds with memory savers"
+        elif best is None or best.plan.status == "infeasible" or best.plan.makespan > SOLVE_GAIN * self.work:
+            return False
+        else:
+            self.pool.skipped[name] = (f"not built: the best plan so far, {best.plan.makespan / 1000:.3f} ms, is "
+                                       f"within {SOLVE_GAIN:g}x the work over the GPUs ({self.work / 1000:.3f} ms)")
+        self.say(f"{name}: skipped ({self.pool.skipped[name]})")
+        return True
+
+    def one_step(self, share: float) -> Callable[[OpGraph, Cluster], Plan]:
+        """The one-step placer a kind with :attr:`~solver.parallel.kinds.Kind.solves`
+        is given: the recipe (:func:`solver.recipes.run_recipe`, ``micro_batches=1``, the
+        search's seed, workers and mode) on ``share`` of the running pass's time left when
+        it is called, on the search's clock (deterministic: its work clock)."""
+        def place(graph: OpGraph, cluster: Cluster) -> Plan:
+            grant = self.window.sub(share * max(self.window.left(), 0.0))
+            inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
+                                         batch_size=None, progress=None, hint="best-heuristic")
+            name = inner.recipe_for(graph)
+            try:
+                return run_recipe(graph, cluster, RECIPES[name], inner, name=name, deadline=grant)
+            except KeyboardInterrupt:   # interrupted before its first plan: the search's best stands
+                raise Stopped(self.deadline.reason) from None
+        return place
 
     def refine(self, window: Deadline) -> None:
         """The partial recomputations skipped for time (:meth:`partial`), each
