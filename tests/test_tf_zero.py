@@ -173,6 +173,9 @@ def test_the_search_screens_no_zero_plan_for_a_keras_optimizer_tf_cannot_shard()
     from pathlib import Path
     zoo = pesto.OpGraph.from_json(str(Path(__file__).resolve().parents[1] / "benchmarks/graphs/transformer_6.json.gz"))
     assert shardable(mark_step(zoo))
+    # v1 SGD's sparse update (the embedding's rows negated, scaled, scatter-added): sharded by rows
+    sgd = build_model("rnnlm", "small", **{**TINY, "optimizer": "sgd"})
+    assert shardable(tf_patch.opgraph(sgd.graph, sgd.fetches, "v100", on_unknown="ignore")[0])
 
 
 def test_a_zero3_plan_trains_as_the_unsharded_replicated_step():
@@ -225,7 +228,8 @@ def _resident(model, plan, values) -> dict:
 
 
 @pytest.mark.parametrize("replicas, level, optimizer", [(2, 0, "adam"), (2, 1, "adam"), (2, 2, "adam"),
-                                                        (2, 3, "adam"), (4, 3, "adam"), (2, 3, "sgd")])
+                                                        (2, 3, "adam"), (4, 3, "adam"), (2, 3, "sgd"),
+                                                        (2, 1, "sgd")])
 def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, level, optimizer):
     """The bytes of the variables resident on each replica's device (every ``VarHandleOp``'s value
     after two steps, on its device in the TF plan) equal Pesto's persistent bytes of the same plan

@@ -109,7 +109,8 @@ The phase rule
   rule alone (:func:`pesto.api.marked` does for a graph that came marked);
 * **role** ``"unshardable"`` (:func:`unshardable`): an elementwise update op
   that reads a weight gradient (a Keras 3 optimizer's, not one
-  ``ResourceApply*``): ``tf_patch`` builds no sharded optimizer (ZeRO) for the step,
+  ``ResourceApply*``; not a sparse gradient's, which is sharded by rows):
+  ``tf_patch`` builds no sharded optimizer (ZeRO) for the step,
   so the search does not screen one (:func:`pesto.step.marks.shardable`).
 
 Examples
@@ -386,7 +387,9 @@ def unshardable(graph: OpGraph) -> frozenset:
     :data:`ELEMENTWISE_UPDATE` that reads a weight gradient (through
     :data:`PASS_TYPES`; a Keras 3 optimizer's ``Mul`` of the gradient and the
     learning rate): a sharded optimizer is not built for such a step
-    (:func:`pesto.step.marks.shardable`).
+    (:func:`pesto.step.marks.shardable`). Not a sparse gradient's
+    (:func:`sparse_grads`): ``tf_patch.replicastep`` shards its update by
+    rows whatever its ops (v1 SGD's ``Neg`` and ``Mul`` before its scatter-add).
 
     >>> from pesto.graph import Op, Edge, Tensor
     >>> ops = [Op("dw", {"GPU": 1.0}, output_bytes=4, batch=True, phase="weight-grad"),
@@ -394,7 +397,8 @@ def unshardable(graph: OpGraph) -> frozenset:
     >>> sorted(unshardable(OpGraph(ops, [Edge("dw", "mul", "dw:0")], [Tensor("dw:0", "dw", 4)])))
     ['mul']
     """
-    grads = {op.name for op in graph.ops if op.phase == "weight-grad"}
+    sparse = sparse_grads(graph) | {op.name for op in graph.ops if op.role == "sparse-grad"}
+    grads = {op.name for op in graph.ops if op.phase == "weight-grad"} - sparse
     todo = list(grads)
     while todo:   # through the pass-through ops after a weight gradient
         for v in graph.successors(todo.pop()):
