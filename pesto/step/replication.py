@@ -355,7 +355,8 @@ class SparseUpdate:
     tensors : tuple of str
         The gradient's partial tensors (rows, indices), gathered together.
     variables : tuple of str
-        The parameters its update writes (an embedding), whole or none.
+        The parameters (:func:`parameters`) an op of its update reads: the
+        embedding it writes (none found: its update is not sharded).
     slots : tuple of str
         Their optimizer state of their size (Adam's ``m`` and ``v``).
     ops : tuple of str
