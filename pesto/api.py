@@ -29,7 +29,7 @@ from solver.options import SolveOptions, check_int
 from solver.registry import HEURISTICS
 from solver.parallel.search import solve_step as _solve_step, step_graph as _step_graph
 from solver.parallel.strategy import Solved, Strategy
-from tf_patch.marks import is_marked, mark_step, mark_views
+from tf_patch.marks import is_marked, mark_sparse, mark_step, mark_views
 
 from .cluster import Cluster, gpus as _gpus, preset, v100x2_nvlink
 from .errors import BatchMarkError, InfeasibleError, InvalidGraphError, InvalidPlanError
@@ -281,7 +281,7 @@ def marked(graph: OpGraph) -> OpGraph:
     """``graph`` with the marks a micro-batched or replicated solve reads
     (:attr:`~pesto.graph.Op.batch`, ``phase``, ``anchor``, ``role``) and
     the views (:func:`tf_patch.marks.mark_views`): itself with its views
-    when a front end set the others, else marked by TensorFlow's rules
+    (and its sparse gradients, :func:`tf_patch.marks.mark_sparse`) when a front end set the others, else marked by TensorFlow's rules
     (:func:`tf_patch.marks.mark_step`, which needs no TensorFlow: the cached
     JSON graphs of TF steps carry TF's names and types).
 
@@ -290,8 +290,8 @@ def marked(graph: OpGraph) -> OpGraph:
     BatchMarkError
         Unmarked ops and no rule to infer their marks (no data input found).
     """
-    if is_marked(graph):
-        return slice_constants(mark_views(graph))
+    if is_marked(graph):   # marked by a front end, maybe before it knew sparse gradients
+        return slice_constants(mark_views(mark_sparse(graph)))
     try:
         return slice_constants(mark_step(graph))
     except BatchMarkError as exc:

@@ -60,7 +60,7 @@ __all__ = ["Op", "Tensor", "Edge", "OpGraph", "FORMAT", "VERSION", "PHASES", "RO
 #: The values of :attr:`Op.phase` (besides ``None``, unknown).
 PHASES = ("forward", "input-grad", "weight-grad", "update", "recompute")
 #: The values of :attr:`Op.role`.
-ROLES = ("", "grad-sum", "joinable", "unshardable")
+ROLES = ("", "grad-sum", "joinable", "unshardable", "sparse-grad")
 
 #: The kind sets ops hold, shared (a graph has a handful of distinct ones; a
 #: frozenset of its own cost ~200 bytes per op). With ``slots=True`` on the
@@ -114,7 +114,7 @@ class Op:
         For a backward op, the forward op it differentiates (a pipeline stage
         holds both); ``None`` when not known or not a backward op.
     role : str
-        ``""`` (default), ``"grad-sum"`` or ``"joinable"``. ``"grad-sum"``: an elementwise sum through which
+        ``""`` (default) or one of :data:`ROLES`. ``"grad-sum"``: an elementwise sum through which
         gradient contributions flow (per-time-step weight gradients summed
         into one); :func:`pesto.step.split` keeps the inputs of such a sum
         whole when its output is a weight gradient of their size.
@@ -123,6 +123,14 @@ class Op:
         ``tf_patch`` marks a Keras ``Dense`` kernel's gradient, which
         ``tf_patch.LossStep(whole=...)`` builds): the only ops the search
         screens run whole (:func:`pesto.step.marks.joinable_ops`).
+        ``"unshardable"``: an update op the front end cannot shard (no
+        sharded optimizer is screened, :func:`pesto.step.marks.shardable`).
+        ``"sparse-grad"``: a batched op whose partial tensors are a sparse
+        gradient's rows or indices (TensorFlow's ``IndexedSlices`` of an
+        embedding lookup): each slice or replica holds its own rows, which
+        are gathered, not summed (:func:`pesto.step.slicing.sparse_partials`,
+        :func:`pesto.step.replicate`); ``tf_patch`` marks the producers of a
+        partial read by a sparse update op (:func:`tf_patch.marks.sparse_grads`).
     view_bytes : int
         Bytes of the op's outputs that alias a buffer its device already
         holds, so they take no new memory there (default 0; at most

@@ -10,6 +10,7 @@ piece slots, and trains with the unsharded replicated step's losses and weights
 """
 import dataclasses
 import os
+import re
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from pesto.errors import MicroBatchError  # noqa: E402
 from pesto.solvelog import SolveLog  # noqa: E402
 from solver.parallel.realise import realise  # noqa: E402
 from solver.parallel.strategy import Strategy  # noqa: E402
-from tf_patch.replicastep import replicate_model, replica_zero  # noqa: E402
+from tf_patch.replicastep import chunk_sizes, replicate_model, replica_zero  # noqa: E402
 from tf_patch.slicemap import result_view  # noqa: E402
 from tf_patch.workflow import PlacedRun  # noqa: E402
 from tf_patch.zoo import build_model  # noqa: E402
@@ -172,6 +173,9 @@ def test_the_search_screens_no_zero_plan_for_a_keras_optimizer_tf_cannot_shard()
     from pathlib import Path
     zoo = pesto.OpGraph.from_json(str(Path(__file__).resolve().parents[1] / "benchmarks/graphs/transformer_6.json.gz"))
     assert shardable(mark_step(zoo))
+    # v1 SGD's sparse update (the embedding's rows negated, scaled, scatter-added): sharded by rows
+    sgd = build_model("rnnlm", "small", **{**TINY, "optimizer": "sgd"})
+    assert shardable(tf_patch.opgraph(sgd.graph, sgd.fetches, "v100", on_unknown="ignore")[0])
 
 
 def test_a_zero3_plan_trains_as_the_unsharded_replicated_step():
@@ -224,7 +228,8 @@ def _resident(model, plan, values) -> dict:
 
 
 @pytest.mark.parametrize("replicas, level, optimizer", [(2, 0, "adam"), (2, 1, "adam"), (2, 2, "adam"),
-                                                        (2, 3, "adam"), (4, 3, "adam"), (2, 3, "sgd")])
+                                                        (2, 3, "adam"), (4, 3, "adam"), (2, 3, "sgd"),
+                                                        (2, 1, "sgd")])
 def test_each_replica_holds_the_variables_pestos_memory_model_counts(replicas, level, optimizer):
     """The bytes of the variables resident on each replica's device (every ``VarHandleOp``'s value
     after two steps, on its device in the TF plan) equal Pesto's persistent bytes of the same plan
@@ -305,3 +310,59 @@ def test_a_zero1_plan_summing_in_place_trains_as_the_unsharded_replicated_step()
         single = run.train(4)
     np.testing.assert_allclose(losses, single, rtol=1e-5)
     assert seen["misplaced"] == [] and seen["order_violations"] == [] and seen["checked_edges"] > 100
+
+
+def _received_tf(model, plan, r, targets):
+    """Bytes TF's replicated step moves into replica ``r``'s device for the ops ``targets``
+    (op name -> whether it is replica ``r``'s): each input produced on another device (static shapes)."""
+    dev = f"/GPU:{r}"
+    total = 0
+    for name in targets:
+        op = model.graph.get_operation_by_name(name)
+        assert plan.placement[name] == dev, name
+        for t in op.inputs:
+            if plan.placement.get(t.op.name, dev) == dev:
+                continue
+            if t.shape.is_fully_defined():
+                total += t.shape.num_elements() * t.dtype.size
+            else:   # a replica k's updated rows (a transient piece variable's read): chunk (k + 1) mod R of 50
+                k = int(re.fullmatch(r"allreduce/\d+/embed/embedding/r(\d+)/updated", t.op.name).group(1))
+                replicas = len({d for d in plan.placement.values()})
+                total += chunk_sizes(50, replicas)[(k + 1) % replicas] * t.shape[1] * t.dtype.size
+    return total
+
+
+@pytest.mark.parametrize("replicas, level", [(2, 0), (4, 0), (2, 1), (4, 1)])
+def test_the_model_moves_the_embedding_s_bytes_tensorflow_moves(replicas, level):
+    """An embedding's sparse gradient: the bytes Pesto's replicated graph sends into each replica
+    for it (its ring steps' inputs from another device) equal what TF's replicated step sends
+    into that replica's device for it (the inputs of its concatenations of every replica's rows and
+    indices, ``allgather/<k>/r<r>/``; ZeRO-1: and of its variable's updated row pieces,
+    ``.../r<r>/whole``): ``(R - 1)`` times a replica's rows, plus ``(R - 1) / R`` of the variable
+    under ZeRO-1 (50 rows: a replica's piece is ``ceil(50 / R)`` rows in TF, ``ceil(bytes / R)``
+    in the model: equal for R = 2, at most R - 1 rows apart for R = 4)."""
+    whole = build_model("rnnlm", "small", **TINY)
+    graph, _ = tf_patch.opgraph(whole.graph, whole.fetches, "v100", on_unknown="ignore")
+    result = _solved(graph, replicas, level)
+    sparse = [n for n in result.graph.names if re.match(r".*embedding_lookup_grad/Reshape(_1)?:0@(ag|pg)\d+@r\d+$", n)]
+    assert sparse and not [n for n in result.graph.names if "embedding_lookup_grad" in n and "@rs" in n]
+    model, plan, _ = replicate_model(build_model("rnnlm", "small", micro_batches=replicas, **TINY),
+                                     result_view(result))
+    names = [op.name for op in model.graph.get_operations()]
+    row = 16 * 4
+    for r in range(replicas):
+        pl = result.plan.placement
+        mine = [n for n in sparse if n.endswith(f"@r{r}")]
+        pesto_bytes = sum(result.graph.tensor(t).bytes for n in mine for p in result.graph.predecessors(n)
+                          if pl[p] != pl[n] for t in result.graph.edge(p, n).tensors)
+        targets = [n for n in names if re.fullmatch(rf"allgather/\d+/r{r}/embed/embedding/[vi]", n)
+                   or (level and re.fullmatch(rf"allreduce/\d+/embed/embedding/r{r}/whole", n))]
+        assert len(targets) == 2 + (level > 0)
+        tf_bytes = _received_tf(model, plan, r, targets)
+        assert abs(pesto_bytes - tf_bytes) <= (0 if replicas == 2 or not level else (replicas - 1) * row), \
+            (r, pesto_bytes, tf_bytes)
+    # the rows move (R - 1) times a replica's share, not an all-reduce's 2 (R - 1)
+    from pesto.step.slicing import sparse_partials
+
+    rows = sum(graph.tensor(t).bytes for t in sparse_partials(with_marks(graph)))
+    assert rows and tf_bytes >= (replicas - 1) * rows // replicas

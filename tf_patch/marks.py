@@ -49,7 +49,8 @@ constants (an RNN's zero initial state ``Fill``) is not reached from the inputs,
 so it stays unbatched and is shared by all slices (cheap; a shape rule would
 slice it); a batch-norm moving-average update reads the slices' summed
 statistics (the step's value changes, not its cost); a sparse (``IndexedSlices``)
-embedding gradient is treated as a dense partial (see :mod:`pesto.step.slicing`).
+embedding gradient is summed over micro-batches as a dense partial (see
+:mod:`pesto.step.slicing`; replicas gather it: role ``"sparse-grad"``).
 
 The view rule
 -------------
@@ -96,9 +97,20 @@ The phase rule
   ``MatMul`` reading a once-per-step tensor (the weight: a ``Dense`` kernel's
   gradient). A ``MatMul`` against a weight outside a Keras ``Dense`` layer is
   marked too; :meth:`tf_patch.FunctionStep.apply` refuses a plan joining one;
+* **role** ``"sparse-grad"`` (:func:`sparse_grads`): a batched op, among
+  ops with no role yet, with a tensor an update op of a type in
+  :data:`SPARSE_UPDATE` reads, directly or through once-per-step ops' data (a v1 optimizer's ``Unique`` and
+  ``UnsortedSegmentSum`` deduplicating an ``IndexedSlices``' indices and
+  rows, a ``ResourceScatterAdd`` of SGD, a ``ResourceSparseApply*``): the
+  producers of a sparse gradient's rows and indices (an embedding lookup's
+  gradient, ``gradients/<lookup>_grad/Reshape``, ``Reshape_1``), which the
+  replicas gather instead of summing (:func:`pesto.step.replicate`, as
+  :mod:`tf_patch.replicastep` builds them). :func:`mark_sparse` applies the
+  rule alone (:func:`pesto.api.marked` does for a graph that came marked);
 * **role** ``"unshardable"`` (:func:`unshardable`): an elementwise update op
   that reads a weight gradient (a Keras 3 optimizer's, not one
-  ``ResourceApply*``): ``tf_patch`` builds no sharded optimizer (ZeRO) for the step,
+  ``ResourceApply*``; not a sparse gradient's, which is sharded by rows):
+  ``tf_patch`` builds no sharded optimizer (ZeRO) for the step,
   so the search does not screen one (:func:`pesto.step.marks.shardable`).
 
 Examples
@@ -130,7 +142,8 @@ from typing import Iterable
 from pesto.errors import BatchMarkError
 from pesto.graph import OpGraph
 
-__all__ = ["mark_step", "mark_batch", "mark_phases", "mark_views", "views", "SPARSE_ACCESS", "REF_VARIABLES", "joinable", "unshardable", "input_ops", "optimizer_scopes", "update_ops",
+__all__ = ["mark_step", "mark_batch", "mark_phases", "mark_views", "views", "SPARSE_ACCESS", "REF_VARIABLES", "joinable", "unshardable",
+           "sparse_grads", "mark_sparse", "SPARSE_UPDATE", "input_ops", "optimizer_scopes", "update_ops",
            "gradient_ops", "scope_root", "is_marked", "GRADIENT_ROOT", "INPUT_TYPES", "SUM_TYPES"]
 
 #: Op types a batch enters a TensorFlow step by.
@@ -145,6 +158,8 @@ GRADIENT_ROOT = re.compile(r"^(gradients(_\d+)?|gradient_tape)$")
 #: Op types whose kernel puts a resource variable in copy-on-read mode (``EnsureSparseVariableAccess``):
 #: the variable's reads copy it (the view rule of the module doc).
 SPARSE_ACCESS = re.compile(r"^Resource(Gather(Nd)?|Scatter\w*|SparseApply\w+)$")
+#: Op types of an update op that reads a sparse gradient's rows or indices (role ``"sparse-grad"``).
+SPARSE_UPDATE = re.compile(r"^(Unique|UnsortedSegmentSum|(Resource)?Scatter(Add|Sub)|(Resource)?SparseApply\w+)$")
 #: Op types of a ref variable: an ``Identity`` of one forwards the variable's buffer.
 REF_VARIABLES = frozenset({"VariableV2", "Variable"})
 #: Op types of a variable's read: ``ReadVariableOp`` (a resource variable), ``Identity`` (a ref variable).
@@ -300,12 +315,60 @@ def mark_phases(graph: OpGraph) -> OpGraph:
                    role=op.role or ("grad-sum" if op.type in SUM_TYPES else ""))
            for op, p, a in zip(ops, phase, anchor)]
     marked = OpGraph(out, graph.edges, graph.tensors, name=graph.name)
-    join, unshard = joinable(marked), unshardable(marked)
-    if not join and not unshard:
+    join, unshard, sparse = joinable(marked), unshardable(marked), sparse_grads(marked)
+    if not join and not unshard and not sparse:
         return marked
     out = [replace(op, role="joinable") if op.name in join else replace(op, role="unshardable")
-           if op.name in unshard else op for op in out]
+           if op.name in unshard else replace(op, role="sparse-grad") if op.name in sparse else op for op in out]
     return OpGraph(out, graph.edges, graph.tensors, name=graph.name)
+
+
+def sparse_grads(graph: OpGraph) -> frozenset:
+    """The ops the sparse-gradient rule of the module doc marks (role
+    ``"sparse-grad"``), among ops with no role yet: batched ops with a
+    tensor from which an unbatched op of a type in :data:`SPARSE_UPDATE` is
+    reached through data edges between unbatched ops (SGD scales the rows by
+    the learning rate before its ``ResourceScatterAdd``).
+
+    >>> from pesto.graph import Op, Edge, Tensor
+    >>> ops = [Op("rows", {"GPU": 1.0}, batch=True), Op("ids", {"GPU": 1.0}, batch=True),
+    ...        Op("unique", {"GPU": 1.0}, batch=False, type="Unique"),
+    ...        Op("sum", {"GPU": 1.0}, batch=False, type="UnsortedSegmentSum")]
+    >>> es = [Edge("ids", "unique", "ids:0"), Edge("rows", "sum", "rows:0"), Edge("unique", "sum", "unique:1")]
+    >>> sorted(sparse_grads(OpGraph(ops, es, [Tensor("rows:0", "rows", 8), Tensor("ids:0", "ids", 4),
+    ...                                       Tensor("unique:1", "unique", 4)])))
+    ['ids', 'rows']
+    """
+    ops = graph.ops
+    data: list[list[int]] = [[] for _ in ops]   # unbatched op -> the unbatched ops reading its tensors
+    for _, src, _, cons in graph.tensor_table():
+        if ops[src].batch is False:
+            data[src].extend(j for j in cons if ops[j].batch is False)
+    out = set()
+    for _, src, _, cons in graph.tensor_table():
+        if not ops[src].batch or ops[src].role:
+            continue
+        seen = {j for j in cons if ops[j].batch is False}
+        todo = list(seen)
+        while todo and not any(SPARSE_UPDATE.match(ops[j].type) for j in todo):
+            todo = [k for j in todo for k in data[j] if k not in seen]
+            seen.update(todo)
+        if todo:
+            out.add(graph.names[src])
+    return frozenset(out)
+
+
+def mark_sparse(graph: OpGraph) -> OpGraph:
+    """``graph`` with role ``"sparse-grad"`` set by :func:`sparse_grads`; ``graph`` itself when it marks no op.
+
+    >>> mark_sparse(OpGraph.from_edges({"a": 1}, [])).op("a").role
+    ''
+    """
+    found = sparse_grads(graph)
+    if not found:
+        return graph
+    ops = [replace(op, role="sparse-grad") if op.name in found else op for op in graph.ops]
+    return OpGraph(ops, graph.edges, graph.tensors, name=graph.name)
 
 
 #: Op types a weight gradient passes through on its way to its update (not the update itself).
@@ -324,7 +387,9 @@ def unshardable(graph: OpGraph) -> frozenset:
     :data:`ELEMENTWISE_UPDATE` that reads a weight gradient (through
     :data:`PASS_TYPES`; a Keras 3 optimizer's ``Mul`` of the gradient and the
     learning rate): a sharded optimizer is not built for such a step
-    (:func:`pesto.step.marks.shardable`).
+    (:func:`pesto.step.marks.shardable`). Not a sparse gradient's
+    (:func:`sparse_grads`): ``tf_patch.replicastep`` shards its update by
+    rows whatever its ops (v1 SGD's ``Neg`` and ``Mul`` before its scatter-add).
 
     >>> from pesto.graph import Op, Edge, Tensor
     >>> ops = [Op("dw", {"GPU": 1.0}, output_bytes=4, batch=True, phase="weight-grad"),
@@ -332,7 +397,8 @@ def unshardable(graph: OpGraph) -> frozenset:
     >>> sorted(unshardable(OpGraph(ops, [Edge("dw", "mul", "dw:0")], [Tensor("dw:0", "dw", 4)])))
     ['mul']
     """
-    grads = {op.name for op in graph.ops if op.phase == "weight-grad"}
+    sparse = sparse_grads(graph) | {op.name for op in graph.ops if op.role == "sparse-grad"}
+    grads = {op.name for op in graph.ops if op.phase == "weight-grad"} - sparse
     todo = list(grads)
     while todo:   # through the pass-through ops after a weight gradient
         for v in graph.successors(todo.pop()):

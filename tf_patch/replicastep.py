@@ -91,7 +91,11 @@ The naming rule (Pesto op -> TF ops)
 * the ring of a bucket named after its first member ``t``: ``t@rs<s>@r<r>``
   -> ``allreduce/<k>/rs<s>/r<r>`` (``s = 0`` also the pack of replica ``r``),
   ``t@ag<s>@r<r>`` -> ``allreduce/<k>/ag<s>/r<r>``, ``t@allreduce@r<r>`` ->
-  the unpack of replica ``r`` (and the gathers of its sparse members);
+  the unpack of replica ``r``; a sparse gradient's (Pesto gathers its rows:
+  ``t@ag<s>@r<r>``, ``t@allreduce@r<r>``) -> replica ``r``'s concatenations of
+  every replica's rows and indices (``allgather/<k>/r<r>/``), sharded its
+  variable's updated rows ``t@pg<s>@r<r>`` -> replica ``r``'s concatenation of
+  them and ``t@allgather@r<r>`` -> its assign;
 * a hybrid's accumulation ``c@acc<i>`` of replica ``r``'s chunk ``c`` ->
   replica ``r``'s ``acc_<i>`` adds of that bucket;
 * sharded: ``t@allgather@r<r>`` -> replica ``r``'s writes of the gathered
@@ -134,13 +138,13 @@ from .microstep import slice_of
 from .slicemap import SliceMap, mapped_hint, slice_candidates
 from .zoo.common import ZooModel
 
-__all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "replicated_plan", "mapped_plan", "one_replica",
+__all__ = ["ReplicaGraph", "replicate_graph", "replica_map", "bucket_members", "replicated_plan", "mapped_plan", "one_replica",
            "replica_zero", "unshard", "pesto_buckets", "ring_steps", "shard_level", "origin_of",
            "chunk_sizes", "ReplicaMap", "REPLICA", "slice_adds"]
 
 #: Scope of replica ``r``'s copy of a once-per-step op.
 REPLICA = "rep{}/"
-_RING = re.compile(r"^(.*)@(rs|ag)(\d+)@r(\d+)$")
+_RING = re.compile(r"^(.*)@(rs|ag|pg)(\d+)@r(\d+)$")
 _GATHER = re.compile(r"^(.*)@(?:allreduce|allgather)@r(\d+)$")
 _COPY = re.compile(r"^(.*)@r(\d+)$")
 _CHUNK = re.compile(r"^(.*)@r(\d+)/chunk\d+$")
@@ -186,7 +190,9 @@ class ReplicaGraph:
         per ring, in the plan's bucket order.
     ring : mapping (bucket index, part, replica) -> tuple of TF ops
         ``part``: ``"pack"``, ``"rs<s>"``, ``"ag<s>"``, ``"unpack"``, ``"acc<i>"``
-        (sharded: ``"update"``, and ``"unpack"`` the writes of the gathered parameters).
+        (sharded: ``"update"``, and ``"unpack"`` the writes of the gathered parameters; a sparse
+        gradient: ``"unpack"`` and ``"ag<s>"`` its rows' concatenations, sharded ``"pg<s>"`` the
+        concatenation of its variable's updated rows and ``"write"`` its assign).
     sharded : mapping (update op, optimizer slot or variable, replica) -> tuple of TF ops
         Sharded (ZeRO): replica ``r``'s update of its piece (a sparse update: each op's copy),
         its piece slots and variables; ZeRO-3 also ``(variable@fsend | @fwgather | @bwgather,
@@ -420,13 +426,14 @@ class _Ring:
             gathered.append([])
             for j, t in enumerate(group.outs):
                 out = tf.concat(own[j], 0, name=f"allgather/{self.k}/r{r}/{_label(group.scope)}/{'vi'[j]}")
-                self._mark("unpack", r, out)
+                for part in ("unpack", *(f"ag{s}" for s in range(self.n - 1))):   # Pesto's ring steps receive
+                    self._mark(part, r, out)                                       # the rows it concatenates
                 src, idx = _split_input(t)
                 self.out[f"__allreduced__/r{r}/{src}:{idx}"] = out.name
                 gathered[r].append(out.name)
         if self.zero is not None:
             self.zero.rows(graph, group, gathered, f"allreduce/{self.k}",
-                           lambda r, *ts: self._mark("update", r, *ts))
+                           lambda r, *ts, part="update": self._mark(part, r, *ts))
 
     def _dense(self, graph, groups: list) -> None:
         """Pack, reduce-scatter, all-gather, unpack (module doc)."""
@@ -777,6 +784,9 @@ class _Zero:
                 var = graph.get_tensor_by_name(f"{self.rw.name(up.var, r)}:0")
                 assign = tf.raw_ops.AssignVariableOp(resource=var, value=whole, name=f"{label}/r{r}/assign")
                 mark(r, whole, assign)
+                for s in range(n - 1):   # Pesto's ring steps of the updated rows (t@pg<s>@r<r>) receive them
+                    mark(r, whole, part=f"pg{s}")
+                mark(r, assign, part="write")
                 for x in up.exits:
                     self.done[(x, r)].append(assign.name)
 
@@ -1130,11 +1140,11 @@ def pesto_buckets(pesto_graph, graph, fetches, origin=None) -> tuple[dict, list]
         m = _GATHER.match(t.src)
         if m and m.group(2) == "0" and t.name.endswith("@allreduce@r0"):
             firsts.setdefault(m.group(1), []).append(t.name[:-len("@allreduce@r0")])
-    if not firsts and origin is not None:
+    if origin is not None:   # sharded: the buckets no gather outputs (a sparse gradient's rows aside)
         for name in pesto_graph.names:
             m = _RING.match(name)
             if m and m.group(2, 3, 4) == ("rs", "0", "0") and name in origin:
-                firsts[m.group(1)] = list(origin[name].members)
+                firsts.setdefault(m.group(1), list(origin[name].members))
     out, missing = {}, []
     for first, members in firsts.items():
         out[first] = []
@@ -1162,7 +1172,8 @@ class ReplicaMap(SliceMap):
 
 
 def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_names,
-                adds: Mapping[str, tuple] | None = None, origin=None) -> ReplicaMap:
+                adds: Mapping[str, tuple] | None = None, origin=None, members: Mapping[str, str] | None = None
+                ) -> ReplicaMap:
     """Map the ops of Pesto's replicated graph (``pesto_names``) onto the
     replicated TF step ``rg`` (the module's naming rule); ``buckets``:
     :func:`pesto_buckets`'s first member -> scopes; ``tf_names``: the TF step's ops;
@@ -1171,10 +1182,19 @@ def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_n
     of slice ``i >= 1`` maps to its TF copy and the ``acc_<i>`` add summing it
     (:mod:`tf_patch.slicemap`'s rule for a split step); ``origin``: the plan's
     origins, whose members map a ZeRO-3 gather of a bucket of parameters
-    (``p@fwgather@r<r>``, ``p@fsend@r<r>``...) onto every member's TF ops."""
+    (``p@fwgather@r<r>``, ``p@fsend@r<r>``...) onto every member's TF ops, and a gather's
+    members (as ``members``: member -> the bucket's first, :func:`bucket_members`) map a
+    hybrid's accumulation of a member's own tensor (a sparse gradient's indices) to its ring."""
     have = set(tf_names)
     ring_of = {b[0]: k for k, b in enumerate(rg.buckets) if b}
     bucket = {first: ring_of[scopes[0]] for first, scopes in buckets.items() if scopes and scopes[0] in ring_of}
+    firsts = dict(members or {})
+    for name in (pesto_names if origin is not None else ()):
+        if (m := _GATHER.match(name)) and name in origin:
+            firsts.update(dict.fromkeys(origin[name].members, m.group(1)))
+    for member, first in firsts.items():
+        if first in bucket:
+            bucket.setdefault(member, bucket[first])
     ops: dict[str, tuple] = {}
     for name in pesto_names:
         found = _map_one(name, rg, bucket, have)
@@ -1188,6 +1208,24 @@ def replica_map(pesto_names, rg: ReplicaGraph, buckets: Mapping[str, list], tf_n
     hit = {t for ts in ops.values() for t in ts}
     return ReplicaMap(rg.replicas * rg.micro_batches, MappingProxyType(ops), tuple(sorted(have - hit)),
                       tuple(n for n in pesto_names if not ops.get(n)))
+
+
+def bucket_members(pesto_graph) -> dict[str, str]:
+    """``{member: the bucket's first member}`` of the buckets of Pesto's replicated graph
+    whose gather ``t@allreduce@r0`` outputs its members (``m@allreduce@r0``).
+
+    >>> from pesto.graph import OpGraph, Op, Tensor
+    >>> g = OpGraph([Op("a:0@allreduce@r0", {"GPU": 0.0})], [], [Tensor("a:0@allreduce@r0", "a:0@allreduce@r0", 4),
+    ...              Tensor("b:0@allreduce@r0", "a:0@allreduce@r0", 4)])
+    >>> bucket_members(g)
+    {'a:0': 'a:0', 'b:0': 'a:0'}
+    """
+    out = {}
+    for t in pesto_graph.tensors:
+        m = _GATHER.match(t.src)
+        if m and m.group(2) == "0" and t.name.endswith("@allreduce@r0"):
+            out[t.name[:-len("@allreduce@r0")]] = m.group(1)
+    return out
 
 
 def slice_adds(tfg) -> dict:
@@ -1218,8 +1256,10 @@ def _map_one(name: str, rg: ReplicaGraph, bucket: Mapping[str, int], have: set) 
         extra = ("pack",) if part == "rs0" else ()
         return [] if k is None else [t for p in (*extra, part) for t in rg.ring.get((k, p, r), ())]
     if gather := _GATHER.match(name):
-        k = bucket.get(gather.group(1))
-        return [] if k is None else list(rg.ring.get((k, "unpack", int(gather.group(2))), ()))
+        k, r = bucket.get(gather.group(1)), int(gather.group(2))
+        if k is not None and "@allgather@" in name and (k, "write", r) in rg.ring:   # a sparse variable's write
+            return list(rg.ring[(k, "write", r)])
+        return [] if k is None else list(rg.ring.get((k, "unpack", r), ()))
     copy = _COPY.match(name)
     if copy is None:
         return []
@@ -1266,7 +1306,8 @@ def replicated_plan(result, rg: ReplicaGraph, buckets: Mapping[str, list]) -> tu
     replicated ``result`` (module doc; :func:`mapped_plan`)."""
     tfg = extract(rg.graph, [rg.loss, *rg.updates], on_unknown="ignore")
     rmap = replica_map(result.graph.names, rg, buckets, tfg.names,
-                       slice_adds(tfg) if getattr(result, "in_place", ()) else None, origin_of(result))
+                       slice_adds(tfg) if getattr(result, "in_place", ()) else None, origin_of(result),
+                       bucket_members(result.graph))
     return mapped_plan(result.plan, rmap, tfg), rmap
 
 

@@ -55,6 +55,23 @@ which the simulator times with every all-reduce transfer on the cluster's links.
   a tensor's ring by its variable, as :mod:`solver.parallel.hybrid`, puts a bucket by
   its first member's variable; transfers carry the other members').
 
+* **sparse gradients** (an embedding's ``IndexedSlices``: its rows and
+  indices, the partials of ops marked ``role="sparse-grad"``,
+  :func:`pesto.step.slicing.sparse_partials`) cannot be summed: as
+  TensorFlow's replicated step (:mod:`tf_patch.replicastep`), every replica
+  gathers every replica's rows, which the optimizer sums per row. Each
+  replica produces its own rows (its share of the batch: ``ceil(B / N)``
+  bytes of each tensor, sliced as an activation), and per variable
+  (:func:`sparse_updates`: the rows and indices of one embedding are one
+  gradient, outside the buckets) a **ring all-gather** runs: steps
+  ``t@ag{s}@r{r}`` (``s = 0 .. N-2``, no compute, the replica's rows'
+  bytes each: the first receives the left neighbour's own rows, the next
+  what it received) and ``t@allreduce@r{r}`` (the ``B`` bytes of all rows,
+  one tensor ``m@allreduce@r{r}`` per member), read by the update. That is
+  ``N - 1`` transfers of ``B / N`` per replica, where an all-reduce of the
+  rows would move ``2 (N - 1) B / N`` (Transformer-6 on 4 GPUs: 12 MiB per
+  lane instead of 24).
+
 **Sharded optimizer state** (``shard_optimizer=1|2``, ZeRO-1 / ZeRO-2 of
 DeepSpeed; Rajbhandari et al., SC'20). Each replica updates only its
 ``1 / N`` shard of every bucket's parameters:
@@ -74,6 +91,20 @@ DeepSpeed; Rajbhandari et al., SC'20). Each replica updates only its
   parameters are written in place), after the replica's own updates.
   Reduce-scatter + all-gather move ``2 (N - 1)`` chunks of
   ``ceil(B / N)`` bytes per replica: the same bytes as the all-reduce;
+* a **sparse gradient's** variable is sharded by rows, as
+  :mod:`tf_patch.replicastep` builds it: the rows are all-gathered as
+  without sharding, and each replica runs its update's ops
+  (:attr:`SparseUpdate.ops`: the deduplication, Adam's decay of its slots,
+  the scatter-adds, the write) on its ``1 / N`` of the variable's rows
+  (``1 / N`` of their compute, temporary and output bytes); then the
+  updated row pieces of the **whole variable** (TensorFlow v1 Adam's sparse
+  update decays ``m`` and ``v`` densely: every row changes) go round the
+  ring: steps ``t@pg{s}@r{r}`` of ``ceil(V / N)`` bytes (``V`` the
+  variable's bytes; the first from the left neighbour's last update op,
+  tensor ``t@r{r}/param``) and ``t@allgather@r{r}`` (no bytes) after the
+  replica's own update ops. Per replica ``(N - 1) (B + V) / N``: more than
+  the unsharded step's ``(N - 1) B / N`` whenever the variable is larger
+  than its rows (Transformer-6: 12 + 47 MiB per lane);
 * **ZeRO-1** keeps the whole gradient buffer until the update (the last
   reduce-scatter step holds ``B`` bytes, the buffer it summed into);
   **ZeRO-2** frees the gradient outside the shard after the reduce-scatter
@@ -119,13 +150,21 @@ ops read, not the optimizer state):
 * gradients are reduce-scattered as ZeRO-2 and each replica updates its shard;
   no all-gather of the updated parameters (the next step's gathers do it).
   Per replica two all-gathers and the reduce-scatter move ``3 (N - 1)``
-  chunks of ``ceil(B / N)`` bytes: 1.5 times the all-reduce's bytes.
+  chunks of ``ceil(B / N)`` bytes: 1.5 times the all-reduce's bytes;
+* a sparse gradient's rows are all-gathered and its update runs on the
+  replica's rows, as under ZeRO-1/2, with no all-gather of the updated
+  rows: TensorFlow's ZeRO-3 step gathers the embedding's row pieces for its
+  lookup (a ``GatherV2`` of the gathered copy), this model's forward gather
+  of the parameter; neither gathers it for the backward pass (the lookup's
+  gradient reads only the variable's shape).
 
 The sum is what the update needs when each replica's loss is normalised by
 the whole batch (as for :func:`pesto.step.split`). ``N = 1`` is the step itself
 under the names ``op@r0``. ``split(replicate(g, N).graph, M)`` splits
 every replica into ``M`` micro-batches (the accumulation runs per replica,
-before its all-reduce); :func:`~pesto.step.transform.compose` maps its ops
+before its all-reduce; a replica's sparse rows are summed there as a dense
+partial of their bytes, where TensorFlow concatenates its slices' rows:
+:mod:`pesto.step.slicing`, rule 2); :func:`~pesto.step.transform.compose` maps its ops
 straight to the step's.
 
 Examples
@@ -167,18 +206,19 @@ first ready) unless ``bucket_bytes`` is smaller than their sum:
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from ..errors import MicroBatchError
 from ..graph import Edge, Op, OpGraph, Tensor, common_scope, gc_paused
-from .slicing import BANDWIDTH, FLOOR_US, accumulate_op, check_marks, fixed_ops, partial_tensors, slice_op
+from .slicing import (BANDWIDTH, FLOOR_US, accumulate_op, check_marks, fixed_ops, partial_tensors, slice_op,
+                      sparse_partials)
 from .recompute import layer_blocks
 from .transform import Origin, Transformed, check_count, renamed
 
 __all__ = ["replicate", "replica_name", "RESERVED", "BUCKET_BYTES", "gradient_buckets", "pack_buckets", "gather_units",
-           "optimizer_state", "parameters", "SHARD_LEVELS"]
+           "optimizer_state", "parameters", "SHARD_LEVELS", "SparseUpdate", "sparse_updates"]
 
 #: Default gradient bucket size in bytes (PyTorch DDP's ``bucket_cap_mb=25``).
 BUCKET_BYTES = 25 * 2**20
@@ -189,7 +229,7 @@ BUCKET_BYTES = 25 * 2**20
 FIRST_BUCKET_BYTES = 2**20
 
 #: Names :func:`replicate` makes: an original op or tensor may not look like them.
-RESERVED = re.compile(r"@(r|rs|ag|pf|pb)\d|@allreduce@|@allgather@|@(fw|bw)gather@|@[fb]send@")
+RESERVED = re.compile(r"@(r|rs|ag|pg|pf|pb)\d|@allreduce@|@allgather@|@(fw|bw)gather@|@[fb]send@")
 #: The values of ``shard_optimizer``: none, ZeRO-1, ZeRO-2, ZeRO-3 (parameters sharded too).
 SHARD_LEVELS = (0, 1, 2, 3)
 
@@ -257,7 +297,9 @@ def _mark_after(succ, starts, mark: list, k: int) -> None:
 def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) -> list[tuple[str, ...]]:
     """The all-reduced tensors of ``graph`` packed into buckets (:func:`pack_buckets`).
 
-    The tensors a batched op hands to an unbatched one, in the order their
+    The tensors a batched op hands to an unbatched one (but a sparse
+    gradient's, :func:`pesto.step.slicing.sparse_partials`: gathered, not
+    all-reduced, :func:`sparse_updates`), in the order their
     gradients become ready in the backward pass: by their producer's depth
     (the most ops on a path from a source to it, itself included: the last
     layer's gradients come first, as their producers wait for fewer ops),
@@ -282,9 +324,10 @@ def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) ->
     preds = graph.pred_idx()
     for i in graph.topo_idx():
         depth[i] = 1 + max((depth[j] for j in preds[i]), default=0)
+    sparse = sparse_partials(graph)
     ready = sorted(((depth[src], pos[src], k, name, nbytes, src, cons)
                     for k, (name, src, nbytes, cons) in enumerate(graph.tensor_table())
-                    if batched[src] and any(not batched[j] for j in cons)))
+                    if batched[src] and any(not batched[j] for j in cons) and name not in sparse))
     if bucket_bytes is not None:
         pack_buckets([], bucket_bytes)   # the same check of bucket_bytes
     succ = graph.succ_idx()
@@ -301,6 +344,103 @@ def gradient_buckets(graph: OpGraph, bucket_bytes: int | None = BUCKET_BYTES) ->
             total = nbytes
         _mark_after(succ, [j for j in cons if not batched[j]], mark, len(out) - 1)
     return [tuple(b) for b in out]
+
+
+@dataclass(frozen=True)
+class SparseUpdate:
+    """A sparse gradient and its update (:func:`sparse_updates`).
+
+    Attributes
+    ----------
+    tensors : tuple of str
+        The gradient's partial tensors (rows, indices), gathered together.
+    variables : tuple of str
+        The parameters (:func:`parameters`) an op of its update reads: the
+        embedding it writes (none found: its update is not sharded).
+    slots : tuple of str
+        Their optimizer state of their size (Adam's ``m`` and ``v``).
+    ops : tuple of str
+        The update's once-per-step ops, in topological order: what ZeRO shards by rows.
+    """
+
+    tensors: tuple
+    variables: tuple
+    slots: tuple
+    ops: tuple
+
+
+def sparse_updates(graph: OpGraph) -> list[SparseUpdate]:
+    """The sparse gradients of ``graph`` (:func:`pesto.step.slicing.sparse_partials`), one per
+    variable, and their updates, in the order of their first tensor.
+
+    A sparse tensor's update reaches, through once-per-step ops, from its
+    once-per-step readers (a ``Unique``, an ``UnsortedSegmentSum``); its
+    **variables** are the parameters (:func:`parameters`) an op of it reads
+    (the tensors of one variable are one gradient: rows and indices); its
+    **slots** the optimizer state (:func:`optimizer_state`) of a variable's
+    size that such an op reads; its **ops** are the once-per-step ops reached
+    from the readers or from the slots that lead (through those ops) to an op
+    reading a variable or a slot: the update's dense decay of Adam's slots,
+    its scatter-adds and its write of the variable, not the ops after the
+    write. TensorFlow's sharded update runs these ops on each replica's rows
+    (:mod:`tf_patch.replicastep`).
+
+    >>> ops = [Op("x", {"GPU": 1.0}, output_bytes=64, batch=True),
+    ...        Op("rows", {"GPU": 1.0}, output_bytes=32, batch=True, role="sparse-grad"),
+    ...        Op("emb", {"GPU": 0.0}, persistent_bytes=400, batch=False),
+    ...        Op("m", {"GPU": 0.0}, persistent_bytes=400, batch=False),
+    ...        Op("decay", {"GPU": 9.0}, batch=False, phase="forward"),
+    ...        Op("add", {"GPU": 1.0}, batch=False, phase="update"),
+    ...        Op("write", {"GPU": 9.0}, batch=False, phase="update"),
+    ...        Op("done", {"GPU": 0.0}, batch=False, phase="update")]
+    >>> es = [Edge("emb", "x", ()), Edge("x", "rows", "x:0"), Edge("rows", "add", "rows:0"), Edge("m", "decay", ()),
+    ...       Edge("decay", "add", ()), Edge("m", "add", ()), Edge("add", "write", ()), Edge("emb", "write", ()),
+    ...       Edge("write", "done", ())]
+    >>> u, = sparse_updates(OpGraph(ops, es, [Tensor("x:0", "x", 64), Tensor("rows:0", "rows", 32)]))
+    >>> u.tensors, u.variables, u.slots, u.ops
+    (('rows:0',), ('emb',), ('m',), ('decay', 'add', 'write'))
+    """
+    sparse = sparse_partials(graph)
+    if not sparse:
+        return []
+    ops, names, pred, succ = graph.ops, graph.names, graph.pred_idx(), graph.succ_idx()
+    once = [op.batch is False for op in ops]
+    weights, state = parameters(graph), optimizer_state(graph)
+    cons = graph.consumers()
+    groups: dict[tuple, list[str]] = {}
+    reach: dict[tuple, set] = {}
+    for t in sorted(sparse):
+        down = _downstream(succ, [graph.index[c] for c in cons[t] if once[graph.index[c]]], once)
+        key = tuple(sorted({names[j] for i in down for j in pred[i] if names[j] in weights})) or (t,)
+        groups.setdefault(key, []).append(t)
+        reach.setdefault(key, set()).update(down)
+    pos = {i: k for k, i in enumerate(graph.topo_idx())}
+    out = []
+    for key, tensors in groups.items():
+        down = reach[key]
+        variables = tuple(v for v in key if v in weights)
+        sizes = {graph.op(v).persistent_bytes for v in variables}
+        slots = tuple(sorted({names[j] for i in down for j in pred[i]
+                              if names[j] in state and ops[j].persistent_bytes in sizes}))
+        held = {graph.index[h] for h in (*variables, *slots)}
+        down |= _downstream(succ, [j for h in held for j in succ[h]], once)
+        touch = [i for i in down if any(j in held for j in pred[i])]
+        mine = _downstream(pred, touch, [i in down for i in range(len(ops))])
+        out.append(SparseUpdate(tuple(tensors), variables, slots,
+                                tuple(names[i] for i in sorted(mine, key=pos.__getitem__))))
+    return out
+
+
+def _downstream(succ, starts, within) -> set:
+    """The ops reachable from ``starts`` (themselves included) through ops ``within`` marks."""
+    seen = {i for i in starts if within[i]}
+    todo = list(seen)
+    while todo:
+        for j in succ[todo.pop()]:
+            if within[j] and j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return seen
 
 
 def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKET_BYTES,
@@ -331,11 +471,12 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
                               culprit=shard_optimizer)
     check_marks(graph, RESERVED)
     buckets = gradient_buckets(graph, bucket_bytes)
+    sparse = sparse_updates(graph)
     with gc_paused():   # 60k ops and their tensors, edges and origins for GPT-1.3B on 8 replicas
-        b = _Ring(graph, n, floor_us, bandwidth, buckets, shard_optimizer if n > 1 else 0)
+        b = _Ring(graph, n, floor_us, bandwidth, buckets, shard_optimizer if n > 1 else 0, sparse)
         for r in range(n):
             b.add_replica(r)
-        for members in sorted(buckets):
+        for members in sorted(buckets + [u.tensors for u in sparse]):
             b.all_reduce([graph.tensor(t) for t in members])
         if b.shard == 3:
             _Gathers(b, bucket_bytes).add()
@@ -350,11 +491,14 @@ def replicate(graph: OpGraph, replicas: int, *, bucket_bytes: int | None = BUCKE
 class _Ring:
     """The pieces of a replicated graph while it is built."""
 
-    def __init__(self, graph: OpGraph, n: int, floor_us: float, bandwidth, buckets, shard: int = 0):
+    def __init__(self, graph: OpGraph, n: int, floor_us: float, bandwidth, buckets, shard: int = 0, sparse=()):
         self.g, self.n, self.floor, self.bw, self.shard = graph, n, floor_us, bandwidth, shard
         self.partials = partial_tensors(graph)
-        self.fixed = fixed_ops(graph, self.partials)
-        self.to_step = {t for members in buckets for t in members}
+        #: a sparse gradient's tensor -> its update (gathered rows: sliced as activations are)
+        self.sparse = {t: u for u in sparse for t in u.tensors}
+        self.dense = self.partials - self.sparse.keys()
+        self.fixed = fixed_ops(graph, self.dense)
+        self.to_step = {t for members in buckets for t in members} | self.sparse.keys()
         #: last member of a bucket -> (its first member, the bucket's bytes): the chunks' producer
         self.chunks_of = {m[-1]: (m[0], sum(graph.tensor(t).bytes for t in m)) for m in buckets}
         self.produced: dict[str, list[Tensor]] = {}
@@ -379,6 +523,18 @@ class _Ring:
                 if ups and shard < 3:
                     self.params.setdefault(ups[-1], []).append((m[0], -(-self.chunks_of[m[-1]][1] // n)))
         self.sharded = frozenset(u for ups in self.updates.values() for u in ups)
+        #: sharded: the ops of the sparse updates, run on the replica's rows, and per sparse
+        #: gradient (its first tensor) the bytes of its variables (ZeRO-1/2 all-gather their rows)
+        self.rows: frozenset = frozenset()
+        self.param_bytes: dict[str, int] = {}
+        for u in (sparse if shard else ()):
+            if not u.variables:   # no variable found: its update is not sharded
+                continue
+            self.rows |= set(u.ops)
+            self.updates[u.tensors[0]] = list(u.ops)
+            self.param_bytes[u.tensors[0]] = nbytes = sum(graph.op(v).persistent_bytes for v in u.variables)
+            if shard < 3:
+                self.params.setdefault(u.ops[-1], []).append((u.tensors[0], -(-nbytes // n)))
         #: ZeRO-3: the parameters, the once-per-step ops that read them (their reads: sharded), and
         #: (reader's source, batched reader) -> the parameter, the edges a gathered copy replaces
         self.weights = parameters(graph) if shard == 3 else frozenset()
@@ -422,7 +578,7 @@ class _Ring:
         for op in self.g.ops:
             mine = self.produced.get(op.name, [])
             if op.batch:
-                kept = sum(t.bytes for t in mine if t.name in self.partials)
+                kept = sum(t.bytes for t in mine if t.name in self.dense)
                 copy = slice_op(op, n, op.name, fixed=op.name in self.fixed, partial_bytes=kept,
                                 floor_us=self.floor, colocation_group=op.colocation_group)
                 role, params = "copy", ()
@@ -432,8 +588,8 @@ class _Ring:
                 role, params = "step", tuple(self.params.get(op.name, ()))
             outs = []
             for t in mine:
-                size = t.bytes if not op.batch or t.name in self.partials else -(-t.bytes // n)
-                size = -(-size // n) if op.name in self.reads else size
+                size = t.bytes if not op.batch or t.name in self.dense else -(-t.bytes // n)
+                size = -(-size // n) if op.name in self.reads or op.name in self.rows else size
                 chunks = None
                 if t.name in self.chunks_of and n > 1:
                     first, total = self.chunks_of[t.name]
@@ -452,6 +608,10 @@ class _Ring:
             return {"persistent_bytes": -(-op.persistent_bytes // n)}
         if op.name in self.reads:   # a read of the shard: a view of it as the read was of the variable
             return {"output_bytes": -(-op.output_bytes // n), "view_bytes": -(-op.view_bytes // n)}
+        if op.name in self.rows:   # a sparse update's op on the replica's rows of the variable and slots
+            return {"compute": {k: t / n for k, t in op.compute.items()},
+                    "temporary_bytes": -(-op.temporary_bytes // n), "output_bytes": -(-op.output_bytes // n),
+                    "view_bytes": -(-op.view_bytes // n)}
         if op.name in self.sharded:
             return {"compute": {k: t / n for k, t in op.compute.items()},
                     "temporary_bytes": -(-op.temporary_bytes // n)}
@@ -476,6 +636,12 @@ class _Ring:
         """The ring reduce-scatter + all-gather of one bucket of partials (module doc);
         sharded: the reduce-scatter, then the updated parameters' all-gather."""
         if self.n == 1:
+            return
+        if members[0].name in self.sparse:   # a sparse gradient: its rows gathered; sharded, then its variable's
+            for r in range(self.n):
+                self.gather_rows(members, r)
+                if self.shard in (1, 2):
+                    self.gather_params(members, r)
             return
         for r in range(self.n):
             self.reduce_scatter(members, r)
@@ -538,23 +704,46 @@ class _Ring:
         for m, (out, _) in zip(members, outs):
             self.final[(m.name, r)] = (name, out)
 
+    def gather_rows(self, members: list[Tensor], r: int) -> None:
+        """A sparse gradient: replica ``r``'s ring all-gather of every replica's rows
+        (``t@ag{s}@r{r}``, its left neighbour's own rows first, then what it received)
+        and ``t@allreduce@r{r}``, all the rows its consumers read (one tensor per member)."""
+        n, t = self.n, members[0]
+        c = sum(-(-m.bytes // n) for m in members)
+        kinds = self.g.op(t.src).kinds
+        left = (r - 1) % n
+        own = [(replica_name(m.src, r), replica_name(m.name, r)) for m in members]
+        for s in range(n - 1):
+            came = ([(replica_name(m.src, left), replica_name(m.name, left)) for m in members] if s == 0 else
+                    [(f"{t.name}@ag{s - 1}@r{left}",) * 2])
+            self.add_op(_free(f"{t.name}@ag{s}@r{r}", c, kinds, "RingGather"), r, "all-gather", members, came)
+        name = f"{t.name}@allreduce@r{r}"
+        outs = [(f"{m.name}@allreduce@r{r}", m.bytes) for m in members]
+        self.add_op(_free(name, sum(m.bytes for m in members), kinds, "RowGather"), r, "gather", members,
+                    own + [(f"{t.name}@ag{s}@r{r}",) * 2 for s in range(n - 1)], outs)
+        for m, (out, _) in zip(members, outs):
+            self.final[(m.name, r)] = (name, out)
+
     def gather_params(self, members: list[Tensor], r: int) -> None:
         """Sharded: replica ``r``'s all-gather of the bucket's updated parameters,
         from its left neighbour's updates (the last one's ``param`` tensor), and
-        ``t@allgather@r{r}``, no bytes: the parameters are written in place."""
+        ``t@allgather@r{r}``, no bytes: the parameters are written in place. A sparse
+        gradient's: its variables' row pieces (steps ``t@pg{s}@r{r}``)."""
         n, t = self.n, members[0]
         ups = self.updates.get(t.name, [])
         if not ups:
             return
-        c = -(-sum(m.bytes for m in members) // n)
+        sparse = t.name in self.param_bytes
+        c = -(-(self.param_bytes[t.name] if sparse else sum(m.bytes for m in members)) // n)
+        step = "pg" if sparse else "ag"
         kinds = self.g.op(t.src).kinds
         left = (r - 1) % n
         for s in range(n - 1):
             came = ([(replica_name(ups[-1], left), _param(t.name, left))]
                     + [(replica_name(u, left), None) for u in ups[:-1]] if s == 0 else
-                    [(f"{t.name}@ag{s - 1}@r{left}",) * 2])
-            self.add_op(_free(f"{t.name}@ag{s}@r{r}", c, kinds, "RingGather"), r, "all-gather", members, came)
-        parts = [f"{t.name}@ag{s}@r{r}" for s in range(n - 1)]
+                    [(f"{t.name}@{step}{s - 1}@r{left}",) * 2])
+            self.add_op(_free(f"{t.name}@{step}{s}@r{r}", c, kinds, "RingGather"), r, "all-gather", members, came)
+        parts = [f"{t.name}@{step}{s}@r{r}" for s in range(n - 1)]
         self.add_op(_free(f"{t.name}@allgather@r{r}", 0, kinds, "ParamGather"), r, "gather", members,
                     [(p, p) for p in parts] + [(replica_name(u, r), None) for u in ups])
 

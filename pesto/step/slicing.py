@@ -167,7 +167,7 @@ from ..errors import BatchMarkError, MicroBatchError
 from ..graph import Edge, Op, OpGraph, Tensor, gc_paused
 from .transform import Origin, Transformed, check_count, identity, renamed
 
-__all__ = ["split", "check_marks", "partial_tensors", "fixed_ops", "slice_op", "accumulate_op", "copy_name",
+__all__ = ["split", "check_marks", "partial_tensors", "sparse_partials", "fixed_ops", "slice_op", "accumulate_op", "copy_name",
            "whole_name", "parse_name", "weight_grad_ops", "whole_ops", "FLOOR_US", "BANDWIDTH", "RESERVED",
            "WEIGHT_GRADS", "WeightGradCost", "weight_grad_costs", "choose_weight_grads"]
 
@@ -289,6 +289,28 @@ def partial_tensors(graph: OpGraph) -> frozenset:
         if len(sizes) == 1 and all(b in sizes for _, b in ins[v]):
             partial.update(name for name, _ in ins[v])
     return frozenset(partial)
+
+
+def sparse_partials(graph: OpGraph) -> frozenset:
+    """The partial tensors (:func:`partial_tensors`) that are a sparse
+    gradient's rows or indices: those of a batched op marked
+    ``role="sparse-grad"`` (TensorFlow's ``IndexedSlices``). A replica holds
+    its own rows (its share of the batch's), and replicas gather them instead
+    of summing (:func:`pesto.step.replicate`); :func:`split` still sums them
+    as dense partials (module doc, rule 2).
+
+    >>> from pesto.graph import Op, OpGraph, Tensor, Edge
+    >>> ops = [Op("rows", {"GPU": 1.0}, batch=True, role="sparse-grad"), Op("dw", {"GPU": 1.0}, batch=True),
+    ...        Op("apply", {"GPU": 1.0}, batch=False)]
+    >>> g = OpGraph(ops, [Edge("rows", "apply", "rows:0"), Edge("dw", "apply", "dw:0")],
+    ...             [Tensor("rows:0", "rows", 8), Tensor("dw:0", "dw", 8)])
+    >>> sorted(sparse_partials(g))
+    ['rows:0']
+    """
+    sparse = {i for i, op in enumerate(graph.ops) if op.batch and op.role == "sparse-grad"}
+    if not sparse:
+        return frozenset()
+    return frozenset(t for t in partial_tensors(graph) if graph.index[graph.tensor(t).src] in sparse)
 
 
 def fixed_ops(graph: OpGraph, partials: frozenset) -> frozenset:
