@@ -52,9 +52,10 @@ def _default_stop_signals() -> None:
         signal.signal(s, signal.SIG_DFL)
 
 
-def pesto_process(*argv, signal_on: str | None = None, sig=signal.SIGINT, timeout=300):
+def pesto_process(*argv, signal_on: str | None = None, sig=signal.SIGINT, timeout=300, sent: list | None = None):
     """``python -m pesto ARGV`` in a subprocess; with ``signal_on``, ``sig`` is sent
-    when a stderr line contains that text. Returns (rc, stdout, stderr).
+    when a stderr line contains that text (its ``time.perf_counter()`` appended to
+    ``sent`` when given). Returns (rc, stdout, stderr).
 
     The child starts with the stop signals at their defaults, as from a
     terminal: pytest run under ``nohup`` or as a background job (``&``)
@@ -69,6 +70,8 @@ def pesto_process(*argv, signal_on: str | None = None, sig=signal.SIGINT, timeou
             head.append(line)
             if signal_on in line:
                 p.send_signal(sig)
+                if sent is not None:
+                    sent.append(time.perf_counter())
                 break
     out, err = p.communicate(timeout=timeout)
     return p.returncode, out, "".join(head) + err

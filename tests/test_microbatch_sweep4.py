@@ -63,16 +63,17 @@ def test_a_signal_with_a_fixed_m_writes_the_best_plan(tmp_path, mid_path, phase,
 def _signalled(tmp_path, mid_path, phase, line, sig, m):
     """Send ``sig`` when ``line`` shows (a plan exists by then: before the first
     plan, a stop exits 130 with nothing written, as the plain solve does)."""
-    out = tmp_path / "p.json"
+    out, sent = tmp_path / "p.json", []
     t = time.perf_counter()
     rc, _, err = pesto_process("place", mid_path, "--micro-batches", m, "--batch-size", 16, "--time-limit", 60,
-                               "-o", out, signal_on=line, sig=sig)
-    took = time.perf_counter() - t
+                               "-o", out, signal_on=line, sig=sig, sent=sent)
+    end = time.perf_counter()
     assert rc == EXIT_INTERRUPTED, err
     assert f"interrupted ({signal.Signals(sig).name})" in err
     assert "terminate called" not in err
     assert pesto.Plan.from_json(str(out)).status == "interrupted"
-    assert took < 30, f"{phase}: {took:.1f} s"
+    # it stops soon after the signal, well before its 60 s limit (a swallowed signal runs on)
+    assert end - sent[0] < 15 and end - t < 50, f"{phase}: {end - sent[0]:.1f} s after the signal, {end - t:.1f} s in all"
 
 
 def test_an_interrupt_in_the_api_returns_the_best_plan(small):

@@ -187,3 +187,23 @@ def test_a_data_parallel_plan_accumulating_in_place_runs_with_the_unsplit_losses
     np.testing.assert_allclose(step.run(3), unsplit, rtol=1e-6)
     _assert_placed(step, result, 2)
     step.close()
+
+
+def test_a_free_placement_of_the_split_step_runs_with_the_unsplit_losses():
+    """The search's ``free`` kind (one free placement of the split step, every weight
+    gradient summed in place, placed by its list placer) runs on TF's split step: every
+    TF op where the plan puts it, in its order, and the losses are the un-split step's."""
+    import pesto
+    from pesto.api import marked
+    from solver.parallel.realise import realise
+    from solver.parallel.search import _Search
+    from solver.parallel.strategy import Strategy
+
+    step, unsplit = _keras_step()
+    cluster = pesto.gpus(2, beta=(0.0, 1e-9))
+    result = realise(marked(step.graph), cluster, Strategy(micro_batches=2, schedule="free", weight_grads="accumulate"),
+                     place=_Search.list_placer)
+    assert not [n for n in result.graph.names if "@acc" in n]
+    step.apply(result, cluster=cluster, time_limit=2)
+    assert len(set(step.placed.plan.placement.values())) == 2
+    _trains_as_unsplit(step, unsplit)

@@ -8,8 +8,10 @@ GPipe or 1F1B from :data:`solver.parallel.schedules.SCHEDULES`, at most
 the slice model (``schedule="slice"``, :func:`solver.parallel.slice_model.solve_slices`)
 is one more realiser, and so are replicas of one free placement
 (``schedule="free"`` with ``replicas > 1``: :func:`solver.parallel.placed.placed_plan`,
-given the one-step placer ``place``). The exact pipeline (``schedule="free"``, one
-replica) is not a realiser: it is a search stage (:mod:`solver.parallel.search`).
+given the one-step placer ``place``) and one free placement of the split step
+(``schedule="free"``, one replica, ``M > 1``: ``place`` on :func:`pesto.step.split`
+of the step by the strategy's weight-gradient rule; the search gives its list
+placer, and its exact passes refine the same shape with the recipe).
 
 The memory savers compose with the kinds: ``recompute`` realises the kind
 on :func:`pesto.step.recompute` of the step, every layer block or those it
@@ -23,7 +25,7 @@ from typing import Mapping
 
 from pesto.cluster import Cluster
 from pesto.graph import OpGraph, gc_paused
-from pesto.step import Transformed, compose, identity, recompute
+from pesto.step import Transformed, compose, identity, recompute, split as split_step
 from pesto.step.recompute import cheap_ops, layer_blocks
 
 from .hybrid import hybrid_plan
@@ -101,9 +103,10 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     ``stage_of``: a pipeline of one chunk and one replica cut as given, per
     batched op of ``step`` its stage (a recomputed copy's: its original's;
     :func:`solver.parallel.pipelines.pipeline_plan`'s ``op_stages``), not searched.
-    ``place``: the one-step placer a strategy of replicas of one free placement
-    (``schedule="free"``, ``replicas > 1``) places a replica with
-    (:func:`solver.parallel.placed.placed_plan`; the search gives it).
+    ``place``: the placer a ``schedule="free"`` strategy places with: a replica of
+    replicas of one free placement (``replicas > 1``,
+    :func:`solver.parallel.placed.placed_plan`), or the split step (one replica);
+    the search gives it.
 
     >>> from pesto.cluster import gpus
     >>> realise(OpGraph.from_edges({"a": 1.0}, []), gpus(4), Strategy(replicas=2))
@@ -122,6 +125,8 @@ def realise(step: OpGraph, cluster: Cluster, strategy: Strategy, *, candidates: 
     with gc_paused():   # a replicated or split step: 100k ops and more, their tensors and plans
         if strategy.schedule == "free" and strategy.replicas > 1:
             return _placed(step, cluster, strategy, place)
+        if strategy.schedule == "free":
+            return _free(step, cluster, strategy, place)
         return _realise(step, cluster, strategy, candidates, time_limit, seed, workers, deadline, stage_of)
 
 
@@ -133,6 +138,17 @@ def _placed(step: OpGraph, cluster: Cluster, s: Strategy, place: Place | None) -
         raise ValueError(f"{s.name}: replicas of one free placement run one slice and no memory savers")
     sp = placed_plan(step, cluster, replicas=s.replicas, place=place, bucket_bytes=s.bucket_bytes)
     return Solved(sp.plan, sp.graph, replace(s, stages=sp.stages), sp.transformed, detail=sp)
+
+
+def _free(step: OpGraph, cluster: Cluster, s: Strategy, place: Place | None) -> Solved:
+    """One free placement of the split step: ``place`` on :func:`pesto.step.split` of ``step``."""
+    if place is None:
+        raise ValueError(f"{s.name}: a free placement of the split step needs its placer (place=)")
+    if s.micro_batches < 2 or s.savers or s.stages > 1:
+        raise ValueError(f"{s.name}: a free placement of the split step takes M > 1 slices, one stage and no "
+                         f"memory savers")
+    t = split_step(step, s.micro_batches, weight_grads=s.split_rule)
+    return Solved(place(t.graph, cluster), t.graph, s, t)
 
 
 def _realise(step, cluster, strategy, candidates, time_limit, seed, workers, deadline, stage_of) -> Solved:

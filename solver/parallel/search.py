@@ -42,7 +42,12 @@ step):
   ``R``, ``R`` replicas of one free placement (the recipe's plan of a
   replica's step on ``GPUs / R`` GPUs, on
   :data:`~solver.parallel.kinds.PLACED_SHARE` of the screening time left,
-  :meth:`_Search.one_step`; :mod:`solver.parallel.placed`); then, on
+  :meth:`_Search.one_step`; :mod:`solver.parallel.placed`); at ``M > 1``, one
+  free placement of the split step by the list placer
+  (:meth:`_Search.list_placer`: the practitioner's layer stages, list-scheduled
+  by placed rank), whose twins (below) choose the split the count's exact
+  passes place (both skipped, as ``placed``, while the best plan is within
+  :data:`SOLVE_GAIN` of the work over the GPUs); then, on
   :data:`LATE_SHARE` of the screening time left, for the count whose
   GPipe/1F1B plans were best, the interleaved 1F1B, ZB-H1, ZB-H2 and ZB-V plans
   (:data:`solver.parallel.kinds.KINDS`' ``zero-bubble``, one stage split
@@ -137,6 +142,7 @@ from ..budget import Budget, Cost, Skip
 from ..common import rank
 from ..options import SolveOptions
 from ..recipes import RECIPES, run_recipe
+from ..practitioners import place_expert
 from ..search import reschedule
 from .pipelines import gpu_names
 from .slice_model import solve_slices
@@ -598,14 +604,22 @@ class _Search:
                 self.refine(self.deadline)
         if not self.tight:   # a memory-bound step screened them with the rest
             self.screen_late(screened)
-        if self.pool.best is not None:   # the bound's time, kept back
-            self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
+        self.keep_bound()
         rest = self.tight and not self.deadline.deterministic
         if rest and not self.have_fit():   # the exact passes place the split as it is: it did not fit
             self.screen_rest(screened)
         self.exact_all(screened)
         if rest:
             self.screen_rest(screened)
+
+    def keep_bound(self) -> None:
+        """Keep back the time :meth:`finish` predicts the best plan's bound takes
+        (``budget.wants["bound"]``), from the pace now: set after screening and
+        again before the best count's exact pass continues (NMT-4x1024: kept at
+        7 s after screening, predicted at 9.3 s when the search ended with 8.2 s
+        left, so the bound was skipped and those 8.2 s went unused)."""
+        if self.pool.best is not None:
+            self.budget.wants["bound"] = self.pace.predict(self.pool.best.graph.num_ops, SIMS["bound"]) or 0.0
 
     def note_hint(self) -> None:
         """A hint plan (``options.hint``) of the step as given starts the
@@ -787,9 +801,10 @@ class _Search:
         8 V100s: ZB-H1 M=16 recompute first, not after the plain 1F1B's
         17.4 GiB plan, whose four stage splits took 38 s of a busy machine),
         and the first count screened (the most slices) may be the only one
-        with time."""
-        pairs = [(kind, x) for kind in KINDS.values() for st in kind.candidates(self.marked, self.cluster, m)
-                 for x in (st, *self.savers(st))]
+        with time. The kinds with a one-step solve or the list placer are left
+        out: they have no savers (:meth:`no_solve_gain`)."""
+        pairs = [(kind, x) for kind in KINDS.values() if not (kind.solves or kind.lists)   # no savers (no_solve_gain)
+                 for st in kind.candidates(self.marked, self.cluster, m) for x in (st, *self.savers(st))]
         cost = [0 if not st.savers else 2 if st.recompute and not st.selective else 1 for _, st in pairs]
         keyed = [((self.predicted_memory(st) > self.capacity, cost[n], self.predicted_memory(st),
                    kind.sims), n) for n, (kind, st) in enumerate(pairs)]
@@ -805,32 +820,34 @@ class _Search:
 
     def screen_one(self, kind: Kind, strategy: Strategy, s: _Screened, chase: bool = True) -> Solved | None:
         """One candidate (``chase``: and its savers when it does not fit,
-        :meth:`candidate`; else alone, :meth:`realised`); a pipeline's step
-        kept in ``s``, and without savers its plan (a start of the exact stages,
+        :meth:`candidate`; else alone, :meth:`realised`); a pipeline's or a free
+        placement's (one replica) step kept in ``s``, and without savers its plan (a start of the exact stages,
         which place the split without recomputation; a slice model hint when
         its schedule is one the slice grid runs: one chunk, the zero-bubble
         ones too since its grid splits F, B and W) and its twins, joined
         (:meth:`joined`) and summed in place (:meth:`summed_in_place`): a
         GPipe/1F1B twin's step is one :meth:`no_gain` reads too."""
         r = self.candidate(kind, strategy) if chase else self.realised(kind, strategy)
-        if r is not None and r.strategy.replicas == 1 and r.strategy.schedule in SCHEDULES:
-            if r.strategy.savers:   # it places the recomputed split, not the one the exact passes place
-                s.step = min(s.step, r.plan.makespan)
-                return r
-            sch = SCHEDULES[r.strategy.schedule]
-            if sch.chunks == 1:
-                s.hints.append(r.detail)
-                if not sch.split_backward:
-                    s.pipes.append(r.detail)
-            for x in (r, self.joined(kind, strategy, r), *self.summed_in_place(kind, strategy, r)):
-                if x is not None:
-                    _keep_start(s, x)
-                    if x is not r and sch.chunks == 1 and not sch.split_backward:   # what no_gain reads
-                        s.pipes.append(x.detail)
+        if r is None or r.strategy.replicas != 1 or r.strategy.schedule not in (*SCHEDULES, "free"):
+            return r
+        if r.strategy.savers:   # it places the recomputed split, not the one the exact passes place
+            s.step = min(s.step, r.plan.makespan)
+            return r
+        sch = SCHEDULES.get(r.strategy.schedule)
+        one = sch is not None and sch.chunks == 1   # a free placement: neither a hint nor a pipeline
+        if one:
+            s.hints.append(r.detail)
+            if not sch.split_backward:
+                s.pipes.append(r.detail)
+        for x in (r, self.joined(kind, strategy, r), *self.summed_in_place(kind, strategy, r)):
+            if x is not None:
+                _keep_start(s, x)
+                if x is not r and one and not sch.split_backward:   # what no_gain reads
+                    s.pipes.append(x.detail)
         return r
 
     def joined(self, kind: Kind, strategy: Strategy, r: Solved) -> Solved | None:
-        """``strategy`` (a pipeline of one replica, realised as ``r`` with
+        """``strategy`` (a pipeline or free placement of one replica, realised as ``r`` with
         ``"separate"`` weight gradients) with its joinable weight gradients
         (:func:`pesto.step.marks.joinable_ops`) run whole, where that does
         less work: all of them, or when that plan does not fit memory and
@@ -869,7 +886,7 @@ class _Search:
         return self._wg_costs[m]
 
     def summed_in_place(self, kind: Kind, strategy: Strategy, r: Solved) -> list[Solved]:
-        """``strategy`` (a pipeline of one replica, realised as ``r`` with
+        """``strategy`` (a pipeline or free placement of one replica, realised as ``r`` with
         ``"separate"`` weight gradients) with its weight gradients summed in
         place (``weight_grads="accumulate"``, :func:`pesto.step.split`: the
         ``M - 1`` accumulate ops per gradient gone, the copies of one op
@@ -1089,9 +1106,11 @@ class _Search:
             if kind.cheap is None or not self.fits(name, ops, kind.cheap):
                 return None
             sims, tries = kind.cheap, 1
+        if (kind.solves or kind.lists) and self.no_solve_gain(name):
+            return None
+        if kind.lists:
+            given["place"] = self.list_placer
         if kind.solves:   # its one-step solve on a share of the pass's time left
-            if self.no_solve_gain(name):
-                return None
             seconds = kind.solves * self.window.left()
             if not self.deadline.deterministic and seconds < MIN_SECONDS:
                 self.pool.skipped[name] = f"not built: {max(seconds, 0.0):.2f} s for its one-step solve"
@@ -1113,8 +1132,8 @@ class _Search:
         return r
 
     def no_solve_gain(self, name: str) -> bool:
-        """Whether a kind with a one-step solve (:attr:`~solver.parallel.kinds.Kind.solves`)
-        is not worth its time: the best plan so far fits memory and is within :data:`SOLVE_GAIN`
+        """Whether a kind with a one-step solve or the list placer (:attr:`~solver.parallel.kinds.Kind.solves`,
+        ``lists``) is not worth its time: the best plan so far fits memory and is within :data:`SOLVE_GAIN`
         of the step's work over the GPUs, a least step of every plan that it, as every plan
         of the step, cannot beat; or the step is memory-bound (:meth:`run`'s ``tight``: one
         slice of the whole step fits no GPU; the kind has no savers); skipped and named
@@ -1131,6 +1150,17 @@ class _Search:
         self.say(f"{name}: skipped ({self.pool.skipped[name]})")
         return True
 
+    @staticmethod
+    def list_placer(graph: OpGraph, cluster: Cluster) -> Plan:
+        """The placer a kind with :attr:`~solver.parallel.kinds.Kind.lists` is given
+        (quick, no solve, no clock): the practitioner's layer stages
+        (:func:`solver.practitioners.place_expert`: a split step's copies of a
+        layer on its stage's GPU), re-ordered by :func:`solver.search.reschedule`
+        (TF's FIFO queue, placed rank: the slices' tasks interleave as a
+        wavefront, the order as a list schedule)."""
+        plan = place_expert(graph, cluster)
+        return reschedule(graph, cluster, plan, candidates=("fifo", "rank", "given-list"))
+
     def one_step(self, share: float) -> Callable[[OpGraph, Cluster], Plan]:
         """The one-step placer a kind with :attr:`~solver.parallel.kinds.Kind.solves`
         is given: the recipe (:func:`solver.recipes.run_recipe`, ``micro_batches=1``, the
@@ -1138,14 +1168,24 @@ class _Search:
         it is called, on the search's clock (deterministic: its work clock)."""
         def place(graph: OpGraph, cluster: Cluster) -> Plan:
             grant = self.window.sub(share * max(self.window.left(), 0.0))
-            inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
-                                         batch_size=None, progress=None, hint="best-heuristic")
-            name = inner.recipe_for(graph)
-            try:
-                return run_recipe(graph, cluster, RECIPES[name], inner, name=name, deadline=grant)
-            except KeyboardInterrupt:   # interrupted before its first plan: the search's best stands
-                raise Stopped(self.deadline.reason) from None
+            return self.recipe(graph, cluster, grant, hint="best-heuristic")
         return place
+
+    def recipe(self, graph: OpGraph, cluster: Cluster, grant: Deadline, starts=(), **options) -> Plan:
+        """The one-step recipe (:func:`solver.recipes.run_recipe`, ``micro_batches=1``,
+        the search's seed, workers and mode; ``options`` override its solve options) on
+        ``graph`` until ``grant``, from ``starts``. Interrupted before its first plan while
+        the search has one: :class:`~pesto.deadline.Stopped` (the search's best stands);
+        any other interrupt propagates."""
+        inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
+                                     batch_size=None, progress=None, **options)
+        name = inner.recipe_for(graph)
+        try:
+            return run_recipe(graph, cluster, RECIPES[name], inner, name=name, starts=starts, deadline=grant)
+        except KeyboardInterrupt as exc:   # the inner run's "interrupted before any plan": ours stands
+            if self.pool.best is None or "before any plan" not in str(exc):
+                raise
+            raise Stopped(self.deadline.reason) from None
 
     def refine(self, window: Deadline) -> None:
         """The partial recomputations skipped for time (:meth:`partial`), each
@@ -1180,6 +1220,7 @@ class _Search:
                 exact[m] = self.exact(screened[m], m, grant)
         if exact and len(chosen) > 1 and dl.seconds != float("inf"):
             m = min(exact, key=lambda c: rank(exact[c]))
+            self.keep_bound()
             grant = self.grant(f"M={m} continued", dl.left())
             if grant is not None and not self.outlasts(f"M={m} continued", screened[m], grant):
                 plan = self.exact(screened[m], m, grant, start=exact[m])
@@ -1235,16 +1276,7 @@ class _Search:
             sliced = self.slice_start(s, m, grant)
             starts[:0] = sliced if s.weight_grads == "separate" else []
         self.stop_if_interrupted()
-        inner = self.options.replace(time_limit=max(grant.left(), 0.01), started=None, micro_batches=1,
-                                     batch_size=None, progress=None)
-        name = inner.recipe_for(s.graph)
-        try:
-            plan = run_recipe(s.graph, self.cluster, RECIPES[name], inner, name=name, starts=starts,
-                                deadline=grant)
-        except KeyboardInterrupt as exc:   # the inner run's "interrupted before any plan": ours stands
-            if self.pool.best is None or "before any plan" not in str(exc):
-                raise
-            raise Stopped(self.deadline.reason) from None
+        plan = self.recipe(s.graph, self.cluster, grant, starts)
         if self.one_device is None and plan.log is not None:
             self.one_device = plan.log.one_device
         ahead = min(starts, key=rank, default=None)
