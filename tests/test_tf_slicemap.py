@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 
 import pesto  # noqa: E402
 from pesto.step import split as split_step  # noqa: E402
-from pesto.step.slicing import parse_name  # noqa: E402
+from pesto.step.slicing import parse_name, sparse_partials  # noqa: E402
 from tf_patch import slicemap  # noqa: E402
 from tf_patch.microstep import slice_of  # noqa: E402
 from tf_patch.workflow import PlacedRun  # noqa: E402
@@ -68,6 +68,30 @@ def test_every_tf_op_of_the_split_step_is_mapped_or_listed(graphs):
         elif origin.role == "accumulate":
             assert ts[0].startswith("accumulate/"), (name, ts)
     assert f"{len(m.unmapped_tf)} TF ops with no Pesto op" in m.summary()
+
+
+def test_a_sparse_gradient_s_slices_weigh_what_tensorflow_s_do(graphs):
+    """The embedding's ``IndexedSlices``: each slice's rows and indices in Pesto's split weigh
+    what TF's split step makes for that slice (a slice's tokens' rows: half of them), and their
+    one concatenation what TF's ``accumulate/<variable>/values`` and ``/indices`` output."""
+    step, tf_split = graphs
+    kept = split_step(pesto.api.marked(step), 2)
+    m = slice_map(step, kept.origin, tf_split, 2)
+    sparse = sorted(sparse_partials(pesto.api.marked(step)))
+    assert len(sparse) == 2   # rows and indices
+
+    def tf_bytes(pesto_op, index):
+        tf_op, = m.ops[pesto_op]
+        return tf_split.tensor(f"{tf_op}:{index}").bytes, tf_op
+
+    for t in sparse:
+        op, index = t.rsplit(":", 1)
+        for i in range(2):
+            b, tf_op = tf_bytes(f"{op}@mb{i}", index)
+            assert kept.graph.tensor(f"{t}@mb{i}").bytes == b and slice_of(tf_op) == i
+        b, tf_op = tf_bytes(f"{t}@acc1", 0)
+        assert kept.graph.tensor(f"{t}@acc1").bytes == b == step.tensor(t).bytes
+        assert tf_op.startswith("accumulate/embed/embedding/") and tf_split.op(tf_op).type == "ConcatV2"
 
 
 def test_the_hint_keeps_the_mapped_devices_and_colocation_groups(graphs):

@@ -48,9 +48,9 @@ What it gets wrong, knowingly: an op that *makes* a batch-shaped tensor from
 constants (an RNN's zero initial state ``Fill``) is not reached from the inputs,
 so it stays unbatched and is shared by all slices (cheap; a shape rule would
 slice it); a batch-norm moving-average update reads the slices' summed
-statistics (the step's value changes, not its cost); a sparse (``IndexedSlices``)
-embedding gradient is summed over micro-batches as a dense partial (see
-:mod:`pesto.step.slicing`; replicas gather it: role ``"sparse-grad"``).
+statistics (the step's value changes, not its cost). A sparse
+(``IndexedSlices``) embedding gradient is right: role ``"sparse-grad"``, its
+slices concatenated (:mod:`pesto.step.slicing`) and replicas gathering it.
 
 The view rule
 -------------

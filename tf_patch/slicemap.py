@@ -34,7 +34,9 @@ first that exists with ``op``'s type is the one):
   (the one whose variable ``c`` names, if it reads several); ``t@acc<k>``
   maps to ``accumulate/<variable>/add_<k>`` (the dense chain, which sums
   slices ``0..k`` as Pesto's does) or, when there is no such op (a sparse
-  gradient: rows concatenated once), to the op ``c`` reads.
+  gradient: Pesto's one concatenation ``t@acc<M-1>`` of every slice's rows
+  or indices), to the op ``c`` reads (``accumulate/<variable>/values`` or
+  ``/indices``).
 * slice ``k``'s copy ``op@mb<k>`` of a weight gradient the plan sums in
   place (``weight_grads="accumulate"``, :attr:`ResultView.in_place`: copy
   ``k`` reads copy ``k - 1``'s partial and adds its own into it): its TF
@@ -246,8 +248,7 @@ class SliceMap:
 
     def placement(self, placement: Mapping[str, str]) -> dict:
         """``{TF op: device}`` of the mapped TF ops from a Pesto placement
-        (several Pesto ops on one TF op: the last in map order, a sparse
-        gradient's last accumulation, wins)."""
+        (several Pesto ops on one TF op: the last in map order wins)."""
         return {t: placement[p] for p, ts in self.ops.items() if p in placement for t in ts}
 
     def summary(self) -> str:

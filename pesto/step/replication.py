@@ -162,10 +162,11 @@ The sum is what the update needs when each replica's loss is normalised by
 the whole batch (as for :func:`pesto.step.split`). ``N = 1`` is the step itself
 under the names ``op@r0``. ``split(replicate(g, N).graph, M)`` splits
 every replica into ``M`` micro-batches (the accumulation runs per replica,
-before its all-reduce; a replica's sparse rows are summed there as a dense
-partial of their bytes, where TensorFlow concatenates its slices' rows:
-:mod:`pesto.step.slicing`, rule 2); :func:`~pesto.step.transform.compose` maps its ops
-straight to the step's.
+before its all-reduce; a replica's sparse rows are sliced too and
+concatenated there, ``t@r{r}@acc{M-1}``, as TensorFlow's replicated step
+concatenates its slices' rows: :mod:`pesto.step.slicing`; the ring gathers
+the concatenation, the replica's ``ceil(B / N)`` bytes);
+:func:`~pesto.step.transform.compose` maps its ops straight to the step's.
 
 Examples
 --------

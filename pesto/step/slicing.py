@@ -23,11 +23,14 @@ The split is right (the summed update equals the un-split step's) when:
    samples**: the un-split value is the sum of the slices' values. Dense weight
    gradients are, when the loss is a sum over samples or a mean normalised by
    the *whole* batch (each slice's loss scaled by ``1/M``: the same ops, so
-   the cost model does not change). A metric (argmax), a batch-norm moving
-   average (each slice then sees its own batch statistics, as in GPipe) or a
-   sparse gradient (``IndexedSlices``: summing means concatenating) is not;
-   the graph is still built, but its value is then not the un-split step's
-   and, for a sparse gradient, its bytes are those of the full tensor;
+   the cost model does not change). A sparse gradient (``IndexedSlices``,
+   the partials of ops marked ``role="sparse-grad"``, :func:`sparse_partials`)
+   is joined instead by concatenating the slices' rows and indices (below),
+   which the optimizer sums per row as for one batch: as TensorFlow's split
+   step (:mod:`tf_patch.microstep`). A metric (argmax) or a batch-norm moving
+   average (each slice then sees its own batch statistics, as in GPipe) is
+   neither; the graph is still built, but its value is then not the un-split
+   step's;
 3. batched ops hold no persistent bytes (weights and optimizer slots belong to
    the unbatched variables): one would be copied ``M`` times, so it is refused;
 4. a batched op's cost is linear in the batch (the rule below).
@@ -49,6 +52,14 @@ How the graph is built
   added as soon as it is done, into one buffer), and the unbatched consumers read
   the last one. Slice ``i + 1`` depends on slice ``i`` through nothing else, so
   slices overlap (pipeline) as far as devices allow;
+* a sparse gradient's partial ``t`` (:func:`sparse_partials`: rows or
+  indices) is not summed: one **concatenation** op ``t@acc{M-1}`` (slices
+  ``0..M-1`` joined, the naming rule's) reads every slice's copy and outputs
+  the un-split tensor's bytes, which the unbatched consumers read; whatever
+  its producer's rule (TensorFlow's split step concatenates an
+  ``IndexedSlices``' values and indices at once, ``accumulate/<variable>/values``
+  and ``/indices``, :func:`tf_patch.microstep.accumulate`). The replicas of
+  :func:`pesto.step.replicate` then gather the concatenated rows;
 * an unbatched op *between* batched ops (reading a partial, or under a control
   edge from a batched op, and feeding batched ops) is where every slice waits
   for all the others: mark it batched if it belongs to one slice (a constant a
@@ -69,9 +80,11 @@ Cost rule of a copy (documented constants, tested)
   a weight's per-time-step gradients in an RNN) keeps its full time and
   temporary bytes: its work is per element of the weight, not per sample;
 * **bytes**: a sliced tensor is ``ceil(bytes / M)``; a partial keeps its size
-  (it is weight-shaped); the op's ``output_bytes`` keep the part that is
-  partials and divide the rest (rounded up); ``temporary_bytes`` are divided
-  (rounded up); ``persistent_bytes`` are not copied (rule 3);
+  (it is weight-shaped), but a sparse gradient's, which is sliced (a slice's
+  rows are its samples' or tokens' rows: ``1 / M`` of them); the op's
+  ``output_bytes`` keep the part that is (dense) partials and divide the rest
+  (rounded up); ``temporary_bytes`` are divided (rounded up);
+  ``persistent_bytes`` are not copied (rule 3);
 * which tensors are partials: those read by an unbatched op, and (backwards,
   shape-free) the inputs of a batched *sum* (:attr:`~pesto.graph.Op.role`
   ``"grad-sum"``, a mark the front end sets) whose output is a partial and
@@ -82,7 +95,10 @@ Cost rule of a copy (documented constants, tested)
   writes ``B``, memory bound, so it takes ``max(FLOOR_US, 3 B / bandwidth)`` with
   ``BANDWIDTH["GPU"]`` = 900 GB/s (V100 HBM2: the roofline grappler's V100 model
   gives the zoo graphs' adds, e.g. ``AddV2`` of 1 MiB = 3.5 µs) and a
-  server's DDR4 for ``"CPU"``; it may run on the kinds its producer allows.
+  server's DDR4 for ``"CPU"``; it may run on the kinds its producer allows;
+* a **concatenation** (a sparse gradient's ``t@acc{M-1}``) of ``B`` bytes in
+  all reads them and writes them once, memory bound: ``max(FLOOR_US, 2 B /
+  bandwidth)`` (:func:`concat_op`), on the kinds its producer allows.
 
 Weight gradients (``weight_grads``, one rule per weight-gradient op)
 -------------------------------------------------------------------
@@ -118,6 +134,11 @@ unbatched op reads, the producers of the partials) sum the slices by one of
   (it runs once per step); its origin has role ``"whole"``, the copies it
   stands for as members. An op a batched op reads cannot run whole: the string
   ``"whole"`` leaves it on ``"accumulate"``, a mapping naming it is refused.
+
+A sparse gradient's producer (:func:`sparse_partials`) is concatenated under
+every rule: ``"separate"`` and ``"accumulate"`` both leave it so (there is no
+running sum to fuse), the string ``"whole"`` too, and a mapping naming it
+``"whole"`` is refused (TensorFlow builds no whole sparse gradient).
 
 Work per rule: ``whole`` <= ``accumulate`` <= ``separate`` (equal above the
 floor for the first two); ``whole`` costs memory, ``accumulate`` serialises
@@ -167,7 +188,8 @@ from ..errors import BatchMarkError, MicroBatchError
 from ..graph import Edge, Op, OpGraph, Tensor, gc_paused
 from .transform import Origin, Transformed, check_count, identity, renamed
 
-__all__ = ["split", "check_marks", "partial_tensors", "sparse_partials", "fixed_ops", "slice_op", "accumulate_op", "copy_name",
+__all__ = ["split", "check_marks", "partial_tensors", "sparse_partials", "fixed_ops", "slice_op", "accumulate_op",
+           "concat_op", "copy_name",
            "whole_name", "parse_name", "weight_grad_ops", "whole_ops", "FLOOR_US", "BANDWIDTH", "RESERVED",
            "WEIGHT_GRADS", "WeightGradCost", "weight_grad_costs", "choose_weight_grads"]
 
@@ -296,8 +318,8 @@ def sparse_partials(graph: OpGraph) -> frozenset:
     gradient's rows or indices: those of a batched op marked
     ``role="sparse-grad"`` (TensorFlow's ``IndexedSlices``). A replica holds
     its own rows (its share of the batch's), and replicas gather them instead
-    of summing (:func:`pesto.step.replicate`); :func:`split` still sums them
-    as dense partials (module doc, rule 2).
+    of summing (:func:`pesto.step.replicate`); so does a slice (its share of
+    the replica's), and :func:`split` concatenates the slices' (module doc).
 
     >>> from pesto.graph import Op, OpGraph, Tensor, Edge
     >>> ops = [Op("rows", {"GPU": 1.0}, batch=True, role="sparse-grad"), Op("dw", {"GPU": 1.0}, batch=True),
@@ -369,13 +391,36 @@ def accumulate_op(name: str, nbytes: int, kinds, *, scope: str = "", floor_us: f
     >>> op.compute["GPU"], op.output_bytes, op.batch
     (30.0, 9000000, False)
     """
+    compute = _memory_bound(3.0 * nbytes, kinds, floor_us, bandwidth, f"the sum of {what or name!r}")
+    return Op(name, compute, output_bytes=nbytes, scope=scope, type="Accumulate", batch=False)
+
+
+def concat_op(name: str, nbytes: int, kinds, *, scope: str = "", floor_us: float = FLOOR_US,
+              bandwidth: Mapping[str, float] = BANDWIDTH, what: str = "") -> Op:
+    """An op concatenating tensors of ``nbytes`` in all (a sparse gradient's
+    slices): it reads and writes them once, ``max(floor_us, 2 * nbytes / bandwidth[kind])``.
+
+    >>> op = concat_op("rows:0@acc3", 9_000_000, {"GPU"})
+    >>> op.compute["GPU"], op.output_bytes, op.type
+    (20.0, 9000000, 'Concat')
+    """
+    compute = _memory_bound(2.0 * nbytes, kinds, floor_us, bandwidth, f"the concatenation of {what or name!r}")
+    return Op(name, compute, output_bytes=nbytes, scope=scope, type="Concat", batch=False)
+
+
+def _memory_bound(moved: float, kinds, floor_us: float, bandwidth: Mapping[str, float], what: str) -> dict:
+    """``{kind: max(floor_us, moved / bandwidth[kind])}``: an op moving ``moved`` bytes through memory.
+
+    Raises
+    ------
+    MicroBatchError
+        A kind without bandwidth (``what``: the op's work, for the message).
+    """
     missing = sorted(k for k in kinds if k not in bandwidth)
     if missing:
-        raise MicroBatchError(f"no memory bandwidth for device kind {missing[0]!r} to cost the sum of "
-                              f"{what or name!r}; pass bandwidth={{{missing[0]!r}: bytes_per_us}}",
-                              culprit=missing[0])
-    compute = {k: max(floor_us, 3.0 * nbytes / bandwidth[k]) for k in kinds}
-    return Op(name, compute, output_bytes=nbytes, scope=scope, type="Accumulate", batch=False)
+        raise MicroBatchError(f"no memory bandwidth for device kind {missing[0]!r} to cost {what}; "
+                              f"pass bandwidth={{{missing[0]!r}: bytes_per_us}}", culprit=missing[0])
+    return {k: max(floor_us, moved / bandwidth[k]) for k in kinds}
 
 
 def split(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
@@ -387,14 +432,16 @@ def split(graph: OpGraph, micro_batches: int, *, floor_us: float = FLOOR_US,
     tensors batched ops hand to unbatched ones: :func:`weight_grad_ops`), or a
     mapping weight-gradient op -> rule (ops it leaves out: ``"separate"``);
     module doc, "Weight gradients". ``"whole"`` given as a string applies
-    where it can (:func:`whole_ops`) and ``"accumulate"`` elsewhere.
+    where it can (:func:`whole_ops`) and ``"accumulate"`` elsewhere. A sparse
+    gradient's producer (:func:`sparse_partials`) is concatenated whatever its rule.
 
     Raises
     ------
     MicroBatchError
         ``micro_batches`` not an integer >= 1; a device kind without bandwidth;
         an unknown rule, a mapping naming an op that is not a weight-gradient
-        op, or ``"whole"`` mapped to an op that cannot run whole.
+        op, or ``"whole"`` mapped to an op that cannot run whole (a batched
+        op reads it, or it produces a sparse gradient).
     BatchMarkError
         Unmarked ops, no batched op, batched ops with persistent bytes.
 
@@ -493,10 +540,13 @@ class WeightGradCost:
     separate_us, accumulate_us, whole_us : float
         Work of ``ops`` under each rule (µs on ``kind``): ``M`` copies plus the
         ``M - 1`` accumulate ops; ``M`` copies; the un-split ops once (None
-        when ``op`` cannot run whole).
+        when ``op`` cannot run whole). A sparse gradient's producer
+        (:func:`sparse_partials`) is concatenated under every rule: ``M``
+        copies and the concatenations for both, None for ``whole_us``.
     sum_bytes : int
         The running sum ``"separate"`` and ``"accumulate"`` hold from the
-        first slice to the last (the op's outputs an unbatched op reads).
+        first slice to the last (the op's outputs an unbatched op reads; a
+        sparse gradient's: every slice's rows until their concatenation).
     whole_bytes : int or None
         What ``"whole"`` holds beyond one slice: ``(M - 1) / M`` of the
         inputs ``ops`` read from other batched ops, kept until it runs.
@@ -525,15 +575,17 @@ def weight_grad_costs(graph: OpGraph, micro_batches: int, *, kind: str = "GPU", 
     (46.0, 40.0, 40.0, 8, 600)
     """
     m = check_count(micro_batches)
-    partials = partial_tensors(graph)
-    fixed = fixed_ops(graph, partials)
+    sparse = sparse_partials(graph)
+    fixed = fixed_ops(graph, partial_tensors(graph) - sparse)
     to_step = {name: b for name, src, b, cons in graph.tensor_table()
                if graph.ops[src].batch and any(not graph.ops[j].batch for j in cons)}
     made: dict[str, list] = {}
     for t in graph.tensors:
         made.setdefault(t.src, []).append(t.name)
     producers = weight_grad_ops(graph)
-    every, refused = whole_ops(graph, producers)
+    concatenated = _sparse_producers(graph, sparse)
+    every, refused = whole_ops(graph, [p for p in producers if p not in concatenated])
+    refused += tuple(p for p in producers if p in concatenated)
     out = []
     for p in producers:
         cone = _cone(graph, p, every)
@@ -544,7 +596,9 @@ def weight_grad_costs(graph: OpGraph, micro_batches: int, *, kind: str = "GPU", 
             return m * (t if n in fixed else max(t / m, min(t, floor_us)))
         sums = [to_step[t] for t in made.get(p, ()) if t in to_step]
         acc = sum(copies(n) for n in ops)
-        adds = (m - 1) * sum(max(floor_us, 3.0 * b / bandwidth[kind]) for b in sums)
+        if p in concatenated:   # every rule: the copies and one concatenation per tensor (module doc)
+            acc += sum(max(floor_us, 2.0 * b / bandwidth[kind]) for b in sums) if m > 1 else 0.0
+        adds = 0.0 if p in concatenated else (m - 1) * sum(max(floor_us, 3.0 * b / bandwidth[kind]) for b in sums)
         held = sum(graph.tensor(t).bytes for n in ops for u in graph.predecessors(n)
                    if u not in cone and graph.op(u).batch for t in graph.edge(u, n).tensors)
         no = p in refused
@@ -583,10 +637,13 @@ class _Split:
     def __init__(self, graph: OpGraph, m: int, floor_us: float, bandwidth):
         self.g, self.m, self.floor, self.bw = graph, m, floor_us, bandwidth
         self.partials = partial_tensors(graph)
+        #: a sparse gradient's partials: sliced as activations, concatenated (module doc)
+        self.sparse = sparse_partials(graph)
+        self.dense = self.partials - self.sparse
         batched = [bool(op.batch) for op in graph.ops]
         self.to_step = {name for name, src, _, cons in graph.tensor_table()
                         if batched[src] and any(not batched[j] for j in cons)}
-        self.fixed = fixed_ops(graph, self.partials)
+        self.fixed = fixed_ops(graph, self.dense)
         self.rule: dict[str, str] = {}      # weight-gradient op -> rule
         self.whole: frozenset = frozenset()  # ops run once over every slice
         self.ops: list[Op] = []
@@ -617,8 +674,13 @@ class _Split:
         if bad:
             raise MicroBatchError(f"unknown weight_grads rule {bad[0]!r}; known: {list(WEIGHT_GRADS)}",
                                   culprit=bad[0])
+        concatenated = _sparse_producers(self.g, self.sparse)
+        named = sorted(p for p in concatenated if isinstance(weight_grads, Mapping) and weight_grads.get(p) == "whole")
+        if named:
+            raise MicroBatchError(f"weight-gradient op {named[0]!r} produces a sparse gradient (role "
+                                  f"'sparse-grad'): its slices are concatenated, it cannot run whole", culprit=named[0])
         if self.m > 1:
-            self.whole, refused = whole_ops(self.g, [p for p, r in rule.items() if r == "whole"])
+            self.whole, refused = whole_ops(self.g, [p for p, r in rule.items() if r == "whole" and p not in concatenated])
             if refused and not isinstance(weight_grads, str):
                 raise MicroBatchError(f"weight-gradient op {refused[0]!r} cannot run whole: a batched op "
                                       f"reads it", culprit=refused[0])
@@ -644,7 +706,7 @@ class _Split:
             if op.name in self.whole:
                 self.add_whole(op, mine)
                 continue
-            kept = sum(t.bytes for t in mine if t.name in self.partials)
+            kept = sum(t.bytes for t in mine if t.name in self.dense)
             copy = slice_op(op, m, op.name, fixed=op.name in self.fixed, partial_bytes=kept, floor_us=self.floor,
                             colocation_group=op.colocation_group)   # every slice's, renamed
             sizes = [(t.name, self.size(t)) for t in mine]
@@ -675,11 +737,14 @@ class _Split:
         return copy_name(name, i) if name in self.g and self.g.op(name).batch else name
 
     def size(self, t: Tensor) -> int:
-        return t.bytes if t.name in self.partials else _ceil_div(t.bytes, self.m)
+        return t.bytes if t.name in self.dense else _ceil_div(t.bytes, self.m)
 
     def sum_slices(self, op: Op, t: Tensor) -> None:
-        """Slice ``k``'s ``t`` summed into slices ``0..k-1``'s: by ``op``'s rule."""
-        if self.rule.get(op.name, "separate") == "accumulate":
+        """Slice ``k``'s ``t`` summed into slices ``0..k-1``'s: by ``op``'s rule (a sparse
+        gradient's: concatenated, whatever the rule)."""
+        if t.name in self.sparse:
+            self.concat(op, t)
+        elif self.rule.get(op.name, "separate") == "accumulate":
             for k in range(1, self.m):
                 self.link(copy_name(op.name, k - 1), copy_name(op.name, k), [copy_name(t.name, k - 1)])
             self.final[t.name] = (copy_name(op.name, self.m - 1), copy_name(t.name, self.m - 1))
@@ -699,6 +764,17 @@ class _Split:
             self.link(copy_name(op.name, k), name, [copy_name(t.name, k)])
             prev = (name, name)
         self.final[t.name] = prev
+
+    def concat(self, op: Op, t: Tensor) -> None:
+        """``t@acc{M-1}``: every slice's ``t`` (a sparse gradient's rows or indices) concatenated."""
+        name = f"{t.name}@acc{self.m - 1}"
+        self.ops.append(concat_op(name, t.bytes, op.kinds, scope=op.scope, floor_us=self.floor,
+                                  bandwidth=self.bw, what=t.name))
+        self.tensors.append(Tensor(name, name, t.bytes))
+        self.origin[name] = Origin(op.name, slice=self.m - 1, role="accumulate", tensor=t.name)
+        for k in range(self.m):
+            self.link(copy_name(op.name, k), name, [copy_name(t.name, k)])
+        self.final[t.name] = (name, name)
 
     def link(self, src: str, dst: str, tensors) -> None:
         self.edges.setdefault((src, dst), []).extend(tensors)
@@ -727,6 +803,11 @@ class _Split:
 
     def edge_list(self) -> list[Edge]:
         return [Edge(u, v, tuple(ts) if len(ts) < 2 else tuple(dict.fromkeys(ts))) for (u, v), ts in self.edges.items()]
+
+
+def _sparse_producers(graph: OpGraph, sparse: frozenset) -> frozenset:
+    """The ops producing the sparse partials ``sparse`` (:func:`sparse_partials`)."""
+    return frozenset(graph.tensor(t).src for t in sparse)
 
 
 def _ceil_div(a: int, n: int) -> int:

@@ -57,7 +57,7 @@ class Origin:
     role : str
         ``"copy"`` (a batched op's slice or share), ``"step"`` (an op run
         once per step, or per replica), ``"accumulate"`` (a sum over
-        slices), ``"whole"`` (a batched op run once over every slice: a
+        slices; a sparse gradient's: their concatenation), ``"whole"`` (a batched op run once over every slice: a
         weight gradient under :func:`~pesto.step.split`'s rule ``"whole"``),
         ``"reduce-scatter"``, ``"all-gather"`` or ``"gather"`` (the ring
         all-reduce of replicas; with a sharded optimizer the all-gather of
