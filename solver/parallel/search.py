@@ -45,8 +45,9 @@ step):
   :meth:`_Search.one_step`; :mod:`solver.parallel.placed`); at ``M > 1``, one
   free placement of the split step by the list placer
   (:meth:`_Search.list_placer`: the practitioner's layer stages, list-scheduled
-  by placed rank), whose twins (below) choose the split the count's exact
-  passes place (both skipped, as ``placed``, while the best plan is within
+  by placed rank; every weight gradient summed in place), whose plan, when it
+  is the count's best, makes its split the one the count's exact passes place
+  (:func:`_keep_start`; skipped, as ``placed``, while the best plan is within
   :data:`SOLVE_GAIN` of the work over the GPUs); then, on
   :data:`LATE_SHARE` of the screening time left, for the count whose
   GPipe/1F1B plans were best, the interleaved 1F1B, ZB-H1, ZB-H2 and ZB-V plans
@@ -441,9 +442,10 @@ class _Screened:
 
 
 def _keep_start(s: _Screened, r: Solved) -> None:
-    """A screened pipeline plan ``r`` of ``s``'s count: a start of its exact
+    """A screened pipeline or free plan ``r`` of ``s``'s count: a start of its exact
     passes when it places ``s.graph``; when it places another graph (its
-    weight gradients joined: :meth:`_Search.joined`), fits memory, has no
+    weight gradients joined or summed in place: :meth:`_Search.joined`,
+    :meth:`_Search.summed_in_place`, the ``free`` kind), fits memory, has no
     savers and beats every fitting plan of ``s.graph``, that graph becomes the
     count's (the exact passes place it) and ``r`` its start."""
     fits = r.plan.status != "infeasible"
